@@ -1,0 +1,116 @@
+// Command replicasim is a vLLM-compatible replica without a GPU, for tests, benchmarks and
+// the local provider's default service.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/replicasim"
+	"github.com/arbiter-serve/arbiter/tokens"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "replicasim:", err)
+		os.Exit(2)
+	}
+}
+
+func run() error {
+	var (
+		listen      = flag.String("listen", envOr("REPLICASIM_LISTEN", "127.0.0.1:8000"), "address to serve on (the PORT env var, if set, overrides the port)")
+		model       = flag.String("model", "meta-llama/Llama-3.1-8B-Instruct", "served model name")
+		profile     = flag.String("profile", "h100-llama-3.1-8b", fmt.Sprintf("GPU profile: one of %v, or a .json file", engine.ProfileNames()))
+		echo        = flag.Bool("echo", false, "answer at once with no model delay (proxy benchmarks)")
+		echoEvery   = flag.Duration("echo-token-interval", 0, "pace echo-mode stream tokens")
+		maxTokens   = flag.Int("default-max-tokens", 64, "tokens to generate when a request sets no max_tokens")
+		tokenizer   = flag.String("tokenizer", "", "prompt token counter: bpe or approx (default bpe; approx in echo mode)")
+		listenDelay = flag.Duration("listen-delay", 0, "refuse connections for this long after start (a loading vLLM)")
+		readyDelay  = flag.Duration("ready-delay", 0, "answer /health with 503 for this long after listening")
+		faultKind   = flag.String("fault", "", "inject a fault: reset, status, hang, die_mid_stream, crash, garbage, slow")
+		faultCount  = flag.Int("fault-count", 0, "apply the fault to the next N requests (0: all)")
+		faultAfter  = flag.Int("fault-after-tokens", 0, "tokens before a mid-stream fault strikes")
+		faultStatus = flag.Int("fault-status", 503, "status for the status fault")
+		slowdown    = flag.Float64("fault-slowdown", 4, "step-time multiplier for the slow fault")
+		logLevel    = flag.String("log-level", "info", "debug, info, warn or error")
+	)
+	flag.Parse()
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("-log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+
+	addr := *listen
+	if port := os.Getenv("PORT"); port != "" {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return fmt.Errorf("-listen %q: %w", addr, err)
+		}
+		addr = net.JoinHostPort(host, port)
+	}
+	cfg := replicasim.Config{Model: *model, Echo: *echo, EchoTokenInterval: *echoEvery, DefaultMaxTokens: *maxTokens, Logger: log}
+	if !*echo {
+		p, err := engine.LoadProfile(*profile)
+		if err != nil {
+			return err
+		}
+		cfg.Profile = p
+	}
+	if *tokenizer != "" {
+		c, err := tokens.New(*tokenizer)
+		if err != nil {
+			return err
+		}
+		cfg.Tokenizer = c
+	}
+	srv, err := replicasim.New(cfg)
+	if err != nil {
+		return err
+	}
+	if *faultKind != "" {
+		f := replicasim.Fault{Kind: *faultKind, Count: *faultCount, AfterTokens: *faultAfter, Status: *faultStatus, Slowdown: *slowdown}
+		if err := srv.SetFault(f); err != nil {
+			return err
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if *listenDelay > 0 {
+		log.Info("loading (connections refused)", "for", *listenDelay)
+		select {
+		case <-time.After(*listenDelay):
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv.SetReadyAt(time.Now().Add(*readyDelay))
+	log.Info("serving", "addr", ln.Addr().String(), "model", *model, "echo", *echo, "profile", *profile)
+	go srv.Run(ctx)
+	if err := srv.Serve(ctx, ln); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	return nil
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,206 @@
+package engine
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+func mustProfile(t *testing.T, name string) Profile {
+	t.Helper()
+	p, err := LoadProfile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return *p
+}
+
+func TestBuiltinProfilesFitTheMeasurements(t *testing.T) {
+	for _, name := range ProfileNames() {
+		p := mustProfile(t, name)
+		if p.MaxFitError > 0.35 {
+			t.Errorf("%s: max fit error %.2f, want <= 0.35", name, p.MaxFitError)
+		}
+		if p.KVTokens < 100_000 {
+			t.Errorf("%s: kv tokens %d, implausibly small", name, p.KVTokens)
+		}
+	}
+	// Spot checks against shared/data/gpu_profiles/README.md headline numbers (median ms).
+	h100 := mustProfile(t, "h100-llama-3.1-8b")
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"prefill 2048", h100.PrefillMs(2048, 0), 66.8},
+		{"prefill 512 after 8192 cached", h100.PrefillMs(512, 8192), 30.1},
+		{"decode b1 ctx2048", h100.DecodeMs(1, 2048), 9.05},
+		{"decode b64 ctx2048", h100.DecodeMs(64, 64*2048), 17.3},
+	} {
+		if math.Abs(c.got-c.want)/c.want > 0.2 {
+			t.Errorf("h100 8b %s: model %.1f ms, measured %.1f ms", c.name, c.got, c.want)
+		}
+	}
+	// KV capacity per the README: roughly 440k tokens for the 8B shape on an H100.
+	if h100.KVTokens < 380_000 || h100.KVTokens > 500_000 {
+		t.Errorf("h100 8b kv tokens %d, want about 440k", h100.KVTokens)
+	}
+	if _, err := LoadProfile("a100-llama"); err == nil {
+		t.Error("unknown profile loaded")
+	}
+}
+
+// drive runs the engine to idle in virtual time and returns each request's TTFT and finish.
+func drive(t *testing.T, e *Engine) (ttft, done map[uint64]time.Duration) {
+	t.Helper()
+	ttft, done = map[uint64]time.Duration{}, map[uint64]time.Duration{}
+	next := map[uint64]int{}
+	var now time.Duration
+	for steps := 0; !e.Idle(); steps++ {
+		if steps > 1_000_000 {
+			t.Fatal("engine did not finish")
+		}
+		st := e.Step()
+		now += st.Duration
+		for _, em := range st.Emits {
+			if em.Index != next[em.ID] {
+				t.Fatalf("request %d: token %d emitted, want %d", em.ID, em.Index, next[em.ID])
+			}
+			next[em.ID]++
+			if em.Index == 0 {
+				ttft[em.ID] = now
+			}
+			if em.Done {
+				done[em.ID] = now
+			}
+		}
+	}
+	return ttft, done
+}
+
+func newEngine(t *testing.T, mod func(*Profile)) *Engine {
+	t.Helper()
+	p := mustProfile(t, "h100-llama-3.1-8b")
+	if mod != nil {
+		mod(&p)
+	}
+	e, err := New(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func TestTTFTGrowsWithUncachedTokensAndPrefixHitsCutIt(t *testing.T) {
+	e := newEngine(t, nil)
+	hashes := make([]uint64, 4096/16)
+	for i := range hashes {
+		hashes[i] = uint64(i + 1)
+	}
+	must(t, e.Add(Request{ID: 1, PromptTokens: 256, MaxTokens: 1}))
+	t1, _ := drive(t, e)
+	must(t, e.Add(Request{ID: 2, PromptTokens: 4096, MaxTokens: 1, BlockHashes: hashes}))
+	t2, _ := drive(t, e)
+	// Same prompt again: all but the last block comes from the prefix cache.
+	must(t, e.Add(Request{ID: 3, PromptTokens: 4096, MaxTokens: 1, BlockHashes: hashes}))
+	t3, _ := drive(t, e)
+	if !(t2[2] > 4*t1[1]) {
+		t.Errorf("4096-token TTFT %v not well above 256-token TTFT %v", t2[2], t1[1])
+	}
+	if !(t3[3]*5 < t2[2]) {
+		t.Errorf("prefix-hit TTFT %v not well below cold TTFT %v", t3[3], t2[2])
+	}
+	st := e.Stats()
+	if st.PrefixHits != 4095 || st.PrefixQueries != 256+4096+4096 {
+		t.Errorf("prefix stats hits=%d queries=%d", st.PrefixHits, st.PrefixQueries)
+	}
+}
+
+func TestDecodeStepGrowsWithBatch(t *testing.T) {
+	itl := func(batch int) time.Duration {
+		e := newEngine(t, nil)
+		for i := range batch {
+			must(t, e.Add(Request{ID: uint64(i), PromptTokens: 512, MaxTokens: 64}))
+		}
+		ttft, done := drive(t, e)
+		return (done[0] - ttft[0]) / 63
+	}
+	i1, i64 := itl(1), itl(64)
+	if !(i64 > i1+time.Millisecond) {
+		t.Errorf("ITL batch 64 = %v, batch 1 = %v: want larger at larger batch", i64, i1)
+	}
+}
+
+func TestQueueFormsWhenBatchIsFull(t *testing.T) {
+	fill := func() *Engine {
+		e := newEngine(t, func(p *Profile) { p.MaxBatch = 4 })
+		for i := range 10 {
+			must(t, e.Add(Request{ID: uint64(i), PromptTokens: 100, MaxTokens: 20}))
+		}
+		return e
+	}
+	e := fill()
+	e.Step()
+	if st := e.Stats(); st.Running != 4 || st.Waiting != 6 {
+		t.Fatalf("running=%d waiting=%d, want 4 and 6", st.Running, st.Waiting)
+	}
+	ttft, _ := drive(t, fill())
+	if !(ttft[9] > ttft[0]) {
+		t.Errorf("queued request TTFT %v not above first %v", ttft[9], ttft[0])
+	}
+}
+
+func TestKVExhaustionPreemptsAndStillFinishesEverything(t *testing.T) {
+	e := newEngine(t, func(p *Profile) { p.KVTokens = 4096 })
+	for i := range 8 {
+		must(t, e.Add(Request{ID: uint64(i), PromptTokens: 400, MaxTokens: 300}))
+	}
+	_, done := drive(t, e)
+	if len(done) != 8 {
+		t.Fatalf("%d of 8 finished", len(done))
+	}
+	if e.Stats().Preemptions == 0 {
+		t.Error("no preemption although 8×700 tokens exceed a 4096-token cache")
+	}
+	if e.usedBlocks != 0 {
+		t.Errorf("%d blocks still held after all finished", e.usedBlocks)
+	}
+	if err := e.Add(Request{ID: 99, PromptTokens: 4000, MaxTokens: 200}); err == nil {
+		t.Error("request larger than the cache accepted")
+	}
+}
+
+func TestCancelFreesKV(t *testing.T) {
+	e := newEngine(t, nil)
+	must(t, e.Add(Request{ID: 1, PromptTokens: 1000, MaxTokens: 1000}))
+	must(t, e.Add(Request{ID: 2, PromptTokens: 1000, MaxTokens: 1000}))
+	e.Step()
+	if !e.Cancel(1) || !e.Cancel(2) || e.Cancel(3) {
+		t.Fatal("cancel results wrong")
+	}
+	if !e.Idle() || e.usedBlocks != 0 {
+		t.Errorf("idle=%v used=%d after cancelling everything", e.Idle(), e.usedBlocks)
+	}
+}
+
+func TestRandomLoadEmitsEveryTokenOnce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	e := newEngine(t, func(p *Profile) { p.KVTokens = 20000; p.MaxBatch = 16; p.MaxBatchedTokens = 1024 })
+	want := map[uint64]int{}
+	for i := range 200 {
+		n := 1 + rng.IntN(300)
+		must(t, e.Add(Request{ID: uint64(i), PromptTokens: 1 + rng.IntN(2000), MaxTokens: n}))
+		want[uint64(i)] = n
+	}
+	_, done := drive(t, e)
+	if len(done) != len(want) {
+		t.Fatalf("%d of %d finished", len(done), len(want))
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

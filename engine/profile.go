@@ -1,0 +1,303 @@
+package engine
+
+import (
+	"bytes"
+	"embed"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Profile is the performance model of one model shape on one GPU: step times as linear
+// forms fitted to measurements, and the engine limits vLLM would run with.
+//
+// prefill ms = PrefillBaseMs + PrefillPerTokenMs·T + PrefillQuadMs·ΣN² + PrefillCachedMs·Σ(N·P)
+//	+ PrefillReadMs·ΣP
+// decode ms  = DecodeBaseMs + DecodePerSeqMs·B + DecodePerCtxMs·Σctx
+//
+// T is the number of prompt tokens computed in the step, N each request's computed tokens,
+// P the tokens already in its KV cache (prefix hit or earlier chunk), B the decode batch and
+// Σctx the cached tokens read by that batch.
+type Profile struct {
+	Name              string  `json:"name"`
+	GPU               string  `json:"gpu"`
+	Model             string  `json:"model"`
+	PrefillBaseMs     float64 `json:"prefill_base_ms"`
+	PrefillPerTokenMs float64 `json:"prefill_per_token_ms"`
+	PrefillQuadMs     float64 `json:"prefill_quad_ms"`
+	PrefillCachedMs   float64 `json:"prefill_cached_ms"`
+	// PrefillReadMs is the cost of reading one cached token's KV during a prefill chunk.
+	PrefillReadMs float64 `json:"prefill_read_ms"`
+	DecodeBaseMs      float64 `json:"decode_base_ms"`
+	DecodePerSeqMs    float64 `json:"decode_per_seq_ms"`
+	DecodePerCtxMs    float64 `json:"decode_per_ctx_ms"`
+	// KVTokens is the KV-cache capacity in tokens.
+	KVTokens int `json:"kv_tokens"`
+	// BlockSize is the KV block (and prefix-cache block) size in tokens; vLLM uses 16.
+	BlockSize int `json:"block_size"`
+	// MaxBatch is vLLM's max_num_seqs (default 256).
+	MaxBatch int `json:"max_batch"`
+	// MaxBatchedTokens is the per-step token budget (chunked prefill).
+	MaxBatchedTokens int `json:"max_batched_tokens"`
+	// Source says where the numbers came from.
+	Source string `json:"source"`
+	// MaxFitError is the largest relative error of the fit over the rows it was fitted to.
+	MaxFitError float64 `json:"max_fit_error,omitempty"`
+}
+
+// Validate rejects profiles the engine cannot run.
+func (p *Profile) Validate() error {
+	switch {
+	case p.Name == "":
+		return errors.New("profile: name: required")
+	case p.KVTokens <= 0:
+		return fmt.Errorf("profile %s: kv_tokens %d: must be > 0", p.Name, p.KVTokens)
+	case p.BlockSize <= 0:
+		return fmt.Errorf("profile %s: block_size %d: must be > 0 (vLLM uses 16)", p.Name, p.BlockSize)
+	case p.MaxBatch <= 0:
+		return fmt.Errorf("profile %s: max_batch %d: must be > 0 (vLLM's default is 256)", p.Name, p.MaxBatch)
+	case p.MaxBatchedTokens < p.BlockSize:
+		return fmt.Errorf("profile %s: max_batched_tokens %d: must be >= block_size", p.Name, p.MaxBatchedTokens)
+	case p.PrefillPerTokenMs <= 0 || p.DecodeBaseMs <= 0:
+		return fmt.Errorf("profile %s: prefill_per_token_ms and decode_base_ms must be > 0", p.Name)
+	}
+	return nil
+}
+
+// PrefillMs is the time of a prefill of n new tokens after p cached ones, alone in a step.
+func (p *Profile) PrefillMs(n, cached int) float64 {
+	N := float64(n)
+	P := float64(cached)
+	return p.PrefillBaseMs + p.PrefillPerTokenMs*N + p.PrefillQuadMs*N*N + p.PrefillCachedMs*N*P + p.PrefillReadMs*P
+}
+
+// DecodeMs is the time of one decode step for batch sequences holding ctx tokens in total.
+func (p *Profile) DecodeMs(batch, ctx int) float64 {
+	return p.DecodeBaseMs + p.DecodePerSeqMs*float64(batch) + p.DecodePerCtxMs*float64(ctx)
+}
+
+//go:embed profiles/*.csv profiles/*.json
+var measured embed.FS
+
+// measuredCards maps the card names used in profile names to the measurement files copied
+// from shared/data/gpu_profiles (measured for this project on 2026-11-23, see its README).
+var measuredCards = map[string]string{"h100": "h100-80gb-hbm3", "h200": "h200-141gb"}
+
+// ProfileNames lists the built-in profiles.
+func ProfileNames() []string {
+	var names []string
+	for card := range measuredCards {
+		for _, m := range []string{"llama-3.1-8b", "llama-3.2-1b"} {
+			names = append(names, card+"-"+m)
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// LoadProfile returns a built-in profile by name (see ProfileNames) or, when name ends in
+// .json, reads a Profile from that file.
+func LoadProfile(name string) (*Profile, error) {
+	if strings.HasSuffix(name, ".json") {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			return nil, fmt.Errorf("profile file: %w", err)
+		}
+		var p Profile
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&p); err != nil {
+			return nil, fmt.Errorf("profile file %s: %w", name, err)
+		}
+		if err := p.Validate(); err != nil {
+			return nil, err
+		}
+		return &p, nil
+	}
+	card, model, ok := strings.Cut(name, "-")
+	file, known := measuredCards[card]
+	if !ok || !known || (model != "llama-3.1-8b" && model != "llama-3.2-1b") {
+		return nil, fmt.Errorf("unknown profile %q: want one of %s, or a .json file", name, strings.Join(ProfileNames(), ", "))
+	}
+	csvData, err := measured.ReadFile("profiles/" + file + ".csv")
+	if err != nil {
+		return nil, err
+	}
+	infoData, err := measured.ReadFile("profiles/" + file + ".info.json")
+	if err != nil {
+		return nil, err
+	}
+	var info struct {
+		GPU    string  `json:"gpu"`
+		MemGiB float64 `json:"mem_gib"`
+	}
+	if err := json.Unmarshal(infoData, &info); err != nil {
+		return nil, fmt.Errorf("profile %s: info: %w", name, err)
+	}
+	rows, err := parseMeasurements(bytes.NewReader(csvData), model)
+	if err != nil {
+		return nil, fmt.Errorf("profile %s: %w", name, err)
+	}
+	p, err := fitProfile(rows)
+	if err != nil {
+		return nil, fmt.Errorf("profile %s: %w", name, err)
+	}
+	p.Name, p.GPU, p.Model = name, info.GPU, model
+	// vLLM's gpu_memory_utilization 0.9, minus weights and ~4 GiB of activations and graphs.
+	const gib = 1 << 30
+	kvBytes := (0.9*info.MemGiB - rows[0].weightGiB - 4) * gib
+	p.KVTokens = int(kvBytes / float64(rows[0].kvBytesPerToken))
+	p.BlockSize, p.MaxBatch, p.MaxBatchedTokens = 16, 256, 8192
+	p.Source = "fitted to shared/data/gpu_profiles/" + file + ".csv (measured on a real " + info.GPU + ", 2026-11-23)"
+	return p, p.Validate()
+}
+
+type measurement struct {
+	phase           string // prefill, decode, or prefill_after
+	batch, tokens   int
+	cached          int
+	ms              float64
+	weightGiB       float64
+	kvBytesPerToken int
+}
+
+func parseMeasurements(r io.Reader, model string) ([]measurement, error) {
+	cr := csv.NewReader(r)
+	recs, err := cr.ReadAll()
+	if err != nil {
+		return nil, err
+	}
+	var out []measurement
+	for i, rec := range recs {
+		if i == 0 || rec[0] != model {
+			continue
+		}
+		if len(rec) != 9 {
+			return nil, fmt.Errorf("row %d: want 9 columns, got %d", i+1, len(rec))
+		}
+		m := measurement{phase: rec[1]}
+		if rest, ok := strings.CutPrefix(rec[1], "prefill_after_"); ok {
+			m.phase = "prefill_after"
+			if m.cached, err = strconv.Atoi(strings.TrimSuffix(rest, "_cached")); err != nil {
+				return nil, fmt.Errorf("row %d: phase %q: %w", i+1, rec[1], err)
+			}
+		}
+		var errs [5]error
+		m.batch, errs[0] = strconv.Atoi(rec[2])
+		m.tokens, errs[1] = strconv.Atoi(rec[3])
+		m.ms, errs[2] = strconv.ParseFloat(rec[4], 64)
+		m.weightGiB, errs[3] = strconv.ParseFloat(rec[7], 64)
+		m.kvBytesPerToken, errs[4] = strconv.Atoi(rec[8])
+		if err := errors.Join(errs[:]...); err != nil {
+			return nil, fmt.Errorf("row %d: %w", i+1, err)
+		}
+		out = append(out, m)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no rows for model %q", model)
+	}
+	return out, nil
+}
+
+// fitProfile fits the linear forms by least squares on relative error, so short prompts
+// (where the step is near the weight-read floor) weigh as much as long ones.
+func fitProfile(rows []measurement) (*Profile, error) {
+	var px, dx [][]float64
+	var py, dy []float64
+	for _, m := range rows {
+		B, N, P := float64(m.batch), float64(m.tokens), float64(m.cached)
+		switch m.phase {
+		case "prefill", "prefill_after":
+			px = append(px, []float64{1, B * N, B * N * N, B * N * P, B * P})
+			py = append(py, m.ms)
+		case "decode":
+			dx = append(dx, []float64{1, B, B * N})
+			dy = append(dy, m.ms)
+		}
+	}
+	pc, err := relativeLeastSquares(px, py)
+	if err != nil {
+		return nil, fmt.Errorf("prefill fit: %w", err)
+	}
+	dc, err := relativeLeastSquares(dx, dy)
+	if err != nil {
+		return nil, fmt.Errorf("decode fit: %w", err)
+	}
+	p := &Profile{
+		PrefillBaseMs: pc[0], PrefillPerTokenMs: pc[1], PrefillQuadMs: pc[2], PrefillCachedMs: pc[3], PrefillReadMs: pc[4],
+		DecodeBaseMs: dc[0], DecodePerSeqMs: dc[1], DecodePerCtxMs: dc[2],
+	}
+	for i := range px {
+		p.MaxFitError = math.Max(p.MaxFitError, math.Abs(dot(px[i], pc)-py[i])/py[i])
+	}
+	for i := range dx {
+		p.MaxFitError = math.Max(p.MaxFitError, math.Abs(dot(dx[i], dc)-dy[i])/dy[i])
+	}
+	return p, nil
+}
+
+func dot(a, b []float64) float64 {
+	s := 0.0
+	for i := range a {
+		s += a[i] * b[i]
+	}
+	return s
+}
+
+// relativeLeastSquares minimises Σ((x·c − y)/y)² through the normal equations.
+func relativeLeastSquares(x [][]float64, y []float64) ([]float64, error) {
+	if len(x) == 0 {
+		return nil, errors.New("no rows")
+	}
+	k := len(x[0])
+	if len(x) < k {
+		return nil, fmt.Errorf("%d rows for %d coefficients", len(x), k)
+	}
+	a := make([][]float64, k)
+	for i := range a {
+		a[i] = make([]float64, k+1)
+	}
+	for r := range x {
+		w := 1 / (y[r] * y[r])
+		for i := 0; i < k; i++ {
+			for j := 0; j < k; j++ {
+				a[i][j] += w * x[r][i] * x[r][j]
+			}
+			a[i][k] += w * x[r][i] * y[r]
+		}
+	}
+	// Gaussian elimination with partial pivoting.
+	for col := 0; col < k; col++ {
+		piv := col
+		for r := col + 1; r < k; r++ {
+			if math.Abs(a[r][col]) > math.Abs(a[piv][col]) {
+				piv = r
+			}
+		}
+		if math.Abs(a[piv][col]) < 1e-300 {
+			return nil, errors.New("singular system: the rows do not determine every coefficient")
+		}
+		a[col], a[piv] = a[piv], a[col]
+		for r := 0; r < k; r++ {
+			if r == col {
+				continue
+			}
+			f := a[r][col] / a[col][col]
+			for c := col; c <= k; c++ {
+				a[r][c] -= f * a[col][c]
+			}
+		}
+	}
+	out := make([]float64, k)
+	for i := range out {
+		out[i] = a[i][k] / a[i][i]
+	}
+	return out, nil
+}

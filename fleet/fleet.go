@@ -1,0 +1,114 @@
+// Package fleet holds the small types the data plane and the control plane share:
+// what a replica is (where it runs, what it costs) and the load a router reports.
+// It must stay free of imports from either side.
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+)
+
+// Capacity is how a replica's GPU is bought. It decides the marginal cost of a token:
+// reserved capacity is paid whether used or not, so it should fill first.
+type Capacity string
+
+const (
+	Reserved Capacity = "reserved"
+	Spot     Capacity = "spot"
+	OnDemand Capacity = "on_demand"
+)
+
+// Valid reports whether c is one of the known capacity kinds.
+func (c Capacity) Valid() bool {
+	switch c {
+	case Reserved, Spot, OnDemand:
+		return true
+	}
+	return false
+}
+
+// Replica describes one serving replica. The zero value is not usable: ID, Address and
+// Model are required (see Validate).
+type Replica struct {
+	// ID is stable for the replica's life; routers key their per-replica state by it, never
+	// by address, because a new replica may reuse a dead one's port.
+	ID string `yaml:"id" json:"id"`
+	// Address is host:port of the replica's OpenAI-compatible HTTP server.
+	Address  string   `yaml:"address" json:"address"`
+	Model    string   `yaml:"model" json:"model"`
+	Provider string   `yaml:"provider,omitempty" json:"provider,omitempty"`
+	Region   string   `yaml:"region,omitempty" json:"region,omitempty"`
+	Zone     string   `yaml:"zone,omitempty" json:"zone,omitempty"`
+	Capacity Capacity `yaml:"capacity,omitempty" json:"capacity,omitempty"`
+	// PricePerHour is the instance price in USD per hour; 0 means unknown/free.
+	PricePerHour float64 `yaml:"price_per_hour,omitempty" json:"price_per_hour,omitempty"`
+	// TokensPerSecond is the replica's expected token throughput at capacity (input +
+	// output). 0 means unknown: the router then learns it from traffic.
+	TokensPerSecond float64 `yaml:"tokens_per_second,omitempty" json:"tokens_per_second,omitempty"`
+	Version         int     `yaml:"version,omitempty" json:"version,omitempty"`
+	// Draining replicas get no new requests; in-flight ones finish.
+	Draining bool `yaml:"draining,omitempty" json:"draining,omitempty"`
+}
+
+// Validate checks the fields a router cannot do without and fills defaults.
+func (r *Replica) Validate() error {
+	if r.ID == "" {
+		return errors.New("id: required (a stable name for the replica)")
+	}
+	if r.Address == "" {
+		return fmt.Errorf("replica %q: address: required (host:port)", r.ID)
+	}
+	host, port, err := net.SplitHostPort(r.Address)
+	if err != nil || host == "" {
+		return fmt.Errorf("replica %q: address %q: want host:port, e.g. 127.0.0.1:8000", r.ID, r.Address)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("replica %q: address %q: port must be 1-65535", r.ID, r.Address)
+	}
+	if r.Model == "" {
+		return fmt.Errorf("replica %q: model: required (the model name clients ask for)", r.ID)
+	}
+	if r.Capacity == "" {
+		r.Capacity = OnDemand
+	}
+	if !r.Capacity.Valid() {
+		return fmt.Errorf("replica %q: capacity %q: want one of reserved, spot, on_demand", r.ID, r.Capacity)
+	}
+	if r.PricePerHour < 0 {
+		return fmt.Errorf("replica %q: price_per_hour %v: must be >= 0", r.ID, r.PricePerHour)
+	}
+	if r.TokensPerSecond < 0 {
+		return fmt.Errorf("replica %q: tokens_per_second %v: must be >= 0", r.ID, r.TokensPerSecond)
+	}
+	return nil
+}
+
+// ValidateSet validates every replica and rejects duplicate IDs.
+func ValidateSet(rs []Replica) error {
+	seen := make(map[string]bool, len(rs))
+	for i := range rs {
+		if err := rs[i].Validate(); err != nil {
+			return fmt.Errorf("replicas[%d]: %w", i, err)
+		}
+		if seen[rs[i].ID] {
+			return fmt.Errorf("replicas[%d]: duplicate id %q", i, rs[i].ID)
+		}
+		seen[rs[i].ID] = true
+	}
+	return nil
+}
+
+// Load is what a router reports about one replica (router → control plane).
+type Load struct {
+	ReplicaID string  `json:"replica_id"`
+	InFlight  int     `json:"in_flight"`
+	Waiting   int     `json:"waiting"`
+	Running   int     `json:"running"`
+	KVUsage   float64 `json:"kv_usage"`
+	// RequestsPerSecond and TokensPerSecond are rates over the router's last report window.
+	RequestsPerSecond float64 `json:"requests_per_second"`
+	TokensPerSecond   float64 `json:"tokens_per_second"`
+	SLOMisses         int64   `json:"slo_misses"`
+}

@@ -1,0 +1,42 @@
+package oai
+
+import (
+	"encoding/json"
+	"strconv"
+)
+
+// Error types as OpenAI names them.
+const (
+	InvalidRequest = "invalid_request_error"
+	NotFound       = "not_found_error"
+	Authentication = "authentication_error"
+	RateLimit      = "rate_limit_error"
+	ServerError    = "server_error"
+	Unavailable    = "service_unavailable_error"
+	Timeout        = "timeout_error"
+)
+
+// ErrorBody returns OpenAI's error JSON: {"error":{"message","type","param","code"}}.
+// code is omitted from the JSON as null when empty.
+func ErrorBody(errType, message, code string) []byte {
+	msg, _ := json.Marshal(message)
+	b := make([]byte, 0, len(msg)+96)
+	b = append(b, `{"error":{"message":`...)
+	b = append(b, msg...)
+	b = append(b, `,"type":`...)
+	b = strconv.AppendQuote(b, errType)
+	b = append(b, `,"param":null,"code":`...)
+	if code == "" {
+		b = append(b, "null"...)
+	} else {
+		b = strconv.AppendQuote(b, code)
+	}
+	return append(b, "}}"...)
+}
+
+// ErrorEvent is the SSE event a stream ends with when it fails after bytes were sent: the
+// error object as a data event (what OpenAI clients raise), then the usual terminator.
+func ErrorEvent(errType, message string) []byte {
+	b := append([]byte("data: "), ErrorBody(errType, message, "")...)
+	return append(b, "\n\ndata: [DONE]\n\n"...)
+}

@@ -1,0 +1,193 @@
+// Package oai parses and answers the parts of the OpenAI HTTP API that the router and the
+// replica simulator both need: the request fields that drive routing and accounting, the
+// error shape, and SSE event framing.
+package oai
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/valyala/fastjson"
+)
+
+// Kind is the endpoint a request is for.
+type Kind int
+
+const (
+	Chat Kind = iota
+	Completion
+	Embedding
+)
+
+// Request holds what routing and accounting need from a request body. Prompt is the text
+// the model will read (message contents joined by newlines), for token counting and
+// prefix hashing; it is a copy that outlives the body.
+type Request struct {
+	Kind   Kind
+	Model  string
+	Stream bool
+	// IncludeUsage is stream_options.include_usage as the client sent it.
+	IncludeUsage bool
+	// HasStreamOptions is true when the body has a stream_options object.
+	HasStreamOptions bool
+	// MaxTokens is max_completion_tokens or max_tokens; 0 when absent.
+	MaxTokens int
+	Prompt    string
+	// Messages is the number of chat messages (chat templates add tokens per message).
+	Messages int
+}
+
+// ErrBadRequest wraps every parse failure; its message names the field.
+var ErrBadRequest = errors.New("bad request")
+
+func bad(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...))
+}
+
+// Parse reads an OpenAI request body for the given endpoint kind. p is reused across calls
+// by the caller (fastjson parsers are not safe for concurrent use).
+func Parse(p *fastjson.Parser, body []byte, kind Kind) (Request, error) {
+	r := Request{Kind: kind}
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return r, bad("body is not valid JSON: %v", err)
+	}
+	if v.Type() != fastjson.TypeObject {
+		return r, bad("body must be a JSON object")
+	}
+	mv := v.Get("model")
+	if mv == nil || mv.Type() != fastjson.TypeString {
+		return r, bad("'model' is required and must be a string")
+	}
+	r.Model = string(mv.GetStringBytes())
+	if sv := v.Get("stream"); sv != nil && sv.Type() != fastjson.TypeNull {
+		b, err := sv.Bool()
+		if err != nil {
+			return r, bad("'stream' must be a boolean")
+		}
+		r.Stream = b
+	}
+	if so := v.Get("stream_options"); so != nil && so.Type() != fastjson.TypeNull {
+		if so.Type() != fastjson.TypeObject {
+			return r, bad("'stream_options' must be an object")
+		}
+		r.HasStreamOptions = true
+		if iu := so.Get("include_usage"); iu != nil && iu.Type() != fastjson.TypeNull {
+			b, err := iu.Bool()
+			if err != nil {
+				return r, bad("'stream_options.include_usage' must be a boolean")
+			}
+			r.IncludeUsage = b
+		}
+	}
+	for _, key := range []string{"max_completion_tokens", "max_tokens"} {
+		if mt := v.Get(key); mt != nil && mt.Type() != fastjson.TypeNull {
+			n, err := mt.Int()
+			if err != nil || n < 0 {
+				return r, bad("'%s' must be a non-negative integer", key)
+			}
+			r.MaxTokens = n
+			break
+		}
+	}
+	var sb strings.Builder
+	switch kind {
+	case Chat:
+		msgs := v.Get("messages")
+		if msgs == nil || msgs.Type() != fastjson.TypeArray {
+			return r, bad("'messages' is required and must be an array")
+		}
+		arr, _ := msgs.Array()
+		if len(arr) == 0 {
+			return r, bad("'messages' must not be empty")
+		}
+		r.Messages = len(arr)
+		for i, m := range arr {
+			if m.Type() != fastjson.TypeObject {
+				return r, bad("'messages[%d]' must be an object", i)
+			}
+			if role := m.Get("role"); role == nil || role.Type() != fastjson.TypeString {
+				return r, bad("'messages[%d].role' is required and must be a string", i)
+			}
+			if err := appendContent(&sb, m.Get("content"), i); err != nil {
+				return r, err
+			}
+		}
+	case Completion:
+		if err := appendPrompt(&sb, v.Get("prompt"), "prompt"); err != nil {
+			return r, err
+		}
+	case Embedding:
+		if err := appendPrompt(&sb, v.Get("input"), "input"); err != nil {
+			return r, err
+		}
+	}
+	r.Prompt = sb.String()
+	return r, nil
+}
+
+// appendContent adds a message's text: a string, or an array of parts whose text parts count.
+func appendContent(sb *strings.Builder, c *fastjson.Value, i int) error {
+	if c == nil || c.Type() == fastjson.TypeNull {
+		return nil // assistant messages with tool calls may have no content
+	}
+	if sb.Len() > 0 {
+		sb.WriteByte('\n')
+	}
+	switch c.Type() {
+	case fastjson.TypeString:
+		sb.Write(c.GetStringBytes())
+		return nil
+	case fastjson.TypeArray:
+		parts, _ := c.Array()
+		for j, p := range parts {
+			if p.Type() != fastjson.TypeObject {
+				return bad("'messages[%d].content[%d]' must be an object", i, j)
+			}
+			if t := p.GetStringBytes("text"); t != nil {
+				sb.Write(t)
+			}
+		}
+		return nil
+	}
+	return bad("'messages[%d].content' must be a string or an array of parts", i)
+}
+
+// appendPrompt accepts a string, an array of strings, or token arrays (counted as text of
+// their length, which is all routing needs from them).
+func appendPrompt(sb *strings.Builder, p *fastjson.Value, field string) error {
+	if p == nil {
+		return bad("'%s' is required", field)
+	}
+	switch p.Type() {
+	case fastjson.TypeString:
+		sb.Write(p.GetStringBytes())
+		return nil
+	case fastjson.TypeArray:
+		items, _ := p.Array()
+		if len(items) == 0 {
+			return bad("'%s' must not be empty", field)
+		}
+		for i, it := range items {
+			if i > 0 {
+				sb.WriteByte('\n')
+			}
+			switch it.Type() {
+			case fastjson.TypeString:
+				sb.Write(it.GetStringBytes())
+			case fastjson.TypeNumber:
+				sb.WriteString("tok ") // one token id: four bytes of text for the approximate counter
+			case fastjson.TypeArray:
+				ids, _ := it.Array()
+				for range ids {
+					sb.WriteString("tok ")
+				}
+			default:
+				return bad("'%s[%d]' must be a string or token ids", field, i)
+			}
+		}
+		return nil
+	}
+	return bad("'%s' must be a string or an array", field)
+}

@@ -1,0 +1,81 @@
+package oai
+
+import (
+	"bytes"
+
+	"github.com/valyala/fastjson"
+)
+
+// NextEvent splits the first complete SSE event (terminated by a blank line, LF or CRLF)
+// off buf. It returns the event including its terminator, and ok=false when buf holds no
+// complete event yet.
+func NextEvent(buf []byte) (event, rest []byte, ok bool) {
+	for i := 0; i < len(buf); i++ {
+		if buf[i] != '\n' {
+			continue
+		}
+		j := i + 1
+		if j < len(buf) && buf[j] == '\r' {
+			j++
+		}
+		if j < len(buf) && buf[j] == '\n' {
+			return buf[:j+1], buf[j+1:], true
+		}
+	}
+	return nil, buf, false
+}
+
+// EventData returns the payload of an event's data lines (joined by newlines, as the SSE
+// spec says), or nil when it has none.
+func EventData(event []byte) []byte {
+	var out []byte
+	n := 0
+	for len(event) > 0 {
+		line := event
+		if i := bytes.IndexByte(event, '\n'); i >= 0 {
+			line, event = event[:i], event[i+1:]
+		} else {
+			event = nil
+		}
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		d, found := bytes.CutPrefix(line, []byte("data:"))
+		if !found {
+			continue
+		}
+		d = bytes.TrimPrefix(d, []byte(" "))
+		if n == 0 {
+			out = d
+		} else {
+			out = append(append(append([]byte(nil), out...), '\n'), d...)
+		}
+		n++
+	}
+	return out
+}
+
+// Usage is the token count a response reports.
+type Usage struct{ Prompt, Completion int }
+
+var usageKey = []byte(`"usage"`)
+
+// ChunkUsage reads the usage object of a stream chunk or a whole response. isUsageOnly
+// is true for the final usage chunk of a stream (no choices), which the router strips when
+// the client did not ask for it. ok is false when data has no non-null usage.
+func ChunkUsage(p *fastjson.Parser, data []byte) (u Usage, isUsageOnly, ok bool) {
+	if !bytes.Contains(data, usageKey) {
+		return u, false, false // cheap check: most chunks carry no usage
+	}
+	v, err := p.ParseBytes(data)
+	if err != nil {
+		return u, false, false
+	}
+	uv := v.Get("usage")
+	if uv == nil || uv.Type() != fastjson.TypeObject {
+		return u, false, false
+	}
+	u.Prompt = uv.GetInt("prompt_tokens")
+	u.Completion = uv.GetInt("completion_tokens")
+	ch := v.Get("choices")
+	isUsageOnly = ch == nil || (ch.Type() == fastjson.TypeArray && len(ch.GetArray()) == 0)
+	return u, isUsageOnly, true
+}

@@ -1,0 +1,141 @@
+package replicasim
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/engine"
+)
+
+// driver runs an engine in real time: one goroutine steps it and sleeps for each step's
+// modelled duration, then hands the produced tokens to the waiting requests.
+type driver struct {
+	mu      sync.Mutex // guards eng, pending, nextID
+	eng     *engine.Engine
+	pending map[uint64]*pending
+	nextID  uint64
+	wake    chan struct{} // one slot: coalesces "work arrived" signals
+	// slowdown multiplies step times (the "slow tokens" fault); read under mu.
+	slowdown float64
+}
+
+// pending is one request's progress, written by the driver and read by its handler.
+type pending struct {
+	notify    chan struct{} // one slot
+	produced  int           // tokens generated so far; guarded by driver.mu
+	cached    int
+	done      bool
+	firstAt   time.Time
+	last      time.Time // when the latest token was produced
+	enqueueAt time.Time
+}
+
+func newDriver(eng *engine.Engine) *driver {
+	return &driver{eng: eng, pending: map[uint64]*pending{}, wake: make(chan struct{}, 1), slowdown: 1}
+}
+
+// submit queues a request and returns its id and progress record.
+func (d *driver) submit(req engine.Request) (uint64, *pending, error) {
+	d.mu.Lock()
+	d.nextID++
+	req.ID = d.nextID
+	if err := d.eng.Add(req); err != nil {
+		d.mu.Unlock()
+		return 0, nil, err
+	}
+	p := &pending{notify: make(chan struct{}, 1), enqueueAt: time.Now()}
+	d.pending[req.ID] = p
+	d.mu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+	return req.ID, p, nil
+}
+
+// cancel drops a request (client gone); safe to call after it finished.
+func (d *driver) cancel(id uint64) {
+	d.mu.Lock()
+	d.eng.Cancel(id)
+	delete(d.pending, id)
+	d.mu.Unlock()
+}
+
+// progress reads a request's state.
+func (d *driver) progress(p *pending) (produced int, done bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return p.produced, p.done
+}
+
+func (d *driver) stats() engine.Stats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.eng.Stats()
+}
+
+func (d *driver) setSlowdown(f float64) {
+	d.mu.Lock()
+	d.slowdown = max(f, 1)
+	d.mu.Unlock()
+}
+
+// run steps the engine until ctx ends. Sleeping to an absolute deadline keeps the modelled
+// time from drifting by the loop's own overhead.
+func (d *driver) run(ctx context.Context, onToken func(p *pending, index int, now time.Time)) {
+	next := time.Now()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		d.mu.Lock()
+		if d.eng.Idle() {
+			d.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-d.wake:
+			}
+			next = time.Now()
+			continue
+		}
+		st := d.eng.Step()
+		dur := time.Duration(float64(st.Duration) * d.slowdown)
+		emits := append([]engine.Emit(nil), st.Emits...)
+		d.mu.Unlock()
+
+		next = next.Add(dur)
+		if wait := time.Until(next); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			}
+		} else {
+			next = time.Now() // fell behind (e.g. a loaded machine): do not try to catch up
+		}
+		now := time.Now()
+		d.mu.Lock()
+		for _, em := range emits {
+			p := d.pending[em.ID]
+			if p == nil {
+				continue // cancelled during the step
+			}
+			p.produced = em.Index + 1
+			if em.Index == 0 {
+				p.firstAt, p.cached = now, em.CachedTokens
+			}
+			if em.Done {
+				p.done = true
+				delete(d.pending, em.ID)
+			}
+			onToken(p, em.Index, now)
+			select {
+			case p.notify <- struct{}{}:
+			default:
+			}
+		}
+		d.mu.Unlock()
+	}
+}
