@@ -10,6 +10,7 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/valyala/fasthttp v1.77.0
 	github.com/valyala/fastjson v1.6.10
+	gopkg.in/yaml.v3 v3.0.1
 )
 
 require (

@@ -71,13 +71,6 @@ func (g *generation) wait(n int) bool {
 // stream writes the SSE response as tokens are produced, flushing each event.
 func (g *generation) stream(w *bufio.Writer) {
 	buf := make([]byte, 0, 512)
-	if g.kind == oai.Chat {
-		buf = g.appendChunk(buf[:0], -1)
-		if _, err := w.Write(buf); err != nil || w.Flush() != nil {
-			g.abandon()
-			return
-		}
-	}
 	sent := 0
 	for sent < g.max {
 		have, ok := g.waitFor(sent + 1)
@@ -85,6 +78,10 @@ func (g *generation) stream(w *bufio.Writer) {
 			return
 		}
 		buf = buf[:0]
+		if sent == 0 && g.kind == oai.Chat {
+			// vLLM sends the role chunk with the first token, not before it.
+			buf = g.appendChunk(buf, -1)
+		}
 		for ; sent < have; sent++ {
 			if (g.fault.Kind == FaultDieMidStream || g.fault.Kind == FaultCrash) && sent >= g.fault.AfterTokens {
 				_ = w.Flush()

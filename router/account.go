@@ -1,0 +1,100 @@
+package router
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/oai"
+)
+
+// result is how one request ended on one replica.
+type result struct {
+	code        int
+	usage       oai.Usage
+	sentAt      time.Time
+	firstAt     time.Time // first streamed token (streams) or the whole response
+	endAt       time.Time
+	events      int // streamed content events
+	loadAtStart float64
+	streamed    bool
+	clientGone  bool
+	failed      string // non-empty: the replica failed mid-stream (reason)
+}
+
+// account records a finished request: metrics, token counts, SLO, the predictor's lesson
+// and passive health.
+func (px *Proxy) account(c *call, r *Replica, res result) {
+	info := r.Info()
+	code := res.code
+	switch {
+	case res.clientGone:
+		code = 499 // nginx's "client closed request"
+		px.met.errors.WithLabelValues("client_gone").Inc()
+	case res.failed != "":
+		px.upstreamFailed(r, res.failed, nil)
+	case code < 500:
+		r.requestSucceeded()
+	}
+	px.met.requests.WithLabelValues(c.model, info.ID, strconv.Itoa(code)).Inc()
+	if res.usage.Prompt > 0 || res.usage.Completion > 0 {
+		px.met.tokens.WithLabelValues(c.model, info.ID, info.Provider, info.Region, string(info.Capacity), "prompt").Add(float64(res.usage.Prompt))
+		px.met.tokens.WithLabelValues(c.model, info.ID, info.Provider, info.Region, string(info.Capacity), "completion").Add(float64(res.usage.Completion))
+	}
+	if code != 200 || res.clientGone || res.failed != "" {
+		return
+	}
+	e2e := res.endAt.Sub(res.sentAt).Seconds()
+	px.met.e2e.WithLabelValues(c.model).Observe(e2e)
+	ttft := e2e
+	if !res.firstAt.IsZero() {
+		ttft = res.firstAt.Sub(res.sentAt).Seconds()
+	}
+	out := res.usage.Completion
+	if out == 0 {
+		out = res.events
+	}
+	tpot := 0.0
+	if res.streamed {
+		px.met.ttft.WithLabelValues(c.model).Observe(ttft)
+		if out > 1 {
+			tpot = (e2e - ttft) / float64(out-1)
+			px.met.itl.WithLabelValues(c.model).Observe(tpot)
+		}
+	}
+	met := (c.slo.E2E <= 0 || e2e <= c.slo.E2E) && (!res.streamed || ((c.slo.TTFT <= 0 || ttft <= c.slo.TTFT) && (c.slo.TPOT <= 0 || tpot <= c.slo.TPOT)))
+	if met {
+		px.met.slo.WithLabelValues(c.model, "met").Inc()
+	} else {
+		px.met.slo.WithLabelValues(c.model, "missed").Inc()
+	}
+	if c.kind == oai.Embedding {
+		return
+	}
+	// What the policy would have predicted for this request on this replica, for the
+	// error metric and the predictor's own correction.
+	uncached := c.route.PromptTokens
+	r.mu.Lock()
+	pred := r.pred.predict(res.loadAtStart, uncached, out)
+	qw := r.pred.queueWait(res.loadAtStart)
+	r.mu.Unlock()
+	if res.streamed {
+		px.met.predErr.WithLabelValues(c.model).Observe(ttft - pred.TTFT)
+	}
+	r.learn(measurement{uncached: uncached, outTokens: out, ttft: ttft, e2e: e2e, loadAtStart: res.loadAtStart,
+		predictedTTFT: pred.TTFT, queueWait: qw, streamed: res.streamed})
+}
+
+// upstreamFailed counts a replica failure for passive health.
+func (px *Proxy) upstreamFailed(r *Replica, reason string, err error) {
+	px.met.errors.WithLabelValues(reason).Inc()
+	if r.requestFailed(px.Now(), px.cfg.Ejection.MaxFails, px.cfg.Ejection.BaseBackoff, px.cfg.Ejection.MaxBackoff) {
+		px.met.ejections.WithLabelValues(r.Info().ID).Inc()
+		px.log.Warn("replica ejected", "replica", r.Info().ID, "reason", reason, "err", err)
+	} else {
+		px.log.Debug("replica failure", "replica", r.Info().ID, "reason", reason, "err", err)
+	}
+}
+
+func (px *Proxy) clientGone(c *call, r *Replica) {
+	px.account(c, r, result{code: 499, clientGone: true})
+}

@@ -1,0 +1,45 @@
+package router
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/arbiter-serve/arbiter/oai"
+)
+
+// AdminHandler serves /metrics, /health and /replicas (the router's view, as JSON) on the
+// admin port, away from client traffic.
+func AdminHandler(reg *prometheus.Registry, pool *Pool) fasthttp.RequestHandler {
+	metrics := fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	return func(ctx *fasthttp.RequestCtx) {
+		switch string(ctx.Path()) {
+		case "/metrics":
+			metrics(ctx)
+		case "/health":
+			ctx.SetStatusCode(fasthttp.StatusOK)
+		case "/replicas":
+			type view struct {
+				ID        string  `json:"id"`
+				Address   string  `json:"address"`
+				Available bool    `json:"available"`
+				InFlight  int64   `json:"in_flight"`
+				Load      float64 `json:"predicted_load"`
+			}
+			now := time.Now()
+			var out []view
+			for _, r := range pool.Snapshot() {
+				out = append(out, view{ID: r.Info().ID, Address: r.Info().Address, Available: r.Available(now), InFlight: r.InFlight(), Load: r.Load(now, time.Second)})
+			}
+			b, _ := json.Marshal(out)
+			ctx.SetContentType("application/json")
+			ctx.SetBody(b)
+		default:
+			writeError(ctx, fasthttp.StatusNotFound, oai.NotFound, "unknown admin path")
+		}
+	}
+}

@@ -1,0 +1,217 @@
+package router
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/arbiter-serve/arbiter/connwatch"
+	"github.com/arbiter-serve/arbiter/oai"
+)
+
+var errDeadline = errors.New("request deadline exceeded")
+
+// attempt tries the request on one replica. It returns true when the client has its answer
+// (or is gone) and false when the caller should try another replica: every failure here
+// happens before any byte reached the client. mayRetry false means this is the last try,
+// so an upstream 502/503 is passed through instead of being hidden.
+func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry bool) bool {
+	r.inflight.Add(1)
+	handedOff := false // the stream writer releases the in-flight count when it ends
+	defer func() {
+		if !handedOff {
+			r.inflight.Add(-1)
+		}
+	}()
+	loadAtStart := r.Load(px.Now(), 3*px.cfg.ScrapeInterval)
+
+	uc, sentAt, err := px.send(ctx, c, r)
+	if err != nil {
+		if errors.Is(err, errClientGone) {
+			px.clientGone(c, r)
+			return true
+		}
+		px.upstreamFailed(r, "send", err)
+		return false
+	}
+	hdr := &ctx.Response.Header
+	upstreamClose := hdr.ConnectionClose()
+	hdr.ResetConnectionClose() // the client's connection is ours to manage, not the replica's
+	status := hdr.StatusCode()
+
+	if (status == fasthttp.StatusBadGateway || status == fasthttp.StatusServiceUnavailable) && mayRetry {
+		_ = uc.Close() // not worth reading an error body we will not use
+		px.upstreamFailed(r, "status_5xx", nil)
+		ctx.Response.Reset()
+		return false
+	}
+	if bytes.HasPrefix(hdr.ContentType(), []byte("text/event-stream")) {
+		s := px.newStreamer(c, r, uc, upstreamClose, sentAt, loadAtStart)
+		if err := s.open(hdr); err != nil {
+			_ = uc.Close()
+			px.upstreamFailed(r, "stream_open", err)
+			ctx.Response.Reset()
+			return false
+		}
+		handedOff = true // the writer goroutine now owns the in-flight count
+		ctx.SetBodyStreamWriter(s.run)
+		return true
+	}
+
+	// A whole response: read it into the client's response (no intermediate copy).
+	_ = uc.SetReadDeadline(minTime(c.deadline, px.Now().Add(px.cfg.FirstByteTimeout)))
+	err = ctx.Response.ReadBody(uc.br, px.cfg.MaxResponseBodyBytes)
+	if err == nil && hdr.ContentLength() == -1 {
+		err = hdr.ReadTrailer(uc.br)
+	}
+	if err != nil {
+		_ = uc.Close()
+		ctx.Response.Reset()
+		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+			px.met.errors.WithLabelValues("response_too_large").Inc()
+			writeError(ctx, fasthttp.StatusBadGateway, oai.ServerError, "replica response exceeds the router's size limit")
+			return true
+		}
+		px.upstreamFailed(r, "read_body", err)
+		return false // nothing reached the client: another replica may answer
+	}
+	if upstreamClose {
+		_ = uc.Close()
+	} else {
+		r.conns.put(uc, px.Now())
+	}
+	if status >= 500 && status != fasthttp.StatusBadGateway && status != fasthttp.StatusServiceUnavailable {
+		px.upstreamFailed(r, "status_5xx", nil)
+	}
+	if status == fasthttp.StatusBadGateway || status == fasthttp.StatusServiceUnavailable {
+		c.lastUpstream = status
+		px.upstreamFailed(r, "status_5xx", nil)
+		return false
+	}
+	var usage oai.Usage
+	if status == fasthttp.StatusOK {
+		p := px.parsers.Get()
+		usage, _, _ = oai.ChunkUsage(p, ctx.Response.Body())
+		px.parsers.Put(p)
+	}
+	now := px.Now()
+	px.account(c, r, result{code: status, usage: usage, sentAt: sentAt, firstAt: now, endAt: now, loadAtStart: loadAtStart})
+	return true
+}
+
+var errClientGone = errors.New("client went away")
+
+// send writes the request to the replica and reads the response header into ctx.Response.
+// A pooled connection that turns out dead before any response byte (the replica closed it
+// while idle) is replaced by a fresh dial once, invisibly to the client.
+func (px *Proxy) send(ctx *fasthttp.RequestCtx, c *call, r *Replica) (*upConn, time.Time, error) {
+	out := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(out)
+	ctx.Request.Header.CopyTo(&out.Header)
+	out.Header.SetHost(r.Info().Address)
+	out.Header.ResetConnectionClose()
+	out.Header.Del("X-Arbiter-Policy")
+	out.Header.Del("X-Arbiter-Deadline-Ms")
+	out.SetBodyRaw(c.body)
+
+	uc, reused, err := r.conns.get(px.Now(), c.deadline)
+	for {
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		sentAt := px.Now()
+		err = px.roundTrip(ctx, out, uc, c.deadline)
+		if err == nil {
+			return uc, sentAt, nil
+		}
+		_ = uc.Close()
+		if errors.Is(err, errClientGone) || !reused || !staleConnError(err) {
+			return nil, time.Time{}, err
+		}
+		ctx.Response.Reset()
+		uc, reused, err = r.conns.dial(c.deadline)
+	}
+}
+
+// roundTrip writes the request and waits for the response header, watching the client:
+// if it hangs up meanwhile, the upstream socket is closed, which cancels the generation.
+func (px *Proxy) roundTrip(ctx *fasthttp.RequestCtx, out *fasthttp.Request, uc *upConn, deadline time.Time) error {
+	now := px.Now()
+	_ = uc.SetWriteDeadline(minTime(deadline, now.Add(px.cfg.FirstByteTimeout)))
+	if err := out.Write(uc.bw); err != nil {
+		return err
+	}
+	if err := uc.bw.Flush(); err != nil {
+		return err
+	}
+	_ = uc.SetReadDeadline(minTime(deadline, now.Add(px.cfg.FirstByteTimeout)))
+	w := watchClient(ctx.Conn(), func() { _ = uc.Close() })
+	err := ctx.Response.Header.Read(uc.br)
+	if w.stop() {
+		return errClientGone
+	}
+	return err
+}
+
+// staleConnError reports whether err is what a request on a socket the peer had already
+// closed looks like, before any response byte.
+func staleConnError(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// clientWatch polls a client connection while the router waits on a replica.
+type clientWatch struct {
+	mu      sync.Mutex
+	t       *time.Timer
+	stopped bool
+	gone    atomic.Bool
+}
+
+// watchInterval is how often a waiting request checks its client. The first check comes
+// after one interval, so fast requests never pay for a check.
+const watchInterval = 100 * time.Millisecond
+
+func watchClient(conn net.Conn, onGone func()) *clientWatch {
+	w := &clientWatch{}
+	var check func()
+	check = func() {
+		if connwatch.PeerClosed(conn) {
+			w.gone.Store(true)
+			onGone()
+			return
+		}
+		w.mu.Lock()
+		if !w.stopped {
+			w.t.Reset(watchInterval)
+		}
+		w.mu.Unlock()
+	}
+	w.mu.Lock()
+	w.t = time.AfterFunc(watchInterval, check)
+	w.mu.Unlock()
+	return w
+}
+
+// stop ends the watch and reports whether the client was found gone.
+func (w *clientWatch) stop() bool {
+	w.mu.Lock()
+	w.stopped = true
+	w.t.Stop()
+	w.mu.Unlock()
+	return w.gone.Load()
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,157 @@
+package router
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Config is the router's configuration. Zero values take the defaults in Defaults.
+type Config struct {
+	// Policy is the default routing policy: slo_cheapest, least_load or round_robin. A
+	// request may pick another with the X-Arbiter-Policy header (for experiments).
+	Policy string `yaml:"policy"`
+	// SLOs per model name; "*" applies to models without their own.
+	SLOs map[string]SLO `yaml:"slos"`
+
+	MaxRequestBodyBytes  int `yaml:"max_request_body_bytes"`
+	MaxResponseBodyBytes int `yaml:"max_response_body_bytes"`
+	// MaxAttempts bounds tries per request, each on a different replica.
+	MaxAttempts int `yaml:"max_attempts"`
+
+	ConnectTimeout   time.Duration `yaml:"connect_timeout"`
+	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
+	// StreamIdleTimeout bounds the gap between two chunks of a streamed response.
+	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
+	// RequestTimeout is the whole request's deadline (a client's X-Arbiter-Deadline-Ms may shorten it).
+	RequestTimeout time.Duration `yaml:"request_timeout"`
+	// UpstreamIdleTimeout drops pooled replica connections idle this long (below vLLM's 5 s).
+	UpstreamIdleTimeout    time.Duration `yaml:"upstream_idle_timeout"`
+	MaxIdleConnsPerReplica int           `yaml:"max_idle_conns_per_replica"`
+
+	Probe          ProbeConfig   `yaml:"probe"`
+	Ejection       EjectConfig   `yaml:"ejection"`
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+
+	// Tokenizer counts prompt tokens for prediction: approx (default; BPE costs ~0.2 ms per
+	// KB of prompt on the hot path) or bpe.
+	Tokenizer string `yaml:"tokenizer"`
+	// DefaultOutputTokens is the expected completion length when a request sets no max_tokens.
+	DefaultOutputTokens int `yaml:"default_output_tokens"`
+	// AffinitySize is the number of prefix blocks remembered; 0 disables prefix affinity.
+	AffinitySize int `yaml:"affinity_size"`
+}
+
+// ProbeConfig is the active readiness probe.
+type ProbeConfig struct {
+	Path     string        `yaml:"path"`
+	Interval time.Duration `yaml:"interval"`
+	Timeout  time.Duration `yaml:"timeout"`
+	// FailureThreshold consecutive failures mark a replica not ready.
+	FailureThreshold int `yaml:"failure_threshold"`
+}
+
+// EjectConfig is passive ejection after consecutive request failures.
+type EjectConfig struct {
+	MaxFails    int           `yaml:"max_fails"`
+	BaseBackoff time.Duration `yaml:"base_backoff"`
+	MaxBackoff  time.Duration `yaml:"max_backoff"`
+}
+
+// Defaults returns the default configuration.
+func Defaults() Config {
+	return Config{
+		Policy:                 "slo_cheapest",
+		SLOs:                   map[string]SLO{"*": {TTFT: 2, TPOT: 0.1, Percentile: 0.9}},
+		MaxRequestBodyBytes:    8 << 20,
+		MaxResponseBodyBytes:   64 << 20,
+		MaxAttempts:            3,
+		ConnectTimeout:         2 * time.Second,
+		FirstByteTimeout:       60 * time.Second,
+		StreamIdleTimeout:      60 * time.Second,
+		RequestTimeout:         10 * time.Minute,
+		UpstreamIdleTimeout:    4 * time.Second,
+		MaxIdleConnsPerReplica: 512,
+		Probe:                  ProbeConfig{Path: "/health", Interval: 2 * time.Second, Timeout: time.Second, FailureThreshold: 2},
+		Ejection:               EjectConfig{MaxFails: 3, BaseBackoff: time.Second, MaxBackoff: 30 * time.Second},
+		ScrapeInterval:         250 * time.Millisecond,
+		Tokenizer:              "approx",
+		DefaultOutputTokens:    256,
+		AffinitySize:           100_000,
+	}
+}
+
+// LoadConfig reads a YAML config over the defaults; unknown keys are errors.
+func LoadConfig(path string) (Config, error) {
+	cfg := Defaults()
+	if path == "" {
+		return cfg, cfg.Validate()
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, fmt.Errorf("router config: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) { // empty file: defaults
+		return cfg, fmt.Errorf("router config %s: %w", path, err)
+	}
+	return cfg, cfg.Validate()
+}
+
+// Validate checks every field and names the one that is wrong.
+func (c *Config) Validate() error {
+	if _, err := NewPolicy(c.Policy, nil, 0); err != nil {
+		return fmt.Errorf("policy: %w", err)
+	}
+	for m, s := range c.SLOs {
+		if s.TTFT < 0 || s.TPOT < 0 || s.E2E < 0 {
+			return fmt.Errorf("slos[%q]: targets must be >= 0 seconds", m)
+		}
+		if s.Percentile < 0 || s.Percentile > 1 {
+			return fmt.Errorf("slos[%q].percentile %v: want a fraction in [0, 1], e.g. 0.9", m, s.Percentile)
+		}
+	}
+	positive := map[string]int64{
+		"max_request_body_bytes": int64(c.MaxRequestBodyBytes), "max_response_body_bytes": int64(c.MaxResponseBodyBytes),
+		"max_attempts": int64(c.MaxAttempts), "connect_timeout": int64(c.ConnectTimeout),
+		"first_byte_timeout": int64(c.FirstByteTimeout), "stream_idle_timeout": int64(c.StreamIdleTimeout),
+		"request_timeout": int64(c.RequestTimeout), "upstream_idle_timeout": int64(c.UpstreamIdleTimeout),
+		"max_idle_conns_per_replica": int64(c.MaxIdleConnsPerReplica), "probe.interval": int64(c.Probe.Interval),
+		"probe.timeout": int64(c.Probe.Timeout), "probe.failure_threshold": int64(c.Probe.FailureThreshold),
+		"ejection.max_fails": int64(c.Ejection.MaxFails), "ejection.base_backoff": int64(c.Ejection.BaseBackoff),
+		"ejection.max_backoff": int64(c.Ejection.MaxBackoff), "scrape_interval": int64(c.ScrapeInterval),
+		"default_output_tokens": int64(c.DefaultOutputTokens),
+	}
+	for k, v := range positive {
+		if v <= 0 {
+			return fmt.Errorf("%s: must be > 0 (durations are written like 2s or 250ms)", k)
+		}
+	}
+	if c.ScrapeInterval > 250*time.Millisecond {
+		return fmt.Errorf("scrape_interval %v: must be <= 250ms, or queue predictions go stale", c.ScrapeInterval)
+	}
+	if c.Probe.Path == "" || c.Probe.Path[0] != '/' {
+		return fmt.Errorf("probe.path %q: must start with /", c.Probe.Path)
+	}
+	if c.Tokenizer != "approx" && c.Tokenizer != "bpe" {
+		return fmt.Errorf("tokenizer %q: want approx or bpe", c.Tokenizer)
+	}
+	if c.AffinitySize < 0 {
+		return fmt.Errorf("affinity_size %d: must be >= 0 (0 disables prefix affinity)", c.AffinitySize)
+	}
+	return nil
+}
+
+// SLOFor returns the SLO of a model.
+func (c *Config) SLOFor(model string) SLO {
+	if s, ok := c.SLOs[model]; ok {
+		return s
+	}
+	return c.SLOs["*"]
+}

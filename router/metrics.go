@@ -1,0 +1,101 @@
+package router
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the router's Prometheus metrics (namespace arbiter, subsystem router).
+type Metrics struct {
+	requests    *prometheus.CounterVec // model, replica, code
+	errors      *prometheus.CounterVec // reason
+	retries     prometheus.Counter
+	ejections   *prometheus.CounterVec   // replica
+	tokens      *prometheus.CounterVec   // model, replica, provider, region, capacity, type
+	slo         *prometheus.CounterVec   // model, result
+	ttft        *prometheus.HistogramVec // model
+	itl         *prometheus.HistogramVec // model
+	e2e         *prometheus.HistogramVec // model
+	predicted   *prometheus.HistogramVec // model: predicted TTFT
+	predErr     *prometheus.HistogramVec // model: measured − predicted TTFT
+	replicaInfo *replicaCollector
+}
+
+var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120}
+
+// NewMetrics registers the router's metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	ns, sub := "arbiter", "router"
+	cv := func(name, help string, labels ...string) *prometheus.CounterVec {
+		v := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, labels)
+		reg.MustRegister(v)
+		return v
+	}
+	hv := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+		v := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help, Buckets: buckets}, labels)
+		reg.MustRegister(v)
+		return v
+	}
+	m := &Metrics{
+		requests:  cv("requests_total", "Requests answered, by model, replica and HTTP status code.", "model", "replica", "code"),
+		errors:    cv("errors_total", "Requests that failed in the router, by reason.", "reason"),
+		ejections: cv("ejections_total", "Passive ejections of a replica after consecutive failures.", "replica"),
+		tokens:    cv("tokens_total", "Tokens served, from each response's usage.", "model", "replica", "provider", "region", "capacity", "type"),
+		slo:       cv("slo_requests_total", "Requests by whether they met their model's latency SLO.", "model", "result"),
+		ttft:      hv("time_to_first_token_seconds", "Time to first token as the router saw it.", latencyBuckets, "model"),
+		itl:       hv("inter_token_latency_seconds", "Mean gap between streamed tokens of a request.", latencyBuckets, "model"),
+		e2e:       hv("e2e_request_latency_seconds", "Request latency as the router saw it.", latencyBuckets, "model"),
+		predicted: hv("predicted_ttft_seconds", "TTFT the routing policy predicted for the replica it chose.", latencyBuckets, "model"),
+		predErr: hv("ttft_prediction_error_seconds", "Measured minus predicted TTFT of streamed requests.",
+			[]float64{-5, -1, -0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 5}, "model"),
+	}
+	m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "retries_total", Help: "Attempts retried on another replica before the first response byte."})
+	reg.MustRegister(m.retries)
+	m.replicaInfo = &replicaCollector{
+		inflight: prometheus.NewDesc("arbiter_router_in_flight_requests", "Requests this router has open on a replica.", []string{"replica"}, nil),
+		load:     prometheus.NewDesc("arbiter_router_predicted_load", "Predicted requests in the replica's engine (running + waiting).", []string{"replica"}, nil),
+		avail:    prometheus.NewDesc("arbiter_router_replica_available", "1 if the replica takes new requests (ready, not ejected, not draining).", []string{"replica", "provider", "region", "capacity"}, nil),
+	}
+	reg.MustRegister(m.replicaInfo)
+	return m
+}
+
+func (m *Metrics) setReplicas(rs []*Replica) {
+	m.replicaInfo.mu.Lock()
+	m.replicaInfo.replicas = rs
+	m.replicaInfo.mu.Unlock()
+}
+
+// replicaCollector reports per-replica gauges for the current set at scrape time, so a
+// removed replica's series disappear with it.
+type replicaCollector struct {
+	inflight, load, avail *prometheus.Desc
+	mu                    sync.Mutex
+	replicas              []*Replica
+	staleAfter            time.Duration
+}
+
+func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.inflight
+	ch <- c.load
+	ch <- c.avail
+}
+
+func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	rs := c.replicas
+	c.mu.Unlock()
+	now := time.Now()
+	for _, r := range rs {
+		info := r.Info()
+		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(r.InFlight()), info.ID)
+		ch <- prometheus.MustNewConstMetric(c.load, prometheus.GaugeValue, r.Load(now, time.Second), info.ID)
+		a := 0.0
+		if r.Available(now) {
+			a = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.avail, prometheus.GaugeValue, a, info.ID, info.Provider, info.Region, string(info.Capacity))
+	}
+}

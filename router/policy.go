@@ -1,0 +1,257 @@
+package router
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+)
+
+// SLO is a model's latency objective, in seconds; zero fields are not constrained.
+type SLO struct {
+	TTFT float64 `yaml:"ttft_seconds"`
+	TPOT float64 `yaml:"tpot_seconds"`
+	E2E  float64 `yaml:"e2e_seconds"`
+	// Percentile is the share of requests that must meet it (reported, e.g. 0.9).
+	Percentile float64 `yaml:"percentile"`
+}
+
+// Meets reports whether a prediction is within the SLO.
+func (s SLO) Meets(p Prediction) bool {
+	return (s.TTFT <= 0 || p.TTFT <= s.TTFT) && (s.TPOT <= 0 || p.TPOT <= s.TPOT) && (s.E2E <= 0 || p.E2E <= s.E2E)
+}
+
+// Request is what a policy knows about the request being routed. Policies never see HTTP.
+type Request struct {
+	Model        string
+	PromptTokens int
+	// OutTokens is the expected completion length.
+	OutTokens int
+	// Prefix holds chained hashes of the prompt's leading blocks (nil: too short to matter).
+	Prefix []uint64
+	SLO    SLO
+	Now    time.Time
+}
+
+// Policy picks one replica among available candidates (never empty).
+type Policy interface {
+	Pick(req *Request, cands []*Replica, rng *rand.Rand) *Replica
+}
+
+var (
+	_ Policy = (*RoundRobin)(nil)
+	_ Policy = LeastLoad{}
+	_ Policy = (*SLOCheapest)(nil)
+)
+
+// RoundRobin cycles through the candidates.
+type RoundRobin struct{ n atomic.Uint64 }
+
+// Pick implements Policy.
+func (p *RoundRobin) Pick(_ *Request, cands []*Replica, _ *rand.Rand) *Replica {
+	return cands[(p.n.Add(1)-1)%uint64(len(cands))]
+}
+
+// LeastLoad is SkyServe's default: fewest requests in flight from this router, ties broken
+// at random.
+type LeastLoad struct{}
+
+// Pick implements Policy.
+func (LeastLoad) Pick(_ *Request, cands []*Replica, rng *rand.Rand) *Replica {
+	var best *Replica
+	bestN, ties := int64(math.MaxInt64), 0
+	for _, r := range cands {
+		n := r.InFlight()
+		switch {
+		case n < bestN:
+			best, bestN, ties = r, n, 1
+		case n == bestN:
+			ties++
+			if rng.IntN(ties) == 0 { // reservoir sampling over the ties
+				best = r
+			}
+		}
+	}
+	return best
+}
+
+// SLOCheapest sends a request to the cheapest replica predicted to meet its SLO: it filters
+// by prediction, then ranks by marginal cost per token; a known prefix holder is followed
+// while it meets the SLO. With no replica predicted to meet the SLO it takes the fastest.
+type SLOCheapest struct {
+	// Affinity remembers which replica got which prefix; nil disables prefix affinity.
+	Affinity *Affinity
+	// StaleAfter is how old a replica's scraped load may be before it is ignored.
+	StaleAfter time.Duration
+	// CostTolerance treats costs within this fraction of the cheapest as equal (default
+	// 0.05), so near-equal prices spread load by prefix and latency instead of one winner.
+	CostTolerance float64
+	// OnPredict, if set, receives the chosen replica's prediction (for error metrics).
+	OnPredict func(r *Replica, p Prediction, uncached int)
+}
+
+type scored struct {
+	r        *Replica
+	p        Prediction
+	cost     float64
+	uncached int
+}
+
+// Pick implements Policy.
+func (p *SLOCheapest) Pick(req *Request, cands []*Replica, _ *rand.Rand) *Replica {
+	holder, matched := p.Affinity.lookup(req.Prefix)
+	var buf [16]scored
+	all := buf[:0]
+	for _, r := range cands {
+		uncached := req.PromptTokens
+		if r == holder {
+			uncached = max(req.PromptTokens-matched, 1)
+		}
+		all = append(all, scored{r: r, p: r.Predict(req.Now, uncached, req.OutTokens, p.StaleAfter), cost: r.MarginalCost(), uncached: uncached})
+	}
+	choice := p.choose(req, all, holder)
+	p.Affinity.record(req.Prefix, choice.r)
+	if p.OnPredict != nil {
+		p.OnPredict(choice.r, choice.p, choice.uncached)
+	}
+	return choice.r
+}
+
+func (p *SLOCheapest) choose(req *Request, all []scored, holder *Replica) scored {
+	// Phase 1: keep the replicas predicted to meet the SLO.
+	ok := all[:0:0]
+	for _, s := range all {
+		if req.SLO.Meets(s.p) {
+			ok = append(ok, s)
+		}
+	}
+	if len(ok) == 0 {
+		return fastest(all)
+	}
+	// Phase 2: the prefix holder, while it meets the SLO, keeps its prefix.
+	for _, s := range ok {
+		if s.r == holder {
+			return s
+		}
+	}
+	// Phase 3: the cheapest tier; within it a rendezvous choice by prefix, so every router
+	// sends a new prefix to the same replica without talking to the others, else the
+	// fastest prediction.
+	minCost := math.Inf(1)
+	for _, s := range ok {
+		minCost = math.Min(minCost, s.cost)
+	}
+	tol := p.CostTolerance
+	if tol <= 0 {
+		tol = 0.05
+	}
+	tier := ok[:0]
+	for _, s := range ok {
+		if s.cost <= minCost*(1+tol) {
+			tier = append(tier, s)
+		}
+	}
+	if len(req.Prefix) > 0 {
+		return rendezvous(req.Prefix[0], tier)
+	}
+	return fastest(tier)
+}
+
+// fastest returns the lowest predicted end-to-end time; ties go to the lower ID so the
+// choice is deterministic.
+func fastest(all []scored) scored {
+	best := all[0]
+	for _, s := range all[1:] {
+		if s.p.E2E < best.p.E2E || (s.p.E2E == best.p.E2E && s.r.Info().ID < best.r.Info().ID) {
+			best = s
+		}
+	}
+	return best
+}
+
+// rendezvous returns the candidate with the highest hash of (key, replica): the same key
+// maps to the same replica on every router, and removing a replica moves only its keys.
+func rendezvous(key uint64, all []scored) scored {
+	best, bestH := all[0], uint64(0)
+	for i, s := range all {
+		if h := mix(key ^ s.r.idHash); i == 0 || h > bestH {
+			best, bestH = s, h
+		}
+	}
+	return best
+}
+
+// mix is splitmix64's finaliser: a cheap bijection that spreads xor-combined hashes.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// Affinity is an LRU of recent prompt-prefix block hashes → the replica that got them.
+type Affinity struct {
+	cache *lru.Cache[uint64, *Replica]
+	// BlockTokens is the approximate tokens per prefix block, to estimate cached tokens.
+	BlockTokens int
+}
+
+// NewAffinity returns an affinity table of the given size.
+func NewAffinity(size, blockTokens int) (*Affinity, error) {
+	c, err := lru.New[uint64, *Replica](size)
+	if err != nil {
+		return nil, fmt.Errorf("affinity cache: %w", err)
+	}
+	return &Affinity{cache: c, BlockTokens: blockTokens}, nil
+}
+
+// lookup finds the replica holding the longest known prefix and how many tokens it holds.
+func (a *Affinity) lookup(prefix []uint64) (*Replica, int) {
+	if a == nil {
+		return nil, 0
+	}
+	for i := len(prefix) - 1; i >= 0; i-- {
+		if r, ok := a.cache.Get(prefix[i]); ok {
+			return r, (i + 1) * a.BlockTokens
+		}
+	}
+	return nil, 0
+}
+
+func (a *Affinity) record(prefix []uint64, r *Replica) {
+	if a == nil {
+		return
+	}
+	for _, h := range prefix {
+		a.cache.Add(h, r)
+	}
+}
+
+// forget drops every entry pointing at r (the replica left the set).
+func (a *Affinity) forget(r *Replica) {
+	if a == nil {
+		return
+	}
+	for _, k := range a.cache.Keys() {
+		if v, ok := a.cache.Peek(k); ok && v == r {
+			a.cache.Remove(k)
+		}
+	}
+}
+
+// NewPolicy returns the policy with the given name.
+func NewPolicy(name string, aff *Affinity, staleAfter time.Duration) (Policy, error) {
+	switch name {
+	case "slo_cheapest", "":
+		return &SLOCheapest{Affinity: aff, StaleAfter: staleAfter}, nil
+	case "least_load":
+		return LeastLoad{}, nil
+	case "round_robin":
+		return &RoundRobin{}, nil
+	}
+	return nil, fmt.Errorf("unknown routing policy %q: want slo_cheapest, least_load or round_robin", name)
+}

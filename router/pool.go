@@ -1,0 +1,203 @@
+package router
+
+import (
+	"context"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+// Pool is the router's replica set. SetReplicas replaces the set (from a file or the
+// control plane); per-replica state survives for IDs that stay. Removed replicas drain:
+// they take no new requests and are dropped once their last request ends.
+type Pool struct {
+	cfg *Config
+	log *slog.Logger
+	met *Metrics
+	aff *Affinity
+
+	mu     sync.RWMutex // guards byID, list, models; never held while calling out
+	byID   map[string]*Replica
+	list   []*Replica // sorted by ID: a deterministic order for policies and tests
+	models map[string]bool
+}
+
+// NewPool returns an empty pool.
+func NewPool(cfg *Config, log *slog.Logger, met *Metrics, aff *Affinity) *Pool {
+	return &Pool{cfg: cfg, log: log, met: met, aff: aff, byID: map[string]*Replica{}, models: map[string]bool{}}
+}
+
+// SetReplicas installs a new replica set. The caller validates it (fleet.ValidateSet).
+func (p *Pool) SetReplicas(set []fleet.Replica) {
+	p.mu.Lock()
+	next := make(map[string]*Replica, len(set))
+	models := map[string]bool{}
+	for _, info := range set {
+		r := p.byID[info.ID]
+		if r == nil || r.Info().Address != info.Address {
+			if r != nil {
+				p.retire(r) // same ID, new address: a new process; start fresh
+			}
+			r = newReplica(info, newConnPool(info.Address, p.cfg.ConnectTimeout, p.cfg.UpstreamIdleTimeout, p.cfg.MaxIdleConnsPerReplica))
+			p.log.Info("replica added", "id", info.ID, "addr", info.Address, "capacity", info.Capacity, "price_per_hour", info.PricePerHour)
+		} else {
+			r.info.Store(&info)
+		}
+		next[info.ID] = r
+		models[info.Model] = true
+	}
+	for id, r := range p.byID {
+		if next[id] == nil {
+			p.retire(r)
+			p.log.Info("replica removed", "id", id, "in_flight", r.InFlight())
+		}
+	}
+	p.byID, p.models = next, models
+	p.list = p.list[:0]
+	for _, r := range next {
+		p.list = append(p.list, r)
+	}
+	sort.Slice(p.list, func(i, j int) bool { return p.list[i].Info().ID < p.list[j].Info().ID })
+	p.mu.Unlock()
+	p.met.setReplicas(p.Snapshot())
+}
+
+// retire marks a replica removed: requests already on it finish (they hold it), new ones
+// cannot pick it. Caller holds p.mu.
+func (p *Pool) retire(r *Replica) {
+	r.mu.Lock()
+	r.removed = true
+	r.mu.Unlock()
+	r.conns.close()
+	p.aff.forget(r)
+}
+
+// HasModel reports whether any replica in the set serves model.
+func (p *Pool) HasModel(model string) bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.models[model]
+}
+
+// Models lists the served model names, sorted.
+func (p *Pool) Models() []string {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	out := make([]string, 0, len(p.models))
+	for m := range p.models {
+		out = append(out, m)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Snapshot returns the current replicas.
+func (p *Pool) Snapshot() []*Replica {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return append([]*Replica(nil), p.list...)
+}
+
+// Get returns a replica by ID.
+func (p *Pool) Get(id string) *Replica {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.byID[id]
+}
+
+// candidates appends the available replicas for model, skipping those in exclude.
+func (p *Pool) candidates(dst []*Replica, model string, now time.Time, exclude []*Replica) []*Replica {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+next:
+	for _, r := range p.list {
+		if r.Info().Model != model || !r.Available(now) {
+			continue
+		}
+		for _, x := range exclude {
+			if x == r {
+				continue next
+			}
+		}
+		dst = append(dst, r)
+	}
+	return dst
+}
+
+// Run probes readiness and scrapes vLLM metrics for every replica until ctx ends. One
+// loop per concern over the whole pool, as a tick fan-out: replicas come and go with the
+// set, so there are no per-replica goroutines to start and stop.
+func (p *Pool) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); p.loop(ctx, p.cfg.Probe.Interval, p.probe) }()
+	go func() { defer wg.Done(); p.loop(ctx, p.cfg.ScrapeInterval, p.scrape) }()
+	wg.Wait()
+}
+
+func (p *Pool) loop(ctx context.Context, every time.Duration, f func(context.Context, *Replica, *fasthttp.Client)) {
+	client := &fasthttp.Client{
+		ReadTimeout: p.cfg.Probe.Timeout, WriteTimeout: p.cfg.Probe.Timeout,
+		MaxIdleConnDuration: p.cfg.UpstreamIdleTimeout, NoDefaultUserAgentHeader: true,
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	inProgress := map[*Replica]bool{}
+	var mu sync.Mutex
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, r := range p.Snapshot() {
+			mu.Lock()
+			busy := inProgress[r]
+			inProgress[r] = true
+			mu.Unlock()
+			if busy {
+				continue // a slow replica's previous probe is still out; do not pile up
+			}
+			go func() {
+				f(ctx, r, client)
+				mu.Lock()
+				delete(inProgress, r)
+				mu.Unlock()
+			}()
+		}
+	}
+}
+
+func (p *Pool) probe(_ context.Context, r *Replica, c *fasthttp.Client) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + r.Info().Address + p.cfg.Probe.Path)
+	start := time.Now()
+	err := c.DoTimeout(req, resp, p.cfg.Probe.Timeout)
+	ok := err == nil && resp.StatusCode() == fasthttp.StatusOK
+	was := r.Available(start)
+	ready := r.probed(ok, time.Since(start), p.cfg.Probe.FailureThreshold)
+	if was != ready || !ok {
+		p.log.Debug("probe", "replica", r.Info().ID, "ok", ok, "ready", ready, "err", err)
+	}
+}
+
+func (p *Pool) scrape(_ context.Context, r *Replica, c *fasthttp.Client) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + r.Info().Address + "/metrics")
+	if err := c.DoTimeout(req, resp, p.cfg.Probe.Timeout); err != nil || resp.StatusCode() != fasthttp.StatusOK {
+		return
+	}
+	g := ParseEngineGauges(resp.Body())
+	if g.Found {
+		r.observeScrape(time.Now(), g.Running, g.Waiting, g.KVUsage)
+	}
+}

@@ -1,0 +1,141 @@
+package router
+
+import "math"
+
+// ewma is an exponentially weighted mean that starts from a prior.
+type ewma struct {
+	v     float64
+	alpha float64
+	n     int
+}
+
+func (e *ewma) observe(x float64) {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return
+	}
+	e.n++
+	e.v += e.alpha * (x - e.v)
+}
+
+// linfit is an online least-squares line y = a + b·x with exponential forgetting. Until it
+// has seen enough spread in x it keeps the prior slope and only moves the intercept.
+type linfit struct {
+	alpha                float64
+	mx, my, mxx, mxy     float64
+	n                    int
+	priorA, priorB, minB float64
+}
+
+func (l *linfit) observe(x, y float64) {
+	if math.IsNaN(y) || math.IsInf(y, 0) || y < 0 {
+		return
+	}
+	a := l.alpha
+	if l.n == 0 {
+		l.mx, l.my, l.mxx, l.mxy = x, y, x*x, x*y
+	} else {
+		l.mx += a * (x - l.mx)
+		l.my += a * (y - l.my)
+		l.mxx += a * (x*x - l.mxx)
+		l.mxy += a * (x*y - l.mxy)
+	}
+	l.n++
+}
+
+func (l *linfit) coeffs() (a, b float64) {
+	if l.n < 3 {
+		return l.priorA, l.priorB
+	}
+	b = l.priorB
+	if v := l.mxx - l.mx*l.mx; v > 1e-9*math.Max(1, l.mxx) {
+		b = math.Max((l.mxy-l.mx*l.my)/v, l.minB)
+	}
+	a = math.Max(l.my-b*l.mx, 0)
+	return a, b
+}
+
+func (l *linfit) predict(x float64) float64 {
+	a, b := l.coeffs()
+	return a + b*x
+}
+
+// predictor learns one replica's latency online. Priors are an 8B model on an H100
+// (engine profile h100-llama-3.1-8b), so a fresh replica gets sensible predictions.
+type predictor struct {
+	rtt     ewma    // seconds, from readiness probes
+	prefill linfit  // TTFT minus RTT and queue wait (s) by uncached prompt tokens
+	tpot    linfit  // time per output token (s) by batch size
+	e2e     ewma    // seconds per request, for queue wait
+	slots   maxHold // engine batch capacity, learned when a queue is seen
+	// peakTokensPerSec is the best throughput seen, for marginal cost when the replica's
+	// description does not give one.
+	peakTokensPerSec float64
+	// lastErr is the latest TTFT prediction error (measured − predicted), for metrics.
+	lastErr float64
+}
+
+// maxHold tracks a maximum that slowly decays towards new observations.
+type maxHold struct{ v, prior float64 }
+
+func (m *maxHold) observe(x float64) {
+	if x > m.v || m.v == m.prior {
+		m.v = x
+		return
+	}
+	m.v += 0.05 * (x - m.v)
+}
+
+func newPredictor() predictor {
+	return predictor{
+		rtt:              ewma{v: 0.001, alpha: 0.2},
+		prefill:          linfit{alpha: 0.05, priorA: 0.010, priorB: 27e-6, minB: 0},
+		tpot:             linfit{alpha: 0.05, priorA: 0.010, priorB: 40e-6, minB: 0},
+		e2e:              ewma{v: 2, alpha: 0.05},
+		slots:            maxHold{v: 256, prior: 256},
+		peakTokensPerSec: 2000,
+	}
+}
+
+// measurement is what the router saw of one finished request.
+type measurement struct {
+	uncached      int     // prompt tokens predicted uncached on this replica
+	outTokens     int     // completion tokens
+	ttft          float64 // seconds from sending to the first response byte / token
+	e2e           float64 // seconds
+	loadAtStart   float64 // predicted engine load when it was sent
+	predictedTTFT float64
+	queueWait     float64 // predicted queue wait when it was sent
+	streamed      bool    // ttft is a real first token, not the whole response
+}
+
+func (p *predictor) queueWait(load float64) float64 {
+	slots := math.Max(p.slots.v, 1)
+	if load+1 <= slots {
+		return 0
+	}
+	// Requests ahead beyond the batch leave at the batch's completion rate.
+	return (load + 1 - slots) / slots * p.e2e.v
+}
+
+func (p *predictor) predict(load float64, uncached, outTokens int) Prediction {
+	ttft := p.rtt.v + p.queueWait(load) + p.prefill.predict(float64(uncached))
+	batch := math.Min(load+1, math.Max(p.slots.v, 1))
+	tpot := p.tpot.predict(batch)
+	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, Load: load}
+}
+
+func (p *predictor) learn(m measurement) {
+	p.e2e.observe(m.e2e)
+	if m.e2e > 0 {
+		if tps := float64(m.uncached+m.outTokens) / m.e2e * math.Max(m.loadAtStart+1, 1); tps > p.peakTokensPerSec {
+			p.peakTokensPerSec = tps
+		}
+	}
+	if m.streamed {
+		p.lastErr = m.ttft - m.predictedTTFT
+		p.prefill.observe(float64(m.uncached), m.ttft-p.rtt.v-m.queueWait)
+		if m.outTokens > 1 {
+			p.tpot.observe(m.loadAtStart+1, (m.e2e-m.ttft)/float64(m.outTokens-1))
+		}
+	}
+}

@@ -1,0 +1,306 @@
+// Package router is Arbiter's data plane: an OpenAI-compatible reverse proxy that picks a
+// replica per request (by predicted latency and marginal cost), forwards the request over
+// pooled connections, streams the answer back event by event, and accounts for tokens.
+//
+// The data path reads top to bottom: proxy.go (request in, pick, retry loop), attempt.go
+// (one try on one replica), stream.go (SSE pass-through), account.go (metrics, learning).
+package router
+
+import (
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+
+	"github.com/arbiter-serve/arbiter/oai"
+	"github.com/arbiter-serve/arbiter/tokens"
+)
+
+// Proxy is the OpenAI-compatible front end. Its exported fields are hooks; nil means the
+// documented default.
+type Proxy struct {
+	cfg      *Config
+	pool     *Pool
+	met      *Metrics
+	log      *slog.Logger
+	counter  tokens.Counter
+	policies map[string]Policy
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+
+	parsers fastjson.ParserPool
+	rngs    sync.Pool
+}
+
+// NewProxy wires a proxy over a pool.
+func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, error) {
+	counter, err := tokens.New(cfg.Tokenizer)
+	if err != nil {
+		return nil, err
+	}
+	px := &Proxy{cfg: cfg, pool: pool, met: met, log: log, counter: counter, Now: time.Now, policies: map[string]Policy{}}
+	for _, name := range []string{"slo_cheapest", "least_load", "round_robin"} {
+		p, err := NewPolicy(name, pool.aff, 3*cfg.ScrapeInterval)
+		if err != nil {
+			return nil, err
+		}
+		if sc, ok := p.(*SLOCheapest); ok {
+			sc.OnPredict = func(r *Replica, pr Prediction, _ int) {
+				met.predicted.WithLabelValues(r.Info().Model).Observe(pr.TTFT)
+			}
+		}
+		px.policies[name] = p
+	}
+	var seed uint64
+	px.rngs.New = func() any {
+		seed++
+		return rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), seed))
+	}
+	return px, nil
+}
+
+// Handle is the fasthttp handler for the client-facing port.
+func (px *Proxy) Handle(ctx *fasthttp.RequestCtx) {
+	defer func() {
+		if v := recover(); v != nil {
+			// A bug must cost one request, not the router; in-flight counts are released by
+			// the attempt's own defers.
+			px.log.Error("panic in request handler", "panic", v, "path", string(ctx.Path()))
+			px.met.errors.WithLabelValues("panic").Inc()
+			writeError(ctx, fasthttp.StatusInternalServerError, oai.ServerError, "internal error")
+		}
+	}()
+	switch string(ctx.Path()) {
+	case "/v1/chat/completions":
+		px.forward(ctx, oai.Chat)
+	case "/v1/completions":
+		px.forward(ctx, oai.Completion)
+	case "/v1/embeddings":
+		px.forward(ctx, oai.Embedding)
+	case "/v1/models":
+		px.models(ctx)
+	case "/health":
+		ctx.SetStatusCode(fasthttp.StatusOK)
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, oai.NotFound, fmt.Sprintf("Unknown path %s", ctx.Path()))
+	}
+}
+
+// ErrorHandler answers errors fasthttp raises before the handler (oversized or malformed
+// requests) in OpenAI's error shape.
+func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
+	status := fasthttp.StatusBadRequest
+	msg := "malformed HTTP request: " + err.Error()
+	if _, ok := err.(*fasthttp.ErrSmallBuffer); ok {
+		status, msg = fasthttp.StatusRequestHeaderFieldsTooLarge, "request headers too large"
+	} else if err == fasthttp.ErrBodyTooLarge {
+		status, msg = fasthttp.StatusRequestEntityTooLarge, "request body too large"
+	}
+	writeError(ctx, status, oai.InvalidRequest, msg)
+}
+
+func writeError(ctx *fasthttp.RequestCtx, status int, typ, msg string) {
+	ctx.Response.Reset()
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(oai.ErrorBody(typ, msg, ""))
+}
+
+func (px *Proxy) models(ctx *fasthttp.RequestCtx) {
+	b := []byte(`{"object":"list","data":[`)
+	for i, m := range px.pool.Models() {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"id":`...)
+		b = strconv.AppendQuote(b, m)
+		b = append(b, `,"object":"model","owned_by":"arbiter"}`...)
+	}
+	b = append(b, "]}"...)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// call is one client request's state across attempts. It outlives the handler when the
+// response streams, so it holds copies, never the RequestCtx.
+type call struct {
+	kind         oai.Kind
+	model        string
+	stream       bool
+	stripUsage   bool // we added include_usage; the client must not see the usage chunk
+	body         []byte
+	route        Request
+	slo          SLO
+	start        time.Time
+	deadline     time.Time
+	tried        []*Replica
+	lastUpstream int // status of the last 502/503 kept as the answer of last resort
+}
+
+func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind) {
+	if !ctx.IsPost() {
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, oai.InvalidRequest, "use POST")
+		return
+	}
+	c, ok := px.newCall(ctx, kind)
+	if !ok {
+		return
+	}
+	policy := px.policies[px.cfg.Policy]
+	if h := ctx.Request.Header.Peek("X-Arbiter-Policy"); len(h) > 0 {
+		if p, ok := px.policies[string(h)]; ok {
+			policy = p
+		} else {
+			writeError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, fmt.Sprintf("X-Arbiter-Policy %q: want slo_cheapest, least_load or round_robin", h))
+			return
+		}
+	}
+	rng := px.rngs.Get().(*rand.Rand)
+	defer px.rngs.Put(rng)
+	var candBuf [16]*Replica
+	for attempt := 0; attempt < px.cfg.MaxAttempts; attempt++ {
+		now := px.Now()
+		if !now.Before(c.deadline) {
+			break
+		}
+		cands := px.pool.candidates(candBuf[:0], c.model, now, c.tried)
+		if len(cands) == 0 {
+			break
+		}
+		c.route.Now = now
+		r := policy.Pick(&c.route, cands, rng)
+		c.tried = append(c.tried, r)
+		if attempt > 0 {
+			px.met.retries.Inc()
+		}
+		if px.attempt(ctx, c, r, attempt+1 < px.cfg.MaxAttempts) {
+			return
+		}
+	}
+	switch {
+	case c.lastUpstream != 0:
+		// The replica's own 502/503 is already in the response: pass it through.
+		px.met.requests.WithLabelValues(c.model, c.tried[len(c.tried)-1].Info().ID, strconv.Itoa(c.lastUpstream)).Inc()
+	case !px.Now().Before(c.deadline):
+		px.met.errors.WithLabelValues("deadline").Inc()
+		writeError(ctx, fasthttp.StatusGatewayTimeout, oai.Timeout, "request deadline exceeded before a replica answered")
+	case len(c.tried) > 0:
+		px.met.errors.WithLabelValues("all_attempts_failed").Inc()
+		writeError(ctx, fasthttp.StatusBadGateway, oai.ServerError, fmt.Sprintf("all %d attempts failed before a response", len(c.tried)))
+	default:
+		px.met.errors.WithLabelValues("no_replica").Inc()
+		writeError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable, fmt.Sprintf("no ready replica for model %q", c.model))
+	}
+}
+
+// newCall parses and validates the request; on failure it has answered the client.
+func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) {
+	p := px.parsers.Get()
+	req, err := oai.Parse(p, ctx.PostBody(), kind)
+	px.parsers.Put(p)
+	if err != nil {
+		px.met.errors.WithLabelValues("bad_request").Inc()
+		writeError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, err.Error())
+		return nil, false
+	}
+	if !px.pool.HasModel(req.Model) {
+		if len(px.pool.Models()) == 0 {
+			px.met.errors.WithLabelValues("no_replica").Inc()
+			writeError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable, "no replicas are serving yet")
+			return nil, false
+		}
+		px.met.errors.WithLabelValues("unknown_model").Inc()
+		ctx.Response.Reset()
+		ctx.SetStatusCode(fasthttp.StatusNotFound)
+		ctx.SetContentType("application/json")
+		ctx.SetBody(oai.ErrorBody(oai.InvalidRequest, fmt.Sprintf("The model `%s` does not exist. Served models: %v", req.Model, px.pool.Models()), "model_not_found"))
+		return nil, false
+	}
+	now := px.Now()
+	c := &call{kind: kind, model: req.Model, stream: req.Stream, body: ctx.PostBody(), start: now, slo: px.cfg.SLOFor(req.Model)}
+	c.deadline = now.Add(px.cfg.RequestTimeout)
+	if ms, err := strconv.Atoi(string(ctx.Request.Header.Peek("X-Arbiter-Deadline-Ms"))); err == nil && ms > 0 {
+		if d := now.Add(time.Duration(ms) * time.Millisecond); d.Before(c.deadline) {
+			c.deadline = d
+		}
+	}
+	if req.Stream && !req.IncludeUsage && kind != oai.Embedding {
+		// Ask for the usage chunk so every stream is accounted; hide it from the client.
+		c.body, c.stripUsage = withIncludeUsage(c.body, req.HasStreamOptions), true
+	}
+	out := req.MaxTokens
+	if out == 0 {
+		out = px.cfg.DefaultOutputTokens
+	}
+	if kind == oai.Embedding {
+		out = 0
+	}
+	c.route = Request{Model: req.Model, PromptTokens: px.counter.Count(req.Prompt) + 5*req.Messages + 5, OutTokens: out,
+		Prefix: prefixBlocks(req.Prompt), SLO: c.slo}
+	return c, true
+}
+
+// prefixBlockBytes is the prefix-affinity block: about 64 tokens of text.
+const prefixBlockBytes = 256
+
+// maxPrefixBlocks bounds the hashing work per request (8 KiB of prompt).
+const maxPrefixBlocks = 32
+
+// prefixBlocks returns chained hashes of the prompt's full leading blocks.
+func prefixBlocks(prompt string) []uint64 {
+	n := min(len(prompt)/prefixBlockBytes, maxPrefixBlocks)
+	if n == 0 {
+		return nil
+	}
+	out := make([]uint64, n)
+	var prev uint64
+	for i := range n {
+		blk := prompt[i*prefixBlockBytes : (i+1)*prefixBlockBytes]
+		prev = xxhash.Sum64String(blk) ^ mix(prev+uint64(i))
+		out[i] = prev
+	}
+	return out
+}
+
+// withIncludeUsage returns body with stream_options.include_usage set to true. Without a
+// stream_options object it splices one in after the opening brace (no re-encoding);
+// otherwise it re-encodes the object with the field set.
+func withIncludeUsage(body []byte, hasStreamOptions bool) []byte {
+	if !hasStreamOptions {
+		for i, ch := range body {
+			if ch == '{' {
+				out := make([]byte, 0, len(body)+40)
+				out = append(out, body[:i+1]...)
+				out = append(out, `"stream_options":{"include_usage":true},`...)
+				rest := body[i+1:]
+				// An empty object would leave a trailing comma: "{}" cannot be a valid
+				// request (it has no model), but keep the JSON valid regardless.
+				for _, r := range rest {
+					if r == ' ' || r == '\n' || r == '\t' || r == '\r' {
+						continue
+					}
+					if r == '}' {
+						out = out[:len(out)-1]
+					}
+					break
+				}
+				return append(out, rest...)
+			}
+		}
+		return body
+	}
+	var p fastjson.Parser
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return body
+	}
+	so := v.Get("stream_options")
+	so.Set("include_usage", fastjson.MustParse("true"))
+	return v.MarshalTo(nil)
+}

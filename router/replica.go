@@ -1,0 +1,173 @@
+package router
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+// Replica is the router's live view of one replica. It survives replica-set refreshes
+// (keyed by ID), so health, load and what the predictor learned are kept.
+type Replica struct {
+	info     atomic.Pointer[fleet.Replica]
+	idHash   uint64 // for rendezvous hashing
+	inflight atomic.Int64
+	conns    *connPool
+
+	mu sync.Mutex // guards everything below
+	// ready is the active probe's verdict; a new replica starts ready because whoever
+	// listed it (the control plane) saw it ready.
+	ready        bool
+	probeFails   int
+	fails        int // consecutive request failures (passive health)
+	ejections    int // consecutive ejections, for backoff
+	ejectedUntil time.Time
+	removed      bool // no longer in the set: drain, then drop
+	scrape       scrapeState
+	pred         predictor
+}
+
+type scrapeState struct {
+	at                time.Time
+	running, waiting  float64
+	kvUsage           float64
+	inflightAtScrape  int64
+	prefixHitsPerTok  float64
+	prefixHits, query float64
+}
+
+func newReplica(info fleet.Replica, pc *connPool) *Replica {
+	r := &Replica{idHash: xxhash.Sum64String(info.ID), conns: pc, ready: true, pred: newPredictor()}
+	r.info.Store(&info)
+	return r
+}
+
+// Info returns the replica's description.
+func (r *Replica) Info() *fleet.Replica { return r.info.Load() }
+
+// InFlight is the number of requests this router has open on the replica.
+func (r *Replica) InFlight() int64 { return r.inflight.Load() }
+
+// Available reports whether the replica may take a new request: ready, not ejected, not
+// draining and still in the set.
+func (r *Replica) Available(now time.Time) bool {
+	if r.Info().Draining {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ready && !r.removed && !now.Before(r.ejectedUntil)
+}
+
+// Load is the replica's predicted number of requests in its engine (running + waiting):
+// the last scrape, moved by what this router started or finished since. Between scrapes
+// other routers' changes are unknown, so a stale scrape falls back to our own count.
+func (r *Replica) Load(now time.Time, staleAfter time.Duration) float64 {
+	in := float64(r.inflight.Load())
+	r.mu.Lock()
+	s := r.scrape
+	r.mu.Unlock()
+	if s.at.IsZero() || now.Sub(s.at) > staleAfter {
+		return in
+	}
+	projected := s.running + s.waiting + in - float64(s.inflightAtScrape)
+	return math.Max(projected, in)
+}
+
+// observeScrape records a /metrics scrape.
+func (r *Replica) observeScrape(now time.Time, running, waiting, kv float64) {
+	in := r.inflight.Load()
+	r.mu.Lock()
+	r.scrape = scrapeState{at: now, running: running, waiting: waiting, kvUsage: kv, inflightAtScrape: in}
+	if waiting > 0 && running > 0 {
+		// A queue means the engine is full: its running count is its batch capacity.
+		r.pred.slots.observe(running)
+	}
+	r.mu.Unlock()
+}
+
+// requestSucceeded resets passive-health failure counts.
+func (r *Replica) requestSucceeded() {
+	r.mu.Lock()
+	r.fails, r.ejections = 0, 0
+	r.mu.Unlock()
+}
+
+// requestFailed counts a failure and ejects the replica after maxFails in a row, for a
+// backoff that doubles with each consecutive ejection. It reports whether it ejected.
+func (r *Replica) requestFailed(now time.Time, maxFails int, base, maxBackoff time.Duration) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fails++
+	if r.fails < maxFails {
+		return false
+	}
+	backoff := base << min(r.ejections, 16)
+	if backoff > maxBackoff || backoff <= 0 {
+		backoff = maxBackoff
+	}
+	r.ejections++
+	r.fails = 0
+	r.ejectedUntil = now.Add(backoff)
+	return true
+}
+
+// probed records an active readiness probe's result; it returns the readiness after it.
+func (r *Replica) probed(ok bool, rtt time.Duration, failThreshold int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ok {
+		r.probeFails = 0
+		r.ready = true
+		r.pred.rtt.observe(rtt.Seconds())
+		return true
+	}
+	r.probeFails++
+	if r.probeFails >= failThreshold {
+		r.ready = false
+	}
+	return r.ready
+}
+
+// Prediction is what the router expects a request to see on a replica.
+type Prediction struct {
+	TTFT, TPOT, E2E float64 // seconds
+	Load            float64
+}
+
+// Predict estimates TTFT = RTT + queue wait + prefill of the uncached prompt tokens, and
+// time per output token from the batch the request would join.
+func (r *Replica) Predict(now time.Time, uncached, outTokens int, staleAfter time.Duration) Prediction {
+	load := r.Load(now, staleAfter)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pred.predict(load, uncached, outTokens)
+}
+
+// MarginalCost is the cost in USD of one more token on this replica: zero on reserved
+// capacity (already paid for), else the hourly price spread over its token throughput.
+func (r *Replica) MarginalCost() float64 {
+	info := r.Info()
+	if info.Capacity == fleet.Reserved || info.PricePerHour <= 0 {
+		return 0
+	}
+	tps := info.TokensPerSecond
+	if tps <= 0 {
+		r.mu.Lock()
+		tps = r.pred.peakTokensPerSec
+		r.mu.Unlock()
+	}
+	return info.PricePerHour / 3600 / tps
+}
+
+// learn feeds a finished request's measurements to the predictor.
+func (r *Replica) learn(m measurement) {
+	r.mu.Lock()
+	r.pred.learn(m)
+	r.mu.Unlock()
+}

@@ -1,0 +1,86 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+// replicaFile is the standalone router's replica list:
+//
+//	replicas:
+//	  - {id: a, address: 127.0.0.1:8001, model: m, capacity: reserved, price_per_hour: 2.5}
+type replicaFile struct {
+	Replicas []fleet.Replica `yaml:"replicas"`
+}
+
+// ParseReplicaFile parses and validates a replica list; unknown keys are errors.
+func ParseReplicaFile(b []byte) ([]fleet.Replica, error) {
+	var f replicaFile
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	if err := fleet.ValidateSet(f.Replicas); err != nil {
+		return nil, err
+	}
+	return f.Replicas, nil
+}
+
+// WatchReplicaFile loads path into the pool now and again whenever it changes, until ctx
+// ends. A bad edit is logged and ignored: the router keeps the last good set.
+func WatchReplicaFile(ctx context.Context, path string, pool *Pool, log *slog.Logger, every time.Duration) error {
+	load := func() (time.Time, error) {
+		st, err := os.Stat(path)
+		if err != nil {
+			return time.Time{}, err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return time.Time{}, err
+		}
+		set, err := ParseReplicaFile(b)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("%s: %w", path, err)
+		}
+		pool.SetReplicas(set)
+		return st.ModTime(), nil
+	}
+	mtime, err := load()
+	if err != nil {
+		return err
+	}
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			st, err := os.Stat(path)
+			if err != nil || st.ModTime().Equal(mtime) {
+				continue
+			}
+			if m, err := load(); err != nil {
+				log.Error("replica file rejected; keeping the previous set", "err", err)
+				mtime = st.ModTime()
+			} else {
+				mtime = m
+				log.Info("replica file reloaded", "path", path)
+			}
+		}
+	}()
+	return nil
+}

@@ -1,0 +1,30 @@
+package router
+
+import (
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// NewServer returns the client-facing fasthttp server with the router's limits: bounded
+// bodies and headers, read timeouts against slow clients, and idle keep-alive.
+func NewServer(cfg *Config, h fasthttp.RequestHandler) *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:            h,
+		ErrorHandler:       ErrorHandler,
+		Name:               "arbiter",
+		MaxRequestBodySize: cfg.MaxRequestBodyBytes,
+		ReadBufferSize:     16 << 10, // also the header size limit
+		ReadTimeout:        30 * time.Second,
+		IdleTimeout:        90 * time.Second,
+		// Responses stream for minutes; the per-request deadline bounds them instead.
+		WriteTimeout:                       0,
+		Concurrency:                        1 << 20,
+		ReduceMemoryUsage:                  false,
+		NoDefaultServerHeader:              false,
+		DisablePreParseMultipartForm:       true,
+		StreamRequestBody:                  false,
+		CloseOnShutdown:                    true,
+		SleepWhenConcurrencyLimitsExceeded: 0,
+	}
+}
