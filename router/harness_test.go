@@ -1,0 +1,221 @@
+package router
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/replicasim"
+)
+
+const testModel = "test-model"
+
+// sim is a real replicasim on a loopback port.
+type sim struct {
+	srv    *replicasim.Server
+	addr   string
+	cancel context.CancelFunc
+}
+
+type simOpts struct {
+	echo     bool
+	interval time.Duration // echo-mode token pacing
+	profile  string
+	addr     string // listen here (default: a free loopback port)
+}
+
+func startSim(t *testing.T, o simOpts) *sim {
+	t.Helper()
+	cfg := replicasim.Config{Model: testModel, Echo: o.echo, EchoTokenInterval: o.interval, DefaultMaxTokens: 8,
+		Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}}
+	if !o.echo {
+		name := o.profile
+		if name == "" {
+			name = "h100-llama-3.1-8b"
+		}
+		p, err := engine.LoadProfile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Profile = p
+	}
+	srv, err := replicasim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := o.addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go srv.Run(ctx)
+	go func() { _ = srv.Serve(ctx, ln) }()
+	s := &sim{srv: srv, addr: ln.Addr().String(), cancel: cancel}
+	t.Cleanup(cancel)
+	return s
+}
+
+// rig is a router in front of sims, served on loopback.
+type rig struct {
+	url  string
+	px   *Proxy
+	pool *Pool
+	reg  *prometheus.Registry
+	cfg  *Config
+}
+
+func startRouter(t *testing.T, mod func(*Config), replicas ...fleet.Replica) *rig {
+	t.Helper()
+	cfg := Defaults()
+	cfg.Probe.Interval = 50 * time.Millisecond
+	cfg.ScrapeInterval = 50 * time.Millisecond
+	if mod != nil {
+		mod(&cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	reg := prometheus.NewRegistry()
+	met := NewMetrics(reg)
+	aff, err := NewAffinity(1000, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := NewPool(&cfg, log, met, aff)
+	if err := fleet.ValidateSet(replicas); err != nil {
+		t.Fatal(err)
+	}
+	pool.SetReplicas(replicas)
+	px, err := NewProxy(&cfg, pool, met, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(&cfg, px.Handle)
+	go func() { _ = srv.Serve(ln) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	go pool.Run(ctx)
+	t.Cleanup(func() {
+		cancel()
+		_ = srv.Shutdown()
+	})
+	return &rig{url: "http://" + ln.Addr().String(), px: px, pool: pool, reg: reg, cfg: &cfg}
+}
+
+func replica(id string, s *sim, capacity fleet.Capacity, price float64) fleet.Replica {
+	return fleet.Replica{ID: id, Address: s.addr, Model: testModel, Provider: "local", Region: "lo", Capacity: capacity, PricePerHour: price}
+}
+
+func chatBody(stream bool, extra string) string {
+	b := `{"model":"` + testModel + `","messages":[{"role":"user","content":"hello"}],"max_tokens":5`
+	if stream {
+		b += `,"stream":true`
+	}
+	return b + extra + "}"
+}
+
+func post(t *testing.T, url, body string, hdr ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading body: %v", err)
+	}
+	return resp, string(b)
+}
+
+// waitFor polls cond until it holds or the bounded wait ends.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (r *rig) counter(t *testing.T, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+						found = true
+					}
+				}
+				if !found {
+					continue metric
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				total += c.GetValue()
+			}
+		}
+	}
+	return total
+}
+
+func (r *rig) inflight(id string) int64 { return r.pool.Get(id).InFlight() }
+
+
+// readEvents reads SSE events from a streaming response, with the time each arrived.
+func readEvents(t *testing.T, body io.Reader) (events []string, at []time.Time) {
+	t.Helper()
+	br := bufio.NewReader(body)
+	var cur strings.Builder
+	for {
+		line, err := br.ReadString('\n')
+		cur.WriteString(line)
+		if line == "\n" {
+			events = append(events, cur.String())
+			at = append(at, time.Now())
+			cur.Reset()
+		}
+		if err != nil {
+			return events, at
+		}
+	}
+}
