@@ -171,6 +171,13 @@ func (g *generation) appendChunk(b []byte, i int) []byte {
 		b = strconv.AppendQuote(b, words[i%len(words)])
 	}
 	b = append(b, `,"logprobs":null,"finish_reason":`...)
+	if g.srv.cfg.Echo && g.srv.cfg.EchoTokenInterval > 0 {
+		// Paced echo streams carry their send time so a benchmark can measure the latency
+		// a proxy adds to each chunk (same host, same clock). Clients ignore unknown fields.
+		b = append(b[:len(b)-len(`,"finish_reason":`)], `,"sent_unix_nano":`...)
+		b = strconv.AppendInt(b, time.Now().UnixNano(), 10)
+		b = append(b, `,"finish_reason":`...)
+	}
 	if i == g.max-1 {
 		b = strconv.AppendQuote(b, g.finish)
 	} else {

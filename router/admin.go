@@ -2,6 +2,8 @@ package router
 
 import (
 	"encoding/json"
+	"net/http/pprof"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,8 +18,19 @@ import (
 // admin port, away from client traffic.
 func AdminHandler(reg *prometheus.Registry, pool *Pool) fasthttp.RequestHandler {
 	metrics := fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	profiles := fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Index)
+	cpuProfile := fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Profile)
 	return func(ctx *fasthttp.RequestCtx) {
-		switch string(ctx.Path()) {
+		path := string(ctx.Path())
+		switch {
+		case path == "/debug/pprof/profile":
+			cpuProfile(ctx)
+			return
+		case strings.HasPrefix(path, "/debug/pprof/"):
+			profiles(ctx)
+			return
+		}
+		switch path {
 		case "/metrics":
 			metrics(ctx)
 		case "/health":

@@ -200,7 +200,6 @@ func (r *rig) counter(t *testing.T, name string, labels ...string) float64 {
 
 func (r *rig) inflight(id string) int64 { return r.pool.Get(id).InFlight() }
 
-
 // readEvents reads SSE events from a streaming response, with the time each arrived.
 func readEvents(t *testing.T, body io.Reader) (events []string, at []time.Time) {
 	t.Helper()

@@ -270,4 +270,3 @@ func TestStaleUpstreamConnectionIsNotAClientError(t *testing.T) {
 		t.Fatalf("stale connection cost a cross-replica retry (%v)", got)
 	}
 }
-

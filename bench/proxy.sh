@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Router vs nginx on the same echo replicas, plus a 5,000-stream SSE soak. Installs nginx
+# and wrk from Debian if missing. Prints Markdown tables (see bench/README.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk >/dev/null
+fi
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+mkdir -p bin
+go build -o bin/ ./cmd/replicasim ./cmd/router
+go run ./bench/proxybench -bin bin "$@"

@@ -1,0 +1,417 @@
+// Command proxybench measures the router against nginx on the same echo replicas, in one
+// run on one machine: closed-loop throughput (wrk), added latency at a fixed request rate
+// (an open-loop Go generator), and a streaming soak of many concurrent SSE streams through
+// the router (its RSS and the latency it adds to each chunk). Results print as Markdown.
+//
+// Run it through bench/proxy.sh, which builds the binaries and checks for nginx and wrk.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+const model = "bench-model"
+
+var (
+	binDir   = flag.String("bin", "bin", "directory with replicasim and router binaries")
+	replicas = flag.Int("replicas", 2, "echo replicas")
+	duration = flag.Duration("duration", 8*time.Second, "wrk run length per target")
+	conns    = flag.Int("connections", 64, "wrk connections")
+	rate     = flag.Int("rate", 2000, "fixed request rate for the added-latency runs (req/s)")
+	rateFor  = flag.Duration("rate-duration", 5*time.Second, "length of each fixed-rate run")
+	streams  = flag.Int("streams", 5000, "concurrent SSE streams in the soak (0 skips it)")
+	tokens   = flag.Int("stream-tokens", 40, "tokens per soak stream")
+	interval = flag.Duration("stream-interval", 100*time.Millisecond, "gap between a soak stream's tokens")
+)
+
+func main() {
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "proxybench:", err)
+		os.Exit(1)
+	}
+}
+
+type proc struct{ cmd *exec.Cmd }
+
+func start(name string, args ...string) (*proc, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = nil, nil
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	return &proc{cmd: cmd}, nil
+}
+
+func (p *proc) stop() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }
+
+func freePort() int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func waitUp(addr string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("%s did not come up", addr)
+}
+
+func run() error {
+	tmp, err := os.MkdirTemp("", "proxybench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	var procs []*proc
+	defer func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}()
+	spawn := func(addr, name string, args ...string) error {
+		p, err := start(name, args...)
+		if err != nil {
+			return err
+		}
+		procs = append(procs, p)
+		return waitUp(addr)
+	}
+
+	// Echo replicas: fast ones for throughput, paced ones for the streaming soak.
+	var fast, paced []string
+	for i := 0; i < *replicas; i++ {
+		for _, pace := range []bool{false, true} {
+			addr := fmt.Sprintf("127.0.0.1:%d", freePort())
+			args := []string{"-listen", addr, "-model", model, "-echo", "-default-max-tokens", "16", "-log-level", "error"}
+			if pace {
+				args = append(args, "-echo-token-interval", interval.String())
+			}
+			if err := spawn(addr, filepath.Join(*binDir, "replicasim"), args...); err != nil {
+				return err
+			}
+			if pace {
+				paced = append(paced, addr)
+			} else {
+				fast = append(fast, addr)
+			}
+		}
+	}
+
+	nginxAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
+	if err := startNginx(tmp, nginxAddr, fast, spawn); err != nil {
+		return err
+	}
+	routers := map[string]string{}
+	var routerPID int
+	for _, pol := range []string{"round_robin", "slo_cheapest"} {
+		addr := fmt.Sprintf("127.0.0.1:%d", freePort())
+		if err := startRouter(tmp, addr, pol, fast, spawn); err != nil {
+			return err
+		}
+		routers[pol] = addr
+	}
+	soakRouter := fmt.Sprintf("127.0.0.1:%d", freePort())
+	if err := startRouter(tmp, soakRouter, "least_load", paced, spawn); err != nil {
+		return err
+	}
+	routerPID = procs[len(procs)-1].cmd.Process.Pid
+
+	body := `{"model":"` + model + `","messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":16}`
+	luaPath := filepath.Join(tmp, "post.lua")
+	lua := fmt.Sprintf("wrk.method = \"POST\"\nwrk.body = %q\nwrk.headers[\"Content-Type\"] = \"application/json\"\n", body)
+	if err := os.WriteFile(luaPath, []byte(lua), 0o644); err != nil {
+		return err
+	}
+
+	targets := []struct{ name, addr string }{
+		{"direct (one replica, no proxy)", fast[0]},
+		{"nginx round-robin, keep-alive upstreams", nginxAddr},
+		{"arbiter router, round_robin", routers["round_robin"]},
+		{"arbiter router, slo_cheapest", routers["slo_cheapest"]},
+	}
+	type row struct {
+		name             string
+		rps              float64
+		p50, p99         time.Duration
+		fixedP50, fixP99 time.Duration
+		errs             int64
+	}
+	var rows []row
+	for _, tg := range targets {
+		url := "http://" + tg.addr + "/v1/chat/completions"
+		rps, p50, p99, err := wrk(luaPath, url)
+		if err != nil {
+			return fmt.Errorf("%s: %w", tg.name, err)
+		}
+		fp50, fp99, errs := fixedRate(tg.addr, []byte(body), *rate, *rateFor)
+		rows = append(rows, row{tg.name, rps, p50, p99, fp50, fp99, errs})
+	}
+
+	fmt.Printf("\n### Throughput and latency, %d echo replicas, %d cores\n\n", *replicas, numCPU())
+	fmt.Printf("wrk: %d connections, %v per target, one thread. Fixed rate: %d req/s for %v (open loop; added = target − direct).\n\n", *conns, *duration, *rate, *rateFor)
+	fmt.Println("| target | req/s (wrk) | ratio to nginx | wrk p50 | wrk p99 | fixed-rate p50 | fixed-rate p99 | added p50 | added p99 | errors |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
+	ng := rows[1].rps
+	for _, r := range rows {
+		fmt.Printf("| %s | %.0f | %.2f | %v | %v | %v | %v | %v | %v | %d |\n", r.name, r.rps, r.rps/ng, r.p50, r.p99,
+			r.fixedP50, r.fixP99, r.fixedP50-rows[0].fixedP50, r.fixP99-rows[0].fixP99, r.errs)
+	}
+
+	if *streams > 0 {
+		direct := soak(paced[0], 200, *tokens, nil)
+		st := soak(soakRouter, *streams, *tokens, func() int64 { return rssKiB(routerPID) })
+		fmt.Printf("\n### Streaming soak: %d concurrent SSE streams through the router\n\n", *streams)
+		fmt.Printf("Each stream: %d tokens, one every %v, from paced echo replicas; chunk latency = receive time − the replica's send time (same host clock).\n\n", *tokens, *interval)
+		fmt.Println("| path | streams ok | streams failed | chunks | chunk latency p50 | chunk latency p99 | router peak RSS |")
+		fmt.Println("|---|---|---|---|---|---|---|")
+		fmt.Printf("| direct (200 streams, reference) | %d | %d | %d | %v | %v | — |\n", direct.ok, direct.failed, direct.chunks, direct.p50, direct.p99)
+		fmt.Printf("| through router | %d | %d | %d | %v | %v | %.1f MiB |\n", st.ok, st.failed, st.chunks, st.p50, st.p99, float64(st.peakRSS)/1024)
+		fmt.Printf("\nAdded per-chunk latency through the router: p50 %v, p99 %v.\n", st.p50-direct.p50, st.p99-direct.p99)
+	}
+	return nil
+}
+
+func numCPU() int {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	return bytes.Count(b, []byte("\nprocessor")) + 1
+}
+
+func startNginx(tmp, addr string, ups []string, spawn func(string, string, ...string) error) error {
+	var servers strings.Builder
+	for _, u := range ups {
+		fmt.Fprintf(&servers, "    server %s;\n", u)
+	}
+	conf := fmt.Sprintf(`worker_processes auto;
+daemon off;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log error;
+events { worker_connections 16384; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s; proxy_temp_path %[1]s; fastcgi_temp_path %[1]s; uwsgi_temp_path %[1]s; scgi_temp_path %[1]s;
+  upstream replicas {
+%[2]s    keepalive 512;
+  }
+  server {
+    listen %[3]s;
+    location / {
+      proxy_pass http://replicas;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+`, tmp, servers.String(), addr)
+	path := filepath.Join(tmp, "nginx.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		return err
+	}
+	return spawn(addr, "nginx", "-c", path, "-p", tmp)
+}
+
+func startRouter(tmp, addr, policy string, ups []string, spawn func(string, string, ...string) error) error {
+	var b strings.Builder
+	b.WriteString("replicas:\n")
+	for i, u := range ups {
+		fmt.Fprintf(&b, "  - {id: r%d, address: %q, model: %s, capacity: reserved}\n", i, u, model)
+	}
+	path := filepath.Join(tmp, "replicas-"+strings.ReplaceAll(addr, ":", "_")+".yaml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	return spawn(addr, filepath.Join(*binDir, "router"), "-listen", addr, "-admin", fmt.Sprintf("127.0.0.1:%d", freePort()),
+		"-replicas", path, "-policy", policy, "-log-level", "error")
+}
+
+var wrkLine = regexp.MustCompile(`(?m)^\s*(50|99)%\s+([\d.]+)(us|ms|s)\s*$`)
+
+func wrk(lua, url string) (rps float64, p50, p99 time.Duration, err error) {
+	out, err := exec.Command("wrk", "-t1", "-c"+strconv.Itoa(*conns), "-d"+duration.String(), "--latency", "-s", lua, url).CombinedOutput()
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("wrk: %w: %s", err, out)
+	}
+	if bytes.Contains(out, []byte("Non-2xx")) || bytes.Contains(out, []byte("Socket errors")) {
+		return 0, 0, 0, fmt.Errorf("wrk saw errors:\n%s", out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "Requests/sec:" {
+			rps, _ = strconv.ParseFloat(f[1], 64)
+		}
+	}
+	for _, m := range wrkLine.FindAllStringSubmatch(string(out), -1) {
+		v, _ := strconv.ParseFloat(m[2], 64)
+		unit := map[string]time.Duration{"us": time.Microsecond, "ms": time.Millisecond, "s": time.Second}[m[3]]
+		d := time.Duration(v * float64(unit))
+		if m[1] == "50" {
+			p50 = d
+		} else {
+			p99 = d
+		}
+	}
+	if rps == 0 {
+		return 0, 0, 0, errors.New("could not parse wrk output:\n" + string(out))
+	}
+	return rps, p50, p99, nil
+}
+
+// fixedRate sends requests on a fixed schedule (open loop) and reports latency quantiles
+// measured from each request's scheduled start, so queueing is not hidden.
+func fixedRate(addr string, body []byte, rate int, d time.Duration) (p50, p99 time.Duration, errs int64) {
+	client := &fasthttp.HostClient{Addr: addr, MaxConns: 4096, ReadTimeout: 10 * time.Second}
+	n := int(float64(rate) * d.Seconds())
+	lat := make([]time.Duration, n)
+	var bad atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		at := start.Add(time.Duration(float64(i) / float64(rate) * float64(time.Second)))
+		time.Sleep(time.Until(at))
+		wg.Add(1)
+		go func(i int, at time.Time) {
+			defer wg.Done()
+			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+			defer fasthttp.ReleaseRequest(req)
+			defer fasthttp.ReleaseResponse(resp)
+			req.SetRequestURI("http://" + addr + "/v1/chat/completions")
+			req.Header.SetMethod("POST")
+			req.Header.SetContentType("application/json")
+			req.SetBodyRaw(body)
+			if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+				bad.Add(1)
+			}
+			lat[i] = time.Since(at)
+		}(i, at)
+	}
+	wg.Wait()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return lat[n/2].Round(time.Microsecond), lat[n*99/100].Round(time.Microsecond), bad.Load()
+}
+
+type soakResult struct {
+	ok, failed, chunks int
+	p50, p99           time.Duration
+	peakRSS            int64
+}
+
+var sentRe = []byte(`"sent_unix_nano":`)
+
+// soak opens n concurrent streams and measures each chunk's delivery latency.
+func soak(addr string, n, maxTokens int, rss func() int64) soakResult {
+	tr := &http.Transport{MaxIdleConnsPerHost: n, MaxConnsPerHost: 0, DisableCompression: true}
+	client := &http.Client{Transport: tr, Timeout: 5 * time.Minute}
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"stream please"}],"max_tokens":%d,"stream":true}`, model, maxTokens)
+	var mu sync.Mutex
+	var lats []time.Duration
+	var ok, failed atomic.Int64
+	var peak atomic.Int64
+	ctx, cancel := context.WithCancel(context.Background())
+	if rss != nil {
+		go func() {
+			t := time.NewTicker(100 * time.Millisecond)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if v := rss(); v > peak.Load() {
+						peak.Store(v)
+					}
+				}
+			}
+		}()
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				failed.Add(1)
+				return
+			}
+			defer resp.Body.Close()
+			local := make([]time.Duration, 0, maxTokens)
+			sc := bufio.NewScanner(resp.Body)
+			done := false
+			for sc.Scan() {
+				line := sc.Bytes()
+				if i := bytes.Index(line, sentRe); i >= 0 {
+					rest := line[i+len(sentRe):]
+					j := bytes.IndexAny(rest, ",}")
+					if ns, err := strconv.ParseInt(string(rest[:j]), 10, 64); err == nil {
+						local = append(local, time.Duration(time.Now().UnixNano()-ns))
+					}
+				}
+				if bytes.Equal(line, []byte("data: [DONE]")) {
+					done = true
+				}
+			}
+			if !done || len(local) < maxTokens {
+				failed.Add(1)
+				return
+			}
+			ok.Add(1)
+			mu.Lock()
+			lats = append(lats, local...)
+			mu.Unlock()
+		}()
+		if i%100 == 99 {
+			time.Sleep(10 * time.Millisecond) // ramp up rather than a SYN flood
+		}
+	}
+	wg.Wait()
+	cancel()
+	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
+	r := soakResult{ok: int(ok.Load()), failed: int(failed.Load()), chunks: len(lats), peakRSS: peak.Load()}
+	if len(lats) > 0 {
+		r.p50, r.p99 = lats[len(lats)/2].Round(time.Microsecond), lats[len(lats)*99/100].Round(time.Microsecond)
+	}
+	return r
+}
+
+func rssKiB(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			return v
+		}
+	}
+	return 0
+}

@@ -1,0 +1,67 @@
+package oai
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/valyala/fastjson"
+)
+
+func TestParse(t *testing.T) {
+	var p fastjson.Parser
+	r, err := Parse(&p, []byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":7,
+		"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}]}`), Chat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Model != "m" || !r.Stream || !r.IncludeUsage || !r.HasStreamOptions || r.MaxTokens != 7 || r.Prompt != "be brief\nhi" || r.Messages != 2 {
+		t.Fatalf("parsed %+v", r)
+	}
+	r, err = Parse(&p, []byte(`{"model":"m","prompt":["a","b"],"max_completion_tokens":3}`), Completion)
+	if err != nil || r.Prompt != "a\nb" || r.MaxTokens != 3 {
+		t.Fatalf("completion: %+v %v", r, err)
+	}
+	r, err = Parse(&p, []byte(`{"model":"m","input":[[1,2,3]]}`), Embedding)
+	if err != nil || r.Prompt != "tok tok tok " {
+		t.Fatalf("embedding token ids: %+v %v", r, err)
+	}
+}
+
+func TestParseRejects(t *testing.T) {
+	var p fastjson.Parser
+	for body, kind := range map[string]Kind{
+		`not json`:                     Chat,
+		`[]`:                           Chat,
+		`{"messages":[]}`:              Chat,
+		`{"model":1,"messages":[]}`:    Chat,
+		`{"model":"m"}`:                Chat,
+		`{"model":"m","messages":"x"}`: Chat,
+		`{"model":"m","messages":[1]}`: Chat,
+		`{"model":"m","messages":[{"content":"x"}]}`:                                  Chat,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":-1}`:    Chat,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"stream_options":1}`: Chat,
+		`{"model":"m","n":1}`:       Completion,
+		`{"model":"m","prompt":[]}`: Completion,
+		`{"model":"m","input":{}}`:  Embedding,
+	} {
+		if _, err := Parse(&p, []byte(body), kind); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("Parse(%s) = %v, want ErrBadRequest", body, err)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`), uint8(0))
+	f.Add([]byte(`{"model":"m","prompt":"x","max_tokens":5}`), uint8(1))
+	f.Add([]byte(`{"model":"m","input":["a",[1,2]]}`), uint8(2))
+	f.Fuzz(func(t *testing.T, body []byte, k uint8) {
+		var p fastjson.Parser
+		r, err := Parse(&p, body, Kind(k%3))
+		if err != nil && !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("error not wrapped as ErrBadRequest: %v", err)
+		}
+		if err == nil && r.Model == "" && !fastjson.Exists(body, "model") {
+			t.Fatal("accepted a request without a model")
+		}
+	})
+}

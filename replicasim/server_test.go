@@ -1,0 +1,139 @@
+package replicasim
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/engine"
+)
+
+func start(t *testing.T, echo bool) (*Server, string) {
+	t.Helper()
+	cfg := Config{Model: "m", Echo: echo, Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}}
+	if !echo {
+		p, err := engine.LoadProfile("h100-llama-3.1-8b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Profile = p
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go s.Run(ctx)
+	go func() { _ = s.Serve(ctx, ln) }()
+	return s, "http://" + ln.Addr().String()
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func post(t *testing.T, url, body string) (int, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestHealthFollowsLoadingAndAdmin(t *testing.T) {
+	s, url := start(t, true)
+	s.SetReadyAt(time.Now().Add(time.Hour))
+	if code, _ := get(t, url+"/health"); code != 503 {
+		t.Fatalf("loading replica /health = %d, want 503", code)
+	}
+	s.SetReadyAt(time.Time{})
+	if code, _ := get(t, url+"/health"); code != 200 {
+		t.Fatalf("ready replica /health = %d", code)
+	}
+	post(t, url+"/admin/health", `{"healthy":false}`)
+	if code, _ := get(t, url+"/health"); code != 503 {
+		t.Fatalf("unhealthy replica /health = %d", code)
+	}
+}
+
+func TestMetricsUseVLLMNames(t *testing.T) {
+	_, url := start(t, false)
+	if code, out := post(t, url+"/v1/completions", `{"model":"m","prompt":"hello","max_tokens":3}`); code != 200 || !strings.Contains(out, `"completion_tokens":3`) {
+		t.Fatalf("completion: %d %s", code, out)
+	}
+	_, text := get(t, url+"/metrics")
+	for _, name := range []string{
+		"vllm:num_requests_running{", "vllm:num_requests_waiting{", "vllm:kv_cache_usage_perc{",
+		"vllm:time_to_first_token_seconds_bucket{", "vllm:inter_token_latency_seconds_bucket{", "vllm:e2e_request_latency_seconds_bucket{",
+		"vllm:prompt_tokens_total{", "vllm:generation_tokens_total{", "vllm:prefix_cache_queries_total{", "vllm:prefix_cache_hits_total{",
+		`model_name="m"`, "# TYPE vllm:num_requests_running gauge", "# TYPE vllm:prompt_tokens_total counter",
+	} {
+		if !strings.Contains(text, name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}
+
+func TestPrefixCacheHitsThroughTheAPI(t *testing.T) {
+	s, url := start(t, false)
+	long := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 200)
+	body := `{"model":"m","messages":[{"role":"user","content":"` + long + `"}],"max_tokens":1}`
+	t0 := time.Now()
+	post(t, url+"/v1/chat/completions", body)
+	cold := time.Since(t0)
+	t0 = time.Now()
+	post(t, url+"/v1/chat/completions", body)
+	warm := time.Since(t0)
+	if st := s.engineStats(); st.PrefixHits == 0 {
+		t.Fatalf("no prefix hits after a repeated prompt: %+v", st)
+	}
+	if warm >= cold {
+		t.Errorf("repeated prompt took %v, first %v: the prefix cache saved nothing", warm, cold)
+	}
+}
+
+func TestErrorsAndFaults(t *testing.T) {
+	s, url := start(t, true)
+	if code, out := post(t, url+"/v1/chat/completions", `{"model":"x","messages":[{"role":"user","content":"a"}]}`); code != 404 || !strings.Contains(out, "does not exist") {
+		t.Fatalf("unknown model: %d %s", code, out)
+	}
+	if err := s.SetFault(Fault{Kind: FaultStatus, Status: 503, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"m","messages":[{"role":"user","content":"a"}]}`
+	if code, _ := post(t, url+"/v1/chat/completions", body); code != 503 {
+		t.Fatalf("status fault: %d", code)
+	}
+	if code, _ := post(t, url+"/v1/chat/completions", body); code != 200 {
+		t.Fatalf("fault with count 1 struck twice: %d", code)
+	}
+	if err := s.SetFault(Fault{Kind: "melt"}); err == nil {
+		t.Fatal("unknown fault accepted")
+	}
+	if code, _ := post(t, url+"/admin/fault", `{"kind":"reset","count":1}`); code != 200 {
+		t.Fatal("admin fault endpoint refused a valid fault")
+	}
+	if _, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body)); err == nil {
+		t.Fatal("reset fault answered")
+	}
+}

@@ -1,0 +1,149 @@
+package router
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+func testReplica(id string, capacity fleet.Capacity, price float64) *Replica {
+	return newReplica(fleet.Replica{ID: id, Address: "127.0.0.1:1", Model: "m", Capacity: capacity, PricePerHour: price, TokensPerSecond: 5000}, nil)
+}
+
+// setLoad makes the replica's scraped engine load n requests, as of now.
+func setLoad(r *Replica, now time.Time, running, waiting float64) {
+	r.observeScrape(now, running, waiting, 0.5)
+}
+
+func TestSLOCheapestPrefersCheaperWhenBothMeetTheSLO(t *testing.T) {
+	now := time.Unix(1000, 0)
+	reserved := testReplica("reserved", fleet.Reserved, 3)
+	spot := testReplica("spot", fleet.Spot, 1)
+	onDemand := testReplica("ondemand", fleet.OnDemand, 4)
+	p := &SLOCheapest{StaleAfter: time.Second}
+	req := &Request{Model: "m", PromptTokens: 500, OutTokens: 100, SLO: SLO{TTFT: 1, TPOT: 0.1}, Now: now}
+	rng := rand.New(rand.NewPCG(1, 1))
+	if got := p.Pick(req, []*Replica{onDemand, spot, reserved}, rng); got != reserved {
+		t.Fatalf("picked %s, want reserved (already paid for)", got.Info().ID)
+	}
+	if got := p.Pick(req, []*Replica{onDemand, spot}, rng); got != spot {
+		t.Fatalf("picked %s, want spot (cheaper per token than on-demand)", got.Info().ID)
+	}
+}
+
+func TestSLOCheapestTakesTheFasterWhenTheCheaperCannotMeetTheSLO(t *testing.T) {
+	now := time.Unix(1000, 0)
+	cheap := testReplica("cheap", fleet.Spot, 1)
+	fast := testReplica("fast", fleet.OnDemand, 4)
+	// The cheap replica has a deep queue: 512 waiting behind a full batch of 256.
+	setLoad(cheap, now, 256, 512)
+	cheap.pred.slots.observe(256)
+	p := &SLOCheapest{StaleAfter: time.Second}
+	req := &Request{Model: "m", PromptTokens: 500, OutTokens: 100, SLO: SLO{TTFT: 1, TPOT: 0.1}, Now: now}
+	if pc := cheap.Predict(now, 500, 100, time.Second); pc.TTFT <= 1 {
+		t.Fatalf("test setup: cheap replica predicted TTFT %.2fs, want > 1s", pc.TTFT)
+	}
+	if got := p.Pick(req, []*Replica{cheap, fast}, rand.New(rand.NewPCG(1, 1))); got != fast {
+		t.Fatalf("picked %s, want fast (cheap cannot meet the TTFT SLO)", got.Info().ID)
+	}
+	// With no replica meeting the SLO, the fastest predicted wins.
+	setLoad(fast, now, 256, 1024)
+	fast.pred.slots.observe(256)
+	if got := p.Pick(req, []*Replica{cheap, fast}, rand.New(rand.NewPCG(1, 1))); got != cheap {
+		t.Fatalf("picked %s, want cheap (now the faster of two that both miss)", got.Info().ID)
+	}
+}
+
+func TestPrefixAffinityHoldsUntilTheReplicaIsOverloaded(t *testing.T) {
+	now := time.Unix(1000, 0)
+	a, b := testReplica("a", fleet.Reserved, 2), testReplica("b", fleet.Reserved, 2)
+	aff, err := NewAffinity(100, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &SLOCheapest{Affinity: aff, StaleAfter: time.Second}
+	prompt := string(make([]byte, 4*prefixBlockBytes))
+	req := &Request{Model: "m", PromptTokens: 1000, OutTokens: 50, Prefix: prefixBlocks(prompt), SLO: SLO{TTFT: 1, TPOT: 0.1}, Now: now}
+	rng := rand.New(rand.NewPCG(1, 1))
+	first := p.Pick(req, []*Replica{a, b}, rng)
+	other := a
+	if first == a {
+		other = b
+	}
+	// Load the holder up (but within its SLO) and make the other idle: the prefix stays.
+	setLoad(first, now, 100, 0)
+	for i := range 20 {
+		if got := p.Pick(req, []*Replica{a, b}, rng); got != first {
+			t.Fatalf("pick %d went to %s, want the prefix holder %s", i, got.Info().ID, first.Info().ID)
+		}
+	}
+	// Overload the holder: a queue deeper than its batch pushes TTFT past the SLO.
+	setLoad(first, now, 256, 600)
+	first.pred.slots.observe(256)
+	if got := p.Pick(req, []*Replica{a, b}, rng); got != other {
+		t.Fatalf("overloaded holder still picked")
+	}
+	// The prefix now lives on the other replica too, and sticks there.
+	if got := p.Pick(req, []*Replica{a, b}, rng); got != other {
+		t.Fatalf("new holder not kept")
+	}
+}
+
+func TestRendezvousIsStableAcrossRouters(t *testing.T) {
+	now := time.Unix(1000, 0)
+	mk := func() []*Replica {
+		return []*Replica{testReplica("a", fleet.Reserved, 0), testReplica("b", fleet.Reserved, 0), testReplica("c", fleet.Reserved, 0)}
+	}
+	r1, r2 := mk(), mk()
+	// Two routers, no shared state: the same new prefix goes to the same replica ID.
+	p1, p2 := &SLOCheapest{StaleAfter: time.Second}, &SLOCheapest{StaleAfter: time.Second}
+	for i := range 50 {
+		prompt := string(rune('a'+i%26)) + string(make([]byte, prefixBlockBytes))
+		req := &Request{Model: "m", PromptTokens: 100, OutTokens: 10, Prefix: prefixBlocks(prompt), SLO: SLO{TTFT: 5}, Now: now}
+		x, y := p1.Pick(req, r1, nil), p2.Pick(req, r2, nil)
+		if x.Info().ID != y.Info().ID {
+			t.Fatalf("prefix %d: router 1 chose %s, router 2 chose %s", i, x.Info().ID, y.Info().ID)
+		}
+	}
+}
+
+func TestLeastLoadAndRoundRobin(t *testing.T) {
+	a, b := testReplica("a", fleet.Spot, 1), testReplica("b", fleet.Spot, 1)
+	a.inflight.Add(3)
+	rng := rand.New(rand.NewPCG(1, 2))
+	if got := (LeastLoad{}).Pick(nil, []*Replica{a, b}, rng); got != b {
+		t.Fatal("least_load did not pick the replica with fewer in flight")
+	}
+	rr := &RoundRobin{}
+	if rr.Pick(nil, []*Replica{a, b}, rng) != a || rr.Pick(nil, []*Replica{a, b}, rng) != b || rr.Pick(nil, []*Replica{a, b}, rng) != a {
+		t.Fatal("round_robin did not cycle")
+	}
+}
+
+func TestPassiveEjectionBacksOff(t *testing.T) {
+	r := testReplica("a", fleet.Spot, 1)
+	now := time.Unix(1000, 0)
+	for i := range 2 {
+		if r.requestFailed(now, 3, time.Second, 10*time.Second) {
+			t.Fatalf("ejected after %d failures", i+1)
+		}
+	}
+	if !r.requestFailed(now, 3, time.Second, 10*time.Second) || r.Available(now.Add(999*time.Millisecond)) || !r.Available(now.Add(time.Second)) {
+		t.Fatal("first ejection should last 1s")
+	}
+	for range 3 {
+		r.requestFailed(now, 3, time.Second, 10*time.Second)
+	}
+	if r.Available(now.Add(1500*time.Millisecond)) || !r.Available(now.Add(2*time.Second)) {
+		t.Fatal("second consecutive ejection should last 2s")
+	}
+	r.requestSucceeded()
+	for range 3 {
+		r.requestFailed(now, 3, time.Second, 10*time.Second)
+	}
+	if !r.Available(now.Add(time.Second)) {
+		t.Fatal("a success should reset the backoff")
+	}
+}
