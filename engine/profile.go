@@ -19,7 +19,8 @@ import (
 // forms fitted to measurements, and the engine limits vLLM would run with.
 //
 // prefill ms = PrefillBaseMs + PrefillPerTokenMs·T + PrefillQuadMs·ΣN² + PrefillCachedMs·Σ(N·P)
-//	+ PrefillReadMs·ΣP
+//   - PrefillReadMs·ΣP
+//
 // decode ms  = DecodeBaseMs + DecodePerSeqMs·B + DecodePerCtxMs·Σctx
 //
 // T is the number of prompt tokens computed in the step, N each request's computed tokens,
@@ -34,10 +35,10 @@ type Profile struct {
 	PrefillQuadMs     float64 `json:"prefill_quad_ms"`
 	PrefillCachedMs   float64 `json:"prefill_cached_ms"`
 	// PrefillReadMs is the cost of reading one cached token's KV during a prefill chunk.
-	PrefillReadMs float64 `json:"prefill_read_ms"`
-	DecodeBaseMs      float64 `json:"decode_base_ms"`
-	DecodePerSeqMs    float64 `json:"decode_per_seq_ms"`
-	DecodePerCtxMs    float64 `json:"decode_per_ctx_ms"`
+	PrefillReadMs  float64 `json:"prefill_read_ms"`
+	DecodeBaseMs   float64 `json:"decode_base_ms"`
+	DecodePerSeqMs float64 `json:"decode_per_seq_ms"`
+	DecodePerCtxMs float64 `json:"decode_per_ctx_ms"`
 	// KVTokens is the KV-cache capacity in tokens.
 	KVTokens int `json:"kv_tokens"`
 	// BlockSize is the KV block (and prefix-cache block) size in tokens; vLLM uses 16.

@@ -54,14 +54,14 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 	}
 	if bytes.HasPrefix(hdr.ContentType(), []byte("text/event-stream")) {
 		s := px.newStreamer(c, r, uc, upstreamClose, sentAt, loadAtStart)
-		if err := s.open(hdr); err != nil {
+		if err := s.open(hdr); err != nil { // the stream's first bytes were malformed
 			_ = uc.Close()
 			px.upstreamFailed(r, "stream_open", err)
 			ctx.Response.Reset()
 			return false
 		}
-		handedOff = true // the writer goroutine now owns the in-flight count
-		ctx.SetBodyStreamWriter(s.run)
+		handedOff = true // the body stream now owns the in-flight count (see CloseWithError)
+		ctx.Response.SetBodyStream(s, -1)
 		return true
 	}
 

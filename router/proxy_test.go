@@ -270,3 +270,16 @@ func TestStaleUpstreamConnectionIsNotAClientError(t *testing.T) {
 		t.Fatalf("stale connection cost a cross-replica retry (%v)", got)
 	}
 }
+
+func TestStalledStreamEndsWithAnErrorEvent(t *testing.T) {
+	s := startSim(t, simOpts{echo: true, interval: 400 * time.Millisecond})
+	r := startRouter(t, func(c *Config) { c.StreamIdleTimeout = 100 * time.Millisecond }, replica("a", s, fleet.Reserved, 0))
+	_, out := post(t, r.url+"/v1/chat/completions", chatBody(true, ""))
+	if !strings.Contains(out, "replica stalled mid-stream") || !strings.HasSuffix(out, "data: [DONE]\n\n") {
+		t.Fatalf("want an SSE error event after the idle timeout, got %q", out)
+	}
+	if got := r.counter(t, "arbiter_router_errors_total", "reason", "stream_stalled"); got != 1 {
+		t.Fatalf("stream_stalled = %v", got)
+	}
+	waitFor(t, "in-flight back to 0", func() bool { return r.inflight("a") == 0 })
+}

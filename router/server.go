@@ -14,7 +14,7 @@ func NewServer(cfg *Config, h fasthttp.RequestHandler) *fasthttp.Server {
 		ErrorHandler:       ErrorHandler,
 		Name:               "arbiter",
 		MaxRequestBodySize: cfg.MaxRequestBodyBytes,
-		ReadBufferSize:     16 << 10, // also the header size limit
+		ReadBufferSize:     8 << 10, // also the header size limit (nginx's default is 8 KB too)
 		ReadTimeout:        30 * time.Second,
 		IdleTimeout:        90 * time.Second,
 		// Responses stream for minutes; the per-request deadline bounds them instead.

@@ -1,10 +1,10 @@
 package router
 
 import (
-	"bufio"
 	"errors"
 	"io"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -13,21 +13,35 @@ import (
 	"github.com/arbiter-serve/arbiter/oai"
 )
 
-// streamer passes one SSE response through, event by event. It runs in fasthttp's body
-// writer goroutine after the handler returned, so it holds only its own state.
+// streamer passes one SSE response through, event by event. It is the client response's
+// body stream: fasthttp's server calls Read and writes (and flushes) each result as one
+// HTTP chunk, so every read from the replica reaches the client at once, with no pipe and
+// no goroutine of its own. It outlives the handler, so it holds only its own state.
 type streamer struct {
 	px            *Proxy
 	c             *call
 	r             *Replica
 	uc            *upConn
 	upstreamClose bool
-	sentAt        time.Time
-	loadAtStart   float64
 	up            *fasthttp.Response
+	body          io.Reader
+	p             *fastjson.Parser
+	buf           *[]byte // read buffer, pooled
+	pending       []byte  // bytes of an event not yet complete
+	out           []byte  // events ready for the client
+	outPos        int
+	res           result
+	finished      bool // the replica's stream ended (cleanly or not)
+	cleanEOF      bool
+	closed        bool
 }
 
+// streamBufs recycles read buffers across streams; an SSE event is rarely over 1 KB.
+var streamBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
+
 func (px *Proxy) newStreamer(c *call, r *Replica, uc *upConn, upstreamClose bool, sentAt time.Time, load float64) *streamer {
-	return &streamer{px: px, c: c, r: r, uc: uc, upstreamClose: upstreamClose, sentAt: sentAt, loadAtStart: load}
+	return &streamer{px: px, c: c, r: r, uc: uc, upstreamClose: upstreamClose,
+		res: result{code: fasthttp.StatusOK, sentAt: sentAt, loadAtStart: load, streamed: true}}
 }
 
 // open attaches a body reader (chunked or identity) to the upstream connection.
@@ -35,109 +49,121 @@ func (s *streamer) open(hdr *fasthttp.ResponseHeader) error {
 	s.up = fasthttp.AcquireResponse()
 	hdr.CopyTo(&s.up.Header)
 	s.up.StreamBody = true
-	return s.up.ReadBody(s.uc.br, 0)
+	if err := s.up.ReadBody(s.uc.br, 0); err != nil {
+		fasthttp.ReleaseResponse(s.up)
+		return err
+	}
+	s.body = s.up.BodyStream()
+	s.p = s.px.parsers.Get()
+	s.buf = streamBufs.Get().(*[]byte)
+	return nil
 }
 
-// run copies events to the client, flushing after each read from the replica (a replica
-// flushes per event, so each read is an event or a few). It strips the usage chunk the
-// router added, and turns a replica failure after bytes were sent into an SSE error event.
-func (s *streamer) run(w *bufio.Writer) {
-	px, c, r := s.px, s.c, s.r
-	defer r.inflight.Add(-1)
-	defer fasthttp.ReleaseResponse(s.up)
-	res := result{code: fasthttp.StatusOK, sentAt: s.sentAt, loadAtStart: s.loadAtStart, streamed: true}
-	defer func() {
-		if v := recover(); v != nil {
-			px.log.Error("panic in stream writer", "panic", v)
-			_ = s.uc.Close()
-			res.failed = "panic"
-		}
-		res.endAt = px.Now()
-		px.account(c, r, res)
-	}()
-
-	body := s.up.BodyStream()
-	buf := make([]byte, 32<<10)
-	var pending []byte
-	p := px.parsers.Get()
-	defer px.parsers.Put(p)
+// Read implements io.Reader for fasthttp's body writer.
+func (s *streamer) Read(dst []byte) (int, error) {
 	for {
-		_ = s.uc.SetReadDeadline(minTime(c.deadline, px.Now().Add(px.cfg.StreamIdleTimeout)))
-		n, err := body.Read(buf)
-		if n > 0 {
-			pending = append(pending, buf[:n]...)
-			for {
-				ev, rest, ok := oai.NextEvent(pending)
-				if !ok {
-					break
-				}
-				if s.keep(ev, &res, p) {
-					if _, werr := w.Write(ev); werr != nil {
-						break
-					}
-				}
-				pending = rest
-			}
-			pending = append(pending[:0], pending...)
-			if ferr := w.Flush(); ferr != nil {
-				// The client hung up: closing the replica socket cancels the generation.
-				_ = s.uc.Close()
-				res.clientGone = true
-				return
-			}
+		if s.outPos < len(s.out) {
+			n := copy(dst, s.out[s.outPos:])
+			s.outPos += n
+			return n, nil
 		}
-		if err == nil {
-			continue
+		s.out, s.outPos = s.out[:0], 0
+		if s.finished {
+			return 0, io.EOF
 		}
-		if errors.Is(err, io.EOF) {
-			if len(pending) > 0 { // an unterminated last event: pass it on as it is
-				_, _ = w.Write(pending)
-				_ = w.Flush()
+		s.fill()
+	}
+}
+
+// fill reads once from the replica and queues the complete events the client should get.
+// A replica failure after bytes were sent cannot be retried: the stream ends with an SSE
+// error event the client's SDK will raise.
+func (s *streamer) fill() {
+	px, c := s.px, s.c
+	_ = s.uc.SetReadDeadline(minTime(c.deadline, px.Now().Add(px.cfg.StreamIdleTimeout)))
+	n, err := s.body.Read(*s.buf)
+	if n > 0 {
+		s.pending = append(s.pending, (*s.buf)[:n]...)
+		rest := s.pending
+		for {
+			ev, r, ok := oai.NextEvent(rest)
+			if !ok {
+				break
 			}
-			_ = s.up.CloseBodyStream()
-			if s.upstreamClose {
-				_ = s.uc.Close()
-			} else {
-				r.conns.put(s.uc, px.Now())
+			if s.keep(ev) {
+				s.out = append(s.out, ev...)
 			}
-			return
+			rest = r
 		}
-		// The replica died or stalled mid-stream. Bytes are out: no retry, end the stream
-		// with an error event the client's SDK will raise.
-		_ = s.uc.Close()
-		res.failed = "stream_broken"
+		s.pending = append(s.pending[:0], rest...)
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, io.EOF):
+		s.out = append(s.out, s.pending...) // an unterminated last event passes as it is
+		s.finished, s.cleanEOF = true, true
+	default:
+		s.finished = true
+		s.res.failed = "stream_broken"
 		msg := "replica failed mid-stream"
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			msg, res.failed = "replica stalled mid-stream", "stream_stalled"
+			msg, s.res.failed = "replica stalled mid-stream", "stream_stalled"
 		}
-		_, _ = w.Write(oai.ErrorEvent(oai.ServerError, msg))
-		_ = w.Flush()
-		return
+		s.out = append(s.out, oai.ErrorEvent(oai.ServerError, msg)...)
 	}
 }
 
 // keep inspects one event for accounting and reports whether the client should get it.
-func (s *streamer) keep(ev []byte, res *result, p *fastjson.Parser) bool {
+func (s *streamer) keep(ev []byte) bool {
 	data := oai.EventData(ev)
 	if data == nil {
 		return true
 	}
-	now := s.px.Now()
-	if u, usageOnly, ok := oai.ChunkUsage(p, data); ok {
-		res.usage = u
-		if usageOnly && s.c.stripUsage {
-			return false
-		}
+	if u, usageOnly, ok := oai.ChunkUsage(s.p, data); ok {
+		s.res.usage = u
 		if usageOnly {
-			return true
+			return !s.c.stripUsage
 		}
 	}
 	if string(data) == "[DONE]" {
 		return true
 	}
-	if res.firstAt.IsZero() {
-		res.firstAt = now
+	if s.res.firstAt.IsZero() {
+		s.res.firstAt = s.px.Now()
 	}
-	res.events++
+	s.res.events++
 	return true
+}
+
+// CloseWithError is called by fasthttp once the response is written or abandoned; wErr is
+// the client write error, if any. It settles the replica connection, releases the
+// in-flight count and accounts the request, exactly once.
+func (s *streamer) CloseWithError(wErr error) error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	px, r := s.px, s.r
+	defer r.inflight.Add(-1)
+	switch {
+	case !s.finished:
+		// The client hung up (or fasthttp gave up on it): closing the replica socket
+		// cancels the generation.
+		_ = s.uc.Close()
+		s.res.clientGone = true
+	case s.cleanEOF && !s.upstreamClose:
+		_ = s.up.CloseBodyStream()
+		r.conns.put(s.uc, px.Now())
+	default:
+		_ = s.uc.Close()
+	}
+	if wErr != nil && s.finished && s.outPos < len(s.out) {
+		s.res.clientGone = true // the end of the stream never reached the client
+	}
+	fasthttp.ReleaseResponse(s.up)
+	px.parsers.Put(s.p)
+	streamBufs.Put(s.buf)
+	s.res.endAt = px.Now()
+	px.account(s.c, r, s.res)
+	return nil
 }

@@ -67,7 +67,9 @@ func (p *connPool) dial(deadline time.Time) (*upConn, bool, error) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true) // SSE events are small and must not wait for Nagle
 	}
-	return &upConn{Conn: nc, br: bufio.NewReaderSize(nc, 16<<10), bw: bufio.NewWriterSize(nc, 16<<10)}, false, nil
+	// Small buffers: thousands of concurrent streams each hold one connection, and larger
+	// requests simply write through.
+	return &upConn{Conn: nc, br: bufio.NewReaderSize(nc, 8<<10), bw: bufio.NewWriterSize(nc, 4<<10)}, false, nil
 }
 
 // put returns a healthy connection whose response was fully read.

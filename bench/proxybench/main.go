@@ -182,18 +182,20 @@ func run() error {
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	ng := rows[1].rps
 	for _, r := range rows {
-		fmt.Printf("| %s | %.0f | %.2f | %v | %v | %v | %v | %v | %v | %d |\n", r.name, r.rps, r.rps/ng, r.p50, r.p99,
+		fmt.Printf("| %s | %.0f | %.2f | %v | %v | %v | %v | %v | %v | %d |\n", r.name, r.rps, r.rps/ng, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond),
 			r.fixedP50, r.fixP99, r.fixedP50-rows[0].fixedP50, r.fixP99-rows[0].fixP99, r.errs)
 	}
 
 	if *streams > 0 {
-		direct := soak(paced[0], 200, *tokens, nil)
+		// Same number of streams straight to the replicas (split over them), so the client
+		// and replicas do the same work and the difference is the router's.
+		direct := soakSplit(paced, *streams, *tokens)
 		st := soak(soakRouter, *streams, *tokens, func() int64 { return rssKiB(routerPID) })
 		fmt.Printf("\n### Streaming soak: %d concurrent SSE streams through the router\n\n", *streams)
 		fmt.Printf("Each stream: %d tokens, one every %v, from paced echo replicas; chunk latency = receive time − the replica's send time (same host clock).\n\n", *tokens, *interval)
 		fmt.Println("| path | streams ok | streams failed | chunks | chunk latency p50 | chunk latency p99 | router peak RSS |")
 		fmt.Println("|---|---|---|---|---|---|---|")
-		fmt.Printf("| direct (200 streams, reference) | %d | %d | %d | %v | %v | — |\n", direct.ok, direct.failed, direct.chunks, direct.p50, direct.p99)
+		fmt.Printf("| direct to the replicas | %d | %d | %d | %v | %v | — |\n", direct.ok, direct.failed, direct.chunks, direct.p50, direct.p99)
 		fmt.Printf("| through router | %d | %d | %d | %v | %v | %.1f MiB |\n", st.ok, st.failed, st.chunks, st.p50, st.p99, float64(st.peakRSS)/1024)
 		fmt.Printf("\nAdded per-chunk latency through the router: p50 %v, p99 %v.\n", st.p50-direct.p50, st.p99-direct.p99)
 	}
@@ -327,6 +329,11 @@ var sentRe = []byte(`"sent_unix_nano":`)
 
 // soak opens n concurrent streams and measures each chunk's delivery latency.
 func soak(addr string, n, maxTokens int, rss func() int64) soakResult {
+	r, _ := soakLat(addr, n, maxTokens, rss)
+	return r
+}
+
+func soakLat(addr string, n, maxTokens int, rss func() int64) (soakResult, []time.Duration) {
 	tr := &http.Transport{MaxIdleConnsPerHost: n, MaxConnsPerHost: 0, DisableCompression: true}
 	client := &http.Client{Transport: tr, Timeout: 5 * time.Minute}
 	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"stream please"}],"max_tokens":%d,"stream":true}`, model, maxTokens)
@@ -398,7 +405,34 @@ func soak(addr string, n, maxTokens int, rss func() int64) soakResult {
 	if len(lats) > 0 {
 		r.p50, r.p99 = lats[len(lats)/2].Round(time.Microsecond), lats[len(lats)*99/100].Round(time.Microsecond)
 	}
-	return r
+	return r, lats
+}
+
+// soakSplit runs a soak of n streams straight to the replicas, n/len(addrs) on each, at once.
+func soakSplit(addrs []string, n, maxTokens int) soakResult {
+	var mu sync.Mutex
+	var all soakResult
+	var lats []time.Duration
+	var wg sync.WaitGroup
+	for _, a := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, l := soakLat(a, n/len(addrs), maxTokens, nil)
+			mu.Lock()
+			all.ok += r.ok
+			all.failed += r.failed
+			all.chunks += r.chunks
+			lats = append(lats, l...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
+	if len(lats) > 0 {
+		all.p50, all.p99 = lats[len(lats)/2].Round(time.Microsecond), lats[len(lats)*99/100].Round(time.Microsecond)
+	}
+	return all
 }
 
 func rssKiB(pid int) int64 {
