@@ -3,6 +3,8 @@ package oai
 import (
 	"encoding/json"
 	"strconv"
+
+	"github.com/valyala/fasthttp"
 )
 
 // Error types as OpenAI names them.
@@ -39,4 +41,12 @@ func ErrorBody(errType, message, code string) []byte {
 func ErrorEvent(errType, message string) []byte {
 	b := append([]byte("data: "), ErrorBody(errType, message, "")...)
 	return append(b, "\n\ndata: [DONE]\n\n"...)
+}
+
+// WriteError replaces ctx's response with an OpenAI error.
+func WriteError(ctx *fasthttp.RequestCtx, status int, errType, message string) {
+	ctx.Response.Reset()
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(ErrorBody(errType, message, ""))
 }

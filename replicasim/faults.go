@@ -120,7 +120,7 @@ func (s *Server) preFault(ctx *fasthttp.RequestCtx, f Fault) bool {
 		resetConn(ctx.Conn())
 		return true
 	case FaultStatus:
-		writeError(ctx, f.Status, oai.ServerError, "injected fault")
+		oai.WriteError(ctx, f.Status, oai.ServerError, "injected fault")
 		return true
 	case FaultHang:
 		d := f.HangFor
@@ -131,7 +131,7 @@ func (s *Server) preFault(ctx *fasthttp.RequestCtx, f Fault) bool {
 		for time.Now().Before(deadline) && !clientGone(ctx.Conn()) {
 			time.Sleep(50 * time.Millisecond)
 		}
-		writeError(ctx, fasthttp.StatusGatewayTimeout, oai.Timeout, "injected hang ended")
+		oai.WriteError(ctx, fasthttp.StatusGatewayTimeout, oai.Timeout, "injected hang ended")
 		return true
 	case FaultGarbage:
 		ctx.Hijack(func(c net.Conn) {
@@ -166,11 +166,11 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx, path string) {
 	case path == "/admin/fault" && ctx.IsPost():
 		var f Fault
 		if err := json.Unmarshal(ctx.PostBody(), &f); err != nil {
-			writeError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, "fault: "+err.Error())
+			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, "fault: "+err.Error())
 			return
 		}
 		if err := s.SetFault(f); err != nil {
-			writeError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, err.Error())
+			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, err.Error())
 			return
 		}
 	case path == "/admin/health" && ctx.IsPost():
@@ -178,7 +178,7 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx, path string) {
 			Healthy bool `json:"healthy"`
 		}
 		if err := json.Unmarshal(ctx.PostBody(), &h); err != nil {
-			writeError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, "health: "+err.Error())
+			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, "health: "+err.Error())
 			return
 		}
 		s.mu.Lock()
@@ -189,7 +189,7 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx, path string) {
 			NoticeSeconds float64 `json:"notice_seconds"`
 		}
 		if err := json.Unmarshal(ctx.PostBody(), &p); err != nil || p.NoticeSeconds < 0 {
-			writeError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, "preempt: want {\"notice_seconds\": N >= 0}")
+			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, "preempt: want {\"notice_seconds\": N >= 0}")
 			return
 		}
 		s.Preempt(time.Duration(p.NoticeSeconds * float64(time.Second)))
@@ -199,13 +199,13 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx, path string) {
 		at := s.preemptAt
 		s.mu.Unlock()
 		if at.IsZero() {
-			writeError(ctx, fasthttp.StatusNotFound, oai.NotFound, "no preemption notice")
+			oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, "no preemption notice")
 			return
 		}
 		ctx.SetContentType("application/json")
 		fmt.Fprintf(ctx, `{"action":"terminate","time":%q}`, at.UTC().Format(time.RFC3339Nano))
 	default:
-		writeError(ctx, fasthttp.StatusMethodNotAllowed, oai.InvalidRequest, "method not allowed on "+path)
+		oai.WriteError(ctx, fasthttp.StatusMethodNotAllowed, oai.InvalidRequest, "method not allowed on "+path)
 		return
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK)

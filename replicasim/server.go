@@ -191,15 +191,10 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	case "/admin/fault", "/admin/health", "/admin/preempt", "/admin/preemption":
 		s.admin(ctx, path)
 	default:
-		writeError(ctx, fasthttp.StatusNotFound, oai.NotFound, "Not Found")
+		oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, "Not Found")
 	}
 }
 
-func writeError(ctx *fasthttp.RequestCtx, status int, typ, msg string) {
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(oai.ErrorBody(typ, msg, ""))
-}
 
 func (s *Server) health(ctx *fasthttp.RequestCtx) {
 	s.mu.Lock()
@@ -254,18 +249,18 @@ func (s *Server) promptTokens(r *oai.Request) (int, []uint64) {
 
 func (s *Server) parse(ctx *fasthttp.RequestCtx, kind oai.Kind) (oai.Request, bool) {
 	if !ctx.IsPost() {
-		writeError(ctx, fasthttp.StatusMethodNotAllowed, oai.InvalidRequest, "Method Not Allowed")
+		oai.WriteError(ctx, fasthttp.StatusMethodNotAllowed, oai.InvalidRequest, "Method Not Allowed")
 		return oai.Request{}, false
 	}
 	p := s.parsers.Get()
 	req, err := oai.Parse(p, ctx.PostBody(), kind)
 	s.parsers.Put(p)
 	if err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, err.Error())
+		oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, err.Error())
 		return req, false
 	}
 	if req.Model != s.cfg.Model {
-		writeError(ctx, fasthttp.StatusNotFound, oai.NotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+		oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
 		return req, false
 	}
 	return req, true
@@ -294,7 +289,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 	if s.drv != nil {
 		id, p, err := s.drv.submit(engine.Request{PromptTokens: promptN, MaxTokens: maxTokens, BlockHashes: hashes})
 		if err != nil {
-			writeError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest,
+			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest,
 				fmt.Sprintf("This model's maximum context length is %d tokens: %v", s.drv.eng.MaxContext(), err))
 			return
 		}

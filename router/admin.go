@@ -52,7 +52,7 @@ func AdminHandler(reg *prometheus.Registry, pool *Pool) fasthttp.RequestHandler 
 			ctx.SetContentType("application/json")
 			ctx.SetBody(b)
 		default:
-			writeError(ctx, fasthttp.StatusNotFound, oai.NotFound, "unknown admin path")
+			oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, "unknown admin path")
 		}
 	}
 }

@@ -76,7 +76,7 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		ctx.Response.Reset()
 		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 			px.met.errors.WithLabelValues("response_too_large").Inc()
-			writeError(ctx, fasthttp.StatusBadGateway, oai.ServerError, "replica response exceeds the router's size limit")
+			oai.WriteError(ctx, fasthttp.StatusBadGateway, oai.ServerError, "replica response exceeds the router's size limit")
 			return true
 		}
 		px.upstreamFailed(r, "read_body", err)

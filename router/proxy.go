@@ -73,7 +73,7 @@ func (px *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 			// the attempt's own defers.
 			px.log.Error("panic in request handler", "panic", v, "path", string(ctx.Path()))
 			px.met.errors.WithLabelValues("panic").Inc()
-			writeError(ctx, fasthttp.StatusInternalServerError, oai.ServerError, "internal error")
+			oai.WriteError(ctx, fasthttp.StatusInternalServerError, oai.ServerError, "internal error")
 		}
 	}()
 	switch string(ctx.Path()) {
@@ -88,7 +88,7 @@ func (px *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	case "/health":
 		ctx.SetStatusCode(fasthttp.StatusOK)
 	default:
-		writeError(ctx, fasthttp.StatusNotFound, oai.NotFound, fmt.Sprintf("Unknown path %s", ctx.Path()))
+		oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, fmt.Sprintf("Unknown path %s", ctx.Path()))
 	}
 }
 
@@ -102,15 +102,9 @@ func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 	} else if err == fasthttp.ErrBodyTooLarge {
 		status, msg = fasthttp.StatusRequestEntityTooLarge, "request body too large"
 	}
-	writeError(ctx, status, oai.InvalidRequest, msg)
+	oai.WriteError(ctx, status, oai.InvalidRequest, msg)
 }
 
-func writeError(ctx *fasthttp.RequestCtx, status int, typ, msg string) {
-	ctx.Response.Reset()
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(oai.ErrorBody(typ, msg, ""))
-}
 
 func (px *Proxy) models(ctx *fasthttp.RequestCtx) {
 	b := []byte(`{"object":"list","data":[`)
@@ -145,7 +139,7 @@ type call struct {
 
 func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 	if !ctx.IsPost() {
-		writeError(ctx, fasthttp.StatusMethodNotAllowed, oai.InvalidRequest, "use POST")
+		oai.WriteError(ctx, fasthttp.StatusMethodNotAllowed, oai.InvalidRequest, "use POST")
 		return
 	}
 	c, ok := px.newCall(ctx, kind)
@@ -157,7 +151,7 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 		if p, ok := px.policies[string(h)]; ok {
 			policy = p
 		} else {
-			writeError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, fmt.Sprintf("X-Arbiter-Policy %q: want slo_cheapest, least_load or round_robin", h))
+			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, fmt.Sprintf("X-Arbiter-Policy %q: want slo_cheapest, least_load or round_robin", h))
 			return
 		}
 	}
@@ -189,13 +183,13 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 		px.met.requests.WithLabelValues(c.model, c.tried[len(c.tried)-1].Info().ID, strconv.Itoa(c.lastUpstream)).Inc()
 	case !px.Now().Before(c.deadline):
 		px.met.errors.WithLabelValues("deadline").Inc()
-		writeError(ctx, fasthttp.StatusGatewayTimeout, oai.Timeout, "request deadline exceeded before a replica answered")
+		oai.WriteError(ctx, fasthttp.StatusGatewayTimeout, oai.Timeout, "request deadline exceeded before a replica answered")
 	case len(c.tried) > 0:
 		px.met.errors.WithLabelValues("all_attempts_failed").Inc()
-		writeError(ctx, fasthttp.StatusBadGateway, oai.ServerError, fmt.Sprintf("all %d attempts failed before a response", len(c.tried)))
+		oai.WriteError(ctx, fasthttp.StatusBadGateway, oai.ServerError, fmt.Sprintf("all %d attempts failed before a response", len(c.tried)))
 	default:
 		px.met.errors.WithLabelValues("no_replica").Inc()
-		writeError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable, fmt.Sprintf("no ready replica for model %q", c.model))
+		oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable, fmt.Sprintf("no ready replica for model %q", c.model))
 	}
 }
 
@@ -206,13 +200,13 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) 
 	px.parsers.Put(p)
 	if err != nil {
 		px.met.errors.WithLabelValues("bad_request").Inc()
-		writeError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, err.Error())
+		oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, err.Error())
 		return nil, false
 	}
 	if !px.pool.HasModel(req.Model) {
 		if len(px.pool.Models()) == 0 {
 			px.met.errors.WithLabelValues("no_replica").Inc()
-			writeError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable, "no replicas are serving yet")
+			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable, "no replicas are serving yet")
 			return nil, false
 		}
 		px.met.errors.WithLabelValues("unknown_model").Inc()

@@ -192,12 +192,7 @@ func TestInFlightReturnsToZeroAfterCancellationsAndFailures(t *testing.T) {
 	r := startRouter(t, nil, replica("a", slow, fleet.Reserved, 0))
 	// Clients that hang up mid-stream.
 	for range 5 {
-		c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body := chatBody(true, "")
-		_, _ = io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+		c := rawPost(t, r.url, chatBody(true, ""))
 		buf := make([]byte, 1)
 		_, _ = c.Read(buf) // first byte of the response: the stream has started
 		_ = c.Close()
@@ -205,12 +200,7 @@ func TestInFlightReturnsToZeroAfterCancellationsAndFailures(t *testing.T) {
 	// Clients that hang up while waiting for a hung replica (before any byte).
 	_ = slow.srv.SetFault(replicasim.Fault{Kind: replicasim.FaultHang, HangFor: 10 * time.Second})
 	for range 3 {
-		c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body := chatBody(false, "")
-		_, _ = io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+		c := rawPost(t, r.url, chatBody(false, ""))
 		time.Sleep(50 * time.Millisecond)
 		_ = c.Close()
 	}
@@ -282,4 +272,15 @@ func TestStalledStreamEndsWithAnErrorEvent(t *testing.T) {
 		t.Fatalf("stream_stalled = %v", got)
 	}
 	waitFor(t, "in-flight back to 0", func() bool { return r.inflight("a") == 0 })
+}
+
+// rawPost sends a chat request on a raw connection the test can hang up on.
+func rawPost(t *testing.T, url, body string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+	return c
 }
