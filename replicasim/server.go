@@ -195,7 +195,6 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-
 func (s *Server) health(ctx *fasthttp.RequestCtx) {
 	s.mu.Lock()
 	notReady := s.unhealthy || time.Now().Before(s.readyAt)

@@ -105,7 +105,6 @@ func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 	oai.WriteError(ctx, status, oai.InvalidRequest, msg)
 }
 
-
 func (px *Proxy) models(ctx *fasthttp.RequestCtx) {
 	b := []byte(`{"object":"list","data":[`)
 	for i, m := range px.pool.Models() {
