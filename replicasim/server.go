@@ -25,6 +25,7 @@ import (
 
 	"github.com/arbiter-serve/arbiter/connwatch"
 	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/httplog"
 	"github.com/arbiter-serve/arbiter/oai"
 	"github.com/arbiter-serve/arbiter/tokens"
 )
@@ -152,6 +153,7 @@ func (s *Server) Run(ctx context.Context) {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &fasthttp.Server{
 		Handler:                       s.Handle,
+		Logger:                        httplog.Fasthttp{L: s.cfg.Logger},
 		Name:                          "uvicorn",
 		IdleTimeout:                   5 * time.Second,
 		MaxRequestBodySize:            s.cfg.MaxBodyBytes,

@@ -109,7 +109,7 @@ func startRouter(t *testing.T, mod func(*Config), replicas ...fleet.Replica) *ri
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := NewServer(&cfg, px.Handle)
+	srv := NewServer(&cfg, px.Handle, log)
 	go func() { _ = srv.Serve(ln) }()
 	ctx, cancel := context.WithCancel(context.Background())
 	go pool.Run(ctx)

@@ -1,16 +1,20 @@
 package router
 
 import (
+	"log/slog"
 	"time"
+
+	"github.com/arbiter-serve/arbiter/httplog"
 
 	"github.com/valyala/fasthttp"
 )
 
 // NewServer returns the client-facing fasthttp server with the router's limits: bounded
 // bodies and headers, read timeouts against slow clients, and idle keep-alive.
-func NewServer(cfg *Config, h fasthttp.RequestHandler) *fasthttp.Server {
+func NewServer(cfg *Config, h fasthttp.RequestHandler, log *slog.Logger) *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:            h,
+		Logger:             httplog.Fasthttp{L: log},
 		ErrorHandler:       ErrorHandler,
 		Name:               "arbiter",
 		MaxRequestBodySize: cfg.MaxRequestBodyBytes,

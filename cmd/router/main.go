@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/valyala/fasthttp"
 
+	"github.com/arbiter-serve/arbiter/httplog"
 	"github.com/arbiter-serve/arbiter/router"
 )
 
@@ -79,8 +80,8 @@ func run() error {
 	}
 	go pool.Run(ctx)
 
-	srv := router.NewServer(&cfg, px.Handle)
-	adminSrv := &fasthttp.Server{Handler: router.AdminHandler(reg, pool), Name: "arbiter-admin", ReadTimeout: 10 * time.Second}
+	srv := router.NewServer(&cfg, px.Handle, log)
+	adminSrv := &fasthttp.Server{Handler: router.AdminHandler(reg, pool), Name: "arbiter-admin", ReadTimeout: 10 * time.Second, Logger: httplog.Fasthttp{L: log}}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
