@@ -172,7 +172,9 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 		if attempt > 0 {
 			px.met.retries.Inc()
 		}
-		if px.attempt(ctx, c, r, attempt+1 < px.cfg.MaxAttempts) {
+		// A replica's 502/503 is hidden only when another replica can still be tried.
+		mayRetry := attempt+1 < px.cfg.MaxAttempts && len(cands) > 1
+		if px.attempt(ctx, c, r, mayRetry) {
 			return
 		}
 	}

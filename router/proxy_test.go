@@ -284,3 +284,18 @@ func rawPost(t *testing.T, url, body string) net.Conn {
 	_, _ = io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
 	return c
 }
+
+func TestALoneReplicasOwn503IsPassedThrough(t *testing.T) {
+	s := startSim(t, simOpts{echo: true})
+	if err := s.srv.SetFault(replicasim.Fault{Kind: replicasim.FaultStatus, Status: 503, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	r := startRouter(t, nil, replica("a", s, fleet.Reserved, 0))
+	resp, out := post(t, r.url+"/v1/chat/completions", chatBody(false, ""))
+	if resp.StatusCode != 503 || !strings.Contains(out, "injected fault") {
+		t.Fatalf("got %d %s, want the replica's own 503", resp.StatusCode, out)
+	}
+	if resp, _ := post(t, r.url+"/v1/chat/completions", chatBody(false, "")); resp.StatusCode != 200 {
+		t.Fatalf("next request: %d", resp.StatusCode)
+	}
+}
