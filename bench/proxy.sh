@@ -8,5 +8,5 @@ if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
 fi
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 mkdir -p bin
-go build -o bin/ ./cmd/replicasim ./cmd/router
-go run ./bench/proxybench -bin bin "$@"
+go build -o bin/ ./cmd/replicasim ./cmd/router ./bench/proxybench
+bin/proxybench -bin bin "$@"

@@ -41,10 +41,16 @@ var (
 	streams  = flag.Int("streams", 5000, "concurrent SSE streams in the soak (0 skips it)")
 	tokens   = flag.Int("stream-tokens", 40, "tokens per soak stream")
 	interval = flag.Duration("stream-interval", 100*time.Millisecond, "gap between a soak stream's tokens")
+	// minimal runs this program as the reference Go proxy (see serveMinimal) instead.
+	minimal = flag.String("minimal-proxy", "", "internal: serve the minimal fasthttp proxy on ADDR (upstreams are the arguments)")
 )
 
 func main() {
 	flag.Parse()
+	if *minimal != "" {
+		serveMinimal(*minimal, flag.Args())
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "proxybench:", err)
 		os.Exit(1)
@@ -144,6 +150,14 @@ func run() error {
 		return err
 	}
 	routerPID = procs[len(procs)-1].cmd.Process.Pid
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	minimalAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
+	if err := spawn(minimalAddr, self, append([]string{"-minimal-proxy", minimalAddr}, fast...)...); err != nil {
+		return err
+	}
 
 	body := `{"model":"` + model + `","messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":16}`
 	luaPath := filepath.Join(tmp, "post.lua")
@@ -155,6 +169,7 @@ func run() error {
 	targets := []struct{ name, addr string }{
 		{"direct (one replica, no proxy)", fast[0]},
 		{"nginx round-robin, keep-alive upstreams", nginxAddr},
+		{"minimal Go proxy (fasthttp.HostClient round-robin, no parsing)", minimalAddr},
 		{"arbiter router, round_robin", routers["round_robin"]},
 		{"arbiter router, slo_cheapest", routers["slo_cheapest"]},
 	}
@@ -200,6 +215,25 @@ func run() error {
 		fmt.Printf("\nAdded per-chunk latency through the router: p50 %v, p99 %v.\n", st.p50-direct.p50, st.p99-direct.p99)
 	}
 	return nil
+}
+
+// serveMinimal is the floor of what a Go proxy on fasthttp costs: round-robin over
+// fasthttp.HostClient, no parsing, routing, metrics or cancellation. It tells how much of
+// the router's gap to nginx is the Go networking stack and how much is the router's work.
+func serveMinimal(addr string, upstreams []string) {
+	var clients []*fasthttp.HostClient
+	for _, u := range upstreams {
+		clients = append(clients, &fasthttp.HostClient{Addr: u, MaxConns: 4096})
+	}
+	var n atomic.Uint64
+	err := fasthttp.ListenAndServe(addr, func(ctx *fasthttp.RequestCtx) {
+		c := clients[n.Add(1)%uint64(len(clients))]
+		if err := c.Do(&ctx.Request, &ctx.Response); err != nil {
+			ctx.Error(err.Error(), fasthttp.StatusBadGateway)
+		}
+	})
+	fmt.Fprintln(os.Stderr, "minimal proxy:", err)
+	os.Exit(1)
 }
 
 func numCPU() int {
