@@ -299,3 +299,18 @@ func TestALoneReplicasOwn503IsPassedThrough(t *testing.T) {
 		t.Fatalf("next request: %d", resp.StatusCode)
 	}
 }
+
+func TestPolicyHeaderChoosesThePolicy(t *testing.T) {
+	a, b := startSim(t, simOpts{echo: true}), startSim(t, simOpts{echo: true})
+	r := startRouter(t, nil, replica("a", a, fleet.Reserved, 0), replica("b", b, fleet.OnDemand, 4))
+	for range 4 {
+		post(t, r.url+"/v1/chat/completions", chatBody(false, ""), "X-Arbiter-Policy", "round_robin")
+	}
+	if got := r.counter(t, "arbiter_router_requests_total", "replica", "b"); got != 2 {
+		t.Fatalf("round_robin by header sent %v of 4 to b, want 2", got)
+	}
+	resp, out := post(t, r.url+"/v1/chat/completions", chatBody(false, ""), "X-Arbiter-Policy", "fastest")
+	if resp.StatusCode != 400 || !strings.Contains(out, "X-Arbiter-Policy") {
+		t.Fatalf("unknown policy header: %d %s", resp.StatusCode, out)
+	}
+}
