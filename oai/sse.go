@@ -79,3 +79,53 @@ func ChunkUsage(p *fastjson.Parser, data []byte) (u Usage, isUsageOnly, ok bool)
 	isUsageOnly = ch == nil || (ch.Type() == fastjson.TypeArray && len(ch.GetArray()) == 0)
 	return u, isUsageOnly, true
 }
+
+// ResponseUsage reads the usage of a whole (non-streamed) response. OpenAI-style servers
+// put usage last, so it parses only that object rather than the whole body, which may hold
+// thousands of generated tokens; it falls back to a full parse when the shortcut fails.
+func ResponseUsage(p *fastjson.Parser, body []byte) (Usage, bool) {
+	if obj := lastObjectAfter(body, usageKey); obj != nil {
+		if v, err := p.ParseBytes(obj); err == nil && v.Type() == fastjson.TypeObject {
+			return Usage{Prompt: v.GetInt("prompt_tokens"), Completion: v.GetInt("completion_tokens")}, true
+		}
+	}
+	u, _, ok := ChunkUsage(p, body)
+	return u, ok
+}
+
+// lastObjectAfter returns the JSON object that follows the last occurrence of key and a
+// colon, or nil when it cannot be delimited.
+func lastObjectAfter(body, key []byte) []byte {
+	i := bytes.LastIndex(body, key)
+	if i < 0 {
+		return nil
+	}
+	rest := bytes.TrimLeft(body[i+len(key):], " \t\r\n")
+	if len(rest) == 0 || rest[0] != ':' {
+		return nil
+	}
+	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+	if len(rest) == 0 || rest[0] != '{' {
+		return nil
+	}
+	depth, inString, escaped := 0, false, false
+	for j, c := range rest {
+		switch {
+		case escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{':
+			depth++
+		case c == '}':
+			depth--
+			if depth == 0 {
+				return rest[:j+1]
+			}
+		}
+	}
+	return nil
+}

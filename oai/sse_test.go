@@ -1,6 +1,8 @@
 package oai
 
 import (
+	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/valyala/fastjson"
@@ -42,4 +44,36 @@ func TestEventDataAndUsage(t *testing.T) {
 	if _, only, ok := ChunkUsage(&p, []byte(`{"choices":[{"x":1}],"usage":{"prompt_tokens":1}}`)); !ok || only {
 		t.Error("usage with choices misclassified")
 	}
+}
+
+func TestResponseUsage(t *testing.T) {
+	var p fastjson.Parser
+	for body, want := range map[string]Usage{
+		`{"choices":[{"message":{"content":"the \"usage\": {fake}"}}],"usage":{"prompt_tokens":7,"total_tokens":9,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}`: {7, 2},
+		`{"usage" : {"prompt_tokens":1,"completion_tokens":3}, "choices":[]}`: {1, 3},
+		`{"choices":[],"usage":null}`:                                         {},
+	} {
+		got, _ := ResponseUsage(&p, []byte(body))
+		if got != want {
+			t.Errorf("ResponseUsage(%s) = %+v, want %+v", body, got, want)
+		}
+	}
+}
+
+func FuzzResponseUsage(f *testing.F) {
+	f.Add(`the "usage": {fake}`, 7, 2)
+	f.Add("}\\\"{", 0, 1)
+	f.Fuzz(func(t *testing.T, content string, prompt, completion int) {
+		// Any generated text, correctly escaped, before a trailing usage object.
+		text, err := json.Marshal(content)
+		if err != nil {
+			t.Skip()
+		}
+		body := fmt.Appendf(nil, `{"choices":[{"message":{"content":%s}}],"usage":{"prompt_tokens":%d,"completion_tokens":%d}}`, text, prompt, completion)
+		var p fastjson.Parser
+		got, ok := ResponseUsage(&p, body)
+		if !ok || got != (Usage{Prompt: prompt, Completion: completion}) {
+			t.Fatalf("ResponseUsage(%s) = %+v, %v", body, got, ok)
+		}
+	})
 }

@@ -98,7 +98,7 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 	var usage oai.Usage
 	if status == fasthttp.StatusOK {
 		p := px.parsers.Get()
-		usage, _, _ = oai.ChunkUsage(p, ctx.Response.Body())
+		usage, _ = oai.ResponseUsage(p, ctx.Response.Body())
 		px.parsers.Put(p)
 	}
 	now := px.Now()
