@@ -74,7 +74,6 @@ type replicaCollector struct {
 	inflight, load, avail *prometheus.Desc
 	mu                    sync.Mutex
 	replicas              []*Replica
-	staleAfter            time.Duration
 }
 
 func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) {

@@ -33,12 +33,10 @@ type Replica struct {
 }
 
 type scrapeState struct {
-	at                time.Time
-	running, waiting  float64
-	kvUsage           float64
-	inflightAtScrape  int64
-	prefixHitsPerTok  float64
-	prefixHits, query float64
+	at               time.Time
+	running, waiting float64
+	kvUsage          float64
+	inflightAtScrape int64
 }
 
 func newReplica(info fleet.Replica, pc *connPool) *Replica {
