@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"os/signal"
@@ -39,11 +38,10 @@ func run() error {
 		logLevel = flag.String("log-level", "info", "debug, info, warn or error")
 	)
 	flag.Parse()
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("-log-level: %w", err)
+	log, err := httplog.NewLogger(*logLevel)
+	if err != nil {
+		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	cfg, err := router.LoadConfig(*config)
 	if err != nil {
 		return err
