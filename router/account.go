@@ -9,16 +9,16 @@ import (
 
 // result is how one request ended on one replica.
 type result struct {
-	code        int
-	usage       oai.Usage
-	sentAt      time.Time
-	firstAt     time.Time // first streamed token (streams) or the whole response
-	endAt       time.Time
-	events      int // streamed content events
-	loadAtStart float64
-	streamed    bool
-	clientGone  bool
-	failed      string // non-empty: the replica failed mid-stream (reason)
+	code       int
+	usage      oai.Usage
+	sentAt     time.Time
+	firstAt    time.Time // first streamed token (streams) or the whole response
+	endAt      time.Time
+	events     int        // streamed content events
+	pred       Prediction // made when the request was sent
+	streamed   bool
+	clientGone bool
+	failed     string // non-empty: the replica failed mid-stream (reason)
 }
 
 // account records a finished request: metrics, token counts, SLO, the predictor's lesson
@@ -70,18 +70,11 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	if c.kind == oai.Embedding {
 		return
 	}
-	// What the policy would have predicted for this request on this replica, for the
-	// error metric and the predictor's own correction.
-	uncached := c.route.PromptTokens
-	r.mu.Lock()
-	pred := r.pred.predict(res.loadAtStart, uncached, out)
-	qw := r.pred.queueWait(res.loadAtStart)
-	r.mu.Unlock()
 	if res.streamed {
-		px.met.predErr.WithLabelValues(c.model).Observe(ttft - pred.TTFT)
+		px.met.predErr.WithLabelValues(c.model).Observe(ttft - res.pred.TTFT)
 	}
-	r.learn(measurement{uncached: uncached, outTokens: out, ttft: ttft, e2e: e2e, loadAtStart: res.loadAtStart,
-		predictedTTFT: pred.TTFT, queueWait: qw, streamed: res.streamed})
+	r.learn(measurement{uncached: c.route.PromptTokens, outTokens: out, ttft: ttft, e2e: e2e, loadAtStart: res.pred.Load,
+		predictedTTFT: res.pred.TTFT, queueWait: res.pred.QueueWait, streamed: res.streamed})
 }
 
 // upstreamFailed counts a replica failure for passive health.

@@ -30,7 +30,9 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 			r.inflight.Add(-1)
 		}
 	}()
-	loadAtStart := r.Load(px.Now(), 3*px.cfg.ScrapeInterval)
+	// What this replica is expected to do with the request, whichever policy chose it: the
+	// predictor learns from, and the error metric compares against, this prediction.
+	pred := r.Predict(px.Now(), c.route.PromptTokens, c.route.OutTokens, 3*px.cfg.ScrapeInterval)
 
 	uc, sentAt, err := px.send(ctx, c, r)
 	if err != nil {
@@ -53,7 +55,7 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		return false
 	}
 	if bytes.HasPrefix(hdr.ContentType(), []byte("text/event-stream")) {
-		s := px.newStreamer(c, r, uc, upstreamClose, sentAt, loadAtStart)
+		s := px.newStreamer(c, r, uc, upstreamClose, sentAt, pred)
 		if err := s.open(hdr); err != nil { // the stream's first bytes were malformed
 			_ = uc.Close()
 			px.upstreamFailed(r, "stream_open", err)
@@ -102,7 +104,7 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		px.parsers.Put(p)
 	}
 	now := px.Now()
-	px.account(c, r, result{code: status, usage: usage, sentAt: sentAt, firstAt: now, endAt: now, loadAtStart: loadAtStart})
+	px.account(c, r, result{code: status, usage: usage, sentAt: sentAt, firstAt: now, endAt: now, pred: pred})
 	return true
 }
 

@@ -118,10 +118,11 @@ func (p *predictor) queueWait(load float64) float64 {
 }
 
 func (p *predictor) predict(load float64, uncached, outTokens int) Prediction {
-	ttft := p.rtt.v + p.queueWait(load) + p.prefill.predict(float64(uncached))
+	qw := p.queueWait(load)
+	ttft := p.rtt.v + qw + p.prefill.predict(float64(uncached))
 	batch := math.Min(load+1, math.Max(p.slots.v, 1))
 	tpot := p.tpot.predict(batch)
-	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, Load: load}
+	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, QueueWait: qw, Load: load}
 }
 
 func (p *predictor) learn(m measurement) {

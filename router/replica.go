@@ -135,6 +135,7 @@ func (r *Replica) probed(ok bool, rtt time.Duration, failThreshold int) bool {
 // Prediction is what the router expects a request to see on a replica.
 type Prediction struct {
 	TTFT, TPOT, E2E float64 // seconds
+	QueueWait       float64 // seconds of TTFT spent queued
 	Load            float64
 }
 

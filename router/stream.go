@@ -39,9 +39,9 @@ type streamer struct {
 // streamBufs recycles read buffers across streams; an SSE event is rarely over 1 KB.
 var streamBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
 
-func (px *Proxy) newStreamer(c *call, r *Replica, uc *upConn, upstreamClose bool, sentAt time.Time, load float64) *streamer {
+func (px *Proxy) newStreamer(c *call, r *Replica, uc *upConn, upstreamClose bool, sentAt time.Time, pred Prediction) *streamer {
 	return &streamer{px: px, c: c, r: r, uc: uc, upstreamClose: upstreamClose,
-		res: result{code: fasthttp.StatusOK, sentAt: sentAt, loadAtStart: load, streamed: true}}
+		res: result{code: fasthttp.StatusOK, sentAt: sentAt, pred: pred, streamed: true}}
 }
 
 // open attaches a body reader (chunked or identity) to the upstream connection.
