@@ -112,3 +112,41 @@ type Load struct {
 	TokensPerSecond   float64 `json:"tokens_per_second"`
 	SLOMisses         int64   `json:"slo_misses"`
 }
+
+// Service is what a router needs to know about a service that may have no replica yet:
+// which model names it serves, so a request for one of them is held while the service
+// wakes from zero instead of being refused.
+type Service struct {
+	Name string `json:"name"`
+	// Models the service serves; empty when the spec names none and no replica has
+	// answered /v1/models yet.
+	Models []string `json:"models,omitempty"`
+}
+
+// ReadySet is the control plane's view that routers follow: every service and the
+// replicas routers may use (Draining ones finish what they have and take nothing new).
+// Revision grows with every change.
+type ReadySet struct {
+	Revision uint64    `json:"revision"`
+	Services []Service `json:"services"`
+	Replicas []Replica `json:"replicas"`
+}
+
+// ModelLoad is one model's load as one router saw it. Requests and Tokens are counts since
+// the router's previous report (so reports add up across routers); InFlight and Held are
+// levels at the time of the report.
+type ModelLoad struct {
+	Model    string  `json:"model"`
+	Requests float64 `json:"requests"`
+	Tokens   float64 `json:"tokens"`
+	InFlight float64 `json:"in_flight"`
+	// Held requests wait in the router because no replica is ready (scale from zero).
+	Held float64 `json:"held"`
+}
+
+// LoadReport is one router's periodic report to the control plane.
+type LoadReport struct {
+	Router   string      `json:"router"`
+	Models   []ModelLoad `json:"models"`
+	Replicas []Load      `json:"replicas"`
+}

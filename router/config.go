@@ -23,6 +23,9 @@ type Config struct {
 	MaxResponseBodyBytes int `yaml:"max_response_body_bytes"`
 	// MaxAttempts bounds tries per request, each on a different replica.
 	MaxAttempts int `yaml:"max_attempts"`
+	// MaxHeld bounds the requests held while their service has no ready replica (scale
+	// from zero); beyond it they are answered 503. Only with a control plane.
+	MaxHeld int `yaml:"max_held_requests"`
 
 	ConnectTimeout   time.Duration `yaml:"connect_timeout"`
 	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
@@ -71,6 +74,7 @@ func Defaults() Config {
 		MaxRequestBodyBytes:    8 << 20,
 		MaxResponseBodyBytes:   64 << 20,
 		MaxAttempts:            3,
+		MaxHeld:                1024,
 		ConnectTimeout:         2 * time.Second,
 		FirstByteTimeout:       60 * time.Second,
 		StreamIdleTimeout:      60 * time.Second,
@@ -119,7 +123,7 @@ func (c *Config) Validate() error {
 	}
 	positive := map[string]int64{
 		"max_request_body_bytes": int64(c.MaxRequestBodyBytes), "max_response_body_bytes": int64(c.MaxResponseBodyBytes),
-		"max_attempts": int64(c.MaxAttempts), "connect_timeout": int64(c.ConnectTimeout),
+		"max_attempts": int64(c.MaxAttempts), "max_held_requests": int64(c.MaxHeld), "connect_timeout": int64(c.ConnectTimeout),
 		"first_byte_timeout": int64(c.FirstByteTimeout), "stream_idle_timeout": int64(c.StreamIdleTimeout),
 		"request_timeout": int64(c.RequestTimeout), "upstream_idle_timeout": int64(c.UpstreamIdleTimeout),
 		"max_idle_conns_per_replica": int64(c.MaxIdleConnsPerReplica), "probe.interval": int64(c.Probe.Interval),

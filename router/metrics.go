@@ -20,6 +20,8 @@ type Metrics struct {
 	e2e         *prometheus.HistogramVec // model
 	predicted   *prometheus.HistogramVec // model: predicted TTFT
 	predErr     *prometheus.HistogramVec // model: measured − predicted TTFT
+	held        prometheus.Gauge
+	holdWait    *prometheus.HistogramVec // model
 	replicaInfo *replicaCollector
 }
 
@@ -51,6 +53,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		predErr: hv("ttft_prediction_error_seconds", "Measured minus predicted TTFT of streamed requests.",
 			[]float64{-5, -1, -0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 5}, "model"),
 	}
+	m.held = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "held_requests", Help: "Requests waiting because their service has no ready replica (scale from zero)."})
+	reg.MustRegister(m.held)
+	m.holdWait = hv("hold_wait_seconds", "How long requests waited for a replica of a service scaled to zero.", latencyBuckets, "model")
 	m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "retries_total", Help: "Attempts retried on another replica before the first response byte."})
 	reg.MustRegister(m.retries)
 	m.replicaInfo = &replicaCollector{

@@ -25,11 +25,27 @@ type Pool struct {
 	byID   map[string]*Replica
 	list   []*Replica // sorted by ID: a deterministic order for policies and tests
 	models map[string]bool
+	// changed is closed and replaced whenever the set or a replica's readiness changes:
+	// requests held at zero replicas wait on it.
+	changed chan struct{}
 }
 
 // NewPool returns an empty pool.
 func NewPool(cfg *Config, log *slog.Logger, met *Metrics, aff *Affinity) *Pool {
-	return &Pool{cfg: cfg, log: log, met: met, aff: aff, byID: map[string]*Replica{}, models: map[string]bool{}}
+	return &Pool{cfg: cfg, log: log, met: met, aff: aff, byID: map[string]*Replica{}, models: map[string]bool{}, changed: make(chan struct{})}
+}
+
+// Changed returns a channel closed at the next change of the set or of a replica's readiness.
+func (p *Pool) Changed() <-chan struct{} {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.changed
+}
+
+// notify wakes everything waiting on Changed. Caller holds p.mu for writing.
+func (p *Pool) notify() {
+	close(p.changed)
+	p.changed = make(chan struct{})
 }
 
 // SetReplicas installs a new replica set. The caller validates it (fleet.ValidateSet).
@@ -63,6 +79,7 @@ func (p *Pool) SetReplicas(set []fleet.Replica) {
 		p.list = append(p.list, r)
 	}
 	sort.Slice(p.list, func(i, j int) bool { return p.list[i].Info().ID < p.list[j].Info().ID })
+	p.notify()
 	p.mu.Unlock()
 	p.met.setReplicas(p.Snapshot())
 }
@@ -183,6 +200,11 @@ func (p *Pool) probe(_ context.Context, r *Replica, c *fasthttp.Client) {
 	ok := err == nil && resp.StatusCode() == fasthttp.StatusOK
 	was := r.Available(start)
 	ready := r.probed(ok, time.Since(start), p.cfg.Probe.FailureThreshold)
+	if was != ready {
+		p.mu.Lock()
+		p.notify()
+		p.mu.Unlock()
+	}
 	if was != ready || !ok {
 		p.log.Debug("probe", "replica", r.Info().ID, "ok", ok, "ready", ready, "err", err)
 	}

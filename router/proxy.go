@@ -12,12 +12,14 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 
+	"github.com/arbiter-serve/arbiter/connwatch"
 	"github.com/arbiter-serve/arbiter/oai"
 	"github.com/arbiter-serve/arbiter/tokens"
 )
@@ -33,6 +35,12 @@ type Proxy struct {
 	policies map[string]Policy
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// ControlPlane, when set, lets requests for a service with no ready replica wait for
+	// one (scale from zero) instead of being refused.
+	ControlPlane *ControlPlane
+	// Load counts per-model load for the control plane's autoscaler.
+	Load *LoadTracker
+	held atomic.Int64
 
 	parsers fastjson.ParserPool
 	rngs    sync.Pool
@@ -44,7 +52,7 @@ func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, 
 	if err != nil {
 		return nil, err
 	}
-	px := &Proxy{cfg: cfg, pool: pool, met: met, log: log, counter: counter, Now: time.Now, policies: map[string]Policy{}}
+	px := &Proxy{cfg: cfg, pool: pool, met: met, log: log, counter: counter, Now: time.Now, policies: map[string]Policy{}, Load: &LoadTracker{}}
 	for _, name := range []string{"slo_cheapest", "least_load", "round_robin"} {
 		p, err := NewPolicy(name, pool.aff, 3*cfg.ScrapeInterval)
 		if err != nil {
@@ -156,6 +164,8 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 	}
 	rng := px.rngs.Get().(*rand.Rand)
 	defer px.rngs.Put(rng)
+	load := px.Load.get(c.model)
+	load.requests.Add(1)
 	var candBuf [16]*Replica
 	for attempt := 0; attempt < px.cfg.MaxAttempts; attempt++ {
 		now := px.Now()
@@ -163,6 +173,13 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 			break
 		}
 		cands := px.pool.candidates(candBuf[:0], c.model, now, c.tried)
+		if len(cands) == 0 && len(c.tried) == 0 && px.ControlPlane != nil && px.ControlPlane.Knows(c.model) {
+			if !px.hold(ctx, c, load) {
+				return
+			}
+			now = px.Now()
+			cands = px.pool.candidates(candBuf[:0], c.model, now, c.tried)
+		}
 		if len(cands) == 0 {
 			break
 		}
@@ -194,6 +211,57 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 	}
 }
 
+// holdPoll bounds how long a held request goes without re-checking its client and the
+// pool (an ejected replica's re-admission does not signal Changed).
+const holdPoll = 250 * time.Millisecond
+
+// hold keeps a request while its service has no ready replica: it wakes the control plane
+// and waits for a replica, the request's deadline, or the client leaving. It returns false
+// when it has answered the client itself.
+func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
+	if px.held.Add(1) > int64(px.cfg.MaxHeld) {
+		px.held.Add(-1)
+		px.met.errors.WithLabelValues("hold_queue_full").Inc()
+		oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable,
+			fmt.Sprintf("model %q is starting and %d requests already wait for it; retry shortly", c.model, px.cfg.MaxHeld))
+		return false
+	}
+	load.held.Add(1)
+	px.met.held.Inc()
+	start := px.Now()
+	defer func() {
+		px.held.Add(-1)
+		load.held.Add(-1)
+		px.met.held.Dec()
+		px.met.holdWait.WithLabelValues(c.model).Observe(px.Now().Sub(start).Seconds())
+	}()
+	var buf [16]*Replica
+	for {
+		px.ControlPlane.Wake(c.model)
+		changed := px.pool.Changed()
+		now := px.Now()
+		if len(px.pool.candidates(buf[:0], c.model, now, nil)) > 0 {
+			return true
+		}
+		if !now.Before(c.deadline) {
+			px.met.errors.WithLabelValues("hold_deadline").Inc()
+			oai.WriteError(ctx, fasthttp.StatusGatewayTimeout, oai.Timeout, fmt.Sprintf("no replica of model %q became ready before the request's deadline", c.model))
+			return false
+		}
+		if connwatch.PeerClosed(ctx.Conn()) {
+			px.met.errors.WithLabelValues("client_gone").Inc()
+			ctx.SetConnectionClose()
+			return false
+		}
+		t := time.NewTimer(min(holdPoll, c.deadline.Sub(now)))
+		select {
+		case <-changed:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
 // newCall parses and validates the request; on failure it has answered the client.
 func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) {
 	p := px.parsers.Get()
@@ -204,7 +272,7 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) 
 		oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, err.Error())
 		return nil, false
 	}
-	if !px.pool.HasModel(req.Model) {
+	if !px.pool.HasModel(req.Model) && (px.ControlPlane == nil || !px.ControlPlane.Knows(req.Model)) {
 		if len(px.pool.Models()) == 0 {
 			px.met.errors.WithLabelValues("no_replica").Inc()
 			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable, "no replicas are serving yet")

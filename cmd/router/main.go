@@ -1,21 +1,15 @@
 // Command router is Arbiter's data plane: an OpenAI-compatible edge proxy in front of a
-// set of vLLM replicas.
+// set of vLLM replicas, from a replica file or from the control plane.
 package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
-	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/valyala/fasthttp"
 
 	"github.com/arbiter-serve/arbiter/httplog"
 	"github.com/arbiter-serve/arbiter/router"
@@ -29,13 +23,17 @@ func main() {
 }
 
 func run() error {
+	host, _ := os.Hostname()
 	var (
-		listen   = flag.String("listen", "127.0.0.1:8080", "client-facing address")
-		admin    = flag.String("admin", "127.0.0.1:9090", "admin address (/metrics, /health, /replicas)")
-		config   = flag.String("config", "", "router config YAML (defaults if empty)")
-		replicas = flag.String("replicas", "", "replica list YAML, reloaded when it changes (required)")
-		policy   = flag.String("policy", "", "override the config's routing policy")
-		logLevel = flag.String("log-level", "info", "debug, info, warn or error")
+		listen    = flag.String("listen", "127.0.0.1:8080", "client-facing address")
+		admin     = flag.String("admin", "127.0.0.1:9090", "admin address (/metrics, /health, /replicas)")
+		config    = flag.String("config", "", "router config YAML (defaults if empty)")
+		replicas  = flag.String("replicas", "", "replica list YAML, reloaded when it changes")
+		control   = flag.String("control", "", "control plane URL (e.g. http://127.0.0.1:8081); instead of -replicas")
+		tokenFile = flag.String("token-file", "", "file holding the control plane's API token")
+		id        = flag.String("id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this router's name in load reports")
+		policy    = flag.String("policy", "", "override the config's routing policy")
+		logLevel  = flag.String("log-level", "info", "debug, info, warn or error")
 	)
 	flag.Parse()
 	log, err := httplog.NewLogger(*logLevel)
@@ -52,54 +50,16 @@ func run() error {
 			return err
 		}
 	}
-	if *replicas == "" {
-		return errors.New("-replicas: required (a YAML list of replicas; see README)")
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	met := router.NewMetrics(reg)
-	var aff *router.Affinity
-	if cfg.AffinitySize > 0 {
-		if aff, err = router.NewAffinity(cfg.AffinitySize, 64); err != nil {
-			return err
+	token := ""
+	if *tokenFile != "" {
+		b, err := os.ReadFile(*tokenFile)
+		if err != nil {
+			return fmt.Errorf("-token-file: %w", err)
 		}
+		token = strings.TrimSpace(string(b))
 	}
-	pool := router.NewPool(&cfg, log, met, aff)
-	px, err := router.NewProxy(&cfg, pool, met, log)
-	if err != nil {
-		return err
-	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := router.WatchReplicaFile(ctx, *replicas, pool, log, time.Second); err != nil {
-		return err
-	}
-	go pool.Run(ctx)
-
-	srv := router.NewServer(&cfg, px.Handle, log)
-	adminSrv := &fasthttp.Server{Handler: router.AdminHandler(reg, pool), Name: "arbiter-admin", ReadTimeout: 10 * time.Second, Logger: httplog.Fasthttp{L: log}}
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		return err
-	}
-	aln, err := net.Listen("tcp", *admin)
-	if err != nil {
-		return err
-	}
-	log.Info("router serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(), "policy", cfg.Policy)
-	errc := make(chan error, 2)
-	go func() { errc <- srv.Serve(ln) }()
-	go func() { errc <- adminSrv.Serve(aln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	log.Info("shutting down: finishing in-flight requests")
-	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_ = adminSrv.ShutdownWithContext(sctx)
-	return srv.ShutdownWithContext(sctx)
+	return router.Run(ctx, router.Options{Listen: *listen, Admin: *admin, Config: cfg, ReplicaFile: *replicas,
+		ControlURL: strings.TrimSuffix(*control, "/"), Token: token, RouterID: *id, Log: log})
 }

@@ -1,0 +1,402 @@
+package replicas
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+// Environment variables the local provider sets on every replica. The owner and replica
+// tags are how List finds replicas after a control-plane crash: they play the part of a
+// cloud's instance tags.
+const (
+	EnvOwner     = "ARBITER_OWNER"
+	EnvReplicaID = "ARBITER_REPLICA_ID"
+	EnvPort      = "PORT"
+)
+
+// LocalConfig configures the local provider.
+type LocalConfig struct {
+	// Owner identifies this control plane (e.g. derived from its state file); replicas of
+	// another owner are never listed or touched.
+	Owner string
+	// LogDir receives one log file per replica and per setup run.
+	LogDir string
+	// ExtraPath is prepended to PATH for setup and run (the directory of Arbiter's own
+	// binaries, so a run: of "replicasim" finds the simulator).
+	ExtraPath    string
+	Capacity     fleet.Capacity
+	PricePerHour float64
+	Region, Zone string
+	// Grace is how long a replica has between SIGTERM and SIGKILL.
+	Grace time.Duration
+	Log   *slog.Logger
+}
+
+// Local runs replicas as child process groups on this machine, each on a free loopback port.
+type Local struct {
+	cfg     LocalConfig
+	notices chan Notice
+}
+
+// NewLocal returns the local provider.
+func NewLocal(cfg LocalConfig) (*Local, error) {
+	if cfg.Owner == "" || cfg.LogDir == "" {
+		return nil, errors.New("local provider: owner and log dir are required")
+	}
+	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
+		return nil, fmt.Errorf("local provider: %w", err)
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = 10 * time.Second
+	}
+	if cfg.Capacity == "" {
+		cfg.Capacity = fleet.Reserved
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Local{cfg: cfg, notices: make(chan Notice, 16)}, nil
+}
+
+// Name implements Provider.
+func (l *Local) Name() string { return "local" }
+
+// LogPath is where a replica's output goes.
+func (l *Local) LogPath(replicaID string) string {
+	return filepath.Join(l.cfg.LogDir, replicaID+".log")
+}
+
+func (l *Local) env(envs map[string]string, extra ...string) []string {
+	env := os.Environ()
+	if l.cfg.ExtraPath != "" {
+		env = append(env, "PATH="+l.cfg.ExtraPath+string(os.PathListSeparator)+os.Getenv("PATH"))
+	}
+	keys := make([]string, 0, len(envs))
+	for k := range envs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+envs[k])
+	}
+	return append(env, extra...)
+}
+
+// Setup implements Provider: runs the setup command to completion.
+func (l *Local) Setup(ctx context.Context, service string, version int, setup, workdir string, envs map[string]string) error {
+	if strings.TrimSpace(setup) == "" {
+		return nil
+	}
+	logPath := filepath.Join(l.cfg.LogDir, fmt.Sprintf("%s-v%d-setup.log", service, version))
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("setup %s: %w", service, err)
+	}
+	defer f.Close()
+	cmd := exec.CommandContext(ctx, "bash", "-c", setup)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = workdir, f, f
+	cmd.Env = l.env(envs)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("setup of %s v%d failed (%w); its output is in %s", service, version, err, logPath)
+	}
+	return nil
+}
+
+// portFlag matches a run: command's hard-coded port flag (vllm serve --port 8000), so that
+// the same command can run several times on one machine.
+func portFlag(port int) *regexp.Regexp {
+	return regexp.MustCompile(`(--port[= ])` + strconv.Itoa(port) + `\b`)
+}
+
+// Launch implements Provider.
+func (l *Local) Launch(ctx context.Context, spec LaunchSpec) (Instance, error) {
+	port, err := freePort()
+	if err != nil {
+		return Instance{}, fmt.Errorf("launch %s: %w", spec.ReplicaID, err)
+	}
+	run := spec.Run
+	if spec.Port != 0 {
+		run = portFlag(spec.Port).ReplaceAllString(run, "${1}"+strconv.Itoa(port))
+	}
+	f, err := os.OpenFile(l.LogPath(spec.ReplicaID), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return Instance{}, fmt.Errorf("launch %s: %w", spec.ReplicaID, err)
+	}
+	defer f.Close()
+	seq := spec.ReplicaID[strings.LastIndexByte(spec.ReplicaID, '-')+1:]
+	cmd := exec.Command("bash", "-c", run)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = spec.Workdir, f, f
+	cmd.Env = l.env(spec.Envs,
+		EnvOwner+"="+l.cfg.Owner, EnvReplicaID+"="+spec.ReplicaID, EnvPort+"="+strconv.Itoa(port),
+		"SKYPILOT_SERVE_REPLICA_ID="+seq, "SKYPILOT_NUM_GPUS_PER_NODE=1")
+	// Its own process group: the whole tree is terminated together, and a Ctrl-C aimed at
+	// the control plane does not reach replicas it may want to adopt after a restart.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return Instance{}, fmt.Errorf("launch %s: %w", spec.ReplicaID, err)
+	}
+	pid := cmd.Process.Pid
+	go cmd.Wait() // reap; liveness is read from /proc, so the result is not needed
+	st, err := readStat(pid)
+	if err != nil {
+		// It exited already; still a valid handle for Status (gone) and Terminate.
+		st.start = 0
+	}
+	l.cfg.Log.Info("local replica started", "replica", spec.ReplicaID, "pid", pid, "port", port, "log", l.LogPath(spec.ReplicaID))
+	return l.instance(spec.ReplicaID, pid, st.start, port), nil
+}
+
+func (l *Local) instance(id string, pid int, start uint64, port int) Instance {
+	return Instance{ReplicaID: id, Handle: fmt.Sprintf("%d:%d", pid, start), Address: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		Capacity: l.cfg.Capacity, Region: l.cfg.Region, Zone: l.cfg.Zone, PricePerHour: l.cfg.PricePerHour}
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func parseHandle(h string) (pid int, start uint64, err error) {
+	a, b, ok := strings.Cut(h, ":")
+	if ok {
+		pid, err = strconv.Atoi(a)
+		if err == nil {
+			start, err = strconv.ParseUint(b, 10, 64)
+		}
+	}
+	if !ok || err != nil || pid <= 1 {
+		return 0, 0, fmt.Errorf("local handle %q: want pid:starttime", h)
+	}
+	return pid, start, nil
+}
+
+// Status implements Provider: running while the process group's leader lives (the same
+// process: a reused PID has another start time).
+func (l *Local) Status(_ context.Context, handle string) (Status, error) {
+	pid, start, err := parseHandle(handle)
+	if err != nil {
+		return "", err
+	}
+	if leaderAlive(pid, start) {
+		return StatusRunning, nil
+	}
+	return StatusGone, nil
+}
+
+func leaderAlive(pid int, start uint64) bool {
+	st, err := readStat(pid)
+	return err == nil && st.start == start && st.state != 'Z' && st.state != 'X'
+}
+
+// Terminate implements Provider: SIGTERM to the whole group, SIGKILL after the grace
+// period, and returns once no process of the group is left.
+func (l *Local) Terminate(ctx context.Context, handle string) error {
+	pid, start, err := parseHandle(handle)
+	if err != nil {
+		return err
+	}
+	// A leader that is gone may have left children in its group; the group ID is the
+	// leader's PID. If the PID was reused by an unrelated process, that process is not in
+	// our group (it would have its own), so signalling the group is still safe... unless the
+	// new process also leads a group: check the start time before signalling a live leader.
+	if st, err := readStat(pid); err == nil && st.start != start && st.state != 'Z' {
+		return nil // the PID now belongs to someone else; ours is long gone
+	}
+	if !groupAlive(pid) {
+		return nil
+	}
+	_ = syscall.Kill(-pid, syscall.SIGTERM)
+	if waitGroupGone(ctx, pid, l.cfg.Grace) {
+		return nil
+	}
+	l.cfg.Log.Warn("replica ignored SIGTERM; killing", "pgid", pid, "grace", l.cfg.Grace)
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	if waitGroupGone(ctx, pid, 5*time.Second) {
+		return nil
+	}
+	return fmt.Errorf("terminate process group %d: still alive after SIGKILL", pid)
+}
+
+func waitGroupGone(ctx context.Context, pgid int, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if !groupAlive(pgid) {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return !groupAlive(pgid)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return !groupAlive(pgid)
+}
+
+// List implements Provider: every process group leader whose environment carries our
+// owner tag.
+func (l *Local) List(context.Context) ([]Instance, error) {
+	procs, err := scanProc()
+	if err != nil {
+		return nil, fmt.Errorf("local provider list: %w", err)
+	}
+	var out []Instance
+	for _, p := range procs {
+		if p.pid != p.pgid || p.state == 'Z' {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.pid))
+		if err != nil {
+			continue // gone meanwhile, or not ours to read
+		}
+		vars := parseEnviron(env)
+		if vars[EnvOwner] != l.cfg.Owner || vars[EnvReplicaID] == "" {
+			continue
+		}
+		port, _ := strconv.Atoi(vars[EnvPort])
+		out = append(out, l.instance(vars[EnvReplicaID], p.pid, p.start, port))
+	}
+	return out, nil
+}
+
+// Notices implements Provider. The local provider's notices come from Preempt.
+func (l *Local) Notices() <-chan Notice { return l.notices }
+
+// Preempt announces that handle will be reclaimed after warn, as a spot provider would, and
+// then terminates it. For tests and demos.
+func (l *Local) Preempt(replicaID, handle string, warn time.Duration) {
+	l.notices <- Notice{ReplicaID: replicaID, Handle: handle, Deadline: time.Now().Add(warn)}
+	time.AfterFunc(warn, func() { _ = l.Terminate(context.Background(), handle) })
+}
+
+// Quote implements Provider: local capacity has the one configured price.
+func (l *Local) Quote(context.Context, fleet.Capacity) ([]Quote, error) {
+	return []Quote{{Provider: "local", Region: l.cfg.Region, Zone: l.cfg.Zone, Capacity: l.cfg.Capacity, PricePerHour: l.cfg.PricePerHour}}, nil
+}
+
+type procStat struct {
+	pid, pgid int
+	state     byte
+	start     uint64
+}
+
+// readStat parses /proc/PID/stat. The command name (field 2) may hold spaces and
+// parentheses, so fields are counted after its last ')'.
+func readStat(pid int) (procStat, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return procStat{}, err
+	}
+	return parseStat(pid, b)
+}
+
+func parseStat(pid int, b []byte) (procStat, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: malformed", pid)
+	}
+	f := strings.Fields(string(b[i+2:]))
+	// After the name: state(3) ppid(4) pgrp(5) ... starttime(22) → indexes 0, 1, 2, 19.
+	if len(f) < 20 {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: short", pid)
+	}
+	pgid, err1 := strconv.Atoi(f[2])
+	start, err2 := strconv.ParseUint(f[19], 10, 64)
+	if err1 != nil || err2 != nil {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: malformed", pid)
+	}
+	return procStat{pid: pid, pgid: pgid, state: f[0][0], start: start}, nil
+}
+
+func scanProc() ([]procStat, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var out []procStat
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, err := readStat(pid); err == nil {
+			out = append(out, st)
+		}
+	}
+	return out, nil
+}
+
+// groupAlive reports whether any non-zombie process is in process group pgid. Zombies do
+// not count: after a control-plane crash, reaping falls to whatever init the machine has.
+func groupAlive(pgid int) bool {
+	if err := syscall.Kill(-pgid, 0); errors.Is(err, syscall.ESRCH) {
+		return false
+	}
+	procs, err := scanProc()
+	if err != nil {
+		return true
+	}
+	for _, p := range procs {
+		if p.pgid == pgid && p.state != 'Z' && p.state != 'X' {
+			return true
+		}
+	}
+	return false
+}
+
+// OwnedProcesses lists the PIDs of every live process (leader or not) carrying owner's tag:
+// what an operator (or a test) compares with the state file to prove nothing leaked.
+func OwnedProcesses(owner string) (map[string][]int, error) {
+	procs, err := scanProc()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]int{}
+	for _, p := range procs {
+		if p.state == 'Z' || p.state == 'X' {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.pid))
+		if err != nil {
+			continue
+		}
+		vars := parseEnviron(env)
+		if vars[EnvOwner] == owner {
+			out[vars[EnvReplicaID]] = append(out[vars[EnvReplicaID]], p.pid)
+		}
+	}
+	return out, nil
+}
+
+func parseEnviron(b []byte) map[string]string {
+	m := map[string]string{}
+	for _, kv := range bytes.Split(b, []byte{0}) {
+		if k, v, ok := bytes.Cut(kv, []byte{'='}); ok {
+			switch string(k) {
+			case EnvOwner, EnvReplicaID, EnvPort:
+				m[string(k)] = string(v)
+			}
+		}
+	}
+	return m
+}

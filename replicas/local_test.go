@@ -1,0 +1,151 @@
+package replicas
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func newTestLocal(t *testing.T) *Local {
+	t.Helper()
+	l, err := NewLocal(LocalConfig{Owner: fmt.Sprintf("test-%d-%s", os.Getpid(), t.Name()), LogDir: t.TempDir(), Grace: 300 * time.Millisecond, PricePerHour: 1.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		insts, _ := l.List(context.Background())
+		for _, in := range insts {
+			_ = l.Terminate(context.Background(), in.Handle)
+		}
+	})
+	return l
+}
+
+// A replica is a whole process group: terminating it ends its children too, and one that
+// ignores SIGTERM is killed after the grace period. List finds what Launch started by its
+// tag alone, as a restarted control plane must.
+func TestLocalLaunchListTerminate(t *testing.T) {
+	ctx := context.Background()
+	l := newTestLocal(t)
+	run := `trap '' TERM; sleep 30 & echo "port=$PORT id=$SKYPILOT_SERVE_REPLICA_ID mine=$MINE"; wait`
+	inst, err := l.Launch(ctx, LaunchSpec{ReplicaID: "svc-7", Run: run, Envs: map[string]string{"MINE": "yes"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := l.Status(ctx, inst.Handle); err != nil || st != StatusRunning {
+		t.Fatalf("Status = %v, %v; want running", st, err)
+	}
+	var procs map[string][]int
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) { // the background sleep appears shortly after bash
+		procs, _ = OwnedProcesses(l.cfg.Owner)
+		if len(procs["svc-7"]) >= 2 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(procs["svc-7"]) < 2 {
+		t.Fatalf("owned processes = %v; want bash and its sleep", procs)
+	}
+	list, err := l.List(ctx)
+	if err != nil || len(list) != 1 || list[0].ReplicaID != "svc-7" || list[0].Handle != inst.Handle || list[0].Address != inst.Address {
+		t.Fatalf("List = %+v, %v; want the one launched (%+v)", list, err, inst)
+	}
+	start := time.Now()
+	if err := l.Terminate(ctx, inst.Handle); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < 300*time.Millisecond {
+		t.Errorf("Terminate took %v: a SIGTERM-ignoring replica should get its grace period", took)
+	}
+	if procs, _ := OwnedProcesses(l.cfg.Owner); len(procs) != 0 {
+		t.Fatalf("processes left after Terminate: %v", procs)
+	}
+	if st, _ := l.Status(ctx, inst.Handle); st != StatusGone {
+		t.Fatalf("Status after Terminate = %v; want gone", st)
+	}
+	if err := l.Terminate(ctx, inst.Handle); err != nil {
+		t.Fatalf("second Terminate: %v (must be idempotent)", err)
+	}
+	log, _ := os.ReadFile(filepath.Join(l.cfg.LogDir, "svc-7.log"))
+	port := inst.Address[strings.LastIndexByte(inst.Address, ':')+1:]
+	if want := "port=" + port + " id=7 mine=yes"; !strings.Contains(string(log), want) {
+		t.Fatalf("replica log %q; want %q", log, want)
+	}
+}
+
+// A SkyServe run: that hard-codes its port is rewritten to the free port the provider chose.
+func TestLocalRewritesHardCodedPort(t *testing.T) {
+	l := newTestLocal(t)
+	inst, err := l.Launch(context.Background(), LaunchSpec{ReplicaID: "svc-1", Port: 8000, Run: `echo "vllm serve m --port 8000 --x 18000"; sleep 5`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := inst.Address[strings.LastIndexByte(inst.Address, ':')+1:]
+	deadline := time.Now().Add(3 * time.Second)
+	var log []byte
+	for time.Now().Before(deadline) {
+		log, _ = os.ReadFile(filepath.Join(l.cfg.LogDir, "svc-1.log"))
+		if len(log) > 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if want := "--port " + port + " --x 18000"; !strings.Contains(string(log), want) {
+		t.Fatalf("log %q; want %q", log, want)
+	}
+}
+
+func TestLocalSetupFailureNamesLog(t *testing.T) {
+	l := newTestLocal(t)
+	if err := l.Setup(context.Background(), "svc", 1, "echo ok", "", nil); err != nil {
+		t.Fatal(err)
+	}
+	err := l.Setup(context.Background(), "svc", 2, "echo broken >&2; exit 3", "", nil)
+	if err == nil || !strings.Contains(err.Error(), "svc-v2-setup.log") {
+		t.Fatalf("Setup error = %v; want one naming the log", err)
+	}
+}
+
+func TestProbeSemantics(t *testing.T) {
+	var gotMethod, gotBody, gotHeader string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b := make([]byte, 100)
+		n, _ := r.Body.Read(b)
+		gotMethod, gotBody, gotHeader = r.Method, string(b[:n]), r.Header.Get("X-Key")
+		if r.URL.Path != "/ready" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	p := ProbeSpec{Path: "/ready", PostData: `{"a":1}`, Headers: map[string]string{"X-Key": "k"}, Timeout: time.Second}
+	if err := Probe(context.Background(), srv.Client(), addr, p); err != nil {
+		t.Fatal(err)
+	}
+	if gotMethod != "POST" || gotBody != `{"a":1}` || gotHeader != "k" {
+		t.Fatalf("probe sent %s %q header %q", gotMethod, gotBody, gotHeader)
+	}
+	p.Path, p.PostData = "/other", ""
+	if err := Probe(context.Background(), srv.Client(), addr, p); err == nil || gotMethod != "GET" {
+		t.Fatalf("probe of a 503 = %v (method %s); want an error", err, gotMethod)
+	}
+}
+
+func TestTransitions(t *testing.T) {
+	if err := CheckTransition(Ready, Draining); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckTransition(Terminated, Ready); err == nil {
+		t.Fatal("terminated → ready allowed")
+	}
+	if err := CheckTransition(Pending, Ready); err == nil {
+		t.Fatal("pending → ready allowed (skips provisioning and the probe)")
+	}
+}

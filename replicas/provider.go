@@ -1,0 +1,74 @@
+// Package replicas launches and terminates replicas through providers and defines a
+// replica's life cycle and readiness probe.
+package replicas
+
+import (
+	"context"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+// LaunchSpec is everything a provider needs to start one replica.
+type LaunchSpec struct {
+	ReplicaID string // also the provider-side tag that finds the replica again after a crash
+	Service   string
+	Version   int
+	Run       string // shell command
+	Workdir   string
+	Envs      map[string]string
+	Capacity  fleet.Capacity
+	Region    string
+	Zone      string
+	// Port is the replica port the spec names (service.ports); 0 if none.
+	Port int
+}
+
+// Instance is a replica as a provider sees it.
+type Instance struct {
+	ReplicaID    string
+	Handle       string // the provider's own name for it
+	Address      string // host:port of its HTTP server
+	Capacity     fleet.Capacity
+	Region, Zone string
+	PricePerHour float64
+}
+
+// Status is what a provider says about one handle.
+type Status string
+
+const (
+	StatusRunning Status = "running"
+	StatusGone    Status = "gone" // exited, deleted or reclaimed
+)
+
+// Notice is a provider's warning that it will reclaim an instance (spot preemption).
+type Notice struct {
+	ReplicaID string
+	Handle    string
+	Deadline  time.Time
+}
+
+// Quote is a price the provider offers for one replica.
+type Quote struct {
+	Provider, Region, Zone string
+	Capacity               fleet.Capacity
+	PricePerHour           float64
+}
+
+// Provider is where replicas run.
+type Provider interface {
+	Name() string
+	// Setup runs a version's setup command once before its first replica.
+	Setup(ctx context.Context, service string, version int, setup, workdir string, envs map[string]string) error
+	Launch(ctx context.Context, spec LaunchSpec) (Instance, error)
+	// Terminate stops an instance and returns once it is gone (idempotent).
+	Terminate(ctx context.Context, handle string) error
+	// List returns every instance this provider runs for this control plane, found by the
+	// provider's own tags, so that a restarted control plane can find what it launched.
+	List(ctx context.Context) ([]Instance, error)
+	Status(ctx context.Context, handle string) (Status, error)
+	// Notices delivers preemption warnings.
+	Notices() <-chan Notice
+	Quote(ctx context.Context, capacity fleet.Capacity) ([]Quote, error)
+}

@@ -1,0 +1,93 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/valyala/fasthttp"
+
+	"github.com/arbiter-serve/arbiter/httplog"
+)
+
+// Options is a whole router: where it listens and where its replica set comes from (a
+// file, or the control plane).
+type Options struct {
+	Listen, Admin string
+	Config        Config
+	// ReplicaFile is a replica list reloaded when it changes (standalone use).
+	ReplicaFile string
+	// ControlURL, Token and RouterID link the router to a control plane instead.
+	ControlURL, Token, RouterID string
+	Log                         *slog.Logger
+	// Ready, if set, receives the bound addresses once both listeners are up.
+	Ready func(listen, admin net.Addr)
+}
+
+// Run serves until ctx ends, then finishes in-flight requests (up to 30 s).
+func Run(ctx context.Context, o Options) error {
+	cfg, log := o.Config, o.Log
+	if (o.ReplicaFile == "") == (o.ControlURL == "") {
+		return errors.New("router: give exactly one of a replica file and a control plane URL")
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	met := NewMetrics(reg)
+	var aff *Affinity
+	if cfg.AffinitySize > 0 {
+		var err error
+		if aff, err = NewAffinity(cfg.AffinitySize, 64); err != nil {
+			return err
+		}
+	}
+	pool := NewPool(&cfg, log, met, aff)
+	px, err := NewProxy(&cfg, pool, met, log)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return err
+	}
+	aln, err := net.Listen("tcp", o.Admin)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if o.ReplicaFile != "" {
+		if err := WatchReplicaFile(ctx, o.ReplicaFile, pool, log, time.Second); err != nil {
+			return err
+		}
+	} else {
+		cp := NewControlPlane(o.ControlURL, o.Token, o.RouterID, pool, px.Load, log)
+		px.ControlPlane = cp
+		go cp.Run(ctx)
+	}
+	go pool.Run(ctx)
+
+	srv := NewServer(&cfg, px.Handle, log)
+	adminSrv := &fasthttp.Server{Handler: AdminHandler(reg, pool), Name: "arbiter-admin", ReadTimeout: 10 * time.Second, Logger: httplog.Fasthttp{L: log}}
+	log.Info("router serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(), "policy", cfg.Policy, "control_plane", o.ControlURL)
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- adminSrv.Serve(aln) }()
+	if o.Ready != nil {
+		o.Ready(ln.Addr(), aln.Addr())
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("router shutting down: finishing in-flight requests")
+	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer scancel()
+	_ = adminSrv.ShutdownWithContext(sctx)
+	return srv.ShutdownWithContext(sctx)
+}

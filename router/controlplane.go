@@ -1,0 +1,230 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+// LoadTracker counts each model's requests, tokens, in-flight and held requests for the
+// control plane's autoscaler. Only models that passed validation are tracked, so hostile
+// model names cannot grow it.
+type LoadTracker struct {
+	m sync.Map // model → *modelLoad
+}
+
+type modelLoad struct {
+	requests, tokens, held atomic.Int64
+}
+
+func (t *LoadTracker) get(model string) *modelLoad {
+	if v, ok := t.m.Load(model); ok {
+		return v.(*modelLoad)
+	}
+	v, _ := t.m.LoadOrStore(model, &modelLoad{})
+	return v.(*modelLoad)
+}
+
+// report returns every model's load; the counts restart from zero. In-flight requests are
+// the replicas' own counters (they follow streams to their end, past the handler).
+func (t *LoadTracker) report(replicas []*Replica) []fleet.ModelLoad {
+	inflight := map[string]int64{}
+	for _, r := range replicas {
+		inflight[r.Info().Model] += r.InFlight()
+	}
+	var out []fleet.ModelLoad
+	t.m.Range(func(k, v any) bool {
+		l := v.(*modelLoad)
+		out = append(out, fleet.ModelLoad{Model: k.(string), Requests: float64(l.requests.Swap(0)), Tokens: float64(l.tokens.Swap(0)),
+			InFlight: float64(inflight[k.(string)]), Held: float64(l.held.Load())})
+		return true
+	})
+	slices.SortFunc(out, func(a, b fleet.ModelLoad) int { return cmpString(a.Model, b.Model) })
+	return out
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// ControlPlane links a router to Arbiter's control plane: it follows the ready set into
+// the pool, reports load, and wakes a service at once when a request arrives for it while
+// it has no ready replica. Nothing in the request path waits on it: if the control plane is
+// down, the router keeps serving the last set it knew.
+type ControlPlane struct {
+	url, token, routerID string
+	pool                 *Pool
+	load                 *LoadTracker
+	log                  *slog.Logger
+	client               *http.Client
+	// ReportEvery is the load report interval.
+	ReportEvery time.Duration
+
+	mu       sync.RWMutex
+	services []fleet.Service
+	wakes    map[string]time.Time // model → last wake sent
+	revision atomic.Uint64
+}
+
+// NewControlPlane returns a link to the control plane at url (http://host:port).
+func NewControlPlane(url, token, routerID string, pool *Pool, load *LoadTracker, log *slog.Logger) *ControlPlane {
+	return &ControlPlane{url: url, token: token, routerID: routerID, pool: pool, load: load, log: log,
+		client: &http.Client{}, ReportEvery: time.Second, wakes: map[string]time.Time{}}
+}
+
+// Run follows the ready set and reports load until ctx ends.
+func (cp *ControlPlane) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); cp.follow(ctx) }()
+	go func() { defer wg.Done(); cp.report(ctx) }()
+	wg.Wait()
+}
+
+// Knows reports whether model belongs to a service the control plane runs, ready replica
+// or not. A service that has not said which models it serves (no arbiter.model in its
+// spec, no replica answered yet) claims unknown models when it is the only service.
+func (cp *ControlPlane) Knows(model string) bool {
+	cp.mu.RLock()
+	defer cp.mu.RUnlock()
+	unnamed := 0
+	for _, s := range cp.services {
+		if slices.Contains(s.Models, model) {
+			return true
+		}
+		if len(s.Models) == 0 {
+			unnamed++
+		}
+	}
+	return unnamed == 1 && len(cp.services) == 1
+}
+
+// Revision is the last ready-set revision applied (0 before the first).
+func (cp *ControlPlane) Revision() uint64 { return cp.revision.Load() }
+
+func (cp *ControlPlane) do(ctx context.Context, method, path string, body any, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, cp.url+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+cp.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := cp.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("control plane %s %s: HTTP %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(msg))
+	}
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	return json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out)
+}
+
+// follow long-polls the ready set: the control plane answers at once when the set is newer
+// than ours, else when it changes or after its wait. A new replica gets traffic within
+// milliseconds of being ready, and a draining one stops getting it as fast.
+func (cp *ControlPlane) follow(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		var set fleet.ReadySet
+		err := cp.do(ctx, http.MethodGet, fmt.Sprintf("/v1/readyset?after=%d&wait=25s", cp.revision.Load()), nil, &set)
+		if err == nil {
+			err = fleet.ValidateSet(set.Replicas)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			cp.log.Warn("control plane unreachable; serving the last known replica set", "err", err, "retry_in", backoff)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		if set.Revision == cp.revision.Load() {
+			continue
+		}
+		cp.mu.Lock()
+		cp.services = set.Services
+		cp.mu.Unlock()
+		cp.pool.SetReplicas(set.Replicas)
+		cp.revision.Store(set.Revision)
+		cp.log.Debug("ready set", "revision", set.Revision, "replicas", len(set.Replicas), "services", len(set.Services))
+	}
+}
+
+func (cp *ControlPlane) report(ctx context.Context) {
+	t := time.NewTicker(cp.ReportEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		snap := cp.pool.Snapshot()
+		rep := fleet.LoadReport{Router: cp.routerID, Models: cp.load.report(snap)}
+		for _, r := range snap {
+			rep.Replicas = append(rep.Replicas, fleet.Load{ReplicaID: r.Info().ID, InFlight: int(r.InFlight())})
+		}
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := cp.do(rctx, http.MethodPost, "/v1/load", rep, nil); err != nil && ctx.Err() == nil {
+			cp.log.Debug("load report failed", "err", err)
+			// The counts are lost for this window; the autoscaler sees a dip, not a spike.
+		}
+		cancel()
+	}
+}
+
+// Wake tells the control plane at once that a request waits for model. Repeated wakes for
+// one model are sent at most once a second; it never blocks the caller.
+func (cp *ControlPlane) Wake(model string) {
+	now := time.Now()
+	cp.mu.Lock()
+	if now.Sub(cp.wakes[model]) < time.Second {
+		cp.mu.Unlock()
+		return
+	}
+	cp.wakes[model] = now
+	cp.mu.Unlock()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := cp.do(ctx, http.MethodPost, "/v1/wake", map[string]string{"model": model, "router": cp.routerID}, nil); err != nil {
+			cp.log.Warn("wake failed", "model", model, "err", err)
+		}
+	}()
+}

@@ -1,0 +1,303 @@
+package scaling
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Decision is the outcome of one Decide call.
+type Decision struct {
+	// Target is the replica count to run: the load-derived count clipped to
+	// [MinReplicas, MaxReplicas] and passed through hysteresis, plus
+	// NumOverprovision (SkyServe's final = target + num_overprovision, so it
+	// may exceed MaxReplicas by the overprovision). 0 stays 0: spare
+	// replicas for a service nobody is using are pure cost.
+	Target int
+	// Desired is the raw load-derived wish before clipping and hysteresis:
+	// ceil(stable load ÷ TargetPerReplica), or the larger panic-window wish
+	// while in panic mode. It may exceed MaxReplicas, which shows how far
+	// demand is above what the service may use.
+	Desired int
+	// Panic reports panic mode: bursts are followed at once and nothing is
+	// scaled down.
+	Panic bool
+	// Reason is one short human sentence for logs and `status -v`.
+	Reason string
+}
+
+// Decider turns load samples into replica targets for one service. It holds
+// the windowed samples and the hysteresis state. It is not safe for
+// concurrent use: each service's control loop owns its own.
+type Decider struct {
+	cfg     Config
+	created time.Time
+
+	samples    []Sample // sorted by At, no two with the same At
+	newest     time.Time
+	lastActive time.Time // At of the latest sample showing any traffic
+	everActive bool
+
+	// Hysteresis: a pending move and the most conservative wish seen while
+	// it has been pending.
+	holdingUp   bool
+	upSince     time.Time
+	upMin       int
+	holdingDown bool
+	downSince   time.Time
+	downMax     int
+
+	panicking  bool
+	panicSince time.Time
+	panicLast  time.Time // last time the panic condition held
+}
+
+// NewDecider returns a decider for cfg. now is when observation starts: until
+// a full stable window has passed, rates are averaged over the time since
+// then.
+func NewDecider(cfg Config, now time.Time) (*Decider, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Decider{cfg: cfg, created: now}, nil
+}
+
+// SetConfig applies a service update. The samples are kept, because the
+// load did not change with the spec and a fresh window would read as no
+// traffic at all. Pending upscale and downscale holds are dropped: they were
+// measured against the old bounds and target. Panic mode is kept (it is a
+// fact about the load), unless the new config disables it.
+func (d *Decider) SetConfig(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	d.cfg = cfg
+	d.resetHolds()
+	if cfg.PanicWindow == 0 {
+		d.panicking = false
+	}
+	if len(d.samples) > 0 {
+		d.trim(d.newest)
+	}
+	return nil
+}
+
+func (d *Decider) resetHolds() {
+	d.holdingUp, d.holdingDown = false, false
+}
+
+// base is the load-derived part of current. current is the target in force,
+// as returned in a previous Decision.Target, so it includes the
+// overprovision; taking it off again lets callers pass Target straight back
+// without the overprovision being mistaken for excess and scaled away. A
+// positive target always has a base of at least 1 (0 is never
+// overprovisioned).
+func (d *Decider) base(current int) int {
+	if current <= 0 {
+		return 0
+	}
+	return max(1, current-d.cfg.NumOverprovision)
+}
+
+// Decide returns the replica target at now. ready is the number of replicas
+// currently READY; current is the target currently in force (the Target of
+// the previous Decision, overprovision included).
+//
+// Decisions may come at any interval: every delay is measured in time, not
+// in calls, so a control loop that stalls or speeds up neither lags nor
+// flaps.
+func (d *Decider) Decide(now time.Time, ready, current int) Decision {
+	c := d.cfg
+	if len(d.samples) > 0 && now.After(d.newest) {
+		d.trim(now)
+	}
+
+	stableLoad := d.load(now, c.StableWindow)
+	want := replicasFor(stableLoad, c.TargetPerReplica)
+	var b strings.Builder
+	fmt.Fprintf(&b, "stable %s %s %s / %s per replica → %d",
+		secs(c.StableWindow), c.Signal.unit(), num(stableLoad), num(c.TargetPerReplica), want)
+
+	// Panic mode (Knative): the stable window is deliberately slow, so a
+	// burst that would need ≥ PanicThreshold × the ready replicas is
+	// followed at once, and nothing shrinks until the burst has been over
+	// for a whole stable window.
+	if c.PanicWindow > 0 {
+		panicLoad := d.load(now, c.PanicWindow)
+		panicWant := replicasFor(panicLoad, c.TargetPerReplica)
+		if panicWant > 0 && float64(panicWant) >= c.PanicThreshold*float64(max(ready, 1)) {
+			if !d.panicking {
+				d.panicking, d.panicSince = true, now
+			}
+			d.panicLast = now
+		} else if d.panicking && now.Sub(d.panicLast) >= c.StableWindow {
+			d.panicking = false
+		}
+		if d.panicking {
+			want = max(want, panicWant)
+			fmt.Fprintf(&b, "; panic for %s: %s %s %s → %d (threshold %s × %d ready)",
+				secs(now.Sub(d.panicSince)), secs(c.PanicWindow), c.Signal.unit(), num(panicLoad), panicWant, num(c.PanicThreshold), max(ready, 1))
+		}
+	}
+
+	base := d.base(current)
+	lo := c.MinReplicas
+	if c.MinReplicas == 0 {
+		if idle, why := d.idle(now, base); idle {
+			d.resetHolds()
+			d.panicking = false
+			return Decision{Target: 0, Desired: want, Reason: why}
+		}
+		// Not idle: someone is using the service, so at least one replica
+		// stays, whatever a window average says.
+		lo = 1
+	}
+	clipped := min(max(want, lo), c.MaxReplicas)
+
+	if base > 0 {
+		// Bounds are not subject to delay: after an update that lowers
+		// max_replicas, running above it is exactly SkyServe's overshoot
+		// bug (#3255). Only the bound is enforced at once; moving further
+		// toward the load still waits like any other move.
+		if b2 := min(max(base, lo), c.MaxReplicas); b2 != base {
+			d.resetHolds()
+			fmt.Fprintf(&b, "; %d outside [%d, %d] → %d", base, lo, c.MaxReplicas, b2)
+			base = b2
+		}
+	}
+
+	var target int
+	switch {
+	case base == 0:
+		// Scale from zero at once: requests are waiting and every second
+		// is latency they see (SkyServe waits for a decision tick and makes
+		// clients retry 503s; we do not).
+		d.resetHolds()
+		target = clipped
+		b.WriteString("; wake from zero")
+	case d.panicking:
+		d.resetHolds()
+		target = max(base, clipped)
+		if target > base {
+			b.WriteString("; panic upscale")
+		} else {
+			b.WriteString("; no downscale in panic")
+		}
+	default:
+		target = d.hysteresis(now, base, clipped, &b)
+	}
+
+	dec := Decision{Target: target, Desired: want, Panic: d.panicking}
+	if target > 0 {
+		dec.Target += c.NumOverprovision
+		if c.NumOverprovision > 0 {
+			fmt.Fprintf(&b, "; +%d overprovision", c.NumOverprovision)
+		}
+	}
+	dec.Reason = b.String()
+	return dec
+}
+
+// hysteresis moves from base toward clipped only once the move has been
+// wanted continuously for the delay in its direction.
+//
+// The value adopted is the most conservative wish seen while the move was
+// pending: the minimum for an upscale, the maximum for a downscale. It is
+// still a real move (every wish in the hold was beyond base), but it is
+// the level the load actually sustained for the whole delay. Adopting the
+// latest wish instead (SkyServe) overshoots whenever the last sample
+// before the deadline is a spike, and the overshoot then takes a full
+// downscale delay to undo.
+func (d *Decider) hysteresis(now time.Time, base, clipped int, b *strings.Builder) int {
+	c := d.cfg
+	switch {
+	case clipped > base:
+		d.holdingDown = false
+		if !d.holdingUp {
+			d.holdingUp, d.upSince, d.upMin = true, now, clipped
+		} else {
+			d.upMin = min(d.upMin, clipped)
+		}
+		held := now.Sub(d.upSince)
+		if held < c.UpscaleDelay {
+			fmt.Fprintf(b, "; upscale held %s of %s", secs(held), secs(c.UpscaleDelay))
+			return base
+		}
+		t := max(d.upMin, base+1)
+		d.holdingUp = false
+		if clipped > t {
+			// Still wanting more: the next step's hold starts now, not at
+			// the next call, so a ramp is not slowed by the decision interval.
+			d.holdingUp, d.upSince, d.upMin = true, now, clipped
+		}
+		fmt.Fprintf(b, "; upscale after %s", secs(held))
+		return t
+	case clipped < base:
+		d.holdingUp = false
+		if !d.holdingDown {
+			d.holdingDown, d.downSince, d.downMax = true, now, clipped
+		} else {
+			d.downMax = max(d.downMax, clipped)
+		}
+		held := now.Sub(d.downSince)
+		if held < c.DownscaleDelay {
+			fmt.Fprintf(b, "; downscale held %s of %s", secs(held), secs(c.DownscaleDelay))
+			return base
+		}
+		t := min(d.downMax, base-1)
+		d.holdingDown = false
+		if clipped < t {
+			d.holdingDown, d.downSince, d.downMax = true, now, clipped
+		}
+		fmt.Fprintf(b, "; downscale after %s", secs(held))
+		return t
+	}
+	// Any decision that agrees with the current target breaks both holds
+	// (as SkyServe): a move must be wanted without interruption.
+	d.resetHolds()
+	b.WriteString("; at target")
+	return base
+}
+
+// idle reports whether a min-0 service should be at zero now, and why.
+//
+// Idle is measured from the last sample showing any traffic, not from the
+// latest sample: if reports stop altogether, a service whose last report
+// was busy still goes to zero after ScaleToZeroAfter, and stays there
+// instead of being woken again by that same stale report.
+func (d *Decider) idle(now time.Time, base int) (bool, string) {
+	c := d.cfg
+	if !d.everActive {
+		// A fresh service stays at zero until its first request. One that
+		// is already running with no traffic seen yet (e.g. the control
+		// plane restarted) is given ScaleToZeroAfter from the decider's
+		// creation rather than being torn down on the first decision.
+		if base == 0 {
+			return true, "no traffic yet → 0"
+		}
+		if quiet := now.Sub(d.created); quiet >= c.ScaleToZeroAfter {
+			return true, fmt.Sprintf("no traffic for %s since start ≥ %s → 0", secs(quiet), secs(c.ScaleToZeroAfter))
+		}
+		return false, ""
+	}
+	if quiet := now.Sub(d.lastActive); quiet >= c.ScaleToZeroAfter {
+		return true, fmt.Sprintf("no traffic for %s ≥ %s → 0", secs(quiet), secs(c.ScaleToZeroAfter))
+	}
+	return false, ""
+}
+
+// secs formats a duration in seconds ("12s", "1.5s"), which reads better
+// in a Reason than time.Duration's "1m0s".
+func secs(d time.Duration) string {
+	return strconv.FormatFloat(d.Round(100*time.Millisecond).Seconds(), 'f', -1, 64) + "s"
+}
+
+// num formats a load with one decimal for readability, or exactly if it is
+// a whole number.
+func num(v float64) string {
+	if v == float64(int64(v)) && v < 1e15 && v > -1e15 {
+		return strconv.FormatInt(int64(v), 10)
+	}
+	return strconv.FormatFloat(v, 'f', 1, 64)
+}

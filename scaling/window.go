@@ -1,0 +1,195 @@
+package scaling
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Sample is one load observation, aggregated over all routers for one
+// service, at time At.
+type Sample struct {
+	At time.Time
+	// Requests that ARRIVED since the previous sample (a count, not a rate),
+	// including ones answered with an error: a 503 while no replica is ready
+	// is exactly the demand that must bring replicas up.
+	Requests float64
+	// InFlight is the number of requests being served at At.
+	InFlight float64
+	// Waiting is the number of requests queued at At: in replicas' queues
+	// plus held by routers because no replica is ready.
+	Waiting float64
+	// Tokens is prompt+completion tokens completed since the previous sample.
+	Tokens float64
+}
+
+func (s Sample) active() bool {
+	return s.Requests > 0 || s.InFlight > 0 || s.Waiting > 0 || s.Tokens > 0
+}
+
+// clean maps NaN, ±Inf and negative values to 0: one bad router report must
+// not poison a whole window's average (NaN would propagate into every
+// decision until it aged out).
+func clean(v float64) float64 {
+	if v > 0 && !math.IsInf(v, 1) {
+		return v
+	}
+	return 0
+}
+
+// Record adds a sample. Samples may arrive late, out of order or twice; a
+// second sample with the same At replaces the first, because each sample is
+// already the aggregate over all routers and counting a retried report twice
+// would double the apparent arrivals.
+func (d *Decider) Record(s Sample) {
+	s.Requests, s.InFlight, s.Waiting, s.Tokens = clean(s.Requests), clean(s.InFlight), clean(s.Waiting), clean(s.Tokens)
+
+	// Activity is noted even for a sample too old for the window: the
+	// scale-to-zero idle period may be longer than the window.
+	if s.active() && (!d.everActive || s.At.After(d.lastActive)) {
+		d.lastActive, d.everActive = s.At, true
+	}
+
+	n := len(d.samples)
+	if n > 0 && s.At.Before(d.newest.Add(-d.cfg.StableWindow)) {
+		return
+	}
+	if n == 0 || s.At.After(d.newest) {
+		d.newest = s.At
+	}
+	switch {
+	case n == 0 || d.samples[n-1].At.Before(s.At):
+		d.samples = append(d.samples, s)
+	default:
+		i, found := slices.BinarySearchFunc(d.samples, s.At, func(e Sample, t time.Time) int { return e.At.Compare(t) })
+		if found {
+			d.samples[i] = s
+		} else {
+			d.samples = slices.Insert(d.samples, i, s)
+		}
+	}
+	d.trim(d.newest)
+}
+
+// trim drops samples that can no longer reach into a stable window ending at
+// or after ref. The newest sample at or before the window start is kept: it
+// marks where the first in-window sample's interval begins.
+func (d *Decider) trim(ref time.Time) {
+	cutoff := ref.Add(-d.cfg.StableWindow)
+	i := 0
+	for i+1 < len(d.samples) && !d.samples[i+1].At.After(cutoff) {
+		i++
+	}
+	if i > 0 {
+		// Copying down instead of re-slicing keeps one backing array for
+		// the decider's lifetime: no garbage per decision in a 24 h replay.
+		n := copy(d.samples, d.samples[i:])
+		clear(d.samples[n:])
+		d.samples = d.samples[:n]
+	}
+}
+
+// load is the signal averaged over (now-w, now].
+//
+// Each sample speaks for the interval since the previous one, (prev.At, At]:
+// counts (requests, tokens) are prorated by how much of that interval lies in
+// the window, and gauges (in flight + waiting) are weighted by it. That keeps
+// the result right when samples are irregular or coarser than the panic
+// window (a 20 s report must not make a 6 s window read 0 or 3× too high),
+// and it lets the latest sample count at once, which a burst needs.
+func (d *Decider) load(now time.Time, w time.Duration) float64 {
+	start := now.Add(-w)
+	gauge := d.cfg.Signal == SignalConcurrency
+	var sum, weight, pointSum float64
+	points := 0
+	for i, s := range d.samples {
+		if !s.At.After(start) {
+			continue
+		}
+		if i > 0 && !d.samples[i-1].At.Before(now) {
+			break // this and later intervals start at or after now
+		}
+		var v float64
+		switch d.cfg.Signal {
+		case SignalQPS:
+			v = s.Requests
+		case SignalTokens:
+			v = s.Tokens
+		default:
+			v = s.InFlight + s.Waiting
+		}
+		var lo time.Time
+		switch {
+		case i > 0:
+			lo = d.samples[i-1].At
+		case !gauge && d.created.Before(s.At):
+			// The first count covers the time since observation began. (A
+			// first gauge reading says nothing about before it, so it stays
+			// a point.)
+			lo = d.created
+		default:
+			// Nothing before it, so its interval is unknown: take it as a
+			// point, counted whole if it lies in the window.
+			if !s.At.After(now) {
+				pointSum += v
+				points++
+			}
+			continue
+		}
+		hi := s.At
+		from, to := lo, hi
+		if start.After(from) {
+			from = start
+		}
+		if now.Before(to) {
+			to = now
+		}
+		ov := to.Sub(from)
+		if ov <= 0 {
+			continue
+		}
+		if gauge {
+			sum += v * ov.Seconds()
+			weight += ov.Seconds()
+		} else {
+			sum += v * float64(ov) / float64(hi.Sub(lo))
+		}
+	}
+	if gauge {
+		// Averaged over the time actually covered, not the whole window, so
+		// a fresh decider or a reporting gap does not read as low load.
+		switch {
+		case weight > 0:
+			return sum / weight
+		case points > 0:
+			return pointSum / float64(points)
+		}
+		return 0
+	}
+	// Rates divide by the window, or by the time the decider has existed if
+	// that is shorter, so a fresh service's first burst is not diluted by
+	// seconds nobody observed. At least 1 s, so a lone first sample cannot
+	// read as an absurd rate.
+	span := w
+	if age := now.Sub(d.created); age < span {
+		span = age
+	}
+	if span < time.Second {
+		span = time.Second
+	}
+	return (sum + pointSum) / span.Seconds()
+}
+
+// replicasFor is ceil(load ÷ target). The small tolerance keeps float noise
+// (8.000000001 concurrent ÷ 4) from asking for a whole extra replica at an
+// exact boundary, a classic source of flapping.
+func replicasFor(load, target float64) int {
+	x := math.Ceil(load/target - 1e-9)
+	switch {
+	case !(x > 0):
+		return 0
+	case x > math.MaxInt32:
+		return math.MaxInt32
+	}
+	return int(x)
+}

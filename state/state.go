@@ -1,0 +1,398 @@
+// Package state is the control plane's durable memory: services and their versions,
+// replicas with their provider handles, and an event log, in one SQLite file (WAL).
+//
+// The one rule it exists for: a replica row is written before the provider is asked to
+// launch it, so a crash at any point leaves a row that names what might be running, and a
+// restarted control plane can find it and either adopt or terminate it.
+package state
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" driver
+)
+
+// ErrNotFound is returned when a service or replica does not exist.
+var ErrNotFound = errors.New("not found")
+
+// Store is an open state file. It is safe for concurrent use.
+type Store struct {
+	db *sql.DB
+}
+
+const schema = `
+CREATE TABLE IF NOT EXISTS services (
+	name        TEXT PRIMARY KEY,
+	version     INTEGER NOT NULL,
+	status      TEXT NOT NULL,
+	next_seq    INTEGER NOT NULL DEFAULT 1,
+	created_at  INTEGER NOT NULL,
+	updated_at  INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS versions (
+	service     TEXT NOT NULL,
+	version     INTEGER NOT NULL,
+	spec        TEXT NOT NULL,
+	setup_done  INTEGER NOT NULL DEFAULT 0,
+	created_at  INTEGER NOT NULL,
+	PRIMARY KEY (service, version)
+);
+CREATE TABLE IF NOT EXISTS replicas (
+	id             TEXT PRIMARY KEY,
+	service        TEXT NOT NULL,
+	version        INTEGER NOT NULL,
+	provider       TEXT NOT NULL,
+	handle         TEXT NOT NULL DEFAULT '',
+	address        TEXT NOT NULL DEFAULT '',
+	model          TEXT NOT NULL DEFAULT '',
+	state          TEXT NOT NULL,
+	reason         TEXT NOT NULL DEFAULT '',
+	capacity       TEXT NOT NULL DEFAULT '',
+	region         TEXT NOT NULL DEFAULT '',
+	zone           TEXT NOT NULL DEFAULT '',
+	price_per_hour REAL NOT NULL DEFAULT 0,
+	launched_at    INTEGER NOT NULL,
+	ready_at       INTEGER NOT NULL DEFAULT 0,
+	updated_at     INTEGER NOT NULL,
+	ended_at       INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS replicas_by_service ON replicas (service, state);
+CREATE TABLE IF NOT EXISTS events (
+	id       INTEGER PRIMARY KEY AUTOINCREMENT,
+	at       INTEGER NOT NULL,
+	service  TEXT NOT NULL,
+	replica  TEXT NOT NULL DEFAULT '',
+	kind     TEXT NOT NULL,
+	message  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_service ON events (service, id);
+`
+
+// Open opens (creating if needed) the state file at path.
+func Open(path string) (*Store, error) {
+	// busy_timeout: the CLI may read while the daemon writes; synchronous=FULL: a row the
+	// control plane acted on must survive a power cut, not just a process crash.
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=synchronous(FULL)&_pragma=foreign_keys(ON)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open state %s: %w", path, err)
+	}
+	// One writer at a time is SQLite's model; one connection avoids SQLITE_BUSY between our
+	// own goroutines and keeps transactions serial.
+	db.SetMaxOpenConns(1)
+	if _, err := db.Exec(schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("state %s: create schema: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the file.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Service is one service's row.
+type Service struct {
+	Name      string    `json:"name"`
+	Version   int       `json:"version"`
+	Status    string    `json:"status"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Version is one submitted spec of a service.
+type Version struct {
+	Service   string
+	Version   int
+	Spec      string // the service.yaml text as submitted
+	SetupDone bool
+	CreatedAt time.Time
+}
+
+// Replica is one replica's row. Handle is the provider's own name for it (a process
+// group, a pod, an instance ID); empty until the provider has answered the launch.
+type Replica struct {
+	ID           string    `json:"id"`
+	Service      string    `json:"service"`
+	Version      int       `json:"version"`
+	Provider     string    `json:"provider"`
+	Handle       string    `json:"handle"`
+	Address      string    `json:"address"`
+	Model        string    `json:"model"`
+	State        string    `json:"state"`
+	Reason       string    `json:"reason"`
+	Capacity     string    `json:"capacity"`
+	Region       string    `json:"region"`
+	Zone         string    `json:"zone"`
+	PricePerHour float64   `json:"price_per_hour"`
+	LaunchedAt   time.Time `json:"launched_at"`
+	ReadyAt      time.Time `json:"ready_at,omitzero"`
+	UpdatedAt    time.Time `json:"updated_at"`
+	EndedAt      time.Time `json:"ended_at,omitzero"`
+}
+
+// Event is one entry of the event log.
+type Event struct {
+	ID      int64     `json:"id"`
+	At      time.Time `json:"at"`
+	Service string    `json:"service"`
+	Replica string    `json:"replica,omitempty"`
+	Kind    string    `json:"kind"`
+	Message string    `json:"message"`
+}
+
+func ms(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func fromMS(v int64) time.Time {
+	if v == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(v)
+}
+
+// PutService creates a service (version 1) or adds a new version to an existing one, and
+// returns the version number.
+func (s *Store) PutService(ctx context.Context, name, spec string, now time.Time) (int, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	var v int
+	err = tx.QueryRowContext(ctx, `SELECT version FROM services WHERE name = ?`, name).Scan(&v)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		v = 1
+		_, err = tx.ExecContext(ctx, `INSERT INTO services (name, version, status, created_at, updated_at) VALUES (?, 1, 'active', ?, ?)`, name, ms(now), ms(now))
+	case err == nil:
+		v++
+		_, err = tx.ExecContext(ctx, `UPDATE services SET version = ?, status = 'active', updated_at = ? WHERE name = ?`, v, ms(now), name)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("put service %s: %w", name, err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO versions (service, version, spec, created_at) VALUES (?, ?, ?, ?)`, name, v, spec, ms(now)); err != nil {
+		return 0, fmt.Errorf("put service %s version %d: %w", name, v, err)
+	}
+	if err := addEvent(ctx, tx, now, name, "", "service", fmt.Sprintf("version %d submitted", v)); err != nil {
+		return 0, err
+	}
+	return v, tx.Commit()
+}
+
+// SetServiceStatus records a service's status (active, deleting).
+func (s *Store) SetServiceStatus(ctx context.Context, name, status string, now time.Time) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE services SET status = ?, updated_at = ? WHERE name = ?`, status, ms(now), name)
+	if err != nil {
+		return fmt.Errorf("service %s status: %w", name, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("service %s: %w", name, ErrNotFound)
+	}
+	return nil
+}
+
+// DeleteService removes a service, its versions and its replica rows. The caller must have
+// terminated every replica first; events stay, as history.
+func (s *Store) DeleteService(ctx context.Context, name string, now time.Time) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var live int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM replicas WHERE service = ? AND ended_at = 0`, name).Scan(&live); err != nil {
+		return err
+	}
+	if live > 0 {
+		return fmt.Errorf("delete service %s: %d replicas not terminated yet", name, live)
+	}
+	for _, q := range []string{`DELETE FROM replicas WHERE service = ?`, `DELETE FROM versions WHERE service = ?`, `DELETE FROM services WHERE name = ?`} {
+		if _, err := tx.ExecContext(ctx, q, name); err != nil {
+			return fmt.Errorf("delete service %s: %w", name, err)
+		}
+	}
+	if err := addEvent(ctx, tx, now, name, "", "service", "deleted"); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// Services lists every service, by name.
+func (s *Store) Services(ctx context.Context) ([]Service, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT name, version, status, created_at, updated_at FROM services ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("list services: %w", err)
+	}
+	defer rows.Close()
+	var out []Service
+	for rows.Next() {
+		var sv Service
+		var c, u int64
+		if err := rows.Scan(&sv.Name, &sv.Version, &sv.Status, &c, &u); err != nil {
+			return nil, err
+		}
+		sv.CreatedAt, sv.UpdatedAt = fromMS(c), fromMS(u)
+		out = append(out, sv)
+	}
+	return out, rows.Err()
+}
+
+// GetService returns one service or ErrNotFound.
+func (s *Store) GetService(ctx context.Context, name string) (Service, error) {
+	var sv Service
+	var c, u int64
+	err := s.db.QueryRowContext(ctx, `SELECT name, version, status, created_at, updated_at FROM services WHERE name = ?`, name).
+		Scan(&sv.Name, &sv.Version, &sv.Status, &c, &u)
+	if errors.Is(err, sql.ErrNoRows) {
+		return sv, fmt.Errorf("service %q: %w", name, ErrNotFound)
+	}
+	sv.CreatedAt, sv.UpdatedAt = fromMS(c), fromMS(u)
+	return sv, err
+}
+
+// GetVersion returns one version's spec.
+func (s *Store) GetVersion(ctx context.Context, service string, version int) (Version, error) {
+	v := Version{Service: service, Version: version}
+	var c int64
+	var done int
+	err := s.db.QueryRowContext(ctx, `SELECT spec, setup_done, created_at FROM versions WHERE service = ? AND version = ?`, service, version).Scan(&v.Spec, &done, &c)
+	if errors.Is(err, sql.ErrNoRows) {
+		return v, fmt.Errorf("service %q version %d: %w", service, version, ErrNotFound)
+	}
+	v.SetupDone, v.CreatedAt = done != 0, fromMS(c)
+	return v, err
+}
+
+// MarkSetupDone records that a version's setup command has run.
+func (s *Store) MarkSetupDone(ctx context.Context, service string, version int) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE versions SET setup_done = 1 WHERE service = ? AND version = ?`, service, version)
+	return err
+}
+
+// NewReplica records the intent to launch a replica (state pending, no handle yet) and
+// returns it with a fresh ID of the form <service>-<n>. It must be called, and must have
+// returned, before the provider's launch: the row is what makes a crash recoverable.
+func (s *Store) NewReplica(ctx context.Context, r Replica, now time.Time) (Replica, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return r, err
+	}
+	defer tx.Rollback()
+	var seq int
+	if err := tx.QueryRowContext(ctx, `UPDATE services SET next_seq = next_seq + 1 WHERE name = ? RETURNING next_seq - 1`, r.Service).Scan(&seq); err != nil {
+		return r, fmt.Errorf("new replica for %s: %w", r.Service, err)
+	}
+	r.ID = fmt.Sprintf("%s-%d", r.Service, seq)
+	r.LaunchedAt, r.UpdatedAt = now, now
+	_, err = tx.ExecContext(ctx, `INSERT INTO replicas (id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, launched_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		r.ID, r.Service, r.Version, r.Provider, r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, ms(now), ms(now))
+	if err != nil {
+		return r, fmt.Errorf("new replica %s: %w", r.ID, err)
+	}
+	if err := addEvent(ctx, tx, now, r.Service, r.ID, "state", fmt.Sprintf("→ %s: %s", r.State, r.Reason)); err != nil {
+		return r, err
+	}
+	return r, tx.Commit()
+}
+
+// SaveReplica writes a replica's mutable fields; when its state changed from prev, the
+// transition and its reason go to the event log in the same transaction.
+func (s *Store) SaveReplica(ctx context.Context, r Replica, prevState string, now time.Time) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	r.UpdatedAt = now
+	res, err := tx.ExecContext(ctx, `UPDATE replicas SET handle = ?, address = ?, model = ?, state = ?, reason = ?, capacity = ?, region = ?, zone = ?,
+		price_per_hour = ?, ready_at = ?, updated_at = ?, ended_at = ? WHERE id = ?`,
+		r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, ms(r.ReadyAt), ms(now), ms(r.EndedAt), r.ID)
+	if err != nil {
+		return fmt.Errorf("save replica %s: %w", r.ID, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("save replica %s: %w", r.ID, ErrNotFound)
+	}
+	if prevState != r.State {
+		if err := addEvent(ctx, tx, now, r.Service, r.ID, "state", fmt.Sprintf("%s → %s: %s", prevState, r.State, r.Reason)); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+const replicaCols = `id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, launched_at, ready_at, updated_at, ended_at`
+
+// Replicas lists a service's replicas ("" = all services); ended ones only when withEnded.
+func (s *Store) Replicas(ctx context.Context, service string, withEnded bool) ([]Replica, error) {
+	q := `SELECT ` + replicaCols + ` FROM replicas WHERE (? = '' OR service = ?)`
+	if !withEnded {
+		q += ` AND ended_at = 0`
+	}
+	rows, err := s.db.QueryContext(ctx, q+` ORDER BY service, launched_at, id`, service, service)
+	if err != nil {
+		return nil, fmt.Errorf("list replicas: %w", err)
+	}
+	defer rows.Close()
+	var out []Replica
+	for rows.Next() {
+		var r Replica
+		var l, rd, u, e int64
+		if err := rows.Scan(&r.ID, &r.Service, &r.Version, &r.Provider, &r.Handle, &r.Address, &r.Model, &r.State, &r.Reason,
+			&r.Capacity, &r.Region, &r.Zone, &r.PricePerHour, &l, &rd, &u, &e); err != nil {
+			return nil, err
+		}
+		r.LaunchedAt, r.ReadyAt, r.UpdatedAt, r.EndedAt = fromMS(l), fromMS(rd), fromMS(u), fromMS(e)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// AddEvent appends to the event log.
+func (s *Store) AddEvent(ctx context.Context, now time.Time, service, replica, kind, msg string) error {
+	return addEvent(ctx, s.db, now, service, replica, kind, msg)
+}
+
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+func addEvent(ctx context.Context, db execer, now time.Time, service, replica, kind, msg string) error {
+	if _, err := db.ExecContext(ctx, `INSERT INTO events (at, service, replica, kind, message) VALUES (?, ?, ?, ?, ?)`, ms(now), service, replica, kind, msg); err != nil {
+		return fmt.Errorf("event log: %w", err)
+	}
+	return nil
+}
+
+// Events returns a service's events with ID > after ("" = every service; replica filters
+// when not empty), oldest first, at most limit.
+func (s *Store) Events(ctx context.Context, service, replica string, after int64, limit int) ([]Event, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, at, service, replica, kind, message FROM events
+		WHERE id > ? AND (? = '' OR service = ?) AND (? = '' OR replica = ?) ORDER BY id LIMIT ?`,
+		after, service, service, replica, replica, limit)
+	if err != nil {
+		return nil, fmt.Errorf("events: %w", err)
+	}
+	defer rows.Close()
+	var out []Event
+	for rows.Next() {
+		var e Event
+		var at int64
+		if err := rows.Scan(&e.ID, &at, &e.Service, &e.Replica, &e.Kind, &e.Message); err != nil {
+			return nil, err
+		}
+		e.At = fromMS(at)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}

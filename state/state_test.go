@@ -1,0 +1,77 @@
+package state
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReplicaLifecycleSurvivesReopen(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.UnixMilli(1_700_000_000_000)
+	v, err := s.PutService(ctx, "llm", "run: x", now)
+	if err != nil || v != 1 {
+		t.Fatalf("PutService = %d, %v; want 1", v, err)
+	}
+	if v, err = s.PutService(ctx, "llm", "run: y", now); err != nil || v != 2 {
+		t.Fatalf("second PutService = %d, %v; want 2", v, err)
+	}
+	r, err := s.NewReplica(ctx, Replica{Service: "llm", Version: 2, Provider: "local", State: "pending", Reason: "target 1"}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := s.NewReplica(ctx, Replica{Service: "llm", Version: 2, Provider: "local", State: "pending"}, now)
+	if err != nil || r.ID != "llm-1" || r2.ID != "llm-2" {
+		t.Fatalf("IDs %q %q (%v); want llm-1 llm-2", r.ID, r2.ID, err)
+	}
+	r.State, r.Handle, r.Address = "starting", "123:456", "127.0.0.1:9"
+	if err := s.SaveReplica(ctx, r, "pending", now.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteService(ctx, "llm", now); err == nil {
+		t.Fatal("DeleteService with live replicas succeeded")
+	}
+	s.Close()
+
+	// A crash is a reopen: everything written must be there.
+	s, err = Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rows, err := s.Replicas(ctx, "llm", false)
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("Replicas = %v, %v; want 2 rows", rows, err)
+	}
+	if rows[0].Handle != "123:456" || rows[0].State != "starting" || rows[0].Address != "127.0.0.1:9" {
+		t.Fatalf("row after reopen = %+v", rows[0])
+	}
+	ev, err := s.Events(ctx, "llm", "llm-1", 0, 100)
+	if err != nil || len(ev) != 2 || !strings.HasPrefix(ev[1].Message, "pending → starting") {
+		t.Fatalf("events = %+v, %v", ev, err)
+	}
+	for _, row := range rows {
+		prev := row.State
+		row.State, row.EndedAt = "terminated", now
+		if err := s.SaveReplica(ctx, row, prev, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.DeleteService(ctx, "llm", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetService(ctx, "llm"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetService after delete: %v; want ErrNotFound", err)
+	}
+	if err := s.SaveReplica(ctx, Replica{ID: "nope"}, "x", now); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("SaveReplica unknown: %v", err)
+	}
+}
