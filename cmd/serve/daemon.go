@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/control"
+	"github.com/arbiter-serve/arbiter/httplog"
+	"github.com/arbiter-serve/arbiter/router"
+)
+
+// daemonInfo is what a running embedded daemon publishes in its home, so the CLI can find
+// it: <home>/daemon.json.
+type daemonInfo struct {
+	PID      int    `json:"pid"`
+	API      string `json:"api"`      // http://host:port of the control plane
+	Endpoint string `json:"endpoint"` // http://host:port of the router (OpenAI base URL without /v1)
+	Admin    string `json:"admin"`    // router admin (metrics)
+}
+
+func daemonInfoPath(home string) string { return filepath.Join(home, "daemon.json") }
+
+func readDaemonInfo(home string) (daemonInfo, error) {
+	var d daemonInfo
+	b, err := os.ReadFile(daemonInfoPath(home))
+	if err != nil {
+		return d, err
+	}
+	return d, json.Unmarshal(b, &d)
+}
+
+type daemonFlags struct {
+	api, listen, admin string
+	tick, drain, grace time.Duration
+	logLevel           string
+}
+
+// runDaemon runs the embedded default in the foreground: a control plane with the local
+// provider and a router that follows it over loopback HTTP, exactly as separate processes
+// would.
+func runDaemon(ctx context.Context, home string, f daemonFlags) error {
+	log, err := httplog.NewLogger(f.logLevel)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return err
+	}
+	token, err := control.EnsureToken(home)
+	if err != nil {
+		return err
+	}
+	// The router's listener is bound first so the control plane can show its real address.
+	rln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("router endpoint %s: %w", f.listen, err)
+	}
+	endpoint := "http://" + rln.Addr().String()
+	rln.Close()
+	exe, _ := os.Executable()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	apic := make(chan net.Addr, 1)
+	errc := make(chan error, 2)
+	go func() {
+		errc <- control.Serve(ctx, control.DaemonOptions{Home: home, API: f.api, Token: token, Tick: f.tick, DrainTimeout: f.drain,
+			Endpoint: endpoint, BinDir: filepath.Dir(exe), LocalGrace: f.grace, Log: log.With("part", "control"),
+			Ready: func(a net.Addr) { apic <- a }})
+	}()
+	var api net.Addr
+	select {
+	case api = <-apic:
+	case err := <-errc:
+		return err
+	}
+	cfg := router.Defaults()
+	go func() {
+		errc <- router.Run(ctx, router.Options{Listen: rln.Addr().String(), Admin: f.admin, Config: cfg, ControlURL: "http://" + api.String(),
+			Token: token, RouterID: "embedded", Log: log.With("part", "router"),
+			Ready: func(_, admin net.Addr) {
+				info := daemonInfo{PID: os.Getpid(), API: "http://" + api.String(), Endpoint: endpoint, Admin: "http://" + admin.String()}
+				b, _ := json.MarshalIndent(info, "", "  ")
+				if err := writeFileAtomic(daemonInfoPath(home), b); err != nil {
+					errc <- err
+				}
+			}})
+	}()
+	err = <-errc
+	cancel()
+	_ = os.Remove(daemonInfoPath(home))
+	return err
+}
+
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// ensureDaemon returns a client for the home's control plane, starting the embedded
+// daemon in the background when none answers.
+func ensureDaemon(ctx context.Context, home string, f daemonFlags, log *slog.Logger) (*client, daemonInfo, error) {
+	token, err := control.EnsureToken(mkdirAll(home))
+	if err != nil {
+		return nil, daemonInfo{}, err
+	}
+	if info, err := readDaemonInfo(home); err == nil {
+		c := &client{base: info.API, token: token, http: &http.Client{}}
+		if c.healthy(ctx) {
+			return c, info, nil
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, daemonInfo{}, err
+	}
+	logf, err := os.OpenFile(filepath.Join(home, "daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, daemonInfo{}, err
+	}
+	defer logf.Close()
+	_ = os.Remove(daemonInfoPath(home))
+	cmd := exec.Command(exe, "daemon", "--home", home, "--control-listen", f.api, "--listen", f.listen, "--admin", f.admin,
+		"--tick", f.tick.String(), "--drain-timeout", f.drain.String(), "--grace", f.grace.String(), "--log-level", f.logLevel)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own session: the daemon outlives this command and the terminal's Ctrl-C.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, daemonInfo{}, fmt.Errorf("start the control plane: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	log.Info("started the control plane and router", "pid", cmd.Process.Pid, "log", filepath.Join(home, "daemon.log"))
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			return nil, daemonInfo{}, fail(exitErr, "the control plane exited at start (%v); see %s", err, filepath.Join(home, "daemon.log"))
+		case <-time.After(100 * time.Millisecond):
+		}
+		info, err := readDaemonInfo(home)
+		if err != nil || info.PID != cmd.Process.Pid {
+			continue
+		}
+		c := &client{base: info.API, token: token, http: &http.Client{}}
+		if c.healthy(ctx) {
+			return c, info, nil
+		}
+	}
+	return nil, daemonInfo{}, fail(exitErr, "the control plane did not come up within 30s; see %s", filepath.Join(home, "daemon.log"))
+}
+
+func mkdirAll(home string) string {
+	_ = os.MkdirAll(home, 0o700)
+	return home
+}
+
+// connect returns a client for a running control plane, or an unreachable error.
+func connect(ctx context.Context, home, apiOverride string) (*client, daemonInfo, error) {
+	token, err := os.ReadFile(control.TokenPath(home))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, daemonInfo{}, err
+	}
+	info, ierr := readDaemonInfo(home)
+	base := apiOverride
+	if base == "" {
+		if ierr != nil {
+			return nil, info, fail(exitUnreachable, "no control plane is running for %s (start one with `serve up FILE`)", home)
+		}
+		base = info.API
+	}
+	c := &client{base: base, token: string(trimSpace(token)), http: &http.Client{}}
+	if !c.healthy(ctx) {
+		return nil, info, fail(exitUnreachable, "the control plane at %s does not answer (start one with `serve up FILE`)", base)
+	}
+	return c, info, nil
+}
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
+}

@@ -1,0 +1,363 @@
+// Command serve is Arbiter's CLI: `serve up service.yaml` starts a service (and, on a bare
+// machine, the embedded control plane and router with the local provider); status, update,
+// down, logs and replicas manage it through the control plane's API.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/arbiter-serve/arbiter/httplog"
+	"github.com/arbiter-serve/arbiter/spec"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := root().ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "serve:", err)
+		var ce *cliError
+		if errors.As(err, &ce) {
+			os.Exit(ce.code)
+		}
+		os.Exit(exitUsage)
+	}
+}
+
+type globals struct {
+	home, api string
+	daemon    daemonFlags
+}
+
+func root() *cobra.Command {
+	g := &globals{}
+	home, _ := os.UserHomeDir()
+	cmd := &cobra.Command{
+		Use:           "serve",
+		Short:         "Serve LLMs on the cheapest GPUs that meet your latency SLO",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&g.home, "home", envOr("ARBITER_HOME", filepath.Join(home, ".arbiter")), "state directory of the local control plane ($ARBITER_HOME)")
+	pf.StringVar(&g.api, "api", os.Getenv("ARBITER_API"), "control plane URL (default: the one running for --home)")
+	df := &g.daemon
+	addDaemonFlags := func(c *cobra.Command) {
+		f := c.Flags()
+		f.StringVar(&df.api, "control-listen", "127.0.0.1:8081", "control plane API address (embedded daemon)")
+		f.StringVar(&df.listen, "listen", "127.0.0.1:8080", "router endpoint address (embedded daemon)")
+		f.StringVar(&df.admin, "admin", "127.0.0.1:9090", "router admin/metrics address (embedded daemon)")
+		f.DurationVar(&df.tick, "tick", time.Second, "control loop interval (embedded daemon)")
+		f.DurationVar(&df.drain, "drain-timeout", 120*time.Second, "longest wait for a draining replica's requests")
+		f.DurationVar(&df.grace, "grace", 10*time.Second, "SIGTERM to SIGKILL grace for local replicas")
+		f.StringVar(&df.logLevel, "log-level", "info", "daemon log level")
+	}
+	up, daemon := upCmd(g), daemonCmd(g)
+	addDaemonFlags(up)
+	addDaemonFlags(daemon)
+	cmd.AddCommand(up, daemon, statusCmd(g), replicasCmd(g), updateCmd(g), downCmd(g), validateCmd(), logsCmd(g), stopCmd(g))
+	return cmd
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// loadSpec reads and validates a service file; errors exit with the usage code.
+func loadSpec(path string) (*spec.Service, []byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fail(exitUsage, "%v", err)
+	}
+	sp, err := spec.Parse(path, b)
+	if err != nil {
+		return nil, nil, fail(exitUsage, "%s is not a valid service:\n%v", path, err)
+	}
+	return sp, b, nil
+}
+
+var nameRE = regexp.MustCompile(`[^a-z0-9-]+`)
+
+// serviceName picks -n, else the spec's name, else the file name, made a valid name.
+func serviceName(flag string, sp *spec.Service, path string) string {
+	if flag != "" {
+		return flag
+	}
+	if sp.Name != "" {
+		return sp.Name
+	}
+	base := strings.ToLower(strings.TrimSuffix(filepath.Base(path), filepath.Ext(path)))
+	return strings.Trim(nameRE.ReplaceAllString(base, "-"), "-")
+}
+
+func upCmd(g *globals) *cobra.Command {
+	var name string
+	var detach bool
+	var wait time.Duration
+	cmd := &cobra.Command{
+		Use:   "up [-n NAME] FILE",
+		Short: "Start a service (and the local control plane and router if none runs)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sp, raw, err := loadSpec(args[0])
+			if err != nil {
+				return err
+			}
+			name = serviceName(name, sp, args[0])
+			log, _ := httplog.NewLogger("warn")
+			var c *client
+			var info daemonInfo
+			if g.api != "" {
+				c, info, err = connect(cmd.Context(), g.home, g.api)
+			} else {
+				c, info, err = ensureDaemon(cmd.Context(), g.home, g.daemon, log)
+			}
+			if err != nil {
+				return err
+			}
+			var res struct{ Version int }
+			if _, err := c.do(cmd.Context(), http.MethodPost, "/v1/services", map[string]string{"name": name, "spec": string(raw)}, &res); err != nil {
+				return fail(exitErr, "service %s: %v", name, err)
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "Service %s version %d submitted.\n", name, res.Version)
+			if !detach {
+				if err := waitService(cmd.Context(), c, name, res.Version, wait, out); err != nil {
+					return err
+				}
+			}
+			if info.Endpoint != "" {
+				model := "MODEL"
+				if len(sp.Arbiter.Models) > 0 {
+					model = sp.Arbiter.Models[0]
+				}
+				fmt.Fprintf(out, "\nEndpoint: %s/v1  (OpenAI-compatible; metrics: %s/metrics)\n", info.Endpoint, info.Admin)
+				fmt.Fprintf(out, "  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{\"model\":%q,\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":16}'\n", info.Endpoint, model)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&name, "name", "n", "", "service name (default: the file's name: key, else its file name)")
+	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "return once submitted, without waiting for replicas")
+	cmd.Flags().DurationVar(&wait, "wait", 15*time.Minute, "how long to wait for the service to be ready")
+	return cmd
+}
+
+// waitService prints the service's events until version's replicas are ready (or, for a
+// service at zero, until it is known to be scaled to zero), and older versions are gone.
+func waitService(ctx context.Context, c *client, name string, version int, wait time.Duration, out interface{ Write([]byte) (int, error) }) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	var after int64
+	if ev, err := c.events(ctx, name, "", 0); err == nil && len(ev) > 0 {
+		// Show only what happens from the submission on.
+		for _, e := range ev {
+			if strings.Contains(e.Message, fmt.Sprintf("version %d submitted", version)) {
+				break
+			}
+			after = e.ID
+		}
+	}
+	for {
+		ev, err := c.events(ctx, name, "", after)
+		if err == nil {
+			for _, e := range ev {
+				who := e.Replica
+				if who == "" {
+					who = e.Service
+				}
+				fmt.Fprintf(out, "  %s  %-14s %s\n", e.At.Format("15:04:05"), who, e.Message)
+				after = e.ID
+			}
+		}
+		st, err := c.service(ctx, name)
+		if err != nil {
+			if ctx.Err() != nil {
+				return fail(exitErr, "service %s not ready within %s; `serve status %s` shows where it is", name, wait, name)
+			}
+			return fail(exitErr, "service %s: %v", name, err)
+		}
+		newReady, old := 0, 0
+		for _, r := range st.Replicas {
+			if r.Version == version && r.State == "ready" {
+				newReady++
+			}
+			if r.Version < version {
+				old++
+			}
+		}
+		switch {
+		case st.Target == 0 && st.Live == 0 && old == 0:
+			fmt.Fprintf(out, "Service %s is scaled to zero: the first request starts a replica (and waits for it).\n", name)
+			return nil
+		case st.Target > 0 && newReady >= st.Target && old == 0:
+			fmt.Fprintf(out, "Service %s is ready: %d/%d replicas of version %d.\n", name, newReady, st.Target, version)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fail(exitErr, "service %s not ready within %s; `serve status %s` shows where it is", name, wait, name)
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
+
+func daemonCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "daemon",
+		Short: "Run the embedded control plane and router in the foreground (serve up starts it in the background)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDaemon(cmd.Context(), g.home, g.daemon)
+		},
+	}
+}
+
+func stopCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "stop",
+		Short: "Stop the local control plane and router (replicas keep running: a restart adopts them; `serve down --all` first to end them)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			info, err := readDaemonInfo(g.home)
+			if err != nil {
+				return fail(exitUnreachable, "no control plane is running for %s", g.home)
+			}
+			if err := syscall.Kill(info.PID, syscall.SIGTERM); err != nil {
+				return fail(exitErr, "stop pid %d: %v", info.PID, err)
+			}
+			for range 100 {
+				if syscall.Kill(info.PID, 0) != nil {
+					fmt.Fprintln(cmd.OutOrStdout(), "Control plane stopped.")
+					return nil
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			return fail(exitErr, "pid %d still running after 10s", info.PID)
+		},
+	}
+}
+
+func validateCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "validate FILE",
+		Short: "Check a service file without launching anything; print it with defaults filled in",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sp, _, err := loadSpec(args[0])
+			if err != nil {
+				return &cliError{code: exitErr, err: err}
+			}
+			b, err := sp.ResolvedYAML()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "# %s is valid. Resolved (defaults filled in):\n%s", args[0], b)
+			return nil
+		},
+	}
+}
+
+func updateCmd(g *globals) *cobra.Command {
+	var detach bool
+	var wait time.Duration
+	cmd := &cobra.Command{
+		Use:   "update NAME FILE",
+		Short: "Roll a service to a new version: new replicas start, old ones drain as they get ready",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			_, raw, err := loadSpec(args[1])
+			if err != nil {
+				return err
+			}
+			c, _, err := connect(cmd.Context(), g.home, g.api)
+			if err != nil {
+				return err
+			}
+			var res struct{ Version int }
+			if _, err := c.do(cmd.Context(), http.MethodPut, "/v1/services/"+args[0], map[string]string{"spec": string(raw)}, &res); err != nil {
+				return fail(exitErr, "service %s: %v", args[0], err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "Service %s: rolling update to version %d.\n", args[0], res.Version)
+			if detach {
+				return nil
+			}
+			return waitService(cmd.Context(), c, args[0], res.Version, wait, cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "return once submitted")
+	cmd.Flags().DurationVar(&wait, "wait", 15*time.Minute, "how long to wait for the new version")
+	return cmd
+}
+
+func downCmd(g *globals) *cobra.Command {
+	var all bool
+	var wait time.Duration
+	cmd := &cobra.Command{
+		Use:   "down NAME... | --all",
+		Short: "Terminate every replica of the services and remove them",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if all == (len(args) > 0) {
+				return fail(exitUsage, "give service names or --all (not both)")
+			}
+			c, _, err := connect(cmd.Context(), g.home, g.api)
+			if err != nil {
+				return err
+			}
+			if all {
+				svcs, err := c.services(cmd.Context())
+				if err != nil {
+					return err
+				}
+				for _, s := range svcs {
+					args = append(args, s.Name)
+				}
+				if len(args) == 0 {
+					fmt.Fprintln(cmd.OutOrStdout(), "No services.")
+					return nil
+				}
+			}
+			out := cmd.OutOrStdout()
+			for _, name := range args {
+				if _, err := c.do(cmd.Context(), http.MethodDelete, "/v1/services/"+name, nil, nil); err != nil {
+					return fail(exitErr, "service %s: %v", name, err)
+				}
+				fmt.Fprintf(out, "Service %s: shutting down.\n", name)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
+			defer cancel()
+			for _, name := range args {
+				for {
+					st, err := c.service(ctx, name)
+					if notFound(err) {
+						fmt.Fprintf(out, "Service %s: every replica terminated; removed.\n", name)
+						break
+					}
+					if ctx.Err() != nil {
+						return fail(exitErr, "service %s still has %d replicas after %s", name, len(st.Replicas), wait)
+					}
+					time.Sleep(200 * time.Millisecond)
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "every service")
+	cmd.Flags().DurationVar(&wait, "wait", 5*time.Minute, "how long to wait for termination")
+	return cmd
+}

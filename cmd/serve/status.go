@@ -1,0 +1,224 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/arbiter-serve/arbiter/control"
+)
+
+func statusCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status [NAME...]",
+		Short: "Show services and their replicas",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			svcs, err := fetch(cmd.Context(), g, args)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				return writeJSON(out, svcs)
+			}
+			if len(svcs) == 0 {
+				fmt.Fprintln(out, "No services. Start one with `serve up FILE`.")
+				return nil
+			}
+			fmt.Fprintln(out, "Services")
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tVERSION\tUPTIME\tSTATUS\tREPLICAS\t$/HOUR\tENDPOINT")
+			for _, s := range svcs {
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d/%d\t%.2f\t%s\n", s.Name, s.Version, since(s.CreatedAt), s.Status, s.Ready, s.Target, hourly(s), s.Endpoint)
+			}
+			tw.Flush()
+			fmt.Fprintln(out, "\nReplicas")
+			printReplicas(out, svcs)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	return cmd
+}
+
+func replicasCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "replicas [NAME...]",
+		Short: "List replicas: where they run, what they cost, their state",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			svcs, err := fetch(cmd.Context(), g, args)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				var all []any
+				for _, s := range svcs {
+					for _, r := range s.Replicas {
+						all = append(all, r)
+					}
+				}
+				if all == nil {
+					all = []any{}
+				}
+				return writeJSON(cmd.OutOrStdout(), all)
+			}
+			printReplicas(cmd.OutOrStdout(), svcs)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	return cmd
+}
+
+func fetch(ctx context.Context, g *globals, names []string) ([]control.ServiceStatus, error) {
+	c, _, err := connect(ctx, g.home, g.api)
+	if err != nil {
+		return nil, err
+	}
+	if len(names) == 0 {
+		return c.services(ctx)
+	}
+	var out []control.ServiceStatus
+	for _, n := range names {
+		s, err := c.service(ctx, n)
+		if notFound(err) {
+			return nil, fail(exitErr, "no service named %q (`serve status` lists them)", n)
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+func printReplicas(out io.Writer, svcs []control.ServiceStatus) {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tID\tVERSION\tPROVIDER\tREGION/ZONE\tCAPACITY\t$/HOUR\tSTATUS\tLAUNCHED\tENDPOINT")
+	for _, s := range svcs {
+		for _, r := range s.Replicas {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s/%s\t%s\t%.2f\t%s\t%s ago\t%s\n", s.Name, r.ID, r.Version, r.Provider, dash(r.Region), dash(r.Zone),
+				dash(r.Capacity), r.PricePerHour, r.State, since(r.LaunchedAt), dash(r.Address))
+		}
+	}
+	tw.Flush()
+}
+
+// hourly is what a service's replicas cost per hour now: every replica that holds a
+// machine is billed, ready or not.
+func hourly(s control.ServiceStatus) float64 {
+	sum := 0.0
+	for _, r := range s.Replicas {
+		if r.State != "terminated" {
+			sum += r.PricePerHour
+		}
+	}
+	return sum
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func since(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := time.Since(t).Round(time.Second)
+	switch {
+	case d < time.Minute:
+		return d.String()
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	}
+	return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+}
+
+func writeJSON(out io.Writer, v any) error {
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func logsCmd(g *globals) *cobra.Command {
+	var follow bool
+	cmd := &cobra.Command{
+		Use:   "logs NAME [REPLICA]",
+		Short: "Show a service's control-plane events, or a replica's own output",
+		Args:  cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			c, _, err := connect(ctx, g.home, g.api)
+			if err != nil {
+				return err
+			}
+			if _, err := c.service(ctx, args[0]); notFound(err) {
+				return fail(exitErr, "no service named %q", args[0])
+			}
+			out := cmd.OutOrStdout()
+			if len(args) == 1 {
+				var after int64
+				for {
+					ev, err := c.events(ctx, args[0], "", after)
+					if err != nil {
+						return err
+					}
+					for _, e := range ev {
+						fmt.Fprintf(out, "%s  %-14s %-8s %s\n", e.At.Format(time.RFC3339), dash(e.Replica), e.Kind, e.Message)
+						after = e.ID
+					}
+					if !follow {
+						return nil
+					}
+					if !sleep(ctx, 500*time.Millisecond) {
+						return nil
+					}
+				}
+			}
+			var off int64
+			for {
+				var b []byte
+				h, err := c.do(ctx, http.MethodGet, fmt.Sprintf("/v1/logs/%s?offset=%d", args[1], off), nil, &b)
+				if notFound(err) {
+					return fail(exitErr, "no log for replica %q of %s", args[1], args[0])
+				}
+				if err != nil {
+					return err
+				}
+				_, _ = out.Write(b)
+				if n, err := strconv.ParseInt(h.Get("X-Log-Offset"), 10, 64); err == nil {
+					off = n
+				}
+				if !follow {
+					return nil
+				}
+				if len(b) == 0 && !sleep(ctx, 500*time.Millisecond) {
+					return nil
+				}
+			}
+		},
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new lines")
+	return cmd
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}

@@ -1,0 +1,302 @@
+package control
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/spec"
+)
+
+// maxBody bounds API request bodies (a spec, a load report).
+const maxBody = 4 << 20
+
+// LogSource is a provider that can show a replica's output (the local provider's files).
+type LogSource interface {
+	LogPath(replicaID string) string
+}
+
+// Handler is the control plane's HTTP API, for the CLI and for routers.
+func (c *Controller) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, map[string]bool{"ok": true}) })
+	mux.HandleFunc("GET /v1/services", c.auth(c.listServices))
+	mux.HandleFunc("POST /v1/services", c.auth(c.createService))
+	mux.HandleFunc("GET /v1/services/{name}", c.auth(c.getService))
+	mux.HandleFunc("PUT /v1/services/{name}", c.auth(c.updateService))
+	mux.HandleFunc("DELETE /v1/services/{name}", c.auth(c.deleteService))
+	mux.HandleFunc("GET /v1/events", c.auth(c.events))
+	mux.HandleFunc("GET /v1/logs/{replica}", c.auth(c.logs))
+	mux.HandleFunc("GET /v1/readyset", c.auth(c.readySet))
+	mux.HandleFunc("POST /v1/load", c.auth(c.load))
+	mux.HandleFunc("POST /v1/wake", c.auth(c.wake))
+	mux.HandleFunc("POST /v1/validate", c.auth(c.validate))
+	return mux
+}
+
+// APIError is the API's error body.
+type APIError struct {
+	Error string `json:"error"`
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	code := http.StatusInternalServerError
+	var sl *spec.ErrorList
+	switch {
+	case errors.Is(err, ErrNotFound):
+		code = http.StatusNotFound
+	case errors.Is(err, ErrExists):
+		code = http.StatusConflict
+	case errors.As(err, &sl), errors.Is(err, errBadRequest):
+		code = http.StatusBadRequest
+	}
+	writeJSON(w, code, APIError{Error: err.Error()})
+}
+
+var errBadRequest = errors.New("bad request")
+
+func (c *Controller) auth(h http.HandlerFunc) http.HandlerFunc {
+	want := []byte("Bearer " + c.cfg.Token)
+	return func(w http.ResponseWriter, r *http.Request) {
+		if c.cfg.Token != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			writeJSON(w, http.StatusUnauthorized, APIError{Error: "missing or wrong API token (Authorization: Bearer <token>)"})
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		h(w, r)
+	}
+}
+
+func decode(r *http.Request, v any) error {
+	if err := json.NewDecoder(r.Body).Decode(v); err != nil {
+		return fmt.Errorf("%w: request body: %v", errBadRequest, err)
+	}
+	return nil
+}
+
+// SubmitRequest creates or updates a service.
+type SubmitRequest struct {
+	Name string `json:"name"`
+	Spec string `json:"spec"` // the service.yaml text
+}
+
+// SubmitResponse answers a submission.
+type SubmitResponse struct {
+	Name    string `json:"name"`
+	Version int    `json:"version"`
+}
+
+func (c *Controller) createService(w http.ResponseWriter, r *http.Request) {
+	var req SubmitRequest
+	if err := decode(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	v, err := c.Create(r.Context(), req.Name, req.Spec)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, SubmitResponse{Name: req.Name, Version: v})
+}
+
+func (c *Controller) updateService(w http.ResponseWriter, r *http.Request) {
+	var req SubmitRequest
+	if err := decode(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	name := r.PathValue("name")
+	v, err := c.Update(r.Context(), name, req.Spec)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, SubmitResponse{Name: name, Version: v})
+}
+
+func (c *Controller) deleteService(w http.ResponseWriter, r *http.Request) {
+	if err := c.Delete(r.Context(), r.PathValue("name")); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, map[string]string{"status": "shutting_down"})
+}
+
+func (c *Controller) listServices(w http.ResponseWriter, r *http.Request) {
+	st, err := c.Status(r.Context(), "")
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if st == nil {
+		st = []ServiceStatus{}
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (c *Controller) getService(w http.ResponseWriter, r *http.Request) {
+	st, err := c.Status(r.Context(), r.PathValue("name"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st[0])
+}
+
+func (c *Controller) validate(w http.ResponseWriter, r *http.Request) {
+	var req SubmitRequest
+	if err := decode(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if _, err := c.parseSpec(req.Name, req.Spec); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}
+
+func (c *Controller) events(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	after, _ := strconv.ParseInt(q.Get("after"), 10, 64)
+	limit, err := strconv.Atoi(q.Get("limit"))
+	if err != nil || limit <= 0 || limit > 10000 {
+		limit = 1000
+	}
+	ev, err := c.store.Events(r.Context(), q.Get("service"), q.Get("replica"), after, limit)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if ev == nil {
+		writeJSON(w, http.StatusOK, []struct{}{})
+		return
+	}
+	writeJSON(w, http.StatusOK, ev)
+}
+
+// logs serves a replica's output from offset (?offset=N); X-Log-Offset says where the next
+// read starts, so `serve logs --follow` polls without re-reading.
+func (c *Controller) logs(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("replica")
+	c.mu.Lock()
+	provider := ""
+	for _, s := range c.services {
+		if rep := s.replicas[id]; rep != nil {
+			provider = rep.row.Provider
+		}
+	}
+	c.mu.Unlock()
+	if provider == "" {
+		rows, err := c.store.Replicas(r.Context(), "", true)
+		if err == nil {
+			for _, row := range rows {
+				if row.ID == id {
+					provider = row.Provider
+				}
+			}
+		}
+	}
+	if provider == "" {
+		writeErr(w, fmt.Errorf("replica %q: %w", id, ErrNotFound))
+		return
+	}
+	p, err := c.provider(provider)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	src, ok := p.(LogSource)
+	if !ok {
+		writeErr(w, fmt.Errorf("%w: provider %s keeps no logs here", errBadRequest, provider))
+		return
+	}
+	f, err := os.Open(src.LogPath(id))
+	if err != nil {
+		writeErr(w, fmt.Errorf("replica %s log: %w", id, ErrNotFound))
+		return
+	}
+	defer f.Close()
+	off, _ := strconv.ParseInt(r.URL.Query().Get("offset"), 10, 64)
+	if off > 0 {
+		if _, err := f.Seek(off, io.SeekStart); err != nil {
+			writeErr(w, err)
+			return
+		}
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Log-Offset", strconv.FormatInt(off+int64(len(b)), 10))
+	_, _ = w.Write(b)
+}
+
+// readySet long-polls: it answers at once when the caller's revision (?after=N) is not the
+// current one, else when the set changes or after ?wait (at most 60 s).
+func (c *Controller) readySet(w http.ResponseWriter, r *http.Request) {
+	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
+	wait, err := time.ParseDuration(r.URL.Query().Get("wait"))
+	if err != nil || wait < 0 {
+		wait = 0
+	}
+	wait = min(wait, 60*time.Second)
+	set, changed := c.ReadySet()
+	if set.Revision == after && wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-changed:
+			set, _ = c.ReadySet()
+		case <-t.C:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, set)
+}
+
+func (c *Controller) load(w http.ResponseWriter, r *http.Request) {
+	var rep fleet.LoadReport
+	if err := decode(r, &rep); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if rep.Router == "" {
+		writeErr(w, fmt.Errorf("%w: router: required", errBadRequest))
+		return
+	}
+	c.Report(rep)
+	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}
+
+func (c *Controller) wake(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Model string `json:"model"`
+	}
+	if err := decode(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if err := c.Wake(req.Model); err != nil {
+		writeErr(w, fmt.Errorf("%w", ErrNotFound))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}

@@ -1,0 +1,324 @@
+// Package control is Arbiter's control plane: it owns services, decides how many replicas
+// each needs (scaling.Decider), launches and terminates them through providers, probes
+// their readiness, persists everything in the state file, and publishes the ready set that
+// routers follow.
+//
+// Every replica move goes through transition, which checks the life-cycle edge, writes the
+// row and its event, and republishes the ready set when the move changes what routers see.
+// Slow work (launch, probe, terminate) runs in goroutines that own their replica (busy)
+// until they report back under the controller's lock.
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/scaling"
+	"github.com/arbiter-serve/arbiter/spec"
+	"github.com/arbiter-serve/arbiter/state"
+)
+
+// Config configures a controller.
+type Config struct {
+	Store     *state.Store
+	Providers map[string]replicas.Provider
+	// Token protects the API; routers and the CLI send it as a bearer token.
+	Token string
+	// Tick is how often each service is reconciled (and its decider consulted).
+	Tick time.Duration
+	// DrainTimeout bounds how long a draining replica waits for its in-flight requests.
+	DrainTimeout time.Duration
+	// Endpoint is the router URL users call, shown by `serve status`.
+	Endpoint string
+	Log      *slog.Logger
+	Now      func() time.Time
+}
+
+// Controller is the control plane.
+type Controller struct {
+	cfg    Config
+	store  *state.Store
+	log    *slog.Logger
+	probes *http.Client
+
+	mu       sync.Mutex
+	services map[string]*service
+	routers  map[string]routerReport
+	revision uint64
+	changed  chan struct{} // closed when the ready set changes
+	kick     chan struct{}
+	wg       sync.WaitGroup // background work on replicas
+}
+
+type service struct {
+	name     string
+	version  int
+	specs    map[int]*spec.Service
+	decider  *scaling.Decider
+	target   int
+	decision scaling.Decision
+	deleting bool
+	learned  []string // model names replicas reported
+	replicas map[string]*replica
+	setup    map[int]*sync.Mutex // per version: setup runs once, launches wait for it
+
+	// Load since the last tick, from router reports.
+	requests, tokens float64
+	woken            bool
+}
+
+type replica struct {
+	row           state.Replica
+	busy          bool // a goroutine is launching, probing or terminating it
+	nextProbe     time.Time
+	fails         int
+	notReadySince time.Time
+	drainSince    time.Time
+}
+
+type routerReport struct {
+	at  time.Time
+	rep fleet.LoadReport
+}
+
+// New opens a controller over its state and recovers: it re-reads services, adopts live
+// replicas it recorded, and terminates what it does not recognise. Call Run next.
+func New(ctx context.Context, cfg Config) (*Controller, error) {
+	if cfg.Store == nil || len(cfg.Providers) == 0 {
+		return nil, errors.New("control: a store and at least one provider are required")
+	}
+	if cfg.Tick <= 0 {
+		cfg.Tick = time.Second
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 120 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	c := &Controller{cfg: cfg, store: cfg.Store, log: cfg.Log, probes: &http.Client{},
+		services: map[string]*service{}, routers: map[string]routerReport{}, changed: make(chan struct{}), kick: make(chan struct{}, 1)}
+	if err := c.recover(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Run reconciles every service each tick until ctx ends; then waits for work in flight.
+// Replicas keep running when the control plane stops: a restart adopts them.
+func (c *Controller) Run(ctx context.Context) {
+	t := time.NewTicker(c.cfg.Tick)
+	defer t.Stop()
+	for {
+		c.tick(ctx)
+		select {
+		case <-ctx.Done():
+			c.wg.Wait()
+			return
+		case <-t.C:
+		case <-c.kick:
+		}
+	}
+}
+
+func (c *Controller) kickNow() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// publish marks the ready set changed. Caller holds c.mu.
+func (c *Controller) publish() {
+	c.revision++
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// ReadySet returns the current ready set and a channel closed when it changes.
+func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	set := fleet.ReadySet{Revision: c.revision, Services: []fleet.Service{}, Replicas: []fleet.Replica{}}
+	for _, s := range sortedServices(c.services) {
+		set.Services = append(set.Services, fleet.Service{Name: s.name, Models: s.models()})
+		for _, r := range sortedReplicas(s.replicas) {
+			st := replicas.State(r.row.State)
+			if !st.Serving() || r.row.Address == "" || r.row.Model == "" {
+				continue
+			}
+			set.Replicas = append(set.Replicas, fleet.Replica{ID: r.row.ID, Address: r.row.Address, Model: r.row.Model,
+				Provider: r.row.Provider, Region: r.row.Region, Zone: r.row.Zone, Capacity: fleet.Capacity(r.row.Capacity),
+				PricePerHour: r.row.PricePerHour, Version: r.row.Version, Draining: st == replicas.Draining})
+		}
+	}
+	return set, c.changed
+}
+
+func (s *service) spec() *spec.Service { return s.specs[s.version] }
+
+// models is what the service serves: its spec's names, then what replicas reported.
+func (s *service) models() []string {
+	out := slices.Clone(s.spec().Arbiter.Models)
+	for _, m := range s.learned {
+		if !slices.Contains(out, m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func sortedServices(m map[string]*service) []*service {
+	out := make([]*service, 0, len(m))
+	for _, s := range m {
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b *service) int { return cmp(a.name, b.name) })
+	return out
+}
+
+func sortedReplicas(m map[string]*replica) []*replica {
+	out := make([]*replica, 0, len(m))
+	for _, r := range m {
+		out = append(out, r)
+	}
+	// Launch order, then ID: the order scale-down and status read in.
+	slices.SortFunc(out, func(a, b *replica) int {
+		if d := a.row.LaunchedAt.Compare(b.row.LaunchedAt); d != 0 {
+			return d
+		}
+		return cmp(a.row.ID, b.row.ID)
+	})
+	return out
+}
+
+func cmp(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// transition moves a replica along the life cycle and records why. Caller holds c.mu.
+func (c *Controller) transition(ctx context.Context, s *service, r *replica, to replicas.State, reason string) {
+	from := replicas.State(r.row.State)
+	if from == to {
+		return
+	}
+	if err := replicas.CheckTransition(from, to); err != nil {
+		c.log.Error("bug: illegal replica transition", "replica", r.row.ID, "err", err, "reason", reason)
+		return
+	}
+	now := c.cfg.Now()
+	r.row.State, r.row.Reason = string(to), reason
+	switch to {
+	case replicas.Ready:
+		r.row.ReadyAt, r.fails = now, 0
+	case replicas.NotReady:
+		r.notReadySince = now
+	case replicas.Draining:
+		r.drainSince = now
+	case replicas.Terminated:
+		r.row.EndedAt = now
+	}
+	if err := c.store.SaveReplica(ctx, r.row, string(from), now); err != nil {
+		// The in-memory state still moves: the next save of this row carries it, and a crash
+		// before that is recovered from what the provider says, which is the truth anyway.
+		c.log.Error("state write failed", "replica", r.row.ID, "err", err)
+	}
+	c.log.Info("replica "+string(to), "service", s.name, "replica", r.row.ID, "from", from, "reason", reason)
+	if from.Serving() || to.Serving() {
+		c.publish()
+	}
+	if to == replicas.Terminated {
+		delete(s.replicas, r.row.ID)
+	}
+}
+
+func (c *Controller) event(ctx context.Context, service, replica, kind, msg string) {
+	if err := c.store.AddEvent(ctx, c.cfg.Now(), service, replica, kind, msg); err != nil {
+		c.log.Error("event log write failed", "err", err)
+	}
+}
+
+// serviceFor maps a model name to the service that serves it: by name, else the only
+// service that has not said which models it serves.
+func (c *Controller) serviceFor(model string) *service {
+	var unnamed []*service
+	for _, s := range c.services {
+		if slices.Contains(s.models(), model) {
+			return s
+		}
+		if len(s.models()) == 0 {
+			unnamed = append(unnamed, s)
+		}
+	}
+	if len(unnamed) == 1 && len(c.services) == 1 {
+		return unnamed[0]
+	}
+	return nil
+}
+
+// scalingConfig maps a spec onto the decider's configuration.
+func scalingConfig(sp *spec.Service) scaling.Config {
+	rp, as := sp.Service.ReplicaPolicy, sp.Arbiter.Autoscaling
+	cfg := scaling.Config{
+		Signal:           scaling.Signal(as.Signal),
+		MinReplicas:      rp.MinReplicas,
+		MaxReplicas:      rp.MaxReplicas,
+		NumOverprovision: rp.NumOverprovision,
+		StableWindow:     seconds(as.StableWindowSeconds),
+		PanicWindow:      seconds(as.PanicWindowSeconds),
+		PanicThreshold:   as.PanicThreshold,
+		UpscaleDelay:     seconds(rp.UpscaleDelaySeconds),
+		DownscaleDelay:   seconds(rp.DownscaleDelaySeconds),
+		ScaleToZeroAfter: seconds(sp.Arbiter.ScaleToZeroAfterSeconds),
+	}
+	switch cfg.Signal {
+	case scaling.SignalQPS:
+		cfg.TargetPerReplica = rp.TargetQPSPerReplica
+	case scaling.SignalTokens:
+		cfg.TargetPerReplica = as.TargetTokensPerSecondPerReplica
+	default:
+		cfg.TargetPerReplica = as.TargetConcurrencyPerReplica
+	}
+	if cfg.TargetPerReplica <= 0 {
+		// A fixed-size service has no load target; any positive one works because min = max.
+		cfg.TargetPerReplica = 1
+	}
+	return cfg
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// newService builds a service's runtime from its current version.
+func (c *Controller) newService(name string, version int, sp *spec.Service, now time.Time) (*service, error) {
+	d, err := scaling.NewDecider(scalingConfig(sp), now)
+	if err != nil {
+		return nil, fmt.Errorf("service %s: autoscaling: %w", name, err)
+	}
+	return &service{name: name, version: version, specs: map[int]*spec.Service{version: sp}, decider: d,
+		replicas: map[string]*replica{}, setup: map[int]*sync.Mutex{}}, nil
+}
+
+func (c *Controller) provider(name string) (replicas.Provider, error) {
+	p, ok := c.cfg.Providers[name]
+	if !ok {
+		return nil, fmt.Errorf("provider %q is not configured in this control plane", name)
+	}
+	return p, nil
+}

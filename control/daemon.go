@@ -1,0 +1,139 @@
+package control
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/state"
+)
+
+// DaemonOptions is a whole control-plane process: its home directory (state file, token,
+// replica logs), where its API listens, and how it runs local replicas.
+type DaemonOptions struct {
+	Home string
+	API  string // listen address of the HTTP API
+	// Token protects the API; empty: read <home>/token, creating it if missing.
+	Token        string
+	Tick         time.Duration
+	DrainTimeout time.Duration
+	Endpoint     string
+	// BinDir is prepended to replicas' PATH (where Arbiter's own binaries live).
+	BinDir string
+	// LocalGrace is how long a local replica has between SIGTERM and SIGKILL.
+	LocalGrace time.Duration
+	Log        *slog.Logger
+	// Ready, if set, is called with the API's bound address once it serves.
+	Ready func(api net.Addr)
+}
+
+// Paths inside a home directory.
+func StatePath(home string) string { return filepath.Join(home, "state.db") }
+func TokenPath(home string) string { return filepath.Join(home, "token") }
+
+// Owner names a home's replicas to its provider (the local provider's process tag): two
+// control planes with different homes never touch each other's replicas.
+func Owner(home string) string {
+	abs, err := filepath.Abs(home)
+	if err != nil {
+		abs = home
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return "arbiter-" + hex.EncodeToString(sum[:6])
+}
+
+// EnsureToken returns the home's API token, creating a random one (mode 0600) if missing.
+func EnsureToken(home string) (string, error) {
+	if b, err := os.ReadFile(TokenPath(home)); err == nil {
+		if t := strings.TrimSpace(string(b)); t != "" {
+			return t, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	var raw [24]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", err
+	}
+	t := hex.EncodeToString(raw[:])
+	if err := os.WriteFile(TokenPath(home), []byte(t+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write token: %w", err)
+	}
+	return t, nil
+}
+
+// Serve runs a control plane until ctx ends.
+func Serve(ctx context.Context, o DaemonOptions) error {
+	if err := os.MkdirAll(o.Home, 0o700); err != nil {
+		return fmt.Errorf("home %s: %w", o.Home, err)
+	}
+	if o.Token == "" {
+		t, err := EnsureToken(o.Home)
+		if err != nil {
+			return err
+		}
+		o.Token = t
+	}
+	if h, _, err := net.SplitHostPort(o.API); err == nil && !loopback(h) {
+		o.Log.Warn("the control plane API listens beyond loopback; its token is its only protection", "api", o.API)
+	}
+	store, err := state.Open(StatePath(o.Home))
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	local, err := replicas.NewLocal(replicas.LocalConfig{Owner: Owner(o.Home), LogDir: filepath.Join(o.Home, "logs"), ExtraPath: o.BinDir,
+		Capacity: fleet.Reserved, Region: "local", Zone: "local", Grace: o.LocalGrace, Log: o.Log})
+	if err != nil {
+		return err
+	}
+	c, err := New(ctx, Config{Store: store, Providers: map[string]replicas.Provider{"local": local}, Token: o.Token,
+		Tick: o.Tick, DrainTimeout: o.DrainTimeout, Endpoint: o.Endpoint, Log: o.Log})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.API)
+	if err != nil {
+		return fmt.Errorf("control plane API: %w", err)
+	}
+	srv := &http.Server{Handler: c.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { c.Run(runCtx); close(done) }()
+	o.Log.Info("control plane serving", "api", ln.Addr().String(), "home", o.Home, "owner", Owner(o.Home))
+	if o.Ready != nil {
+		o.Ready(ln.Addr())
+	}
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
+	}
+	stop()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	<-done
+	return err
+}
+
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

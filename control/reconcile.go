@@ -1,0 +1,476 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/scaling"
+	"github.com/arbiter-serve/arbiter/state"
+)
+
+// reportTTL is how long a router's last report counts: a router that stopped reporting
+// (crashed, partitioned) must not keep a service scaled up, nor keep a drain waiting.
+const reportTTL = 5 * time.Second
+
+func (c *Controller) tick(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.cfg.Now()
+	inflight, held, perReplica := c.levels(now)
+	for _, s := range sortedServices(c.services) {
+		if s.deleting {
+			c.tearDown(ctx, s)
+			continue
+		}
+		smp := scaling.Sample{At: now, Requests: s.requests, Tokens: s.tokens, InFlight: inflight[s.name], Waiting: held[s.name]}
+		if s.woken && smp.Waiting == 0 {
+			smp.Waiting = 1 // a wake raced ahead of the router's next report
+		}
+		s.requests, s.tokens, s.woken = 0, 0, false
+		s.decider.Record(smp)
+		d := s.decider.Decide(now, s.count(s.version, replicas.Ready), s.target)
+		if d.Target != s.target {
+			c.event(ctx, s.name, "", "scale", fmt.Sprintf("target %d → %d: %s", s.target, d.Target, d.Reason))
+			c.log.Info("scale", "service", s.name, "from", s.target, "to", d.Target, "reason", d.Reason)
+			s.target = d.Target
+		}
+		s.decision = d
+		c.reconcile(ctx, s, perReplica, now)
+	}
+}
+
+// levels sums the routers' current in-flight and held requests per service, and in-flight
+// per replica, over reports fresher than reportTTL.
+func (c *Controller) levels(now time.Time) (inflight, held map[string]float64, perReplica map[string]int) {
+	inflight, held, perReplica = map[string]float64{}, map[string]float64{}, map[string]int{}
+	for id, rr := range c.routers {
+		if now.Sub(rr.at) > reportTTL {
+			delete(c.routers, id)
+			continue
+		}
+		for _, m := range rr.rep.Models {
+			if s := c.serviceFor(m.Model); s != nil {
+				inflight[s.name] += m.InFlight
+				held[s.name] += m.Held
+			}
+		}
+		for _, l := range rr.rep.Replicas {
+			perReplica[l.ReplicaID] += l.InFlight
+		}
+	}
+	return inflight, held, perReplica
+}
+
+// Report takes one router's load report.
+func (c *Controller) Report(rep fleet.LoadReport) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.routers[rep.Router] = routerReport{at: c.cfg.Now(), rep: rep}
+	for _, m := range rep.Models {
+		if s := c.serviceFor(m.Model); s != nil {
+			s.requests += m.Requests
+			s.tokens += m.Tokens
+		}
+	}
+}
+
+// Wake is a router's signal that a request waits for model with no replica ready.
+func (c *Controller) Wake(model string) error {
+	c.mu.Lock()
+	s := c.serviceFor(model)
+	if s != nil {
+		s.woken = true
+	}
+	c.mu.Unlock()
+	if s == nil {
+		return fmt.Errorf("no service serves model %q", model)
+	}
+	c.kickNow()
+	return nil
+}
+
+// live reports whether a replica counts toward its version's size.
+func live(st replicas.State) bool {
+	switch st {
+	case replicas.Pending, replicas.Provisioning, replicas.Starting, replicas.Ready, replicas.NotReady:
+		return true
+	}
+	return false
+}
+
+func (s *service) count(version int, st replicas.State) int {
+	n := 0
+	for _, r := range s.replicas {
+		if r.row.Version == version && replicas.State(r.row.State) == st {
+			n++
+		}
+	}
+	return n
+}
+
+// reconcile moves a service toward its target: launches what is missing, drains what is
+// extra (rolling old versions out as new replicas get ready), finishes drains and cleans up
+// failures. Caller holds c.mu.
+func (c *Controller) reconcile(ctx context.Context, s *service, perReplica map[string]int, now time.Time) {
+	var cur, old []*replica
+	for _, r := range sortedReplicas(s.replicas) {
+		st := replicas.State(r.row.State)
+		switch {
+		case live(st) && r.row.Version == s.version:
+			cur = append(cur, r)
+		case live(st):
+			old = append(old, r)
+		}
+	}
+	for range s.target - len(cur) {
+		c.launch(ctx, s)
+	}
+	if extra := len(cur) - s.target; extra > 0 {
+		c.drainSome(ctx, s, cur, extra, "scale down: "+s.decision.Reason)
+	}
+	// Rolling update: old replicas leave as new ones become ready, never before, so the
+	// service always has as many ready replicas as its target allows.
+	newReady := s.count(s.version, replicas.Ready)
+	keep := max(0, s.target-newReady)
+	oldReady := 0
+	for _, r := range old {
+		if replicas.State(r.row.State) == replicas.Ready {
+			oldReady++
+		}
+	}
+	if n := len(old) - min(keep, oldReady); n > 0 {
+		c.drainSome(ctx, s, old, n, fmt.Sprintf("replaced by version %d", s.version))
+	}
+	for _, r := range s.replicas {
+		if r.busy {
+			continue
+		}
+		switch replicas.State(r.row.State) {
+		case replicas.Draining:
+			if n := perReplica[r.row.ID]; (n == 0 && now.Sub(r.drainSince) >= time.Second) || now.Sub(r.drainSince) >= c.cfg.DrainTimeout {
+				c.terminate(ctx, s, r, fmt.Sprintf("drained (%d requests in flight)", n))
+			}
+		case replicas.Failed, replicas.Preempted:
+			c.terminate(ctx, s, r, "cleaning up after "+r.row.State)
+		case replicas.Starting, replicas.Ready, replicas.NotReady:
+			if !now.Before(r.nextProbe) {
+				c.check(ctx, s, r)
+			}
+		}
+	}
+}
+
+// drainSome drains n of rs, the least useful first: not yet ready (newest first), then
+// not ready, then ready (newest first, keeping the warmest caches).
+func (c *Controller) drainSome(ctx context.Context, s *service, rs []*replica, n int, reason string) {
+	rank := func(r *replica) int {
+		switch replicas.State(r.row.State) {
+		case replicas.Pending, replicas.Provisioning, replicas.Starting:
+			return 0
+		case replicas.NotReady:
+			return 1
+		}
+		return 2
+	}
+	order := slices.Clone(rs)
+	slices.SortStableFunc(order, func(a, b *replica) int {
+		if d := rank(a) - rank(b); d != 0 {
+			return d
+		}
+		return b.row.LaunchedAt.Compare(a.row.LaunchedAt)
+	})
+	for _, r := range order {
+		if n == 0 {
+			return
+		}
+		if r.busy {
+			continue // launching: it is counted, and drained on a later tick if still extra
+		}
+		switch replicas.State(r.row.State) {
+		case replicas.Pending:
+			c.transition(ctx, s, r, replicas.Failed, "not needed any more before launch")
+		default:
+			c.transition(ctx, s, r, replicas.Draining, reason)
+		}
+		n--
+	}
+}
+
+// launch records a new replica's intent, then launches it in the background. The row is
+// written before the provider hears of it: that is what makes a crash at any point
+// recoverable without a leak. Caller holds c.mu.
+func (c *Controller) launch(ctx context.Context, s *service) {
+	sp := s.spec()
+	p, err := c.provider(sp.Arbiter.Providers[0])
+	if err != nil {
+		c.event(ctx, s.name, "", "error", err.Error())
+		return
+	}
+	row, err := c.store.NewReplica(ctx, state.Replica{Service: s.name, Version: s.version, Provider: p.Name(), State: string(replicas.Pending),
+		Reason: fmt.Sprintf("target %d", s.target)}, c.cfg.Now())
+	if err != nil {
+		c.log.Error("cannot record launch intent; not launching", "service", s.name, "err", err)
+		return
+	}
+	r := &replica{row: row, busy: true}
+	s.replicas[row.ID] = r
+	c.transition(ctx, s, r, replicas.Provisioning, "launching on "+p.Name())
+	version, setupMu := s.version, s.setupLock(s.version)
+	ls := replicas.LaunchSpec{ReplicaID: row.ID, Service: s.name, Version: version, Run: sp.Run, Workdir: sp.Workdir, Envs: sp.Envs,
+		Capacity: fleet.Capacity(sp.Arbiter.Local.Capacity), Region: sp.Arbiter.Local.Region, Zone: sp.Arbiter.Local.Zone, Port: sp.Service.Port}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		err := c.runSetup(ctx, s.name, version, setupMu, p, sp.Setup, sp.Workdir, sp.Envs)
+		var inst replicas.Instance
+		if err == nil {
+			inst, err = p.Launch(ctx, ls)
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		r.busy = false
+		if err != nil {
+			c.transition(ctx, s, r, replicas.Failed, "launch failed: "+err.Error())
+			return
+		}
+		c.adopt(r, inst)
+		c.transition(ctx, s, r, replicas.Starting, "launched; waiting for its readiness probe")
+		r.nextProbe = c.cfg.Now()
+	}()
+}
+
+func (c *Controller) adopt(r *replica, inst replicas.Instance) {
+	r.row.Handle, r.row.Address = inst.Handle, inst.Address
+	r.row.Capacity, r.row.Region, r.row.Zone, r.row.PricePerHour = string(inst.Capacity), inst.Region, inst.Zone, inst.PricePerHour
+}
+
+func (s *service) setupLock(version int) *sync.Mutex {
+	if s.setup[version] == nil {
+		s.setup[version] = &sync.Mutex{}
+	}
+	return s.setup[version]
+}
+
+// runSetup runs a version's setup once (recorded in the state, so a restart does not run
+// it again); concurrent launches of the version wait for it.
+func (c *Controller) runSetup(ctx context.Context, service string, version int, mu *sync.Mutex, p replicas.Provider, setup, workdir string, envs map[string]string) error {
+	mu.Lock()
+	defer mu.Unlock()
+	v, err := c.store.GetVersion(ctx, service, version)
+	if err != nil {
+		return err
+	}
+	if v.SetupDone {
+		return nil
+	}
+	if err := p.Setup(ctx, service, version, setup, workdir, envs); err != nil {
+		return err
+	}
+	return c.store.MarkSetupDone(ctx, service, version)
+}
+
+// check asks the provider whether the replica still runs and probes its readiness, in the
+// background. Caller holds c.mu.
+func (c *Controller) check(ctx context.Context, s *service, r *replica) {
+	sp := s.specs[r.row.Version]
+	if sp == nil {
+		sp = s.spec()
+	}
+	rp := sp.Service.ReadinessProbe
+	probe := replicas.ProbeSpec{Path: rp.Path, PostData: rp.PostData, Headers: rp.Headers, Timeout: seconds(rp.TimeoutSeconds)}
+	interval := seconds(sp.Arbiter.Readiness.ProbeIntervalSeconds)
+	threshold := sp.Arbiter.Readiness.FailureThreshold
+	budget := seconds(sp.Arbiter.Readiness.ReadyBudgetSeconds)
+	p, err := c.provider(r.row.Provider)
+	if err != nil {
+		c.transition(ctx, s, r, replicas.Failed, err.Error())
+		return
+	}
+	r.busy = true
+	row := r.row
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		st, serr := p.Status(ctx, row.Handle)
+		var perr error
+		var models []string
+		if serr == nil && st == replicas.StatusRunning {
+			perr = replicas.Probe(ctx, c.probes, row.Address, probe)
+			if perr == nil && replicas.State(row.State) != replicas.Ready {
+				models = c.servedModels(ctx, row.Address, probe.Timeout)
+			}
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		r.busy = false
+		now := c.cfg.Now()
+		r.nextProbe = now.Add(interval)
+		if ctx.Err() != nil || replicas.State(r.row.State) != replicas.State(row.State) {
+			return // stopping, or moved (drained) while we probed
+		}
+		if serr == nil && st == replicas.StatusGone {
+			c.transition(ctx, s, r, replicas.Failed, "its process exited or the instance is gone")
+			return
+		}
+		switch replicas.State(r.row.State) {
+		case replicas.Starting:
+			if perr == nil {
+				c.learnModels(s, r, models)
+				c.transition(ctx, s, r, replicas.Ready, fmt.Sprintf("readiness probe passed after %s", now.Sub(r.row.LaunchedAt).Round(100*time.Millisecond)))
+			} else if now.Sub(r.row.LaunchedAt) > budget {
+				c.transition(ctx, s, r, replicas.Failed, fmt.Sprintf("not ready within its %s budget (last probe: %v); replacing it", budget, perr))
+			}
+		case replicas.Ready:
+			if perr == nil {
+				r.fails = 0
+			} else if r.fails++; r.fails >= threshold {
+				c.transition(ctx, s, r, replicas.NotReady, fmt.Sprintf("%d probes failed in a row: %v", r.fails, perr))
+			}
+		case replicas.NotReady:
+			if perr == nil {
+				r.fails = 0
+				c.transition(ctx, s, r, replicas.Ready, "readiness probe passed again")
+			} else if now.Sub(r.notReadySince) > budget {
+				c.transition(ctx, s, r, replicas.Failed, fmt.Sprintf("not ready for %s: %v; replacing it", budget, perr))
+			}
+		}
+	}()
+}
+
+// servedModels asks a replica which models it serves (the OpenAI /v1/models list).
+func (c *Controller) servedModels(ctx context.Context, addr string, timeout time.Duration) []string {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/models", nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := c.probes.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list) != nil {
+		return nil
+	}
+	var out []string
+	for _, m := range list.Data {
+		if m.ID != "" {
+			out = append(out, m.ID)
+		}
+	}
+	return out
+}
+
+// learnModels picks the model name routers will send to the replica: the spec's first
+// model the replica serves, else the first it lists.
+func (c *Controller) learnModels(s *service, r *replica, models []string) {
+	for _, m := range models {
+		if !slices.Contains(s.learned, m) {
+			s.learned = append(s.learned, m)
+		}
+	}
+	r.row.Model = ""
+	for _, m := range s.spec().Arbiter.Models {
+		if slices.Contains(models, m) {
+			r.row.Model = m
+			break
+		}
+	}
+	if r.row.Model == "" && len(models) > 0 {
+		r.row.Model = models[0]
+	}
+	if r.row.Model == "" && len(s.spec().Arbiter.Models) > 0 {
+		r.row.Model = s.spec().Arbiter.Models[0] // a server without /v1/models: trust the spec
+	}
+}
+
+// terminate stops a replica through its provider in the background and marks it
+// terminated once the provider confirms. Caller holds c.mu.
+func (c *Controller) terminate(ctx context.Context, s *service, r *replica, reason string) {
+	st := replicas.State(r.row.State)
+	if st != replicas.Draining && st != replicas.Failed && st != replicas.Preempted {
+		c.transition(ctx, s, r, replicas.Draining, reason)
+	}
+	p, err := c.provider(r.row.Provider)
+	if err != nil {
+		c.log.Error("cannot terminate", "replica", r.row.ID, "err", err)
+		return
+	}
+	r.busy = true
+	row := r.row
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		// Termination must finish even when the control plane is stopping: a replica whose
+		// termination was cut short is found and finished after the restart anyway, but not
+		// starting one that was decided is better.
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		err := c.terminateInstance(tctx, p, row)
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		r.busy = false
+		if err != nil {
+			c.log.Error("terminate failed; will retry", "replica", row.ID, "err", err)
+			return
+		}
+		c.transition(ctx, s, r, replicas.Terminated, reason)
+	}()
+}
+
+// terminateInstance terminates by handle, or, for a replica whose launch was never
+// recorded back (a crash mid-launch), by finding it in the provider's own list.
+func (c *Controller) terminateInstance(ctx context.Context, p replicas.Provider, row state.Replica) error {
+	if row.Handle != "" {
+		return p.Terminate(ctx, row.Handle)
+	}
+	insts, err := p.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, in := range insts {
+		if in.ReplicaID == row.ID {
+			if err := p.Terminate(ctx, in.Handle); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// tearDown terminates every replica of a deleted service, then forgets it. Caller holds c.mu.
+func (c *Controller) tearDown(ctx context.Context, s *service) {
+	for _, r := range s.replicas {
+		if r.busy {
+			continue
+		}
+		if replicas.State(r.row.State) == replicas.Pending {
+			c.transition(ctx, s, r, replicas.Failed, "service deleted before launch")
+		}
+		c.terminate(ctx, s, r, "service deleted")
+	}
+	if len(s.replicas) > 0 {
+		return
+	}
+	if err := c.store.DeleteService(ctx, s.name, c.cfg.Now()); err != nil {
+		c.log.Error("delete service", "service", s.name, "err", err)
+		return
+	}
+	delete(c.services, s.name)
+	c.publish()
+	c.log.Info("service deleted", "service", s.name)
+}

@@ -1,0 +1,288 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/spec"
+	"github.com/arbiter-serve/arbiter/state"
+)
+
+// ErrExists is returned by Create for a name already in use.
+var ErrExists = errors.New("already exists")
+
+// ErrNotFound is returned for an unknown service.
+var ErrNotFound = state.ErrNotFound
+
+// parseSpec validates a submitted spec; the file name is only for messages.
+func (c *Controller) parseSpec(name, text string) (*spec.Service, error) {
+	sp, err := spec.Parse(name+".yaml", []byte(text))
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range sp.Arbiter.Providers {
+		if _, err := c.provider(p); err != nil {
+			return nil, fmt.Errorf("arbiter.providers: %w (configured: %v)", err, c.providerNames())
+		}
+	}
+	return sp, nil
+}
+
+func (c *Controller) providerNames() []string {
+	var out []string
+	for n := range c.cfg.Providers {
+		out = append(out, n)
+	}
+	return out
+}
+
+// Create submits a new service.
+func (c *Controller) Create(ctx context.Context, name, text string) (int, error) {
+	if err := validName(name); err != nil {
+		return 0, err
+	}
+	sp, err := c.parseSpec(name, text)
+	if err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s, ok := c.services[name]; ok {
+		if s.deleting {
+			return 0, fmt.Errorf("service %q is still shutting down; wait for `serve down` to finish: %w", name, ErrExists)
+		}
+		return 0, fmt.Errorf("service %q: %w; use `serve update %s FILE` to change it", name, ErrExists, name)
+	}
+	now := c.cfg.Now()
+	v, err := c.store.PutService(ctx, name, text, now)
+	if err != nil {
+		return 0, err
+	}
+	s, err := c.newService(name, v, sp, now)
+	if err != nil {
+		return 0, err
+	}
+	c.services[name] = s
+	c.publish()
+	c.kickNow()
+	return v, nil
+}
+
+// Update submits a new version of a service: a rolling update.
+func (c *Controller) Update(ctx context.Context, name, text string) (int, error) {
+	sp, err := c.parseSpec(name, text)
+	if err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.services[name]
+	if !ok || s.deleting {
+		return 0, fmt.Errorf("service %q: %w", name, ErrNotFound)
+	}
+	if err := s.decider.SetConfig(scalingConfig(sp)); err != nil {
+		return 0, fmt.Errorf("service %s: autoscaling: %w", name, err)
+	}
+	v, err := c.store.PutService(ctx, name, text, c.cfg.Now())
+	if err != nil {
+		return 0, err
+	}
+	s.version, s.specs[v] = v, sp
+	c.publish()
+	c.kickNow()
+	return v, nil
+}
+
+// Delete starts tearing a service down; it is gone once every replica is terminated.
+func (c *Controller) Delete(ctx context.Context, name string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.services[name]
+	if !ok {
+		return fmt.Errorf("service %q: %w", name, ErrNotFound)
+	}
+	if err := c.store.SetServiceStatus(ctx, name, "deleting", c.cfg.Now()); err != nil {
+		return err
+	}
+	s.deleting = true
+	c.kickNow()
+	return nil
+}
+
+func validName(name string) error {
+	if name == "" || len(name) > 63 {
+		return fmt.Errorf("service name %q: want 1-63 characters", name)
+	}
+	for i, r := range name {
+		ok := r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' && i > 0
+		if !ok {
+			return fmt.Errorf("service name %q: use lower-case letters, digits and '-' (not first), e.g. llama-8b", name)
+		}
+	}
+	return nil
+}
+
+// recover rebuilds the runtime from the state file and the providers' own lists: live
+// replicas it recorded are adopted and re-probed, half-launched ones are found by their tag
+// or written off, and anything running that it does not want is terminated.
+func (c *Controller) recover(ctx context.Context) error {
+	now := c.cfg.Now()
+	svcs, err := c.store.Services(ctx)
+	if err != nil {
+		return err
+	}
+	for _, sv := range svcs {
+		v, err := c.store.GetVersion(ctx, sv.Name, sv.Version)
+		if err != nil {
+			return err
+		}
+		sp, err := spec.Parse(sv.Name+".yaml", []byte(v.Spec))
+		if err != nil {
+			return fmt.Errorf("recover service %s: its stored spec no longer loads: %w", sv.Name, err)
+		}
+		s, err := c.newService(sv.Name, sv.Version, sp, now)
+		if err != nil {
+			return err
+		}
+		s.deleting = sv.Status == "deleting"
+		c.services[sv.Name] = s
+	}
+	rows, err := c.store.Replicas(ctx, "", false)
+	if err != nil {
+		return err
+	}
+	running := map[string]replicas.Instance{} // replica ID → instance
+	owner := map[string]replicas.Provider{}
+	for _, p := range c.cfg.Providers {
+		insts, err := p.List(ctx)
+		if err != nil {
+			return fmt.Errorf("recover: list %s: %w", p.Name(), err)
+		}
+		for _, in := range insts {
+			running[in.ReplicaID], owner[in.ReplicaID] = in, p
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, row := range rows {
+		inst, found := running[row.ID]
+		delete(running, row.ID)
+		s := c.services[row.Service]
+		if s == nil {
+			// A row without its service cannot be reconciled; end it the direct way.
+			if found {
+				_ = owner[row.ID].Terminate(ctx, inst.Handle)
+			}
+			row.State, row.Reason, row.EndedAt = string(replicas.Terminated), "its service no longer exists", now
+			_ = c.store.SaveReplica(ctx, row, "unknown", now)
+			continue
+		}
+		if row.Version != s.version && s.specs[row.Version] == nil {
+			if v, err := c.store.GetVersion(ctx, s.name, row.Version); err == nil {
+				if sp, err := spec.Parse(s.name+".yaml", []byte(v.Spec)); err == nil {
+					s.specs[row.Version] = sp
+				}
+			}
+		}
+		r := &replica{row: row, nextProbe: now}
+		s.replicas[row.ID] = r
+		st := replicas.State(row.State)
+		switch {
+		case !found && (st == replicas.Pending || st == replicas.Provisioning):
+			c.transition(ctx, s, r, replicas.Failed, "its launch did not complete before the control plane stopped")
+		case !found && live(st):
+			c.transition(ctx, s, r, replicas.Failed, "gone while the control plane was down")
+		case found && (st == replicas.Pending || st == replicas.Provisioning):
+			c.adopt(r, inst)
+			if st == replicas.Pending {
+				c.transition(ctx, s, r, replicas.Provisioning, "found running after a restart")
+			}
+			c.transition(ctx, s, r, replicas.Starting, "adopted after a restart; probing")
+		case found && live(st):
+			if r.row.Handle == "" {
+				c.adopt(r, inst)
+			}
+			c.event(ctx, s.name, row.ID, "recover", "adopted after a restart; re-probing")
+		}
+		// Draining, failed and preempted rows finish their way out in reconcile.
+		if live(replicas.State(r.row.State)) && r.row.Version == s.version {
+			s.target++
+		}
+	}
+	for id, inst := range running {
+		c.log.Warn("terminating a replica this control plane does not recognise", "replica", id, "handle", inst.Handle)
+		c.event(ctx, "", id, "recover", "running but not recognised (no live row): terminated")
+		if err := owner[id].Terminate(ctx, inst.Handle); err != nil {
+			c.log.Error("terminate unrecognised replica", "replica", id, "err", err)
+		}
+	}
+	for _, s := range c.services {
+		c.log.Info("recovered service", "service", s.name, "version", s.version, "replicas", len(s.replicas), "target", s.target, "deleting", s.deleting)
+	}
+	c.publish()
+	return nil
+}
+
+// ServiceStatus is one service as the API shows it.
+type ServiceStatus struct {
+	Name      string          `json:"name"`
+	Version   int             `json:"version"`
+	Status    string          `json:"status"`
+	CreatedAt time.Time       `json:"created_at"`
+	Target    int             `json:"target"`
+	Decision  string          `json:"decision"`
+	Ready     int             `json:"ready"`
+	Live      int             `json:"live"`
+	Models    []string        `json:"models"`
+	Endpoint  string          `json:"endpoint"`
+	Replicas  []state.Replica `json:"replicas"`
+}
+
+// Status returns every service ("" ) or one.
+func (c *Controller) Status(ctx context.Context, name string) ([]ServiceStatus, error) {
+	rows, err := c.store.Services(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []ServiceStatus
+	for _, row := range rows {
+		if name != "" && row.Name != name {
+			continue
+		}
+		s := c.services[row.Name]
+		if s == nil {
+			continue
+		}
+		st := ServiceStatus{Name: s.name, Version: s.version, CreatedAt: row.CreatedAt, Target: s.target, Decision: s.decision.Reason,
+			Models: s.models(), Endpoint: c.cfg.Endpoint, Replicas: []state.Replica{}}
+		for _, r := range sortedReplicas(s.replicas) {
+			st.Replicas = append(st.Replicas, r.row)
+			if replicas.State(r.row.State) == replicas.Ready {
+				st.Ready++
+			}
+			if live(replicas.State(r.row.State)) {
+				st.Live++
+			}
+		}
+		switch {
+		case s.deleting:
+			st.Status = "shutting_down"
+		case st.Ready > 0:
+			st.Status = "ready"
+		case s.target == 0:
+			st.Status = "scaled_to_zero"
+		default:
+			st.Status = "starting"
+		}
+		out = append(out, st)
+	}
+	if name != "" && len(out) == 0 {
+		return nil, fmt.Errorf("service %q: %w", name, ErrNotFound)
+	}
+	return out, nil
+}

@@ -1,0 +1,281 @@
+// Package e2e runs Arbiter as a user does: the real serve, router and replicasim binaries
+// as processes talking HTTP on loopback, a real SQLite state file, and replicas that are
+// real child processes.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/control"
+	"github.com/arbiter-serve/arbiter/replicas"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "arbiter-e2e-bin")
+	if err != nil {
+		panic(err)
+	}
+	serveArgs := []string{"build", "-o", dir}
+	if raceEnabled {
+		serveArgs = append(serveArgs, "-race")
+	}
+	for _, args := range [][]string{append(serveArgs, "../cmd/serve"), {"build", "-o", dir, "../cmd/replicasim"}} {
+		build := exec.Command("go", args...)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e: build failed:", err)
+			os.Exit(1)
+		}
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// cluster is one Arbiter installation: a home directory and the ports its embedded daemon
+// uses.
+type cluster struct {
+	t                  *testing.T
+	home               string
+	api, listen, admin string
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func newCluster(t *testing.T) *cluster {
+	c := &cluster{t: t, home: t.TempDir(), api: freeAddr(t), listen: freeAddr(t), admin: freeAddr(t)}
+	t.Cleanup(func() {
+		// Whatever a test did, it must not leave replicas behind: end them the way a user
+		// would, then stop the daemon, then check the process table.
+		_, _ = c.serveErr("down", "--all", "--wait", "60s")
+		_, _ = c.serveErr("stop")
+		if left := c.owned(); len(left) > 0 {
+			t.Errorf("replica processes left behind: %v", left)
+			for _, pids := range left {
+				for _, p := range pids {
+					_ = syscall.Kill(p, syscall.SIGKILL)
+				}
+			}
+		}
+	})
+	return c
+}
+
+func (c *cluster) daemonFlags() []string {
+	return []string{"--control-listen", c.api, "--listen", c.listen, "--admin", c.admin, "--tick", "200ms", "--drain-timeout", "5s", "--grace", "2s", "--log-level", "debug"}
+}
+
+func (c *cluster) cmd(args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(binDir, "serve"), append([]string{"--home", c.home}, args...)...)
+	cmd.Env = append(os.Environ(), "ARBITER_HOME="+c.home)
+	return cmd
+}
+
+func (c *cluster) serveErr(args ...string) (string, error) {
+	out, err := c.cmd(args...).CombinedOutput()
+	return string(out), err
+}
+
+func (c *cluster) serve(args ...string) string {
+	c.t.Helper()
+	out, err := c.serveErr(args...)
+	if err != nil {
+		c.t.Fatalf("serve %s: %v\n%s\ndaemon log:\n%s", strings.Join(args, " "), err, out, c.daemonLog())
+	}
+	return out
+}
+
+func (c *cluster) daemonLog() string {
+	b, _ := os.ReadFile(filepath.Join(c.home, "daemon.log"))
+	if len(b) > 8000 {
+		b = b[len(b)-8000:]
+	}
+	return string(b)
+}
+
+// up writes a service file and runs serve up on it.
+func (c *cluster) up(name, yaml string, extra ...string) string {
+	c.t.Helper()
+	path := filepath.Join(c.home, name+".yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	args := append([]string{"up", "-n", name}, extra...)
+	args = append(args, c.daemonFlags()...)
+	return c.serve(append(args, path)...)
+}
+
+func (c *cluster) writeSpec(name, yaml string) string {
+	path := filepath.Join(c.home, name+".yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	return path
+}
+
+func (c *cluster) status(name string) control.ServiceStatus {
+	c.t.Helper()
+	var st []control.ServiceStatus
+	out := c.serve("status", "--json", name)
+	if err := json.Unmarshal([]byte(out), &st); err != nil || len(st) != 1 {
+		c.t.Fatalf("status --json %s: %v\n%s", name, err, out)
+	}
+	return st[0]
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func (c *cluster) waitFor(what string, timeout time.Duration, cond func() bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	c.t.Fatalf("timed out after %s waiting for %s\nstatus:\n%s\ndaemon log:\n%s", timeout, what, c.serve("status"), c.daemonLog())
+}
+
+func (c *cluster) owned() map[string][]int {
+	procs, err := replicas.OwnedProcesses(control.Owner(c.home))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return procs
+}
+
+func (c *cluster) daemonPID() int {
+	b, err := os.ReadFile(filepath.Join(c.home, "daemon.json"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	var info struct{ PID int }
+	if err := json.Unmarshal(b, &info); err != nil {
+		c.t.Fatal(err)
+	}
+	return info.PID
+}
+
+// startDaemon starts the embedded daemon directly (as after a crash, by a supervisor).
+func (c *cluster) startDaemon() {
+	c.t.Helper()
+	logf, err := os.OpenFile(filepath.Join(c.home, "daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer logf.Close()
+	_ = os.Remove(filepath.Join(c.home, "daemon.json"))
+	cmd := c.cmd(append([]string{"daemon"}, c.daemonFlags()...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	go cmd.Wait()
+	c.waitFor("the restarted daemon", 20*time.Second, func() bool {
+		_, err := c.serveErr("status")
+		return err == nil
+	})
+}
+
+// load is a bounded client loop against the endpoint: every request must succeed.
+type load struct {
+	ok, failed atomic.Int64
+	mu         sync.Mutex
+	errs       []string
+	stop       chan struct{}
+	wg         sync.WaitGroup
+}
+
+func (c *cluster) startLoad(model string, workers int, maxTokens int, stream bool) *load {
+	l := &load{stop: make(chan struct{})}
+	client := &http.Client{Timeout: 120 * time.Second}
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"Tell me about GPUs and spot prices."}],"max_tokens":%d,"stream":%v}`, model, maxTokens, stream)
+	deadline := time.Now().Add(3 * time.Minute) // bounded in time even if nobody stops it
+	for range workers {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for n := 0; n < 5000 && time.Now().Before(deadline); n++ {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				resp, err := client.Post("http://"+c.listen+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				var b []byte
+				if err == nil {
+					b, err = io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if err == nil && (resp.StatusCode != 200 || bytes.Contains(b, []byte(`"error"`)) || !bytes.Contains(b, []byte(`"usage"`)) && !stream) {
+						err = fmt.Errorf("HTTP %d: %.200s", resp.StatusCode, b)
+					}
+					if err == nil && stream && !bytes.HasSuffix(bytes.TrimSpace(b), []byte("data: [DONE]")) {
+						err = fmt.Errorf("stream did not end with [DONE]: %.200s", b)
+					}
+				}
+				if err != nil {
+					l.failed.Add(1)
+					l.mu.Lock()
+					if len(l.errs) < 10 {
+						l.errs = append(l.errs, err.Error())
+					}
+					l.mu.Unlock()
+					continue
+				}
+				l.ok.Add(1)
+			}
+		}()
+	}
+	return l
+}
+
+func (l *load) finish(t *testing.T, what string) {
+	t.Helper()
+	close(l.stop)
+	l.wg.Wait()
+	t.Logf("%s: %d requests ok, %d failed", what, l.ok.Load(), l.failed.Load())
+	if l.failed.Load() > 0 || l.ok.Load() == 0 {
+		t.Errorf("%s: %d ok, %d failed; first errors: %v", what, l.ok.Load(), l.failed.Load(), l.errs)
+	}
+}
+
+// request sends one chat request and returns its status and body.
+func (c *cluster) request(ctx context.Context, model string) (int, string, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.listen+"/v1/chat/completions",
+		strings.NewReader(fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":8}`, model)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}

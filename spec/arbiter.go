@@ -1,0 +1,225 @@
+package spec
+
+import (
+	"fmt"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+var (
+	arbiterKeys = []string{
+		"model", "models", "routing_policy", "slo", "spot_policy", "reserved", "providers",
+		"scale_to_zero_after_seconds", "autoscaling", "readiness", "local",
+	}
+	sloKeys         = []string{"ttft_seconds", "tpot_seconds", "e2e_seconds", "percentile"}
+	spotPolicyKeys  = []string{"max_price_ratio"}
+	reservedKeys    = []string{"provider", "region", "zone", "accelerator", "count", "price_per_hour"}
+	autoscalingKeys = []string{
+		"signal", "target_concurrency_per_replica", "target_tokens_per_second_per_replica",
+		"stable_window_seconds", "panic_window_seconds", "panic_threshold", "decision_interval_seconds",
+	}
+	readinessKeys = []string{"probe_interval_seconds", "failure_threshold", "ready_budget_seconds"}
+	localKeys     = []string{"capacity", "price_per_hour", "region", "zone"}
+
+	routingPolicies = []string{"slo_cheapest", "least_load", "round_robin"}
+	knownProviders  = []string{"local", "sim", "kubernetes", "aws"}
+	signals         = []string{"qps", "concurrency", "tokens_per_second"}
+	capacities      = []string{"reserved", "spot", "on_demand"}
+)
+
+// readyBudgetMargin is added to initial_delay_seconds for the default ready budget: the
+// initial delay is how long SkyServe tolerates failing probes, and a replica still not ready
+// some minutes later is stuck rather than slow.
+const readyBudgetMargin = 300
+
+func defaultArbiter() Arbiter {
+	return Arbiter{
+		RoutingPolicy:           "slo_cheapest",
+		SLO:                     SLO{TTFTSeconds: 2, TPOTSeconds: 0.1, Percentile: 0.9},
+		SpotPolicy:              SpotPolicy{MaxPriceRatio: 0.6},
+		Providers:               []string{"local"},
+		ScaleToZeroAfterSeconds: 300,
+		Autoscaling: Autoscaling{
+			Signal:                      "concurrency",
+			TargetConcurrencyPerReplica: 8,
+			StableWindowSeconds:         60,
+			PanicWindowSeconds:          6,
+			PanicThreshold:              2,
+			DecisionIntervalSeconds:     1,
+		},
+		Readiness: Readiness{ProbeIntervalSeconds: 10, FailureThreshold: 3},
+		Local:     Local{Capacity: "reserved", Region: "local", Zone: "local"},
+	}
+}
+
+// arbiter reads the arbiter: section over the defaults in a. Defaults that depend on other
+// sections (signal, routing policy, ready budget) are settled in crossCheck.
+func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
+	b := d.block("arbiter", at, n, arbiterKeys)
+	if b == nil {
+		return
+	}
+	d.models(b, a)
+	b.enum("routing_policy", routingPolicies, &a.RoutingPolicy)
+
+	if v := b.get("slo"); v != nil {
+		s := d.block("arbiter.slo", b.key("slo"), v, sloKeys)
+		const want = "a number of seconds ≥ 0 (0: no target)"
+		s.number("ttft_seconds", want, nonNegative, &a.SLO.TTFTSeconds)
+		s.number("tpot_seconds", want, nonNegative, &a.SLO.TPOTSeconds)
+		s.number("e2e_seconds", want, nonNegative, &a.SLO.E2ESeconds)
+		// Written as 90 or 0.9; values above 1 can only be percents.
+		s.number("percentile", "a percentile such as 90, 99.9 or 0.9", between(0, 100), &a.SLO.Percentile)
+		if a.SLO.Percentile > 1 {
+			a.SLO.Percentile /= 100
+		}
+	}
+	if v := b.get("spot_policy"); v != nil {
+		s := d.block("arbiter.spot_policy", b.key("spot_policy"), v, spotPolicyKeys)
+		s.number("max_price_ratio", "a ratio greater than 0 and at most 1, such as 0.6", between(0, 1), &a.SpotPolicy.MaxPriceRatio)
+	}
+	if v := b.get("providers"); v != nil {
+		a.Providers = d.providers("arbiter.providers", v)
+	}
+	if v := b.get("reserved"); v != nil {
+		a.Reserved = d.reserved("arbiter.reserved", v)
+	}
+	b.number("scale_to_zero_after_seconds", "a number of seconds ≥ 0", nonNegative, &a.ScaleToZeroAfterSeconds)
+
+	if v := b.get("autoscaling"); v != nil {
+		s := d.block("arbiter.autoscaling", b.key("autoscaling"), v, autoscalingKeys)
+		as := &a.Autoscaling
+		s.enum("signal", signals, &as.Signal)
+		s.number("target_concurrency_per_replica", "a number > 0", positive, &as.TargetConcurrencyPerReplica)
+		s.number("target_tokens_per_second_per_replica", "a number > 0", positive, &as.TargetTokensPerSecondPerReplica)
+		s.number("stable_window_seconds", "a number of seconds > 0", positive, &as.StableWindowSeconds)
+		s.number("panic_window_seconds", "a number of seconds > 0", positive, &as.PanicWindowSeconds)
+		s.number("panic_threshold", "a number ≥ 1 (a multiple of ready capacity)", func(v float64) bool { return v >= 1 }, &as.PanicThreshold)
+		s.number("decision_interval_seconds", "a number of seconds > 0", positive, &as.DecisionIntervalSeconds)
+	}
+	if v := b.get("readiness"); v != nil {
+		s := d.block("arbiter.readiness", b.key("readiness"), v, readinessKeys)
+		r := &a.Readiness
+		s.number("probe_interval_seconds", "a number of seconds > 0", positive, &r.ProbeIntervalSeconds)
+		s.integer("failure_threshold", "an integer ≥ 1", atLeast(1), &r.FailureThreshold)
+		s.number("ready_budget_seconds", "a number of seconds > 0", positive, &r.ReadyBudgetSeconds)
+	}
+	if v := b.get("local"); v != nil {
+		s := d.block("arbiter.local", b.key("local"), v, localKeys)
+		l := &a.Local
+		s.enum("capacity", capacities, &l.Capacity)
+		s.number("price_per_hour", "a price in dollars per hour ≥ 0", nonNegative, &l.PricePerHour)
+		s.str("region", &l.Region)
+		s.str("zone", &l.Zone)
+	}
+}
+
+// models reads "model: name" or "models: [a, b]".
+func (d *decoder) models(b *block, a *Arbiter) {
+	if b.has("model") && b.has("models") {
+		d.errorf(b.key("models"), "arbiter: give model or models, not both")
+		return
+	}
+	var items []*yaml.Node
+	path := "arbiter.model"
+	if v := b.get("model"); v != nil {
+		items = []*yaml.Node{v}
+	} else if v := b.get("models"); v != nil {
+		path = "arbiter.models"
+		if v.Kind != yaml.SequenceNode {
+			d.errorf(v, "%s: want a list of model names, got %s", path, describe(v))
+			return
+		}
+		items = v.Content
+	}
+	for _, it := range items {
+		if isNull(it) {
+			d.errorf(it, "%s: want a model name, got nothing", path)
+			continue
+		}
+		name, ok := d.str(path, it)
+		switch {
+		case !ok:
+		case strings.TrimSpace(name) == "":
+			d.errorf(it, "%s: want a model name, got an empty string", path)
+		case contains(a.Models, name):
+			d.errorf(it, "%s: %s is listed twice", path, quote(name))
+		default:
+			a.Models = append(a.Models, name)
+		}
+	}
+}
+
+// providers reads a list of provider names (a single name is taken as a list of one).
+func (d *decoder) providers(path string, n *yaml.Node) []string {
+	items := []*yaml.Node{n}
+	if n.Kind == yaml.SequenceNode {
+		items = n.Content
+	}
+	if len(items) == 0 {
+		d.errorf(n, "%s: want at least one of %s", path, strings.Join(knownProviders, ", "))
+		return []string{"local"}
+	}
+	var out []string
+	for _, it := range items {
+		p, ok := d.enum(path, it, knownProviders)
+		switch {
+		case !ok:
+		case contains(out, p):
+			d.errorf(it, "%s: %s is listed twice", path, quote(p))
+		default:
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// reserved reads the list of capacity already paid for.
+func (d *decoder) reserved(path string, n *yaml.Node) []ReservedCapacity {
+	if n.Kind != yaml.SequenceNode {
+		d.errorf(n, "%s: want a list such as [{provider: aws, region: us-east-1, accelerator: \"H100:8\", price_per_hour: 55}], got %s", path, describe(n))
+		return nil
+	}
+	var out []ReservedCapacity
+	for i, e := range n.Content {
+		p := fmt.Sprintf("%s[%d]", path, i)
+		b := d.block(p, e, e, reservedKeys)
+		if b == nil {
+			continue
+		}
+		var rc ReservedCapacity
+		if v := b.get("provider"); v != nil {
+			rc.Provider, _ = d.enum(p+".provider", v, knownProviders)
+		} else {
+			d.errorf(b.at, "%s: provider is required, one of %s", p, strings.Join(knownProviders, ", "))
+		}
+		b.str("region", &rc.Region)
+		b.str("zone", &rc.Zone)
+		acc := Accelerator{Count: 1}
+		accNode := b.get("accelerator")
+		if v := accNode; v != nil {
+			if s, ok := d.str(p+".accelerator", v); ok {
+				var err error
+				if acc, err = parseAccelerator(s); err != nil {
+					d.errorf(v, "%s.accelerator: %v", p, err)
+				}
+			}
+		} else {
+			d.errorf(b.at, "%s: accelerator is required, e.g. accelerator: \"H100:8\"", p)
+		}
+		rc.Accelerator, rc.Count = acc.Name, acc.Count
+		if v := b.get("count"); v != nil {
+			if c, ok := d.integer(p+".count", v, "an integer ≥ 1", atLeast(1)); ok {
+				// "H100:8" already says how many; a second, different count is a mistake.
+				if accNode != nil && strings.Contains(accNode.Value, ":") && c != acc.Count {
+					d.errorf(v, "%s.count: %d disagrees with accelerator %s; give the count once", p, c, quote(accNode.Value))
+				}
+				rc.Count = c
+			}
+		}
+		b.number("price_per_hour", "a price in dollars per hour ≥ 0", nonNegative, &rc.PricePerHour)
+		out = append(out, rc)
+	}
+	return out
+}

@@ -1,0 +1,177 @@
+package spec
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// crossCheck applies the rules that span sections, and settles the defaults that depend on
+// more than one section. A rule whose inputs were already reported invalid is skipped, so
+// that one mistake gives one message.
+func (d *decoder) crossCheck(s *Service) {
+	svc := &s.Service
+	rp := &svc.ReplicaPolicy
+	a := &s.Arbiter
+	const policy = "service.replica_policy."
+
+	// Spot fallback has nothing to fall back from without spot replicas.
+	if !usesSpot(s.Resources) {
+		for _, k := range []struct {
+			key string
+			set bool
+		}{
+			{"base_ondemand_fallback_replicas", rp.BaseOndemandFallbackReplicas > 0},
+			{"dynamic_ondemand_fallback", rp.DynamicOndemandFallback},
+			{"spot_placer", rp.SpotPlacer != ""},
+		} {
+			if k.set {
+				d.errorAt(policy+k.key, "%s%s: needs resources.use_spot: true (in resources, or in every any_of/ordered entry)", policy, k.key)
+			}
+		}
+	}
+
+	hasQPSTarget := rp.TargetQPSPerReplica > 0 || rp.TargetQPSByAccelerator != nil
+	explicitSignal := d.given("arbiter.autoscaling.signal")
+	if !explicitSignal {
+		a.Autoscaling.Signal = "concurrency"
+		if hasQPSTarget {
+			a.Autoscaling.Signal = "qps"
+		}
+	}
+	switch a.Autoscaling.Signal {
+	case "qps":
+		if !hasQPSTarget && !d.failed(policy+"target_qps_per_replica") {
+			d.errorAt("arbiter.autoscaling.signal", "arbiter.autoscaling.signal: qps needs service.replica_policy.target_qps_per_replica")
+		}
+	case "tokens_per_second":
+		if a.Autoscaling.TargetTokensPerSecondPerReplica == 0 && !d.failed("arbiter.autoscaling.target_tokens_per_second_per_replica") {
+			d.errorAt("arbiter.autoscaling.signal", "arbiter.autoscaling.signal: tokens_per_second needs arbiter.autoscaling.target_tokens_per_second_per_replica")
+		}
+	}
+
+	// SkyServe only autoscales on QPS, so without a QPS target it pins max to min. Arbiter
+	// also autoscales on concurrency or token throughput, so an explicit arbiter signal of
+	// either lifts the rule. It stays for files that name no signal, so that a SkyServe
+	// file means here what it meant there.
+	if !svc.Fixed && !d.failed(policy+"min_replicas", policy+"max_replicas", policy+"target_qps_per_replica") {
+		switch {
+		case rp.MaxReplicas < rp.MinReplicas:
+			d.errorAt(policy+"max_replicas", "%smax_replicas: must be ≥ min_replicas (%d), got %d", policy, rp.MinReplicas, rp.MaxReplicas)
+		case rp.MaxReplicas != rp.MinReplicas && !hasQPSTarget && !(explicitSignal && a.Autoscaling.Signal != "qps"):
+			d.errorAt(policy+"max_replicas", "%smax_replicas: must equal min_replicas (%d) unless target_qps_per_replica is set, or arbiter.autoscaling.signal is concurrency or tokens_per_second", policy, rp.MinReplicas)
+		}
+	}
+
+	const iall = "instance_aware_least_load"
+	if rp.TargetQPSByAccelerator != nil && svc.LoadBalancingPolicy != iall && !d.failed("service.load_balancing_policy") {
+		d.errorAt(policy+"target_qps_per_replica", "%starget_qps_per_replica: the per-accelerator form needs service.load_balancing_policy: %s", policy, iall)
+	}
+	if svc.LoadBalancingPolicy == iall && rp.TargetQPSByAccelerator == nil && !d.failed(policy+"target_qps_per_replica") {
+		d.errorAt("service.load_balancing_policy", "service.load_balancing_policy: %s needs target_qps_per_replica as a mapping of accelerator to QPS, e.g. {A100: 5, L4: 2}", iall)
+	}
+
+	// A SkyServe user who chose a balancing policy keeps it unless they pick an Arbiter one.
+	if !d.given("arbiter.routing_policy") && d.given("service.load_balancing_policy") {
+		switch svc.LoadBalancingPolicy {
+		case "round_robin":
+			a.RoutingPolicy = "round_robin"
+		case "least_load", iall:
+			a.RoutingPolicy = "least_load"
+		}
+	}
+
+	if !d.given("arbiter.readiness.ready_budget_seconds") {
+		a.Readiness.ReadyBudgetSeconds = svc.ReadinessProbe.InitialDelaySeconds + readyBudgetMargin
+	}
+
+	// The panic window looks at the most recent part of the stable window; a short stable
+	// window given alone pulls the default panic window down with it.
+	if !d.given("arbiter.autoscaling.panic_window_seconds") {
+		a.Autoscaling.PanicWindowSeconds = min(a.Autoscaling.PanicWindowSeconds, a.Autoscaling.StableWindowSeconds)
+	}
+	if as := a.Autoscaling; as.PanicWindowSeconds > as.StableWindowSeconds {
+		d.errorAt("arbiter.autoscaling.panic_window_seconds", "arbiter.autoscaling.panic_window_seconds: must be ≤ stable_window_seconds (%g), got %g", as.StableWindowSeconds, as.PanicWindowSeconds)
+	}
+
+	for i, r := range a.Reserved {
+		if r.Provider != "" && !slices.Contains(a.Providers, r.Provider) {
+			d.errorAt("arbiter.reserved["+strconv.Itoa(i)+"].provider", "arbiter.reserved[%d].provider: %s is not in arbiter.providers (%s); add it there", i, r.Provider, strings.Join(a.Providers, ", "))
+		}
+	}
+
+	if svc.Port == 0 && !d.given("service.ports") {
+		ports, path := s.Resources.Ports, "resources.ports"
+		if ports == nil {
+			ports, path = candidatePorts(s.Resources), ""
+		}
+		if p, ok := singlePort(ports); ok {
+			svc.Port = p
+		} else if len(ports) > 0 && path != "" {
+			d.errorAt(path, "resources.ports: opens %s; say which port serves with service.ports", strings.Join(ports, ", "))
+		}
+	}
+}
+
+// usesSpot is use_spot as the service sees it: set in the base, or in every candidate.
+func usesSpot(r Resources) bool {
+	cands := r.AnyOf
+	if cands == nil {
+		cands = r.Ordered
+	}
+	if len(cands) == 0 {
+		return r.UseSpot
+	}
+	for _, c := range cands {
+		if !c.UseSpot {
+			return false
+		}
+	}
+	return true
+}
+
+// candidatePorts is the ports every candidate agrees on, when the base names none.
+func candidatePorts(r Resources) []string {
+	cands := r.AnyOf
+	if cands == nil {
+		cands = r.Ordered
+	}
+	if len(cands) == 0 {
+		return nil
+	}
+	for _, c := range cands[1:] {
+		if !slices.Equal(c.Ports, cands[0].Ports) {
+			return nil
+		}
+	}
+	return cands[0].Ports
+}
+
+// errorAt reports at the value given for path, or at its key.
+func (d *decoder) errorAt(path, format string, args ...any) {
+	var n *yaml.Node
+	if v := d.vals[path]; v != nil {
+		n = v
+	} else {
+		n = d.keys[path]
+	}
+	d.errorf(n, format, args...)
+}
+
+// failed reports whether a problem was already reported at the value of any of paths.
+func (d *decoder) failed(paths ...string) bool {
+	for _, p := range paths {
+		n := d.vals[p]
+		if n == nil {
+			continue
+		}
+		for _, e := range d.errs {
+			if e.Line == n.Line && e.Column == n.Column {
+				return true
+			}
+		}
+	}
+	return false
+}
