@@ -75,6 +75,9 @@ func newCluster(t *testing.T) *cluster {
 		// would, then stop the daemon, then check the process table.
 		_, _ = c.serveErr("down", "--all", "--wait", "60s")
 		_, _ = c.serveErr("stop")
+		if log := c.daemonLog(); strings.Contains(log, "DATA RACE") || strings.Contains(log, "panic:") {
+			t.Errorf("the daemon reported a race or a panic:\n%s", log)
+		}
 		if left := c.owned(); len(left) > 0 {
 			t.Errorf("replica processes left behind: %v", left)
 			for _, pids := range left {
@@ -111,8 +114,12 @@ func (c *cluster) serve(args ...string) string {
 	return out
 }
 
+// daemonLog is the daemon's output: all of it when it holds a race report, else the tail.
 func (c *cluster) daemonLog() string {
 	b, _ := os.ReadFile(filepath.Join(c.home, "daemon.log"))
+	if i := bytes.Index(b, []byte("WARNING: DATA RACE")); i >= 0 {
+		return string(b[i:min(len(b), i+20000)])
+	}
 	if len(b) > 8000 {
 		b = b[len(b)-8000:]
 	}

@@ -65,10 +65,10 @@ func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, 
 		}
 		px.policies[name] = p
 	}
-	var seed uint64
+	// New runs concurrently from every handler that finds the pool empty.
+	var seed atomic.Uint64
 	px.rngs.New = func() any {
-		seed++
-		return rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), seed))
+		return rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), seed.Add(1)))
 	}
 	return px, nil
 }

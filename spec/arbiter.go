@@ -2,6 +2,7 @@ package spec
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -72,7 +73,8 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 		// Written as 90 or 0.9; values above 1 can only be percents.
 		s.number("percentile", "a percentile such as 90, 99.9 or 0.9", between(0, 100), &a.SLO.Percentile)
 		if a.SLO.Percentile > 1 {
-			a.SLO.Percentile /= 100
+			// Rounded so that 99.9 reads as 0.999, not 0.9990000000000001.
+			a.SLO.Percentile = math.Round(a.SLO.Percentile*1e10) / 1e12
 		}
 	}
 	if v := b.get("spot_policy"); v != nil {

@@ -105,12 +105,12 @@ func (d *decoder) crossCheck(s *Service) {
 	if svc.Port == 0 && !d.given("service.ports") {
 		ports, path := s.Resources.Ports, "resources.ports"
 		if ports == nil {
-			ports, path = candidatePorts(s.Resources), ""
+			ports, path = candidatePorts(s.Resources), "resources"
 		}
 		if p, ok := singlePort(ports); ok {
 			svc.Port = p
-		} else if len(ports) > 0 && path != "" {
-			d.errorAt(path, "resources.ports: opens %s; say which port serves with service.ports", strings.Join(ports, ", "))
+		} else if len(ports) > 0 {
+			d.errorAt(path, "%s: opens %s; say which port serves with service.ports", path, strings.Join(ports, ", "))
 		}
 	}
 }

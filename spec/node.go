@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -14,8 +15,9 @@ import (
 )
 
 // maxFileSize bounds the input. A service.yaml is a few KiB; a file near this size is a
-// mistake (a weights file passed by accident), and yaml.v3's cost grows with its input.
-const maxFileSize = 1 << 20
+// mistake (a weights file passed by accident), and yaml.v3's cost grows with its input
+// (about 150 ms for 256 KiB of tiny flow-list items, the worst shape we found).
+const maxFileSize = 256 << 10
 
 // decoder walks a yaml.Node tree by hand rather than through struct tags, so that every
 // problem is reported at the exact key or value, and so that decoding goes on after the
@@ -43,7 +45,7 @@ func (d *decoder) given(path string) bool {
 // document parses data into its single top-level mapping, or records why it cannot.
 func (d *decoder) document(data []byte) *yaml.Node {
 	if len(data) > maxFileSize {
-		d.errorf(nil, "file is %d bytes; a service.yaml must be under %d", len(data), maxFileSize)
+		d.errorf(nil, "file is over %d bytes; a service.yaml is a few KiB, so this is likely the wrong file", maxFileSize)
 		return nil
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -103,14 +105,27 @@ func decodeSafely(dec *yaml.Decoder, n *yaml.Node) (err error) {
 }
 
 // yamlLine matches yaml.v3's "yaml: line N: msg" so the line moves into the position.
-var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+var yamlLine = regexp.MustCompile(`^yaml: (?:line (\d+): )?(.*)$`)
+
+// parserProblems are the messages of yaml.v3's parser, as opposed to its scanner. For these
+// yaml.v3 prints the 0-based line (and no line at all for the first), so one is added.
+var parserProblems = []string{
+	"did not find expected <stream-start>", "did not find expected <document start>",
+	"did not find expected node content", "did not find expected '-' indicator",
+	"did not find expected key", "did not find expected ',' or ']'",
+	"did not find expected ',' or '}'", "found duplicate %YAML directive",
+	"found incompatible YAML document", "found duplicate %TAG directive",
+	"found undefined tag handle",
+}
 
 func (d *decoder) yamlError(err error) {
-	msg := err.Error()
-	e := &Error{File: d.file, Msg: "invalid YAML: " + strings.TrimPrefix(msg, "yaml: ")}
-	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+	e := &Error{File: d.file, Msg: "invalid YAML: " + err.Error()}
+	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
 		e.Line, _ = strconv.Atoi(m[1])
 		e.Msg = "invalid YAML: " + m[2]
+		if slices.Contains(parserProblems, m[2]) {
+			e.Line++
+		}
 	}
 	d.errs = append(d.errs, e)
 }

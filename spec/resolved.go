@@ -318,15 +318,30 @@ func mapping() *yaml.Node { return &yaml.Node{Kind: yaml.MappingNode, Tag: "!!ma
 // put appends key: v. Keys never take the literal style, which YAML does not allow there.
 func put(m *yaml.Node, key string, v *yaml.Node) {
 	k := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: key}
+	if strings.ContainsFunc(key, func(r rune) bool { return r < ' ' || r > '~' }) {
+		k.Style = yaml.DoubleQuotedStyle // left to itself the encoder may pick a block style
+	}
 	m.Content = append(m.Content, k, v)
 }
 
 func str(s string) *yaml.Node {
 	n := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s}
 	if strings.Contains(s, "\n") {
-		n.Style = yaml.LiteralStyle // scripts stay readable; the encoder falls back to quotes when it must
+		// Scripts stay readable as literal blocks, but yaml.v3 writes some strings in that
+		// style that do not read back (a lone "\n" becomes ""), so keep the block only when
+		// it survives its own round trip, and quote otherwise.
+		n.Style = yaml.DoubleQuotedStyle
+		if literalReadsBack(s) {
+			n.Style = yaml.LiteralStyle
+		}
 	}
 	return n
+}
+
+func literalReadsBack(s string) bool {
+	out, err := yaml.Marshal(&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s, Style: yaml.LiteralStyle})
+	var back string
+	return err == nil && yaml.Unmarshal(out, &back) == nil && back == s
 }
 
 func optStr(s string) *yaml.Node {

@@ -445,23 +445,28 @@ func (d *decoder) accelerators(path string, n *yaml.Node) ([]Accelerator, bool) 
 }
 
 // acceleratorPair reads NAME: COUNT. A null count is 1, so that the flow set {L4, A10G}
-// reads as intended.
+// reads as intended; and {L4:1, A10G:1}, which YAML reads as keys "L4:1" and "A10G:1"
+// with null values (no space after the colon), reads as the user meant.
 func (d *decoder) acceleratorPair(path string, p pair) (Accelerator, bool) {
-	if err := checkAcceleratorName(p.name); err != nil {
+	a, err := parseAccelerator(p.name)
+	if err != nil {
 		d.errorf(p.key, "%s: %v", path, err)
 		return Accelerator{}, false
 	}
-	a := Accelerator{Name: p.name, Count: 1}
 	if isNull(p.val) {
 		return a, true
 	}
+	if strings.Contains(p.name, ":") {
+		d.errorf(p.val, "%s: %s already gives a count; write %s: %s or %s", path, quote(p.name), a.Name, p.val.Value, p.name)
+		return Accelerator{}, false
+	}
 	if tag := p.val.ShortTag(); p.val.Kind != yaml.ScalarNode || (tag != "!!int" && tag != "!!float") {
-		d.errorf(p.val, "%s.%s: want a whole number of accelerators ≥ 1, got %s", path, p.name, describe(p.val))
+		d.errorf(p.val, "%s.%s: want a whole number of accelerators ≥ 1, got %s", path, a.Name, describe(p.val))
 		return Accelerator{}, false
 	}
 	n, err := parseCount(p.val.Value)
 	if err != nil {
-		d.errorf(p.val, "%s.%s: %v", path, p.name, err)
+		d.errorf(p.val, "%s.%s: %v", path, a.Name, err)
 		return Accelerator{}, false
 	}
 	a.Count = n

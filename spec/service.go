@@ -63,6 +63,8 @@ func (d *decoder) serviceSection(n, at *yaml.Node, vars map[string]string) Servi
 	}
 	if b.has("replicas") && b.has("replica_policy") {
 		d.errorf(b.key("replica_policy"), "service: give replicas (a fixed size) or replica_policy (autoscaling), not both")
+		var ignored ReplicaPolicy // still read, to report its own mistakes in the same run
+		d.replicaPolicy(b.get("replica_policy"), b.key("replica_policy"), &ignored)
 	}
 	switch {
 	case b.has("replicas"):

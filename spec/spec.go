@@ -2,6 +2,7 @@ package spec
 
 import (
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"regexp"
@@ -185,7 +186,14 @@ func Load(path string) (*Service, error) { return LoadWith(path, Overrides{}) }
 
 // LoadWith is Load with command-line overrides.
 func LoadWith(path string, o Overrides) (*Service, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	// Read one byte past the limit so that Parse can say the file is too large, without
+	// reading all of a multi-gigabyte file passed by mistake.
+	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
 	if err != nil {
 		return nil, err
 	}
@@ -312,6 +320,10 @@ func (d *decoder) vars(path string, n *yaml.Node, override map[string]string, fl
 		}
 	}
 	for k, v := range override {
+		if !varName.MatchString(k) {
+			d.errorf(nil, "%s %s=…: %s is not a variable name", flag, clip(k), quote(k))
+			continue
+		}
 		out[k] = v
 	}
 	for _, p := range missing {
