@@ -1,0 +1,159 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/state"
+)
+
+const zeroSpec = `service:
+  readiness_probe: /health
+  replica_policy: {min_replicas: 0, max_replicas: 2}
+run: exec replicasim -listen 127.0.0.1:$PORT
+arbiter:
+  model: m1
+  scale_to_zero_after_seconds: 60
+  autoscaling: {signal: concurrency}
+`
+
+// newTestAPI is a controller with a real state file and the local provider; its services
+// stay at zero replicas, so nothing is launched.
+func newTestAPI(t *testing.T) (*Controller, *httptest.Server) {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := state.Open(filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	local, err := replicas.NewLocal(replicas.LocalConfig{Owner: "api-test-" + filepath.Base(dir), LogDir: filepath.Join(dir, "logs")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(context.Background(), Config{Store: st, Providers: map[string]replicas.Provider{"local": local}, Token: "secret",
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(c.Handler())
+	t.Cleanup(srv.Close)
+	return c, srv
+}
+
+func call(t *testing.T, srv *httptest.Server, method, path, token, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func submit(name, spec string) string {
+	b, _ := json.Marshal(SubmitRequest{Name: name, Spec: spec})
+	return string(b)
+}
+
+func TestAPIServicesAndErrors(t *testing.T) {
+	_, srv := newTestAPI(t)
+	if code, _ := call(t, srv, "GET", "/v1/services", "", ""); code != 401 {
+		t.Fatalf("no token: %d; want 401", code)
+	}
+	if code, _ := call(t, srv, "GET", "/v1/services", "wrong", ""); code != 401 {
+		t.Fatalf("wrong token: %d; want 401", code)
+	}
+	if code, _ := call(t, srv, "GET", "/v1/health", "", ""); code != 200 {
+		t.Fatalf("health needs no token: %d", code)
+	}
+	if code, body := call(t, srv, "POST", "/v1/services", "secret", submit("svc", zeroSpec)); code != 201 || !strings.Contains(body, `"version":1`) {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	if code, body := call(t, srv, "POST", "/v1/services", "secret", submit("svc", zeroSpec)); code != 409 || !strings.Contains(body, "serve update") {
+		t.Fatalf("create twice: %d %s; want 409 pointing at serve update", code, body)
+	}
+	bad := strings.Replace(zeroSpec, "replica_policy", "replica_polcy", 1)
+	if code, body := call(t, srv, "POST", "/v1/services", "secret", submit("other", bad)); code != 400 || !strings.Contains(body, "other.yaml:3:") || !strings.Contains(body, "replica_policy") {
+		t.Fatalf("bad spec: %d %s; want 400 with file:line and the suggestion", code, body)
+	}
+	if code, _ := call(t, srv, "POST", "/v1/services", "secret", submit("Bad Name", zeroSpec)); code == 201 {
+		t.Fatal("invalid service name accepted")
+	}
+	if code, _ := call(t, srv, "POST", "/v1/services", "secret", "{not json"); code != 400 {
+		t.Fatalf("malformed JSON: %d; want 400", code)
+	}
+	if code, _ := call(t, srv, "PUT", "/v1/services/nope", "secret", submit("", zeroSpec)); code != 404 {
+		t.Fatalf("update unknown: %d; want 404", code)
+	}
+	if code, body := call(t, srv, "PUT", "/v1/services/svc", "secret", submit("", zeroSpec)); code != 200 || !strings.Contains(body, `"version":2`) {
+		t.Fatalf("update: %d %s", code, body)
+	}
+	code, body := call(t, srv, "GET", "/v1/services/svc", "secret", "")
+	var st ServiceStatus
+	if code != 200 || json.Unmarshal([]byte(body), &st) != nil || st.Version != 2 || st.Status != "scaled_to_zero" || st.Models[0] != "m1" {
+		t.Fatalf("get: %d %s", code, body)
+	}
+	if code, _ := call(t, srv, "POST", "/v1/wake", "secret", `{"model":"unknown"}`); code != 404 {
+		t.Fatalf("wake unknown model: %d; want 404", code)
+	}
+	if code, _ := call(t, srv, "POST", "/v1/load", "secret", `{"models":[]}`); code != 400 {
+		t.Fatalf("load report without router: %d; want 400", code)
+	}
+	if code, _ := call(t, srv, "POST", "/v1/services", "secret", strings.Repeat("x", maxBody+10)); code != 400 {
+		t.Fatalf("oversized body: %d; want 400", code)
+	}
+	if code, _ := call(t, srv, "GET", "/v1/services/nope", "secret", ""); code != 404 {
+		t.Fatalf("get unknown: %d", code)
+	}
+}
+
+// The ready set is a long poll: a caller at the current revision is answered when the set
+// changes, not after its whole wait.
+func TestReadySetLongPoll(t *testing.T) {
+	c, srv := newTestAPI(t)
+	set, _ := c.ReadySet()
+	done := make(chan fleet.ReadySet, 1)
+	start := time.Now()
+	go func() {
+		_, body := call(t, srv, "GET", "/v1/readyset?after="+strconv.FormatUint(set.Revision, 10)+"&wait=20s", "secret", "")
+		var got fleet.ReadySet
+		_ = json.Unmarshal([]byte(body), &got)
+		done <- got
+	}()
+	time.Sleep(100 * time.Millisecond)
+	if _, err := c.Create(context.Background(), "svc", zeroSpec); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-done:
+		if got.Revision <= set.Revision || len(got.Services) != 1 || got.Services[0].Models[0] != "m1" {
+			t.Fatalf("ready set after create: %+v", got)
+		}
+		if waited := time.Since(start); waited > 5*time.Second {
+			t.Fatalf("long poll answered after %v; want at the change", waited)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("long poll not answered after the set changed")
+	}
+	if err := c.Wake("m1"); err != nil {
+		t.Fatalf("wake a known model: %v", err)
+	}
+}
+

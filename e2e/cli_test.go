@@ -1,0 +1,46 @@
+package e2e
+
+import (
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+// Clear errors and exit codes: no control plane, unknown names, invalid files.
+func TestCLIErrors(t *testing.T) {
+	c := newCluster(t)
+	expect := func(code int, substr string, args ...string) {
+		t.Helper()
+		out, err := c.serveErr(args...)
+		if got := exitCode(err); got != code || !strings.Contains(out, substr) {
+			t.Errorf("serve %s: exit %d, output %q; want exit %d containing %q", strings.Join(args, " "), got, out, code, substr)
+		}
+	}
+	expect(3, "no control plane is running", "status")
+	expect(3, "no control plane is running", "down", "--all")
+	bad := c.writeSpec("bad", "service:\n  replicas: two\nrun: x\n")
+	expect(1, "bad.yaml:2:", "validate", bad)
+	expect(2, "bad.yaml:2:", append([]string{"up"}, append(c.daemonFlags(), bad)...)...)
+	expect(1, "no such file", "validate", "/nonexistent/service.yaml")
+
+	spec := simService("cli-model", `  replica_policy: {min_replicas: 0, max_replicas: 1}`, "")
+	c.up("cli", spec)
+	expect(1, "already exists", append([]string{"up", "-n", "cli"}, append(c.daemonFlags(), c.writeSpec("cli2", spec))...)...)
+	expect(1, `no service named "nope"`, "status", "nope")
+	expect(1, `no service named "nope"`, "logs", "nope")
+	expect(1, "not found", "update", "nope", c.writeSpec("cli3", spec))
+	expect(2, "give service names or --all", "down")
+	expect(0, "version 1 submitted", "logs", "cli")
+}
