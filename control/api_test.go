@@ -156,4 +156,3 @@ func TestReadySetLongPoll(t *testing.T) {
 		t.Fatalf("wake a known model: %v", err)
 	}
 }
-
