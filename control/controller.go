@@ -152,7 +152,9 @@ func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
 	defer c.mu.Unlock()
 	set := fleet.ReadySet{Revision: c.revision, Services: []fleet.Service{}, Replicas: []fleet.Replica{}}
 	for _, s := range sortedServices(c.services) {
-		set.Services = append(set.Services, fleet.Service{Name: s.name, Models: s.models()})
+		a := s.spec().Arbiter
+		set.Services = append(set.Services, fleet.Service{Name: s.name, Models: s.models(), Policy: a.RoutingPolicy,
+			SLO: &fleet.SLO{TTFTSeconds: a.SLO.TTFTSeconds, TPOTSeconds: a.SLO.TPOTSeconds, E2ESeconds: a.SLO.E2ESeconds, Percentile: a.SLO.Percentile}})
 		for _, r := range sortedReplicas(s.replicas) {
 			st := replicas.State(r.row.State)
 			if !st.Serving() || r.row.Address == "" || r.row.Model == "" {

@@ -121,6 +121,19 @@ type Service struct {
 	// Models the service serves; empty when the spec names none and no replica has
 	// answered /v1/models yet.
 	Models []string `json:"models,omitempty"`
+	// Policy is the service's routing policy (slo_cheapest, least_load, round_robin); empty
+	// leaves the router's own default.
+	Policy string `json:"policy,omitempty"`
+	// SLO is the service's latency objective; nil leaves the router's configured one.
+	SLO *SLO `json:"slo,omitempty"`
+}
+
+// SLO is a latency objective in seconds (0 = no target) met by a share of requests.
+type SLO struct {
+	TTFTSeconds float64 `json:"ttft_seconds"`
+	TPOTSeconds float64 `json:"tpot_seconds"`
+	E2ESeconds  float64 `json:"e2e_seconds"`
+	Percentile  float64 `json:"percentile"`
 }
 
 // ReadySet is the control plane's view that routers follow: every service and the

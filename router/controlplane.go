@@ -115,6 +115,22 @@ func (cp *ControlPlane) Knows(model string) bool {
 	return unnamed == 1 && len(cp.services) == 1
 }
 
+// Routing returns the routing policy and SLO the control plane set for model's service
+// (ok false when it set none).
+func (cp *ControlPlane) Routing(model string) (policy string, slo SLO, ok bool) {
+	cp.mu.RLock()
+	defer cp.mu.RUnlock()
+	for _, s := range cp.services {
+		if slices.Contains(s.Models, model) {
+			if s.SLO != nil {
+				slo = SLO{TTFT: s.SLO.TTFTSeconds, TPOT: s.SLO.TPOTSeconds, E2E: s.SLO.E2ESeconds, Percentile: s.SLO.Percentile}
+			}
+			return s.Policy, slo, s.SLO != nil || s.Policy != ""
+		}
+	}
+	return "", SLO{}, false
+}
+
 // Revision is the last ready-set revision applied (0 before the first).
 func (cp *ControlPlane) Revision() uint64 { return cp.revision.Load() }
 

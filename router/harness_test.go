@@ -80,6 +80,12 @@ type rig struct {
 
 func startRouter(t *testing.T, mod func(*Config), replicas ...fleet.Replica) *rig {
 	t.Helper()
+	return startRouterWith(t, mod, nil, replicas...)
+}
+
+// startRouterWith also lets setup wire the proxy before it serves.
+func startRouterWith(t *testing.T, mod func(*Config), setup func(*Proxy, *Pool), replicas ...fleet.Replica) *rig {
+	t.Helper()
 	cfg := Defaults()
 	cfg.Probe.Interval = 50 * time.Millisecond
 	cfg.ScrapeInterval = 50 * time.Millisecond
@@ -104,6 +110,9 @@ func startRouter(t *testing.T, mod func(*Config), replicas ...fleet.Replica) *ri
 	px, err := NewProxy(&cfg, pool, met, log)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if setup != nil {
+		setup(px, pool)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

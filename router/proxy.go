@@ -138,6 +138,7 @@ type call struct {
 	body         []byte
 	route        Request
 	slo          SLO
+	policy       string // the service's routing policy; "" = the router's default
 	start        time.Time
 	deadline     time.Time
 	tried        []*Replica
@@ -154,6 +155,9 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 		return
 	}
 	policy := px.policies[px.cfg.Policy]
+	if c.policy != "" {
+		policy = px.policies[c.policy]
+	}
 	if h := ctx.Request.Header.Peek("X-Arbiter-Policy"); len(h) > 0 {
 		if p, ok := px.policies[string(h)]; ok {
 			policy = p
@@ -287,6 +291,17 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) 
 	}
 	now := px.Now()
 	c := &call{kind: kind, model: req.Model, stream: req.Stream, body: ctx.PostBody(), start: now, slo: px.cfg.SLOFor(req.Model)}
+	if px.ControlPlane != nil {
+		// The service's spec, as the control plane published it, outranks the router's config.
+		if pol, slo, ok := px.ControlPlane.Routing(req.Model); ok {
+			if _, known := px.policies[pol]; known {
+				c.policy = pol
+			}
+			if slo != (SLO{}) {
+				c.slo = slo
+			}
+		}
+	}
 	c.deadline = now.Add(px.cfg.RequestTimeout)
 	if ms, err := strconv.Atoi(string(ctx.Request.Header.Peek("X-Arbiter-Deadline-Ms"))); err == nil && ms > 0 {
 		if d := now.Add(time.Duration(ms) * time.Millisecond); d.Before(c.deadline) {

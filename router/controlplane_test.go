@@ -1,0 +1,168 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+// fakeControlPlane serves the control plane's router-facing API from a settable ready set.
+type fakeControlPlane struct {
+	mu      sync.Mutex
+	set     fleet.ReadySet
+	changed chan struct{}
+	wakes   []string
+	reports []fleet.LoadReport
+}
+
+func (f *fakeControlPlane) publish(services []fleet.Service, replicas []fleet.Replica) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.set = fleet.ReadySet{Revision: f.set.Revision + 1, Services: services, Replicas: replicas}
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+func (f *fakeControlPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Authorization") != "Bearer tok" {
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	switch r.URL.Path {
+	case "/v1/readyset":
+		after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
+		f.mu.Lock()
+		set, ch := f.set, f.changed
+		f.mu.Unlock()
+		if set.Revision == after {
+			select {
+			case <-ch:
+			case <-time.After(2 * time.Second):
+			case <-r.Context().Done():
+				return
+			}
+			f.mu.Lock()
+			set = f.set
+			f.mu.Unlock()
+		}
+		_ = json.NewEncoder(w).Encode(set)
+	case "/v1/wake":
+		var req struct{ Model string }
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		f.mu.Lock()
+		f.wakes = append(f.wakes, req.Model)
+		f.mu.Unlock()
+	case "/v1/load":
+		var rep fleet.LoadReport
+		_ = json.NewDecoder(r.Body).Decode(&rep)
+		f.mu.Lock()
+		f.reports = append(f.reports, rep)
+		f.mu.Unlock()
+	default:
+		w.WriteHeader(http.StatusNotFound)
+	}
+}
+
+// A request for a service with no ready replica is held, wakes the control plane at once,
+// and is answered when the control plane publishes a replica; load reports count it; the
+// service's routing policy and SLO come with the set.
+func TestHeldAtZeroUntilTheControlPlanePublishesAReplica(t *testing.T) {
+	fake := &fakeControlPlane{changed: make(chan struct{})}
+	fake.publish([]fleet.Service{{Name: "svc", Models: []string{testModel}, Policy: "round_robin",
+		SLO: &fleet.SLO{TTFTSeconds: 0.5, Percentile: 0.9}}}, nil)
+	cps := httptest.NewServer(fake)
+	defer cps.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var cp *ControlPlane
+	rig := startRouterWith(t, nil, func(px *Proxy, pool *Pool) {
+		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
+		cp.ReportEvery = 100 * time.Millisecond
+		px.ControlPlane = cp
+	})
+	go cp.Run(ctx)
+	waitFor(t, "the first ready set", func() bool { return cp.Revision() == 1 })
+	if pol, slo, ok := cp.Routing(testModel); !ok || pol != "round_robin" || slo.TTFT != 0.5 {
+		t.Fatalf("Routing = %q %+v %v", pol, slo, ok)
+	}
+
+	type result struct {
+		code int
+		body string
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, body := post(t, rig.url+"/v1/chat/completions", chatBody(false, ""))
+		done <- result{resp.StatusCode, body}
+	}()
+	waitFor(t, "a wake for the held model", func() bool {
+		fake.mu.Lock()
+		defer fake.mu.Unlock()
+		return len(fake.wakes) > 0 && fake.wakes[0] == testModel
+	})
+	waitFor(t, "a load report showing the held request", func() bool {
+		fake.mu.Lock()
+		defer fake.mu.Unlock()
+		for _, r := range fake.reports {
+			for _, m := range r.Models {
+				if m.Model == testModel && m.Held == 1 {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	select {
+	case r := <-done:
+		t.Fatalf("answered before any replica existed: %d %s", r.code, r.body)
+	case <-time.After(200 * time.Millisecond):
+	}
+	s := startSim(t, simOpts{echo: true})
+	fake.publish(fake.set.Services, []fleet.Replica{replica("a", s, fleet.Reserved, 0)})
+	select {
+	case r := <-done:
+		if r.code != 200 {
+			t.Fatalf("held request: %d %s", r.code, r.body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("held request not answered after a replica was published")
+	}
+	// An unknown model is still refused at once, not held.
+	resp, _ := post(t, rig.url+"/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`)
+	if resp.StatusCode != 404 {
+		t.Fatalf("unknown model: %d; want 404", resp.StatusCode)
+	}
+}
+
+// A client that gives up while held is let go, and the held count returns to zero.
+func TestHeldRequestWithDeadlineTimesOut(t *testing.T) {
+	fake := &fakeControlPlane{changed: make(chan struct{})}
+	fake.publish([]fleet.Service{{Name: "svc", Models: []string{testModel}}}, nil)
+	cps := httptest.NewServer(fake)
+	defer cps.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var cp *ControlPlane
+	rig := startRouterWith(t, nil, func(px *Proxy, pool *Pool) {
+		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
+		px.ControlPlane = cp
+	})
+	go cp.Run(ctx)
+	waitFor(t, "the first ready set", func() bool { return cp.Revision() == 1 })
+	start := time.Now()
+	resp, body := post(t, rig.url+"/v1/chat/completions", chatBody(false, ""), "X-Arbiter-Deadline-Ms", "300")
+	if resp.StatusCode != 504 || time.Since(start) > 5*time.Second {
+		t.Fatalf("held past its deadline: %d %s after %v", resp.StatusCode, body, time.Since(start))
+	}
+	if n := rig.px.held.Load(); n != 0 {
+		t.Fatalf("held count %d after the request ended", n)
+	}
+}
