@@ -91,6 +91,8 @@ func decode(r *http.Request, v any) error {
 type SubmitRequest struct {
 	Name string `json:"name"`
 	Spec string `json:"spec"` // the service.yaml text
+	// Envs are --env values: they add to the spec's envs and fill its null ones.
+	Envs map[string]string `json:"envs,omitempty"`
 }
 
 // SubmitResponse answers a submission.
@@ -105,7 +107,7 @@ func (c *Controller) createService(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	v, err := c.Create(r.Context(), req.Name, req.Spec)
+	v, err := c.Create(r.Context(), req.Name, req.Spec, req.Envs)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -120,7 +122,7 @@ func (c *Controller) updateService(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
-	v, err := c.Update(r.Context(), name, req.Spec)
+	v, err := c.Update(r.Context(), name, req.Spec, req.Envs)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -163,7 +165,7 @@ func (c *Controller) validate(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	if _, err := c.parseSpec(req.Name, req.Spec); err != nil {
+	if _, err := c.parseSpec(req.Name, req.Spec, req.Envs); err != nil {
 		writeErr(w, err)
 		return
 	}

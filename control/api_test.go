@@ -138,7 +138,7 @@ func TestReadySetLongPoll(t *testing.T) {
 		done <- got
 	}()
 	time.Sleep(100 * time.Millisecond)
-	if _, err := c.Create(context.Background(), "svc", zeroSpec); err != nil {
+	if _, err := c.Create(context.Background(), "svc", zeroSpec, nil); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -18,8 +19,8 @@ var ErrExists = errors.New("already exists")
 var ErrNotFound = state.ErrNotFound
 
 // parseSpec validates a submitted spec; the file name is only for messages.
-func (c *Controller) parseSpec(name, text string) (*spec.Service, error) {
-	sp, err := spec.Parse(name+".yaml", []byte(text))
+func (c *Controller) parseSpec(name, text string, envs map[string]string) (*spec.Service, error) {
+	sp, err := spec.ParseWith(name+".yaml", []byte(text), spec.Overrides{Envs: envs})
 	if err != nil {
 		return nil, err
 	}
@@ -39,12 +40,29 @@ func (c *Controller) providerNames() []string {
 	return out
 }
 
-// Create submits a new service.
-func (c *Controller) Create(ctx context.Context, name, text string) (int, error) {
+// parseStored loads a stored version with the --env values it was submitted with.
+func parseStored(name string, v state.Version) (*spec.Service, error) {
+	var envs map[string]string
+	if err := json.Unmarshal([]byte(v.Envs), &envs); err != nil {
+		return nil, fmt.Errorf("service %s version %d: stored envs: %w", name, v.Version, err)
+	}
+	return spec.ParseWith(name+".yaml", []byte(v.Spec), spec.Overrides{Envs: envs})
+}
+
+func envsJSON(envs map[string]string) string {
+	b, _ := json.Marshal(envs)
+	if envs == nil {
+		return "{}"
+	}
+	return string(b)
+}
+
+// Create submits a new service; envs are --env values (they fill the spec's null envs).
+func (c *Controller) Create(ctx context.Context, name, text string, envs map[string]string) (int, error) {
 	if err := validName(name); err != nil {
 		return 0, err
 	}
-	sp, err := c.parseSpec(name, text)
+	sp, err := c.parseSpec(name, text, envs)
 	if err != nil {
 		return 0, err
 	}
@@ -57,7 +75,7 @@ func (c *Controller) Create(ctx context.Context, name, text string) (int, error)
 		return 0, fmt.Errorf("service %q: %w; use `serve update %s FILE` to change it", name, ErrExists, name)
 	}
 	now := c.cfg.Now()
-	v, err := c.store.PutService(ctx, name, text, now)
+	v, err := c.store.PutService(ctx, name, text, envsJSON(envs), now)
 	if err != nil {
 		return 0, err
 	}
@@ -72,8 +90,8 @@ func (c *Controller) Create(ctx context.Context, name, text string) (int, error)
 }
 
 // Update submits a new version of a service: a rolling update.
-func (c *Controller) Update(ctx context.Context, name, text string) (int, error) {
-	sp, err := c.parseSpec(name, text)
+func (c *Controller) Update(ctx context.Context, name, text string, envs map[string]string) (int, error) {
+	sp, err := c.parseSpec(name, text, envs)
 	if err != nil {
 		return 0, err
 	}
@@ -86,7 +104,7 @@ func (c *Controller) Update(ctx context.Context, name, text string) (int, error)
 	if err := s.decider.SetConfig(scalingConfig(sp)); err != nil {
 		return 0, fmt.Errorf("service %s: autoscaling: %w", name, err)
 	}
-	v, err := c.store.PutService(ctx, name, text, c.cfg.Now())
+	v, err := c.store.PutService(ctx, name, text, envsJSON(envs), c.cfg.Now())
 	if err != nil {
 		return 0, err
 	}
@@ -139,7 +157,7 @@ func (c *Controller) recover(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		sp, err := spec.Parse(sv.Name+".yaml", []byte(v.Spec))
+		sp, err := parseStored(sv.Name, v)
 		if err != nil {
 			return fmt.Errorf("recover service %s: its stored spec no longer loads: %w", sv.Name, err)
 		}
@@ -182,7 +200,7 @@ func (c *Controller) recover(ctx context.Context) error {
 		}
 		if row.Version != s.version && s.specs[row.Version] == nil {
 			if v, err := c.store.GetVersion(ctx, s.name, row.Version); err == nil {
-				if sp, err := spec.Parse(s.name+".yaml", []byte(v.Spec)); err == nil {
+				if sp, err := parseStored(s.name, v); err == nil {
 					s.specs[row.Version] = sp
 				}
 			}

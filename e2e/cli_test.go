@@ -43,4 +43,14 @@ func TestCLIErrors(t *testing.T) {
 	expect(1, "not found", "update", "nope", c.writeSpec("cli3", spec))
 	expect(2, "give service names or --all", "down")
 	expect(0, "version 1 submitted", "logs", "cli")
+
+	// SkyServe's `HF_TOKEN: null`: the value comes from --env, and survives a restart.
+	nullEnv := c.writeSpec("envs", strings.Replace(simService("env-model", `  replica_policy: {min_replicas: 0, max_replicas: 1}`, ""), "MODEL: env-model", "MODEL: null", 1))
+	expect(2, "MODEL", append([]string{"up", "-n", "envs"}, append(c.daemonFlags(), nullEnv)...)...)
+	expect(0, "scaled to zero", append([]string{"up", "-n", "envs", "--env", "MODEL=env-model"}, append(c.daemonFlags(), nullEnv)...)...)
+	expect(0, "Control plane stopped", "stop")
+	c.startDaemon()
+	if st := c.status("envs"); len(st.Models) == 0 || st.Models[0] != "env-model" {
+		t.Fatalf("after a restart: %+v", st)
+	}
 }

@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS versions (
 	service     TEXT NOT NULL,
 	version     INTEGER NOT NULL,
 	spec        TEXT NOT NULL,
+	envs        TEXT NOT NULL DEFAULT '{}',
 	setup_done  INTEGER NOT NULL DEFAULT 0,
 	created_at  INTEGER NOT NULL,
 	PRIMARY KEY (service, version)
@@ -108,6 +109,9 @@ type Version struct {
 	Service   string
 	Version   int
 	Spec      string // the service.yaml text as submitted
+	// Envs are the command line's --env values (JSON object): they fill the spec's null envs
+	// and must come back with it after a restart.
+	Envs      string
 	SetupDone bool
 	CreatedAt time.Time
 }
@@ -160,7 +164,10 @@ func fromMS(v int64) time.Time {
 
 // PutService creates a service (version 1) or adds a new version to an existing one, and
 // returns the version number.
-func (s *Store) PutService(ctx context.Context, name, spec string, now time.Time) (int, error) {
+func (s *Store) PutService(ctx context.Context, name, spec, envs string, now time.Time) (int, error) {
+	if envs == "" {
+		envs = "{}"
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, err
@@ -179,7 +186,7 @@ func (s *Store) PutService(ctx context.Context, name, spec string, now time.Time
 	if err != nil {
 		return 0, fmt.Errorf("put service %s: %w", name, err)
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO versions (service, version, spec, created_at) VALUES (?, ?, ?, ?)`, name, v, spec, ms(now)); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO versions (service, version, spec, envs, created_at) VALUES (?, ?, ?, ?, ?)`, name, v, spec, envs, ms(now)); err != nil {
 		return 0, fmt.Errorf("put service %s version %d: %w", name, v, err)
 	}
 	if err := addEvent(ctx, tx, now, name, "", "service", fmt.Sprintf("version %d submitted", v)); err != nil {
@@ -264,7 +271,7 @@ func (s *Store) GetVersion(ctx context.Context, service string, version int) (Ve
 	v := Version{Service: service, Version: version}
 	var c int64
 	var done int
-	err := s.db.QueryRowContext(ctx, `SELECT spec, setup_done, created_at FROM versions WHERE service = ? AND version = ?`, service, version).Scan(&v.Spec, &done, &c)
+	err := s.db.QueryRowContext(ctx, `SELECT spec, envs, setup_done, created_at FROM versions WHERE service = ? AND version = ?`, service, version).Scan(&v.Spec, &v.Envs, &done, &c)
 	if errors.Is(err, sql.ErrNoRows) {
 		return v, fmt.Errorf("service %q version %d: %w", service, version, ErrNotFound)
 	}

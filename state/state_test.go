@@ -17,11 +17,11 @@ func TestReplicaLifecycleSurvivesReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.UnixMilli(1_700_000_000_000)
-	v, err := s.PutService(ctx, "llm", "run: x", now)
+	v, err := s.PutService(ctx, "llm", "run: x", "", now)
 	if err != nil || v != 1 {
 		t.Fatalf("PutService = %d, %v; want 1", v, err)
 	}
-	if v, err = s.PutService(ctx, "llm", "run: y", now); err != nil || v != 2 {
+	if v, err = s.PutService(ctx, "llm", "run: y", `{"A":"b"}`, now); err != nil || v != 2 {
 		t.Fatalf("second PutService = %d, %v; want 2", v, err)
 	}
 	r, err := s.NewReplica(ctx, Replica{Service: "llm", Version: 2, Provider: "local", State: "pending", Reason: "target 1"}, now)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/httplog"
 	"github.com/arbiter-serve/arbiter/spec"
 )
@@ -78,13 +79,37 @@ func envOr(k, def string) string {
 	return def
 }
 
-// loadSpec reads and validates a service file; errors exit with the usage code.
-func loadSpec(path string) (*spec.Service, []byte, error) {
+// parseEnvs reads --env K=V flags (a bare K takes the variable from this environment, as
+// SkyPilot's --env does).
+func parseEnvs(flags []string) (map[string]string, error) {
+	if len(flags) == 0 {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, f := range flags {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			v, ok = os.LookupEnv(k)
+			if !ok {
+				return nil, fail(exitUsage, "--env %s: no value given and none in this environment; write --env %s=VALUE", k, k)
+			}
+		}
+		if k == "" {
+			return nil, fail(exitUsage, "--env %q: want NAME=VALUE", f)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// loadSpec reads and validates a service file with --env values; errors exit with the
+// usage code.
+func loadSpec(path string, envs map[string]string) (*spec.Service, []byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, fail(exitUsage, "%v", err)
 	}
-	sp, err := spec.Parse(path, b)
+	sp, err := spec.ParseWith(path, b, spec.Overrides{Envs: envs})
 	if err != nil {
 		return nil, nil, fail(exitUsage, "%s is not a valid service:\n%v", path, err)
 	}
@@ -109,16 +134,24 @@ func upCmd(g *globals) *cobra.Command {
 	var name string
 	var detach bool
 	var wait time.Duration
+	var envFlags []string
 	cmd := &cobra.Command{
-		Use:   "up [-n NAME] FILE",
+		Use:   "up [-n NAME] [--env K=V]... FILE",
 		Short: "Start a service (and the local control plane and router if none runs)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sp, raw, err := loadSpec(args[0])
+			envs, err := parseEnvs(envFlags)
+			if err != nil {
+				return err
+			}
+			sp, raw, err := loadSpec(args[0], envs)
 			if err != nil {
 				return err
 			}
 			name = serviceName(name, sp, args[0])
+			if err := spec.CheckName(name); err != nil {
+				return fail(exitUsage, "%v", err)
+			}
 			log, _ := httplog.NewLogger("warn")
 			var c *client
 			var info daemonInfo
@@ -131,7 +164,7 @@ func upCmd(g *globals) *cobra.Command {
 				return err
 			}
 			var res struct{ Version int }
-			if _, err := c.do(cmd.Context(), http.MethodPost, "/v1/services", map[string]string{"name": name, "spec": string(raw)}, &res); err != nil {
+			if _, err := c.do(cmd.Context(), http.MethodPost, "/v1/services", control.SubmitRequest{Name: name, Spec: string(raw), Envs: envs}, &res); err != nil {
 				return fail(exitErr, "service %s: %v", name, err)
 			}
 			out := cmd.OutOrStdout()
@@ -153,6 +186,7 @@ func upCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&name, "name", "n", "", "service name (default: the file's name: key, else its file name)")
+	cmd.Flags().StringArrayVar(&envFlags, "env", nil, "set or fill an env of the spec (K=V, or K to take it from this environment)")
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "return once submitted, without waiting for replicas")
 	cmd.Flags().DurationVar(&wait, "wait", 15*time.Minute, "how long to wait for the service to be ready")
 	return cmd
@@ -254,12 +288,17 @@ func stopCmd(g *globals) *cobra.Command {
 }
 
 func validateCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "validate FILE",
+	var envFlags []string
+	cmd := &cobra.Command{
+		Use:   "validate [--env K=V]... FILE",
 		Short: "Check a service file without launching anything; print it with defaults filled in",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sp, _, err := loadSpec(args[0])
+			envs, err := parseEnvs(envFlags)
+			if err != nil {
+				return err
+			}
+			sp, _, err := loadSpec(args[0], envs)
 			if err != nil {
 				return &cliError{code: exitErr, err: err}
 			}
@@ -271,17 +310,24 @@ func validateCmd() *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().StringArrayVar(&envFlags, "env", nil, "set or fill an env of the spec (K=V)")
+	return cmd
 }
 
 func updateCmd(g *globals) *cobra.Command {
 	var detach bool
 	var wait time.Duration
+	var envFlags []string
 	cmd := &cobra.Command{
-		Use:   "update NAME FILE",
+		Use:   "update NAME [--env K=V]... FILE",
 		Short: "Roll a service to a new version: new replicas start, old ones drain as they get ready",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			_, raw, err := loadSpec(args[1])
+			envs, err := parseEnvs(envFlags)
+			if err != nil {
+				return err
+			}
+			_, raw, err := loadSpec(args[1], envs)
 			if err != nil {
 				return err
 			}
@@ -290,7 +336,7 @@ func updateCmd(g *globals) *cobra.Command {
 				return err
 			}
 			var res struct{ Version int }
-			if _, err := c.do(cmd.Context(), http.MethodPut, "/v1/services/"+args[0], map[string]string{"spec": string(raw)}, &res); err != nil {
+			if _, err := c.do(cmd.Context(), http.MethodPut, "/v1/services/"+args[0], control.SubmitRequest{Spec: string(raw), Envs: envs}, &res); err != nil {
 				return fail(exitErr, "service %s: %v", args[0], err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "Service %s: rolling update to version %d.\n", args[0], res.Version)
@@ -301,6 +347,7 @@ func updateCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "return once submitted")
+	cmd.Flags().StringArrayVar(&envFlags, "env", nil, "set or fill an env of the spec (K=V)")
 	cmd.Flags().DurationVar(&wait, "wait", 15*time.Minute, "how long to wait for the new version")
 	return cmd
 }

@@ -1,0 +1,62 @@
+// Package spec loads and validates service.yaml, the file a platform engineer hands to
+// `serve up`.
+//
+// The format is SkyServe's task YAML, so that a file written for `sky serve up` loads here
+// unchanged and means the same thing: top-level name, workdir, num_nodes (1 only), envs,
+// secrets, resources, setup, run (required) and service (required), plus volumes,
+// file_mounts and config, which are accepted and ignored. Arbiter's own settings live under
+// one extra top-level key, arbiter:, so SkyServe's keys keep SkyServe's meaning and
+// defaults.
+//
+// Every problem is reported with file:line:col and a sentence saying what to write instead;
+// unknown keys get the closest allowed key ("did you mean ...?"). Parse reports all
+// problems it can find in one pass, in file order, as an *ErrorList. YAML anchors and
+// aliases are refused, which keeps parsing cheap on hostile input.
+//
+// # SkyServe rules enforced
+//
+//   - service: replicas or replica_policy, not both; neither means one fixed replica.
+//   - replica_policy: min_replicas is required; max_replicas defaults to it, must be ≥ it,
+//     and must equal it unless target_qps_per_replica is set. Arbiter relaxes the last rule
+//     when arbiter.autoscaling.signal is set to concurrency or tokens_per_second.
+//   - target_qps_per_replica as a map (per accelerator) requires load_balancing_policy
+//     instance_aware_least_load, and that policy requires the map.
+//   - base_ondemand_fallback_replicas, dynamic_ondemand_fallback and spot_placer require
+//     resources.use_spot: true (in resources, or in every any_of/ordered entry).
+//   - readiness_probe paths start with /; $VARS from envs and secrets are substituted into
+//     the probe's path, header values and post_data string values.
+//   - resources: infra or cloud/region/zone, not both; any_of or ordered, not both; several
+//     accelerators as a list cannot be combined with any_of, nor several in any form with
+//     ordered; job_recovery is refused; ports are 1–65535.
+//
+// # Arbiter's keys
+//
+//	| key                                               | default                            | meaning |
+//	|---------------------------------------------------|------------------------------------|---------|
+//	| arbiter.model / arbiter.models                    | none (any model)                   | model names clients send; one string, or a list |
+//	| arbiter.routing_policy                            | slo_cheapest                       | slo_cheapest, least_load or round_robin; if unset and service.load_balancing_policy is given, round_robin → round_robin, least_load and instance_aware_least_load → least_load |
+//	| arbiter.slo.ttft_seconds                          | 2                                  | time-to-first-token target; 0 = none |
+//	| arbiter.slo.tpot_seconds                          | 0.1                                | time-per-output-token target; 0 = none |
+//	| arbiter.slo.e2e_seconds                           | 0 (none)                           | end-to-end latency target |
+//	| arbiter.slo.percentile                            | 90                                 | percentile the targets hold at; 90 or 0.9 |
+//	| arbiter.spot_policy.max_price_ratio               | 0.6                                | use spot only while spot price < ratio × on-demand/reserved; in (0, 1] |
+//	| arbiter.reserved[]                                | none                               | capacity already paid for: provider, region, zone, accelerator ("H100:8"), count, price_per_hour |
+//	| arbiter.providers                                 | [local]                            | where replicas may run: local, sim, kubernetes, aws |
+//	| arbiter.scale_to_zero_after_seconds               | 300                                | idle time before the last replica goes, when min_replicas is 0 |
+//	| arbiter.autoscaling.signal                        | concurrency (qps if target_qps_per_replica is set) | qps, concurrency or tokens_per_second |
+//	| arbiter.autoscaling.target_concurrency_per_replica| 8                                  | in-flight requests one replica should carry |
+//	| arbiter.autoscaling.target_tokens_per_second_per_replica | none                        | required for the tokens_per_second signal |
+//	| arbiter.autoscaling.stable_window_seconds         | 60                                 | averaging window for scaling decisions |
+//	| arbiter.autoscaling.panic_window_seconds          | 6 (at most the stable window)      | short window that triggers fast scale-up |
+//	| arbiter.autoscaling.panic_threshold               | 2                                  | panic when panic-window demand ≥ threshold × ready capacity; ≥ 1 |
+//	| arbiter.autoscaling.decision_interval_seconds     | 1                                  | how often the target is recomputed |
+//	| arbiter.readiness.probe_interval_seconds          | 10                                 | time between readiness probes |
+//	| arbiter.readiness.failure_threshold               | 3                                  | consecutive failures before a ready replica is taken out |
+//	| arbiter.readiness.ready_budget_seconds            | initial_delay_seconds + 300        | a replica not ready this long after launch is replaced |
+//	| arbiter.local.capacity                            | reserved                           | how local replicas are billed: reserved, spot or on_demand |
+//	| arbiter.local.price_per_hour                      | 0                                  | their price in the cost metrics |
+//	| arbiter.local.region / arbiter.local.zone         | local / local                      | their labels |
+//
+// Service.ResolvedYAML writes a loaded service back with every default filled in, in a
+// fixed order; parsing that output gives an equal Service.
+package spec
