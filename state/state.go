@@ -106,9 +106,9 @@ type Service struct {
 
 // Version is one submitted spec of a service.
 type Version struct {
-	Service   string
-	Version   int
-	Spec      string // the service.yaml text as submitted
+	Service string
+	Version int
+	Spec    string // the service.yaml text as submitted
 	// Envs are the command line's --env values (JSON object): they fill the spec's null envs
 	// and must come back with it after a restart.
 	Envs      string
