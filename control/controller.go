@@ -70,6 +70,11 @@ type service struct {
 	replicas map[string]*replica
 	setup    map[int]*sync.Mutex // per version: setup runs once, launches wait for it
 
+	// Replicas that failed before ever getting ready, in a row: a broken run: or setup must
+	// not relaunch every tick, so launches back off until one gets ready.
+	crashLoop  int
+	nextLaunch time.Time
+
 	// Load since the last tick, from router reports.
 	requests, tokens float64
 	woken            bool
@@ -243,6 +248,15 @@ func (c *Controller) transition(ctx context.Context, s *service, r *replica, to 
 		c.log.Error("state write failed", "replica", r.row.ID, "err", err)
 	}
 	c.log.Info("replica "+string(to), "service", s.name, "replica", r.row.ID, "from", from, "reason", reason)
+	switch {
+	case to == replicas.Ready:
+		s.crashLoop, s.nextLaunch = 0, time.Time{}
+	case to == replicas.Failed && (from == replicas.Provisioning || from == replicas.Starting) && !s.deleting:
+		s.crashLoop++
+		wait := min(time.Second<<min(s.crashLoop-1, 9), 5*time.Minute)
+		s.nextLaunch = now.Add(wait)
+		c.event(ctx, s.name, r.row.ID, "backoff", fmt.Sprintf("%d replicas in a row failed before getting ready; next launch in %s", s.crashLoop, wait))
+	}
 	if from.Serving() || to.Serving() {
 		c.publish()
 	}

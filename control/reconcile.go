@@ -24,7 +24,7 @@ func (c *Controller) tick(ctx context.Context) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.cfg.Now()
-	inflight, held, perReplica := c.levels(now)
+	inflight, held, perReplica, oldest := c.levels(now)
 	for _, s := range sortedServices(c.services) {
 		if s.deleting {
 			c.tearDown(ctx, s)
@@ -43,18 +43,38 @@ func (c *Controller) tick(ctx context.Context) {
 			s.target = d.Target
 		}
 		s.decision = d
-		c.reconcile(ctx, s, perReplica, now)
+		c.reconcile(ctx, s, routerView{perReplica, oldest}, now)
 	}
+}
+
+// routerView is what the live routers last said about replicas: their in-flight requests,
+// and the time of the oldest report (zero when no router reports).
+type routerView struct {
+	inflight map[string]int
+	oldest   time.Time
+}
+
+// drained reports whether every live router has reported since the drain began (so saw
+// the replica leave its set) and none has a request on it.
+func (v routerView) drained(id string, drainSince time.Time) bool {
+	if v.inflight[id] > 0 {
+		return false
+	}
+	// A report taken within moments of the drain may predate the router's seeing it.
+	return v.oldest.IsZero() || v.oldest.After(drainSince.Add(300*time.Millisecond))
 }
 
 // levels sums the routers' current in-flight and held requests per service, and in-flight
 // per replica, over reports fresher than reportTTL.
-func (c *Controller) levels(now time.Time) (inflight, held map[string]float64, perReplica map[string]int) {
+func (c *Controller) levels(now time.Time) (inflight, held map[string]float64, perReplica map[string]int, oldest time.Time) {
 	inflight, held, perReplica = map[string]float64{}, map[string]float64{}, map[string]int{}
 	for id, rr := range c.routers {
 		if now.Sub(rr.at) > reportTTL {
 			delete(c.routers, id)
 			continue
+		}
+		if oldest.IsZero() || rr.at.Before(oldest) {
+			oldest = rr.at
 		}
 		for _, m := range rr.rep.Models {
 			if s := c.serviceFor(m.Model); s != nil {
@@ -66,7 +86,7 @@ func (c *Controller) levels(now time.Time) (inflight, held map[string]float64, p
 			perReplica[l.ReplicaID] += l.InFlight
 		}
 	}
-	return inflight, held, perReplica
+	return inflight, held, perReplica, oldest
 }
 
 // Report takes one router's load report.
@@ -119,7 +139,7 @@ func (s *service) count(version int, st replicas.State) int {
 // reconcile moves a service toward its target: launches what is missing, drains what is
 // extra (rolling old versions out as new replicas get ready), finishes drains and cleans up
 // failures. Caller holds c.mu.
-func (c *Controller) reconcile(ctx context.Context, s *service, perReplica map[string]int, now time.Time) {
+func (c *Controller) reconcile(ctx context.Context, s *service, routers routerView, now time.Time) {
 	var cur, old []*replica
 	for _, r := range sortedReplicas(s.replicas) {
 		st := replicas.State(r.row.State)
@@ -130,8 +150,10 @@ func (c *Controller) reconcile(ctx context.Context, s *service, perReplica map[s
 			old = append(old, r)
 		}
 	}
-	for range s.target - len(cur) {
-		c.launch(ctx, s)
+	if missing := s.target - len(cur); missing > 0 && !now.Before(s.nextLaunch) {
+		for range missing {
+			c.launch(ctx, s)
+		}
 	}
 	if extra := len(cur) - s.target; extra > 0 {
 		c.drainSome(ctx, s, cur, extra, "scale down: "+s.decision.Reason)
@@ -155,8 +177,11 @@ func (c *Controller) reconcile(ctx context.Context, s *service, perReplica map[s
 		}
 		switch replicas.State(r.row.State) {
 		case replicas.Draining:
-			if n := perReplica[r.row.ID]; (n == 0 && now.Sub(r.drainSince) >= time.Second) || now.Sub(r.drainSince) >= c.cfg.DrainTimeout {
-				c.terminate(ctx, s, r, fmt.Sprintf("drained (%d requests in flight)", n))
+			switch {
+			case routers.drained(r.row.ID, r.drainSince):
+				c.terminate(ctx, s, r, "drained: no request left on it")
+			case now.Sub(r.drainSince) >= c.cfg.DrainTimeout:
+				c.terminate(ctx, s, r, fmt.Sprintf("drain timeout %s with %d requests still in flight", c.cfg.DrainTimeout, routers.inflight[r.row.ID]))
 			}
 		case replicas.Failed, replicas.Preempted:
 			c.terminate(ctx, s, r, "cleaning up after "+r.row.State)

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 func exitCode(err error) int {
@@ -52,5 +53,21 @@ func TestCLIErrors(t *testing.T) {
 	c.startDaemon()
 	if st := c.status("envs"); len(st.Models) == 0 || st.Models[0] != "env-model" {
 		t.Fatalf("after a restart: %+v", st)
+	}
+}
+
+// A run: that dies at once must not be relaunched every tick: launches back off.
+func TestCrashLoopBacksOff(t *testing.T) {
+	c := newCluster(t)
+	spec := strings.Replace(simService("loop-model", `  replicas: 1`, ""), "run: exec replicasim", "run: echo crashing; exit 3; exec replicasim", 1)
+	c.up("loop", spec, "--detach")
+	time.Sleep(6 * time.Second)
+	out := c.serve("logs", "loop")
+	launches := strings.Count(out, "launching on local")
+	if launches < 2 || launches > 5 || !strings.Contains(out, "next launch in") {
+		t.Fatalf("%d launches in 6 s (want 2-5, backing off):\n%s", launches, out)
+	}
+	if log := c.serve("logs", "loop", "loop-1"); !strings.Contains(log, "crashing") {
+		t.Fatalf("replica log: %q", log)
 	}
 }

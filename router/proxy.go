@@ -247,6 +247,12 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 		if len(px.pool.candidates(buf[:0], c.model, now, nil)) > 0 {
 			return true
 		}
+		if !px.ControlPlane.Knows(c.model) {
+			// Its service was deleted while the request waited.
+			px.met.errors.WithLabelValues("no_replica").Inc()
+			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable, fmt.Sprintf("the service of model %q was removed", c.model))
+			return false
+		}
 		if !now.Before(c.deadline) {
 			px.met.errors.WithLabelValues("hold_deadline").Inc()
 			oai.WriteError(ctx, fasthttp.StatusGatewayTimeout, oai.Timeout, fmt.Sprintf("no replica of model %q became ready before the request's deadline", c.model))
