@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -191,7 +192,7 @@ func sortedServices(m map[string]*service) []*service {
 	for _, s := range m {
 		out = append(out, s)
 	}
-	slices.SortFunc(out, func(a, b *service) int { return cmp(a.name, b.name) })
+	slices.SortFunc(out, func(a, b *service) int { return strings.Compare(a.name, b.name) })
 	return out
 }
 
@@ -205,20 +206,11 @@ func sortedReplicas(m map[string]*replica) []*replica {
 		if d := a.row.LaunchedAt.Compare(b.row.LaunchedAt); d != 0 {
 			return d
 		}
-		return cmp(a.row.ID, b.row.ID)
+		return strings.Compare(a.row.ID, b.row.ID)
 	})
 	return out
 }
 
-func cmp(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
 
 // transition moves a replica along the life cycle and records why. Caller holds c.mu.
 func (c *Controller) transition(ctx context.Context, s *service, r *replica, to replicas.State, reason string) {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,19 +50,10 @@ func (t *LoadTracker) report(replicas []*Replica) []fleet.ModelLoad {
 			InFlight: float64(inflight[k.(string)]), Held: float64(l.held.Load())})
 		return true
 	})
-	slices.SortFunc(out, func(a, b fleet.ModelLoad) int { return cmpString(a.Model, b.Model) })
+	slices.SortFunc(out, func(a, b fleet.ModelLoad) int { return strings.Compare(a.Model, b.Model) })
 	return out
 }
 
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
 
 // ControlPlane links a router to Arbiter's control plane: it follows the ready set into
 // the pool, reports load, and wakes a service at once when a request arrives for it while
