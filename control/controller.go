@@ -211,7 +211,6 @@ func sortedReplicas(m map[string]*replica) []*replica {
 	return out
 }
 
-
 // transition moves a replica along the life cycle and records why. Caller holds c.mu.
 func (c *Controller) transition(ctx context.Context, s *service, r *replica, to replicas.State, reason string) {
 	from := replicas.State(r.row.State)

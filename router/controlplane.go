@@ -54,7 +54,6 @@ func (t *LoadTracker) report(replicas []*Replica) []fleet.ModelLoad {
 	return out
 }
 
-
 // ControlPlane links a router to Arbiter's control plane: it follows the ready set into
 // the pool, reports load, and wakes a service at once when a request arrives for it while
 // it has no ready replica. Nothing in the request path waits on it: if the control plane is
