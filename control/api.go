@@ -38,6 +38,7 @@ func (c *Controller) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/load", c.auth(c.load))
 	mux.HandleFunc("POST /v1/wake", c.auth(c.wake))
 	mux.HandleFunc("POST /v1/validate", c.auth(c.validate))
+	mux.HandleFunc("POST /v1/replicas/{id}/preempt", c.auth(c.preempt))
 	return mux
 }
 
@@ -301,4 +302,22 @@ func (c *Controller) wake(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}
+
+// preempt injects a preemption notice (?notice=30s, default 30 s as GCP gives).
+func (c *Controller) preempt(w http.ResponseWriter, r *http.Request) {
+	warn := 30 * time.Second
+	if v := r.URL.Query().Get("notice"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > time.Hour {
+			writeErr(w, fmt.Errorf("%w: notice %q: want a duration up to 1h, e.g. 30s", errBadRequest, v))
+			return
+		}
+		warn = d
+	}
+	if err := c.Preempt(r.PathValue("id"), warn); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, map[string]string{"status": "notice sent"})
 }

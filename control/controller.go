@@ -124,6 +124,13 @@ func New(ctx context.Context, cfg Config) (*Controller, error) {
 // Run reconciles every service each tick until ctx ends; then waits for work in flight.
 // Replicas keep running when the control plane stops: a restart adopts them.
 func (c *Controller) Run(ctx context.Context) {
+	for _, p := range c.cfg.Providers {
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.followNotices(ctx, p)
+		}()
+	}
 	t := time.NewTicker(c.cfg.Tick)
 	defer t.Stop()
 	for {

@@ -237,3 +237,55 @@ func replicaIDs(st control.ServiceStatus) []string {
 }
 
 var _ = filepath.Join
+
+// A preemption notice is a routing event: the replica drains at once, its replacement
+// starts, and a load loop running through it all sees no failed request.
+func TestPreemptionNoticeDrainsAndReplaces(t *testing.T) {
+	c := newCluster(t)
+	c.up("spot", simService("spot-model", `  replicas: 2`, ""))
+	victim := c.status("spot").Replicas[0].ID
+	l := c.startLoad("spot-model", 3, 40, true)
+	time.Sleep(500 * time.Millisecond)
+	c.serve("preempt", victim, "--notice", "3s")
+	c.waitFor("the replacement ready and the victim gone", 60*time.Second, func() bool {
+		st := c.status("spot")
+		if st.Ready != 2 {
+			return false
+		}
+		for _, r := range st.Replicas {
+			if r.ID == victim {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(500 * time.Millisecond)
+	l.finish(t, "load through a preemption")
+	if ev := c.serve("logs", "spot"); !strings.Contains(ev, "preemption notice") {
+		t.Fatalf("no preemption event in the log:\n%s", ev)
+	}
+	if ids := keys(c.owned()); !slices.Equal(ids, replicaIDs(c.status("spot"))) {
+		t.Fatalf("processes %v after the preemption", ids)
+	}
+}
+
+// A replica that vanishes without notice (kill -9) is failed and replaced; requests it held
+// that had sent no byte are retried on another replica, so a non-streaming load sees none fail.
+func TestReplicaKilledWithoutNoticeIsReplaced(t *testing.T) {
+	c := newCluster(t)
+	c.up("vanish", simService("vanish-model", `  replicas: 2`, ""))
+	victim := c.status("vanish").Replicas[0].ID
+	l := c.startLoad("vanish-model", 4, 60, false)
+	time.Sleep(time.Second)
+	for _, pid := range c.owned()[victim] {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	c.waitFor("a replacement ready", 60*time.Second, func() bool {
+		st := c.status("vanish")
+		return st.Ready == 2 && !slices.Contains(replicaIDs(st), victim)
+	})
+	l.finish(t, "non-streaming load through a replica's death")
+	if ev := c.serve("logs", "vanish"); !strings.Contains(ev, "exited") {
+		t.Fatalf("no failure event in the log:\n%s", ev)
+	}
+}

@@ -285,8 +285,10 @@ func (l *Local) Notices() <-chan Notice { return l.notices }
 // Preempt announces that handle will be reclaimed after warn, as a spot provider would, and
 // then terminates it. For tests and demos.
 func (l *Local) Preempt(replicaID, handle string, warn time.Duration) {
-	l.notices <- Notice{ReplicaID: replicaID, Handle: handle, Deadline: time.Now().Add(warn)}
+	// The reclaim happens at the deadline whether or not anyone read the notice, as a cloud's
+	// would; the send must not block the caller.
 	time.AfterFunc(warn, func() { _ = l.Terminate(context.Background(), handle) })
+	go func() { l.notices <- Notice{ReplicaID: replicaID, Handle: handle, Deadline: time.Now().Add(warn)} }()
 }
 
 // Quote implements Provider: local capacity has the one configured price.

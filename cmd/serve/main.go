@@ -68,7 +68,7 @@ func root() *cobra.Command {
 	up, daemon := upCmd(g), daemonCmd(g)
 	addDaemonFlags(up)
 	addDaemonFlags(daemon)
-	cmd.AddCommand(up, daemon, statusCmd(g), replicasCmd(g), updateCmd(g), downCmd(g), validateCmd(), logsCmd(g), stopCmd(g))
+	cmd.AddCommand(up, daemon, statusCmd(g), replicasCmd(g), updateCmd(g), downCmd(g), validateCmd(), logsCmd(g), stopCmd(g), preemptCmd(g))
 	return cmd
 }
 
@@ -406,5 +406,27 @@ func downCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "every service")
 	cmd.Flags().DurationVar(&wait, "wait", 5*time.Minute, "how long to wait for termination")
+	return cmd
+}
+
+func preemptCmd(g *globals) *cobra.Command {
+	var notice time.Duration
+	cmd := &cobra.Command{
+		Use:   "preempt REPLICA [--notice 30s]",
+		Short: "Make a replica's provider announce a spot preemption (drills: the replica drains and is replaced)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, _, err := connect(cmd.Context(), g.home, g.api)
+			if err != nil {
+				return err
+			}
+			if _, err := c.do(cmd.Context(), http.MethodPost, fmt.Sprintf("/v1/replicas/%s/preempt?notice=%s", args[0], notice), nil, nil); err != nil {
+				return fail(exitErr, "preempt %s: %v", args[0], err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "Replica %s: preemption notice sent; it is reclaimed in %s.\n", args[0], notice)
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&notice, "notice", 30*time.Second, "warning before the replica is reclaimed (AWS gives 2m, GCP 30s)")
 	return cmd
 }
