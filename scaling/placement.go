@@ -1,0 +1,295 @@
+package scaling
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+// Placement decides where a service's replicas run and how they are bought: reserved
+// capacity first (already paid for), then spot when its price is at most MaxSpotPriceRatio
+// × the on-demand price, else on-demand; with SkyServe's SpotHedge semantics for users who
+// come from it (base on-demand replicas, dynamic on-demand fallback while spot replicas are
+// not ready, spot spread over zones, recently preempted zones avoided). Like the decider it
+// is pure: the caller passes the clock, the replicas and the price offers.
+
+// Offer is one price for one replica in one place.
+type Offer struct {
+	Provider, Region, Zone, InstanceType string
+	Capacity                             fleet.Capacity // spot or on_demand
+	PricePerHour                         float64
+}
+
+func (o Offer) place() string { return o.Provider + "/" + o.Region + "/" + o.Zone }
+
+// Slot is reserved capacity: Count replicas' worth, already paid for.
+type Slot struct {
+	Provider, Region, Zone string
+	Count                  int
+	PricePerHour           float64
+}
+
+// Placed is an existing replica as placement sees it, in launch order (oldest first).
+type Placed struct {
+	ID                     string
+	Capacity               fleet.Capacity
+	Provider, Region, Zone string
+	Ready                  bool
+}
+
+func (p Placed) place() string { return p.Provider + "/" + p.Region + "/" + p.Zone }
+
+// PlacementPolicy is a service's purchasing policy.
+type PlacementPolicy struct {
+	// UseSpot allows spot at all (the spec's use_spot: the user accepts preemptions).
+	UseSpot bool
+	// MaxSpotPriceRatio: spot is used when its price ≤ ratio × the on-demand price.
+	MaxSpotPriceRatio float64
+	// BaseOnDemand replicas are always on-demand (base_ondemand_fallback_replicas).
+	BaseOnDemand int
+	// DynamicFallback starts on-demand stand-ins for spot replicas that are not ready and
+	// removes them when spot recovers (dynamic_ondemand_fallback).
+	DynamicFallback bool
+	// Overprovision is the part of the target that is num_overprovision: stand-ins never
+	// cover it (an extra spot replica is insurance, not demand).
+	Overprovision int
+	Reserved      []Slot
+	// ZoneCooldown keeps spot out of a zone this long after it preempted a replica.
+	ZoneCooldown time.Duration
+}
+
+// Validate names the field that is wrong.
+func (p PlacementPolicy) Validate() error {
+	var errs []error
+	if p.MaxSpotPriceRatio <= 0 || p.MaxSpotPriceRatio > 1 {
+		errs = append(errs, fmt.Errorf("max spot price ratio %v: want a fraction in (0, 1], e.g. 0.6", p.MaxSpotPriceRatio))
+	}
+	if p.BaseOnDemand < 0 || p.Overprovision < 0 || p.ZoneCooldown < 0 {
+		errs = append(errs, errors.New("base on-demand replicas, overprovision and zone cooldown must be ≥ 0"))
+	}
+	for i, s := range p.Reserved {
+		if s.Count < 0 || s.PricePerHour < 0 {
+			errs = append(errs, fmt.Errorf("reserved[%d]: count and price must be ≥ 0", i))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Launch is one replica to start, with the quote and the rule that chose it.
+type Launch struct {
+	Offer  Offer
+	Reason string
+}
+
+// Drain is one replica to remove, and why.
+type Drain struct {
+	ID, Reason string
+}
+
+// Plan is what to do now to reach the wanted mix.
+type Plan struct {
+	Launch []Launch
+	Drain  []Drain
+	// Want is the wanted number of replicas per capacity kind.
+	Want map[fleet.Capacity]int
+	// Reason says how the mix was chosen (which quote, which rule).
+	Reason string
+}
+
+// Placer remembers which zones preempted recently; everything else comes in per call.
+type Placer struct {
+	policy    PlacementPolicy
+	preempted map[string]time.Time // provider/region/zone → last preemption
+}
+
+// NewPlacer returns a placer for a policy.
+func NewPlacer(p PlacementPolicy) (*Placer, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return &Placer{policy: p, preempted: map[string]time.Time{}}, nil
+}
+
+// Preempted records that a zone took a spot replica back (or failed to launch one).
+func (pl *Placer) Preempted(provider, region, zone string, at time.Time) {
+	pl.preempted[provider+"/"+region+"/"+zone] = at
+}
+
+func cheapest(offers []Offer, capacity fleet.Capacity, ok func(Offer) bool) (Offer, bool) {
+	var best Offer
+	found := false
+	for _, o := range offers {
+		if o.Capacity != capacity || (ok != nil && !ok(o)) {
+			continue
+		}
+		if !found || o.PricePerHour < best.PricePerHour || o.PricePerHour == best.PricePerHour && o.place() < best.place() {
+			best, found = o, true
+		}
+	}
+	return best, found
+}
+
+// Plan returns the launches and drains that move existing toward target replicas.
+func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Offer) Plan {
+	p := pl.policy
+	have := map[fleet.Capacity][]Placed{}
+	readySpot := 0
+	for _, r := range existing {
+		have[r.Capacity] = append(have[r.Capacity], r)
+		if r.Capacity == fleet.Spot && r.Ready {
+			readySpot++
+		}
+	}
+	reservedCap := 0
+	for _, s := range p.Reserved {
+		reservedCap += s.Count
+	}
+	want := map[fleet.Capacity]int{fleet.Reserved: min(max(target, 0), reservedCap)}
+	rest := max(target, 0) - want[fleet.Reserved]
+
+	active := pl.activeZones(now, offers)
+	spotOffer, haveSpot := cheapest(offers, fleet.Spot, func(o Offer) bool { return active[o.place()] })
+	odOffer, haveOD := cheapest(offers, fleet.OnDemand, nil)
+	useSpot, why := false, ""
+	switch {
+	case !p.UseSpot:
+		why = "use_spot is off: on-demand"
+	case !haveSpot:
+		why = "no spot offer: on-demand"
+	case haveOD && spotOffer.PricePerHour > p.MaxSpotPriceRatio*odOffer.PricePerHour:
+		why = fmt.Sprintf("spot $%.2f/h > %.2f × on-demand $%.2f/h: on-demand", spotOffer.PricePerHour, p.MaxSpotPriceRatio, odOffer.PricePerHour)
+	case haveOD:
+		useSpot = true
+		why = fmt.Sprintf("spot $%.2f/h ≤ %.2f × on-demand $%.2f/h: spot", spotOffer.PricePerHour, p.MaxSpotPriceRatio, odOffer.PricePerHour)
+	default:
+		useSpot = true
+		why = "spot offered, no on-demand price to compare: spot"
+	}
+	if useSpot {
+		base := min(p.BaseOnDemand, rest)
+		want[fleet.Spot] = rest - base
+		od := base
+		if p.DynamicFallback {
+			// SkyServe's SpotHedge fallback: one on-demand stand-in per spot replica that is
+			// wanted but not ready, never for the overprovisioned part.
+			od += max(0, want[fleet.Spot]-readySpot)
+		}
+		want[fleet.OnDemand] = min(od, max(base, rest-p.Overprovision))
+	} else {
+		want[fleet.OnDemand] = rest
+	}
+	plan := Plan{Want: want, Reason: fmt.Sprintf("target %d: reserved %d (of %d slots), %s; want spot %d, on-demand %d",
+		target, want[fleet.Reserved], reservedCap, why, want[fleet.Spot], want[fleet.OnDemand])}
+
+	// Reserved: fill free slots.
+	used := map[string]int{}
+	for _, r := range have[fleet.Reserved] {
+		used[r.place()]++
+	}
+	for n := want[fleet.Reserved] - len(have[fleet.Reserved]); n > 0; n-- {
+		for _, s := range p.Reserved {
+			key := s.Provider + "/" + s.Region + "/" + s.Zone
+			if used[key] < s.Count {
+				used[key]++
+				plan.Launch = append(plan.Launch, Launch{Offer: Offer{Provider: s.Provider, Region: s.Region, Zone: s.Zone, Capacity: fleet.Reserved, PricePerHour: s.PricePerHour},
+					Reason: fmt.Sprintf("reserved slot %s: already paid for", key)})
+				break
+			}
+		}
+	}
+	// Spot: spread over active zones (SpotHedge), then cheapest.
+	spotIn := map[string]int{}
+	for _, r := range have[fleet.Spot] {
+		spotIn[r.place()]++
+	}
+	for n := want[fleet.Spot] - len(have[fleet.Spot]); n > 0; n-- {
+		o, ok := pl.spotZone(offers, active, spotIn)
+		if !ok {
+			break
+		}
+		spotIn[o.place()]++
+		plan.Launch = append(plan.Launch, Launch{Offer: o, Reason: fmt.Sprintf("spot in %s at $%.2f/h: %s; %d spot replicas there now", o.place(), o.PricePerHour, why, spotIn[o.place()]-1)})
+	}
+	// On-demand: cheapest.
+	for n := want[fleet.OnDemand] - len(have[fleet.OnDemand]); n > 0 && haveOD; n-- {
+		reason := fmt.Sprintf("on-demand in %s at $%.2f/h: ", odOffer.place(), odOffer.PricePerHour)
+		if useSpot {
+			reason += fmt.Sprintf("base %d + stand-ins for %d spot replicas not ready", min(p.BaseOnDemand, rest), max(0, want[fleet.Spot]-readySpot))
+		} else {
+			reason += why
+		}
+		plan.Launch = append(plan.Launch, Launch{Offer: odOffer, Reason: reason})
+	}
+	if n := want[fleet.OnDemand] - len(have[fleet.OnDemand]); n > 0 && !haveOD {
+		plan.Reason += fmt.Sprintf("; %d on-demand replicas wanted but no on-demand offer", n)
+	}
+	// Drains: extra replicas of each kind, not-ready ones first, then the newest; spot from
+	// the most crowded zone so the spread survives.
+	for _, kind := range []fleet.Capacity{fleet.OnDemand, fleet.Spot, fleet.Reserved} {
+		extra := len(have[kind]) - want[kind]
+		if extra <= 0 {
+			continue
+		}
+		order := slices.Clone(have[kind])
+		slices.Reverse(order) // newest first
+		slices.SortStableFunc(order, func(a, b Placed) int {
+			if a.Ready != b.Ready {
+				if !a.Ready {
+					return -1
+				}
+				return 1
+			}
+			if kind == fleet.Spot {
+				return cmp.Compare(spotIn[b.place()], spotIn[a.place()])
+			}
+			return 0
+		})
+		for _, r := range order[:extra] {
+			if kind == fleet.Spot {
+				spotIn[r.place()]--
+			}
+			plan.Drain = append(plan.Drain, Drain{ID: r.ID, Reason: fmt.Sprintf("%d %s replicas for %d wanted (%s)", len(have[kind]), kind, want[kind], why)})
+		}
+	}
+	return plan
+}
+
+// activeZones is every offered place not cooling down after a preemption; when fewer than
+// two zones remain, all are active again (SkyServe resets rather than run out of zones).
+func (pl *Placer) activeZones(now time.Time, offers []Offer) map[string]bool {
+	all, active := map[string]bool{}, map[string]bool{}
+	for _, o := range offers {
+		if o.Capacity != fleet.Spot {
+			continue
+		}
+		all[o.place()] = true
+		if at, ok := pl.preempted[o.place()]; !ok || now.Sub(at) >= pl.policy.ZoneCooldown {
+			active[o.place()] = true
+		}
+	}
+	if len(active) < 2 {
+		return all
+	}
+	return active
+}
+
+// spotZone picks the spot offer for the next replica: active zones with the fewest spot
+// replicas of this service, then the cheapest.
+func (pl *Placer) spotZone(offers []Offer, active map[string]bool, spotIn map[string]int) (Offer, bool) {
+	var best Offer
+	found := false
+	for _, o := range offers {
+		if o.Capacity != fleet.Spot || !active[o.place()] {
+			continue
+		}
+		if !found || spotIn[o.place()] < spotIn[best.place()] ||
+			spotIn[o.place()] == spotIn[best.place()] && (o.PricePerHour < best.PricePerHour || o.PricePerHour == best.PricePerHour && o.place() < best.place()) {
+			best, found = o, true
+		}
+	}
+	return best, found
+}
