@@ -34,6 +34,11 @@ func (c *Controller) tick(ctx context.Context) {
 		if s.woken && smp.Waiting == 0 {
 			smp.Waiting = 1 // a wake raced ahead of the router's next report
 		}
+		if s.tokens > 0 {
+			if err := c.store.AddTokens(ctx, s.name, s.tokens); err != nil {
+				c.log.Error("token count not saved", "service", s.name, "err", err)
+			}
+		}
 		s.requests, s.tokens, s.woken = 0, 0, false
 		s.decider.Record(smp)
 		d := s.decider.Decide(now, s.count(s.version, replicas.Ready), s.target)

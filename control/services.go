@@ -257,6 +257,30 @@ type ServiceStatus struct {
 	Models    []string        `json:"models"`
 	Endpoint  string          `json:"endpoint"`
 	Replicas  []state.Replica `json:"replicas"`
+	// Cost: replicas are billed from launch to termination, ready or not (a replica loading
+	// weights costs as much as one serving).
+	DollarsPerHour float64 `json:"dollars_per_hour"`
+	Dollars        float64 `json:"dollars"`
+	Tokens         float64 `json:"tokens"`
+	// DollarsPerMillionTokens is Dollars ÷ Tokens × 1e6 (0 before the first token).
+	DollarsPerMillionTokens float64 `json:"dollars_per_million_tokens"`
+}
+
+// bill adds what a service's replicas (ended ones too) have cost up to now.
+func bill(st *ServiceStatus, rows []state.Replica, now time.Time) {
+	for _, r := range rows {
+		end := r.EndedAt
+		if end.IsZero() {
+			end = now
+			st.DollarsPerHour += r.PricePerHour
+		}
+		if end.After(r.LaunchedAt) {
+			st.Dollars += r.PricePerHour * end.Sub(r.LaunchedAt).Hours()
+		}
+	}
+	if st.Tokens > 0 {
+		st.DollarsPerMillionTokens = st.Dollars / st.Tokens * 1e6
+	}
 }
 
 // Status returns every service ("" ) or one.
@@ -265,6 +289,11 @@ func (c *Controller) Status(ctx context.Context, name string) ([]ServiceStatus, 
 	if err != nil {
 		return nil, err
 	}
+	all, err := c.store.Replicas(ctx, name, true)
+	if err != nil {
+		return nil, err
+	}
+	now := c.cfg.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []ServiceStatus
@@ -277,7 +306,14 @@ func (c *Controller) Status(ctx context.Context, name string) ([]ServiceStatus, 
 			continue
 		}
 		st := ServiceStatus{Name: s.name, Version: s.version, CreatedAt: row.CreatedAt, Target: s.target, Decision: s.decision.Reason,
-			Models: s.models(), Endpoint: c.cfg.Endpoint, Replicas: []state.Replica{}}
+			Models: s.models(), Endpoint: c.cfg.Endpoint, Replicas: []state.Replica{}, Tokens: row.Tokens + s.tokens}
+		var mine []state.Replica
+		for _, r := range all {
+			if r.Service == s.name {
+				mine = append(mine, r)
+			}
+		}
+		bill(&st, mine, now)
 		for _, r := range sortedReplicas(s.replicas) {
 			st.Replicas = append(st.Replicas, r.row)
 			if replicas.State(r.row.State) == replicas.Ready {

@@ -118,6 +118,9 @@ func TestRollingUpdateUnderLoad(t *testing.T) {
 	if ids := keys(c.owned()); !slices.Equal(ids, replicaIDs(st)) {
 		t.Fatalf("processes %v; want exactly the new replicas %v", ids, replicaIDs(st))
 	}
+	// Tokens reach the control plane through the router's load reports: the cost per
+	// million tokens has something to divide by.
+	c.waitFor("tokens counted", 10*time.Second, func() bool { return c.status("roll").Tokens > 0 })
 	c.serve("down", "roll")
 	if left := c.owned(); len(left) != 0 {
 		t.Fatalf("serve down left processes: %v", left)

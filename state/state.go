@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS services (
 	version     INTEGER NOT NULL,
 	status      TEXT NOT NULL,
 	next_seq    INTEGER NOT NULL DEFAULT 1,
+	tokens      REAL NOT NULL DEFAULT 0,
 	created_at  INTEGER NOT NULL,
 	updated_at  INTEGER NOT NULL
 );
@@ -100,6 +101,8 @@ type Service struct {
 	Name      string    `json:"name"`
 	Version   int       `json:"version"`
 	Status    string    `json:"status"`
+	// Tokens is every prompt and completion token served so far, from router reports.
+	Tokens    float64   `json:"tokens"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
@@ -207,6 +210,15 @@ func (s *Store) SetServiceStatus(ctx context.Context, name, status string, now t
 	return nil
 }
 
+// AddTokens adds served tokens to a service's total (cost per million tokens survives
+// control-plane restarts).
+func (s *Store) AddTokens(ctx context.Context, name string, n float64) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE services SET tokens = tokens + ? WHERE name = ?`, n, name); err != nil {
+		return fmt.Errorf("service %s tokens: %w", name, err)
+	}
+	return nil
+}
+
 // DeleteService removes a service, its versions and its replica rows. The caller must have
 // terminated every replica first; events stay, as history.
 func (s *Store) DeleteService(ctx context.Context, name string, now time.Time) error {
@@ -235,7 +247,7 @@ func (s *Store) DeleteService(ctx context.Context, name string, now time.Time) e
 
 // Services lists every service, by name.
 func (s *Store) Services(ctx context.Context) ([]Service, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, version, status, created_at, updated_at FROM services ORDER BY name`)
+	rows, err := s.db.QueryContext(ctx, `SELECT name, version, status, tokens, created_at, updated_at FROM services ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("list services: %w", err)
 	}
@@ -244,7 +256,7 @@ func (s *Store) Services(ctx context.Context) ([]Service, error) {
 	for rows.Next() {
 		var sv Service
 		var c, u int64
-		if err := rows.Scan(&sv.Name, &sv.Version, &sv.Status, &c, &u); err != nil {
+		if err := rows.Scan(&sv.Name, &sv.Version, &sv.Status, &sv.Tokens, &c, &u); err != nil {
 			return nil, err
 		}
 		sv.CreatedAt, sv.UpdatedAt = fromMS(c), fromMS(u)
@@ -257,8 +269,8 @@ func (s *Store) Services(ctx context.Context) ([]Service, error) {
 func (s *Store) GetService(ctx context.Context, name string) (Service, error) {
 	var sv Service
 	var c, u int64
-	err := s.db.QueryRowContext(ctx, `SELECT name, version, status, created_at, updated_at FROM services WHERE name = ?`, name).
-		Scan(&sv.Name, &sv.Version, &sv.Status, &c, &u)
+	err := s.db.QueryRowContext(ctx, `SELECT name, version, status, tokens, created_at, updated_at FROM services WHERE name = ?`, name).
+		Scan(&sv.Name, &sv.Version, &sv.Status, &sv.Tokens, &c, &u)
 	if errors.Is(err, sql.ErrNoRows) {
 		return sv, fmt.Errorf("service %q: %w", name, ErrNotFound)
 	}

@@ -35,9 +35,14 @@ func statusCmd(g *globals) *cobra.Command {
 			}
 			fmt.Fprintln(out, "Services")
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tVERSION\tUPTIME\tSTATUS\tREPLICAS\t$/HOUR\tENDPOINT")
+			fmt.Fprintln(tw, "NAME\tVERSION\tUPTIME\tSTATUS\tREPLICAS\t$/HOUR\t$ SO FAR\tTOKENS\t$/M TOKENS\tENDPOINT")
 			for _, s := range svcs {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d/%d\t%.2f\t%s\n", s.Name, s.Version, since(s.CreatedAt), s.Status, s.Ready, s.Target, hourly(s), s.Endpoint)
+				perM := "-"
+				if s.Tokens > 0 {
+					perM = fmt.Sprintf("%.4f", s.DollarsPerMillionTokens)
+				}
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d/%d\t%.2f\t%.4f\t%.0f\t%s\t%s\n", s.Name, s.Version, since(s.CreatedAt), s.Status, s.Ready, s.Target,
+					s.DollarsPerHour, s.Dollars, s.Tokens, perM, s.Endpoint)
 			}
 			tw.Flush()
 			fmt.Fprintln(out, "\nReplicas")
@@ -111,18 +116,6 @@ func printReplicas(out io.Writer, svcs []control.ServiceStatus) {
 		}
 	}
 	tw.Flush()
-}
-
-// hourly is what a service's replicas cost per hour now: every replica that holds a
-// machine is billed, ready or not.
-func hourly(s control.ServiceStatus) float64 {
-	sum := 0.0
-	for _, r := range s.Replicas {
-		if r.State != "terminated" {
-			sum += r.PricePerHour
-		}
-	}
-	return sum
 }
 
 func dash(s string) string {
