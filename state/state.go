@@ -98,9 +98,9 @@ func (s *Store) Close() error { return s.db.Close() }
 
 // Service is one service's row.
 type Service struct {
-	Name      string    `json:"name"`
-	Version   int       `json:"version"`
-	Status    string    `json:"status"`
+	Name    string `json:"name"`
+	Version int    `json:"version"`
+	Status  string `json:"status"`
 	// Tokens is every prompt and completion token served so far, from router reports.
 	Tokens    float64   `json:"tokens"`
 	CreatedAt time.Time `json:"created_at"`
