@@ -1,0 +1,182 @@
+package control
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/state"
+)
+
+// memProvider is an in-memory provider: it lets a unit test place the control plane in
+// every crash window deterministically (the e2e tests do the same with real processes,
+// where the window hit depends on timing).
+type memProvider struct {
+	mu        sync.Mutex
+	running   map[string]replicas.Instance // replica ID → instance
+	terminals []string
+}
+
+func (m *memProvider) Name() string { return "local" }
+func (m *memProvider) Setup(context.Context, string, int, string, string, map[string]string) error {
+	return nil
+}
+func (m *memProvider) Launch(_ context.Context, s replicas.LaunchSpec) (replicas.Instance, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	in := replicas.Instance{ReplicaID: s.ReplicaID, Handle: "h-" + s.ReplicaID, Address: "127.0.0.1:1", Capacity: fleet.Reserved}
+	m.running[s.ReplicaID] = in
+	return in, nil
+}
+func (m *memProvider) Terminate(_ context.Context, handle string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, in := range m.running {
+		if in.Handle == handle {
+			delete(m.running, id)
+			m.terminals = append(m.terminals, id)
+		}
+	}
+	return nil
+}
+func (m *memProvider) List(context.Context) ([]replicas.Instance, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []replicas.Instance
+	for _, in := range m.running {
+		out = append(out, in)
+	}
+	return out, nil
+}
+func (m *memProvider) Status(_ context.Context, handle string) (replicas.Status, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, in := range m.running {
+		if in.Handle == handle {
+			return replicas.StatusRunning, nil
+		}
+	}
+	return replicas.StatusGone, nil
+}
+func (m *memProvider) Notices() <-chan replicas.Notice { return nil }
+func (m *memProvider) Quote(context.Context, fleet.Capacity) ([]replicas.Quote, error) {
+	return nil, nil
+}
+
+const fixedSpec = `service:
+  readiness_probe: /health
+  replicas: 3
+run: x
+arbiter: {model: m}
+`
+
+// Every crash window, one replica each: the restarted control plane adopts what it
+// recorded and finds running, writes off what never launched, finishes what was leaving,
+// and terminates what it does not recognise.
+func TestRecoveryClassifiesEveryCrashWindow(t *testing.T) {
+	ctx := context.Background()
+	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Now()
+	if _, err := st.PutService(ctx, "svc", fixedSpec, "", now); err != nil {
+		t.Fatal(err)
+	}
+	mem := &memProvider{running: map[string]replicas.Instance{}}
+	row := func(state string, running bool) string {
+		r, err := st.NewReplica(ctx, stateReplica("svc", state), now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if running {
+			mem.running[r.ID] = replicas.Instance{ReplicaID: r.ID, Handle: "h-" + r.ID, Address: "127.0.0.1:1"}
+			if state != "pending" && state != "provisioning" { // the handle was recorded
+				r.Handle, r.Address = "h-"+r.ID, "127.0.0.1:1"
+				if err := st.SaveReplica(ctx, r, state, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return r.ID
+	}
+	intentOnly := row("pending", false)             // crashed before the provider heard of it
+	launchedUnrecorded := row("provisioning", true) // crashed after launch, before the handle was saved
+	ready := row("ready", true)
+	leaving := row("draining", true)
+	vanished := row("ready", false)
+	mem.running["svc-999"] = replicas.Instance{ReplicaID: "svc-999", Handle: "h-stray"} // no row at all
+
+	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"local": mem}, DrainTimeout: time.Minute,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := mem.running["svc-999"]; ok {
+		t.Fatal("the unrecognised instance is still running after recovery")
+	}
+	states := func() map[string]string {
+		rows, err := st.Replicas(ctx, "svc", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, r := range rows {
+			out[r.ID] = r.State
+		}
+		return out
+	}
+	got := states()
+	want := map[string]string{intentOnly: "failed", launchedUnrecorded: "starting", ready: "ready", leaving: "draining", vanished: "failed"}
+	for id, w := range want {
+		if got[id] != w {
+			t.Errorf("after recovery %s is %q; want %q (all: %v)", id, got[id], w, got)
+		}
+	}
+	c.mu.Lock()
+	adopted := c.services["svc"].replicas[launchedUnrecorded].row.Handle
+	target := c.services["svc"].target
+	c.mu.Unlock()
+	if adopted != "h-"+launchedUnrecorded {
+		t.Errorf("adopted handle %q", adopted)
+	}
+	if target != 2 { // the two live replicas it resumes with
+		t.Errorf("resumed target %d; want 2", target)
+	}
+
+	// One tick: failed and draining rows end; the service launches toward its 3 replicas.
+	tctx, cancel := context.WithCancel(ctx)
+	c.tick(tctx)
+	c.wg.Wait()
+	cancel()
+	got = states()
+	for _, id := range []string{intentOnly, vanished, leaving} {
+		if got[id] != "terminated" {
+			t.Errorf("after a tick %s is %q; want terminated", id, got[id])
+		}
+	}
+	if _, ok := mem.running[leaving]; ok {
+		t.Error("the draining replica's instance is still running")
+	}
+	live := 0
+	for _, s := range got {
+		if s != "terminated" && s != "failed" {
+			live++
+		}
+	}
+	if live != 3 {
+		t.Errorf("%d live replicas after a tick; want the spec's 3 (%v)", live, got)
+	}
+}
+
+func stateReplica(service, st string) state.Replica {
+	return state.Replica{Service: service, Version: 1, Provider: "local", State: st, Reason: fmt.Sprintf("test: %s", st)}
+}
