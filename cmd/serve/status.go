@@ -16,9 +16,9 @@ import (
 )
 
 func statusCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var asJSON, verbose bool
 	cmd := &cobra.Command{
-		Use:   "status [NAME...]",
+		Use:   "status [NAME...] [-v]",
 		Short: "Show services and their replicas",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			svcs, err := fetch(cmd.Context(), g, args)
@@ -45,12 +45,25 @@ func statusCmd(g *globals) *cobra.Command {
 					s.DollarsPerHour, s.Dollars, s.Tokens, perM, s.Endpoint)
 			}
 			tw.Flush()
+			if verbose {
+				for _, s := range svcs {
+					fmt.Fprintf(out, "  %s: models %v; autoscaler: %s\n", s.Name, s.Models, dash(s.Decision))
+				}
+			}
 			fmt.Fprintln(out, "\nReplicas")
 			printReplicas(out, svcs)
+			if verbose {
+				for _, s := range svcs {
+					for _, r := range s.Replicas {
+						fmt.Fprintf(out, "  %s: %s\n", r.ID, dash(r.Reason))
+					}
+				}
+			}
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "also the autoscaler's last decision and each replica's last transition reason")
 	return cmd
 }
 
