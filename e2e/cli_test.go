@@ -35,6 +35,9 @@ func TestCLIErrors(t *testing.T) {
 	expect(1, "bad.yaml:2:", "validate", bad)
 	expect(2, "bad.yaml:2:", append([]string{"up"}, append(c.daemonFlags(), bad)...)...)
 	expect(1, "no such file", "validate", "/nonexistent/service.yaml")
+	expect(0, "spot $", "validate", "../examples/skyserve-vllm.yaml") // priced from the catalogs, with the placement rule
+	typo := c.writeSpec("typo", "resources: {accelerators: A10O}\nservice: {replicas: 1}\nrun: x\n")
+	expect(1, `closest known: A100`, "validate", typo)
 
 	spec := simService("cli-model", `  replica_policy: {min_replicas: 0, max_replicas: 1}`, "")
 	c.up("cli", spec)

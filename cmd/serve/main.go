@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/signal"
@@ -20,6 +21,8 @@ import (
 
 	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/httplog"
+	"github.com/arbiter-serve/arbiter/pricing"
+	"github.com/arbiter-serve/arbiter/scaling"
 	"github.com/arbiter-serve/arbiter/spec"
 )
 
@@ -306,8 +309,9 @@ func validateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "# %s is valid. Resolved (defaults filled in):\n%s", args[0], b)
-			return nil
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "# %s is valid. Resolved (defaults filled in):\n%s", args[0], b)
+			return quotePreview(out, sp)
 		},
 	}
 	cmd.Flags().StringArrayVar(&envFlags, "env", nil, "set or fill an env of the spec (K=V)")
@@ -429,4 +433,51 @@ func preemptCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().DurationVar(&notice, "notice", 30*time.Second, "warning before the replica is reclaimed (AWS gives 2m, GCP 30s)")
 	return cmd
+}
+
+// quotePreview prices the spec's resources: against the embedded catalogs and shows where
+// its first replicas would go and why. An unknown accelerator is an error; a catalog with
+// no offer for the constraints only a note (the local provider needs none).
+func quotePreview(out io.Writer, sp *spec.Service) error {
+	r := sp.Resources
+	if len(r.Accelerators) == 0 && len(r.AnyOf) == 0 && len(r.Ordered) == 0 {
+		return nil
+	}
+	cat, err := pricing.Embedded()
+	if err != nil {
+		return err
+	}
+	offers, err := cat.Quote(r, time.Time{})
+	var unknown *pricing.UnknownAcceleratorError
+	switch {
+	case errors.As(err, &unknown):
+		return fail(exitErr, "resources: %v", err)
+	case err != nil:
+		fmt.Fprintf(out, "# price catalogs: %v\n", err)
+		return nil
+	}
+	fmt.Fprintf(out, "# cheapest catalog offers (%d in all, $/hour per instance):\n", len(offers))
+	for i, o := range offers {
+		if i == 5 {
+			break
+		}
+		fmt.Fprintf(out, "#   %-9s %-6s %-14s %-12s %-22s %s:%d  $%.2f\n", o.Capacity, o.Provider, o.Region, o.Zone, o.InstanceType, o.Accelerator, o.AcceleratorCount, o.PricePerHour)
+	}
+	rp := sp.Service.ReplicaPolicy
+	pl, err := scaling.NewPlacer(scaling.PlacementPolicy{UseSpot: r.UseSpot, MaxSpotPriceRatio: sp.Arbiter.SpotPolicy.MaxPriceRatio,
+		BaseOnDemand: rp.BaseOndemandFallbackReplicas, DynamicFallback: rp.DynamicOndemandFallback, Overprovision: rp.NumOverprovision})
+	if err != nil {
+		return err
+	}
+	var cands []scaling.Offer
+	for _, o := range offers {
+		cands = append(cands, scaling.Offer{Provider: o.Provider, Region: o.Region, Zone: o.Zone, InstanceType: o.InstanceType, Capacity: o.Capacity, PricePerHour: o.PricePerHour})
+	}
+	n := max(rp.MinReplicas, 1)
+	plan := pl.Plan(time.Now(), n, nil, cands)
+	fmt.Fprintf(out, "# placement of %d replica(s): %s\n", n, plan.Reason)
+	for _, l := range plan.Launch {
+		fmt.Fprintf(out, "#   %s\n", l.Reason)
+	}
+	return nil
 }
