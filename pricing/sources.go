@@ -202,24 +202,13 @@ func loadAnycloud(fsys fs.FS, b *builder) error {
 	commits := map[string][]stamp{} // cloud → times the collector ran, for smoothing
 	for _, r := range recs {
 		e := event{at: undated}
+		var err error
 		if haveLog {
-			at, err := r.when("observed_at")
-			if err != nil {
+			if e, err = r.logEvent(); err != nil {
 				return err
 			}
-			e.at = stampOf(at)
-			switch ev := r.str("event"); ev {
-			case "first_seen", "changed":
-			case "disappeared":
-				e.gone, e.goneFirst = true, true
-			default:
-				return r.errorf("event", "want first_seen, changed or disappeared, got %q", ev)
-			}
 		}
-		if e.od, e.hasOD, err = r.price("Price"); err != nil {
-			return err
-		}
-		if e.spot, e.hasSpot, err = r.price("SpotPrice"); err != nil {
+		if err := r.prices(&e, "Price", "SpotPrice"); err != nil {
 			return err
 		}
 		k := keyOf(r)
@@ -344,26 +333,11 @@ func loadGCPHistory(fsys fs.FS, b *builder) error {
 	var order [][2]string
 	logStart := latest
 	for _, r := range recs {
-		var e event
-		at, err := r.when("observed_at")
+		e, err := r.logEvent()
 		if err != nil {
 			return err
 		}
-		e.at = stampOf(at)
-		switch ev := r.str("event"); ev {
-		case "first_seen", "changed":
-		case "disappeared":
-			// When a machine's attributes change (a2-highgpu-1g 58 → 85 GiB) the log writes
-			// the new variant's first_seen and the old one's disappeared at the same time,
-			// in that order; keyed by (machine type, region) the disappearance goes first.
-			e.gone, e.goneFirst = true, true
-		default:
-			return r.errorf("event", "want first_seen, changed or disappeared, got %q", ev)
-		}
-		if e.od, e.hasOD, err = r.price("hour_ondemand_usd"); err != nil {
-			return err
-		}
-		if e.spot, e.hasSpot, err = r.price("hour_spot_usd"); err != nil {
+		if err := r.prices(&e, "hour_ondemand_usd", "hour_spot_usd"); err != nil {
 			return err
 		}
 		if e.vcpus, err = r.number("vcpus"); err != nil {
@@ -393,4 +367,36 @@ func loadGCPHistory(fsys fs.FS, b *builder) error {
 		b.gcpHist[k] = p
 	}
 	return nil
+}
+
+// logEvent reads a change-log row's time and kind (first_seen, changed, disappeared), the
+// columns every price change log here shares.
+func (r record) logEvent() (event, error) {
+	var e event
+	at, err := r.when("observed_at")
+	if err != nil {
+		return e, err
+	}
+	e.at = stampOf(at)
+	switch ev := r.str("event"); ev {
+	case "first_seen", "changed":
+	case "disappeared":
+		// When a machine's attributes change (a2-highgpu-1g 58 → 85 GiB) the log writes
+		// the new variant's first_seen and the old one's disappeared at the same time,
+		// in that order; keyed by (machine type, region) the disappearance goes first.
+		e.gone, e.goneFirst = true, true
+	default:
+		return e, r.errorf("event", "want first_seen, changed or disappeared, got %q", ev)
+	}
+	return e, nil
+}
+
+// prices reads a row's on-demand and spot price columns into e.
+func (r record) prices(e *event, onDemandCol, spotCol string) error {
+	var err error
+	if e.od, e.hasOD, err = r.price(onDemandCol); err != nil {
+		return err
+	}
+	e.spot, e.hasSpot, err = r.price(spotCol)
+	return err
 }
