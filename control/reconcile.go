@@ -343,6 +343,11 @@ func (c *Controller) check(ctx context.Context, s *service, r *replica) {
 		r.busy = false
 		now := c.cfg.Now()
 		r.nextProbe = now.Add(interval)
+		if replicas.State(r.row.State) == replicas.Starting {
+			// Every second of a cold start is a second that requests held at zero wait:
+			// probe a starting replica at least once a second.
+			r.nextProbe = now.Add(min(interval, time.Second))
+		}
 		if ctx.Err() != nil || replicas.State(r.row.State) != replicas.State(row.State) {
 			return // stopping, or moved (drained) while we probed
 		}
