@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/arbiter-serve/arbiter/textdist"
 )
 
 // UnknownAcceleratorError is an accelerator name no loaded catalog mentions.
@@ -252,7 +254,7 @@ func closest(name string, names []string, n int) []string {
 	q := strings.ToLower(name)
 	s := make([]scored, 0, len(names))
 	for _, k := range names {
-		s = append(s, scored{k, editDistance(q, strings.ToLower(k)), abs(len(k) - len(name))})
+		s = append(s, scored{k, textdist.Distance(q, strings.ToLower(k)), abs(len(k) - len(name))})
 	}
 	slices.SortFunc(s, func(a, b scored) int {
 		return cmp.Or(cmp.Compare(a.dist, b.dist), cmp.Compare(a.dlen, b.dlen), cmp.Compare(a.name, b.name))
@@ -262,27 +264,6 @@ func closest(name string, names []string, n int) []string {
 		out = append(out, s[i].name)
 	}
 	return out
-}
-
-// editDistance is Levenshtein's distance over bytes (names are ASCII).
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 func abs(x int) int {

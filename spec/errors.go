@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/arbiter-serve/arbiter/textdist"
 )
 
 // Error is one problem in a service.yaml, placed at the key or value it is about so that
@@ -132,39 +134,12 @@ func suggest(w string, allowed []string) string {
 	}
 	best, bestDist := "", limit+1
 	for _, a := range allowed {
-		dist := editDistance(strings.ToLower(w), strings.ToLower(a))
+		dist := textdist.Distance(strings.ToLower(w), strings.ToLower(a))
 		if dist < bestDist && dist < utf8.RuneCountInString(a) {
 			best, bestDist = a, dist
 		}
 	}
 	return best
-}
-
-// editDistance is the optimal-string-alignment distance between a and b.
-func editDistance(a, b string) int {
-	s, t := []rune(a), []rune(b)
-	// Three rolling rows: the transposition case looks two rows back.
-	prev2 := make([]int, len(t)+1)
-	prev := make([]int, len(t)+1)
-	cur := make([]int, len(t)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(s); i++ {
-		cur[0] = i
-		for j := 1; j <= len(t); j++ {
-			cost := 1
-			if s[i-1] == t[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-			if i > 1 && j > 1 && s[i-1] == t[j-2] && s[i-2] == t[j-1] {
-				cur[j] = min(cur[j], prev2[j-2]+1)
-			}
-		}
-		prev2, prev, cur = prev, cur, prev2
-	}
-	return prev[len(t)]
 }
 
 // hint is the tail of an "unknown" message: the likely intended word, or the whole list.
