@@ -272,17 +272,13 @@ func (c *Controller) event(ctx context.Context, service, replica, kind, msg stri
 // serviceFor maps a model name to the service that serves it: by name, else the only
 // service that has not said which models it serves.
 func (c *Controller) serviceFor(model string) *service {
-	var unnamed []*service
-	for _, s := range c.services {
-		if slices.Contains(s.models(), model) {
-			return s
-		}
-		if len(s.models()) == 0 {
-			unnamed = append(unnamed, s)
-		}
+	sorted := sortedServices(c.services)
+	views := make([]fleet.Service, len(sorted))
+	for i, s := range sorted {
+		views[i] = fleet.Service{Name: s.name, Models: s.models()}
 	}
-	if len(unnamed) == 1 && len(c.services) == 1 {
-		return unnamed[0]
+	if i := fleet.ServiceFor(views, model); i >= 0 {
+		return sorted[i]
 	}
 	return nil
 }

@@ -163,3 +163,21 @@ type LoadReport struct {
 	Models   []ModelLoad `json:"models"`
 	Replicas []Load      `json:"replicas"`
 }
+
+// ServiceFor returns the index of the service that serves model: the first that lists it,
+// else the only service when it has not said which models it serves; -1 when none does.
+// Routers (deciding to hold a request) and the control plane (deciding whom to wake) must
+// agree on this, so both call it.
+func ServiceFor(services []Service, model string) int {
+	for i, s := range services {
+		for _, m := range s.Models {
+			if m == model {
+				return i
+			}
+		}
+	}
+	if len(services) == 1 && len(services[0].Models) == 0 {
+		return 0
+	}
+	return -1
+}

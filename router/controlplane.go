@@ -94,16 +94,7 @@ func (cp *ControlPlane) Run(ctx context.Context) {
 func (cp *ControlPlane) Knows(model string) bool {
 	cp.mu.RLock()
 	defer cp.mu.RUnlock()
-	unnamed := 0
-	for _, s := range cp.services {
-		if slices.Contains(s.Models, model) {
-			return true
-		}
-		if len(s.Models) == 0 {
-			unnamed++
-		}
-	}
-	return unnamed == 1 && len(cp.services) == 1
+	return fleet.ServiceFor(cp.services, model) >= 0
 }
 
 // Routing returns the routing policy and SLO the control plane set for model's service
@@ -111,15 +102,15 @@ func (cp *ControlPlane) Knows(model string) bool {
 func (cp *ControlPlane) Routing(model string) (policy string, slo SLO, ok bool) {
 	cp.mu.RLock()
 	defer cp.mu.RUnlock()
-	for _, s := range cp.services {
-		if slices.Contains(s.Models, model) {
-			if s.SLO != nil {
-				slo = SLO{TTFT: s.SLO.TTFTSeconds, TPOT: s.SLO.TPOTSeconds, E2E: s.SLO.E2ESeconds, Percentile: s.SLO.Percentile}
-			}
-			return s.Policy, slo, s.SLO != nil || s.Policy != ""
-		}
+	i := fleet.ServiceFor(cp.services, model)
+	if i < 0 {
+		return "", SLO{}, false
 	}
-	return "", SLO{}, false
+	s := cp.services[i]
+	if s.SLO != nil {
+		slo = SLO{TTFT: s.SLO.TTFTSeconds, TPOT: s.SLO.TPOTSeconds, E2E: s.SLO.E2ESeconds, Percentile: s.SLO.Percentile}
+	}
+	return s.Policy, slo, s.SLO != nil || s.Policy != ""
 }
 
 // Revision is the last ready-set revision applied (0 before the first).

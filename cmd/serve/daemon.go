@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -181,16 +182,9 @@ func connect(ctx context.Context, home, apiOverride string) (*client, daemonInfo
 		}
 		base = info.API
 	}
-	c := &client{base: base, token: string(trimSpace(token)), http: &http.Client{}}
+	c := &client{base: base, token: string(bytes.TrimSpace(token)), http: &http.Client{}}
 	if !c.healthy(ctx) {
 		return nil, info, fail(exitUnreachable, "the control plane at %s does not answer (start one with `serve up FILE`)", base)
 	}
 	return c, info, nil
-}
-
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ' || b[len(b)-1] == '\r') {
-		b = b[:len(b)-1]
-	}
-	return b
 }
