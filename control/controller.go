@@ -283,41 +283,11 @@ func (c *Controller) serviceFor(model string) *service {
 	return nil
 }
 
-// scalingConfig maps a spec onto the decider's configuration.
-func scalingConfig(sp *spec.Service) scaling.Config {
-	rp, as := sp.Service.ReplicaPolicy, sp.Arbiter.Autoscaling
-	cfg := scaling.Config{
-		Signal:           scaling.Signal(as.Signal),
-		MinReplicas:      rp.MinReplicas,
-		MaxReplicas:      rp.MaxReplicas,
-		NumOverprovision: rp.NumOverprovision,
-		StableWindow:     seconds(as.StableWindowSeconds),
-		PanicWindow:      seconds(as.PanicWindowSeconds),
-		PanicThreshold:   as.PanicThreshold,
-		UpscaleDelay:     seconds(rp.UpscaleDelaySeconds),
-		DownscaleDelay:   seconds(rp.DownscaleDelaySeconds),
-		ScaleToZeroAfter: seconds(sp.Arbiter.ScaleToZeroAfterSeconds),
-	}
-	switch cfg.Signal {
-	case scaling.SignalQPS:
-		cfg.TargetPerReplica = rp.TargetQPSPerReplica
-	case scaling.SignalTokens:
-		cfg.TargetPerReplica = as.TargetTokensPerSecondPerReplica
-	default:
-		cfg.TargetPerReplica = as.TargetConcurrencyPerReplica
-	}
-	if cfg.TargetPerReplica <= 0 {
-		// A fixed-size service has no load target; any positive one works because min = max.
-		cfg.TargetPerReplica = 1
-	}
-	return cfg
-}
-
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // newService builds a service's runtime from its current version.
 func (c *Controller) newService(name string, version int, sp *spec.Service, now time.Time) (*service, error) {
-	d, err := scaling.NewDecider(scalingConfig(sp), now)
+	d, err := scaling.NewDecider(scaling.ConfigFromSpec(sp), now)
 	if err != nil {
 		return nil, fmt.Errorf("service %s: autoscaling: %w", name, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/scaling"
 	"github.com/arbiter-serve/arbiter/spec"
 	"github.com/arbiter-serve/arbiter/state"
 )
@@ -101,7 +102,7 @@ func (c *Controller) Update(ctx context.Context, name, text string, envs map[str
 	if !ok || s.deleting {
 		return 0, fmt.Errorf("service %q: %w", name, ErrNotFound)
 	}
-	if err := s.decider.SetConfig(scalingConfig(sp)); err != nil {
+	if err := s.decider.SetConfig(scaling.ConfigFromSpec(sp)); err != nil {
 		return 0, fmt.Errorf("service %s: autoscaling: %w", name, err)
 	}
 	v, err := c.store.PutService(ctx, name, text, envsJSON(envs), c.cfg.Now())

@@ -74,8 +74,7 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	if res.streamed {
 		px.met.predErr.WithLabelValues(c.model).Observe(ttft - res.pred.TTFT)
 	}
-	r.learn(measurement{uncached: c.route.PromptTokens, outTokens: out, ttft: ttft, e2e: e2e, loadAtStart: res.pred.Load,
-		predictedTTFT: res.pred.TTFT, queueWait: res.pred.QueueWait, streamed: res.streamed})
+	r.Completed(&c.route, res.pred, ttft, e2e, out, res.streamed)
 }
 
 // upstreamFailed counts a replica failure for passive health.

@@ -23,16 +23,16 @@ var errDeadline = errors.New("request deadline exceeded")
 // happens before any byte reached the client. mayRetry false means this is the last try,
 // so an upstream 502/503 is passed through instead of being hidden.
 func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry bool) bool {
-	r.inflight.Add(1)
+	// What this replica is expected to do with the request, whichever policy chose it: the
+	// predictor learns from, and the error metric compares against, this prediction.
+	c.route.Now = px.Now()
+	pred := r.Begin(&c.route, 3*px.cfg.ScrapeInterval)
 	handedOff := false // the stream writer releases the in-flight count when it ends
 	defer func() {
 		if !handedOff {
-			r.inflight.Add(-1)
+			r.End(&c.route, false)
 		}
 	}()
-	// What this replica is expected to do with the request, whichever policy chose it: the
-	// predictor learns from, and the error metric compares against, this prediction.
-	pred := r.Predict(px.Now(), c.route.PromptTokens, c.route.OutTokens, 3*px.cfg.ScrapeInterval)
 
 	uc, sentAt, err := px.send(ctx, c, r)
 	if err != nil {

@@ -227,3 +227,10 @@ func readEvents(t *testing.T, body io.Reader) (events []string, at []time.Time) 
 		}
 	}
 }
+
+// settled reports whether nothing of this router's is left on the replica: no request in
+// flight and no prompt tokens counted as waiting for prefill.
+func (r *rig) settled(id string) bool {
+	rep := r.pool.Get(id)
+	return rep.InFlight() == 0 && rep.prefilling.Load() == 0
+}

@@ -139,7 +139,8 @@ func (p *SLOCheapest) choose(req *Request, all []scored, holder *Replica) scored
 	}
 	// Phase 3: the cheapest tier; within it a rendezvous choice by prefix, so every router
 	// sends a new prefix to the same replica without talking to the others, else the
-	// fastest prediction.
+	// least loaded. Not the fastest prediction: predictions are noisy, and whichever
+	// replica looks fastest would take every request until the SLO filter caught up.
 	minCost := math.Inf(1)
 	for _, s := range ok {
 		minCost = math.Min(minCost, s.cost)
@@ -157,7 +158,18 @@ func (p *SLOCheapest) choose(req *Request, all []scored, holder *Replica) scored
 	if len(req.Prefix) > 0 {
 		return rendezvous(req.Prefix[0], tier)
 	}
-	return fastest(tier)
+	return leastLoaded(tier)
+}
+
+// leastLoaded returns the lowest projected load, ties going to the fastest prediction.
+func leastLoaded(all []scored) scored {
+	best := all[0]
+	for _, s := range all[1:] {
+		if s.p.Load < best.p.Load || (s.p.Load == best.p.Load && s.p.E2E < best.p.E2E) {
+			best = s
+		}
+	}
+	return best
 }
 
 // fastest returns the lowest predicted end-to-end time; ties go to the lower ID so the

@@ -147,3 +147,62 @@ func TestPassiveEjectionBacksOff(t *testing.T) {
 		t.Fatal("a success should reset the backoff")
 	}
 }
+
+// Equally priced replicas share the load: within the cheapest tier the least loaded one
+// takes the request, whatever each replica's predictor has learned. (Ranking by the fastest
+// prediction, or by a throughput learned from traffic, sent almost every request to one
+// replica in the simulator.)
+func TestSLOCheapestSpreadsOverEquallyPricedReplicas(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var rs []*Replica
+	for _, id := range []string{"a", "b", "c", "d"} {
+		r := newReplica(fleet.Replica{ID: id, Address: "127.0.0.1:1", Model: "m", Capacity: fleet.OnDemand, PricePerHour: 11}, nil)
+		rs = append(rs, r)
+	}
+	// "a" has learned that it is fast and serves a lot: it must not look cheaper for it.
+	for range 50 {
+		rs[0].learn(measurement{uncached: 2000, outTokens: 30, ttft: 0.05, e2e: 0.3, loadAtStart: 20, streamed: true})
+	}
+	if rs[0].MarginalCost() != rs[1].MarginalCost() {
+		t.Fatalf("marginal cost %v vs %v: same price and no described throughput must cost the same", rs[0].MarginalCost(), rs[1].MarginalCost())
+	}
+	p := &SLOCheapest{StaleAfter: time.Second}
+	count := map[string]int{}
+	for range 40 {
+		req := &Request{Model: "m", PromptTokens: 2000, OutTokens: 30, SLO: SLO{TTFT: 2, TPOT: 0.1}, Now: now}
+		r := p.Pick(req, rs, rand.New(rand.NewPCG(1, 1)))
+		r.Begin(req, time.Second) // in flight until the end of the test
+		count[r.Info().ID]++
+	}
+	for _, r := range rs {
+		if n := count[r.Info().ID]; n != 10 {
+			t.Fatalf("requests per replica %v, want 10 each", count)
+		}
+	}
+}
+
+// Prompts sent ahead and not yet prefilled delay a new request's first token.
+func TestPredictionCountsPrefillAhead(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r := testReplica("r", fleet.OnDemand, 4)
+	idle := r.Predict(now, 1000, 10, time.Second)
+	big := &Request{Model: "m", PromptTokens: 30000, OutTokens: 10, Now: now}
+	r.Begin(big, time.Second)
+	busy := r.Predict(now, 1000, 10, time.Second)
+	if busy.PrefillWait <= 0 || busy.TTFT < idle.TTFT+busy.PrefillWait-1e-9 {
+		t.Fatalf("with 30k tokens ahead: %+v, idle %+v", busy, idle)
+	}
+	r.FirstToken(big)
+	if after := r.Predict(now, 1000, 10, time.Second); after.PrefillWait != 0 {
+		t.Fatalf("prefill done, still waiting %v", after.PrefillWait)
+	}
+	r.End(big, true)
+	if r.prefilling.Load() != 0 || r.InFlight() != 0 {
+		t.Fatalf("after End: prefilling %d, in flight %d", r.prefilling.Load(), r.InFlight())
+	}
+	r.Begin(big, time.Second)
+	r.End(big, false) // failed before its first token
+	if r.prefilling.Load() != 0 {
+		t.Fatalf("a request ended before its first token left %d tokens", r.prefilling.Load())
+	}
+}

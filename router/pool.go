@@ -90,7 +90,9 @@ func (p *Pool) retire(r *Replica) {
 	r.mu.Lock()
 	r.removed = true
 	r.mu.Unlock()
-	r.conns.close()
+	if r.conns != nil {
+		r.conns.close()
+	}
 	p.aff.forget(r)
 }
 

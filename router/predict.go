@@ -67,9 +67,6 @@ type predictor struct {
 	tpot    linfit  // time per output token (s) by batch size
 	e2e     ewma    // seconds per request, for queue wait
 	slots   maxHold // engine batch capacity, learned when a queue is seen
-	// peakTokensPerSec is the best throughput seen, for marginal cost when the replica's
-	// description does not give one.
-	peakTokensPerSec float64
 	// lastErr is the latest TTFT prediction error (measured − predicted), for metrics.
 	lastErr float64
 }
@@ -87,12 +84,11 @@ func (m *maxHold) observe(x float64) {
 
 func newPredictor() predictor {
 	return predictor{
-		rtt:              ewma{v: 0.001, alpha: 0.2},
-		prefill:          linfit{alpha: 0.05, priorA: 0.010, priorB: 27e-6, minB: 0},
-		tpot:             linfit{alpha: 0.05, priorA: 0.010, priorB: 40e-6, minB: 0},
-		e2e:              ewma{v: 2, alpha: 0.05},
-		slots:            maxHold{v: 256, prior: 256},
-		peakTokensPerSec: 2000,
+		rtt:     ewma{v: 0.001, alpha: 0.2},
+		prefill: linfit{alpha: 0.05, priorA: 0.010, priorB: 27e-6, minB: 0},
+		tpot:    linfit{alpha: 0.05, priorA: 0.010, priorB: 40e-6, minB: 0},
+		e2e:     ewma{v: 2, alpha: 0.05},
+		slots:   maxHold{v: 256, prior: 256},
 	}
 }
 
@@ -105,6 +101,7 @@ type measurement struct {
 	loadAtStart   float64 // predicted engine load when it was sent
 	predictedTTFT float64
 	queueWait     float64 // predicted queue wait when it was sent
+	prefillWait   float64 // predicted prefill of the prompts ahead when it was sent
 	streamed      bool    // ttft is a real first token, not the whole response
 }
 
@@ -117,24 +114,27 @@ func (p *predictor) queueWait(load float64) float64 {
 	return (load + 1 - slots) / slots * p.e2e.v
 }
 
-func (p *predictor) predict(load float64, uncached, outTokens int) Prediction {
+func (p *predictor) predict(load float64, uncached, ahead, outTokens int) Prediction {
 	qw := p.queueWait(load)
 	ttft := p.rtt.v + qw + p.prefill.predict(float64(uncached))
+	aheadWait := 0.0
+	if ahead > 0 {
+		// The chunked-prefill scheduler computes prompts ahead of ours first: their tokens
+		// cost the marginal prefill rate (the line's slope), not another fixed step cost.
+		_, b := p.prefill.coeffs()
+		aheadWait = b * float64(ahead)
+		ttft += aheadWait
+	}
 	batch := math.Min(load+1, math.Max(p.slots.v, 1))
 	tpot := p.tpot.predict(batch)
-	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, QueueWait: qw, Load: load}
+	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, QueueWait: qw, PrefillWait: aheadWait, Load: load}
 }
 
 func (p *predictor) learn(m measurement) {
 	p.e2e.observe(m.e2e)
-	if m.e2e > 0 {
-		if tps := float64(m.uncached+m.outTokens) / m.e2e * math.Max(m.loadAtStart+1, 1); tps > p.peakTokensPerSec {
-			p.peakTokensPerSec = tps
-		}
-	}
 	if m.streamed {
 		p.lastErr = m.ttft - m.predictedTTFT
-		p.prefill.observe(float64(m.uncached), m.ttft-p.rtt.v-m.queueWait)
+		p.prefill.observe(float64(m.uncached), m.ttft-p.rtt.v-m.queueWait-m.prefillWait)
 		if m.outTokens > 1 {
 			p.tpot.observe(m.loadAtStart+1, (m.e2e-m.ttft)/float64(m.outTokens-1))
 		}

@@ -18,7 +18,7 @@ func TestPredictorLearnsTheReplicasSpeed(t *testing.T) {
 		p.learn(measurement{uncached: n, outTokens: 1, ttft: truth(n) + p.rtt.v, e2e: truth(n) + p.rtt.v, streamed: true})
 	}
 	for _, n := range []int{500, 3000} {
-		got := p.predict(0, n, 1).TTFT - p.rtt.v
+		got := p.predict(0, n, 0, 1).TTFT - p.rtt.v
 		if math.Abs(got-truth(n))/truth(n) > 0.05 {
 			t.Errorf("prefill of %d tokens: predicted %.4fs, truth %.4fs", n, got, truth(n))
 		}

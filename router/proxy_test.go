@@ -98,7 +98,7 @@ func TestRetryGoesToADifferentReplicaBeforeFirstByte(t *testing.T) {
 			if got := r.counter(t, "arbiter_router_retries_total"); got < 1 {
 				t.Errorf("retries = %v, want >= 1", got)
 			}
-			waitFor(t, "in-flight back to 0", func() bool { return r.inflight("bad") == 0 && r.inflight("good") == 0 })
+			waitFor(t, "in-flight back to 0", func() bool { return r.settled("bad") && r.settled("good") })
 		})
 	}
 }
@@ -119,7 +119,7 @@ func TestNoRetryAfterBytesWereSent(t *testing.T) {
 	if got := r.counter(t, "arbiter_router_requests_total", "replica", "good"); got != 0 {
 		t.Fatalf("request was retried on good after bytes were sent (%v)", got)
 	}
-	waitFor(t, "in-flight back to 0", func() bool { return r.inflight("bad") == 0 })
+	waitFor(t, "in-flight back to 0", func() bool { return r.settled("bad") })
 	// The router stays healthy: the next request is served (by whichever replica).
 	if resp, out := post(t, r.url+"/v1/chat/completions", chatBody(false, "")); resp.StatusCode != 200 {
 		t.Fatalf("after a broken stream: status %d %s", resp.StatusCode, out)
@@ -184,7 +184,7 @@ func TestDrainingTakesNoNewRequestsButFinishesInFlight(t *testing.T) {
 	if !strings.HasSuffix(out, "data: [DONE]\n\n") || strings.Contains(out, "error") {
 		t.Fatalf("in-flight stream on the draining replica did not finish cleanly: %q", out)
 	}
-	waitFor(t, "in-flight back to 0", func() bool { return r.inflight("a") == 0 })
+	waitFor(t, "in-flight back to 0", func() bool { return r.settled("a") })
 }
 
 func TestInFlightReturnsToZeroAfterCancellationsAndFailures(t *testing.T) {
@@ -204,7 +204,7 @@ func TestInFlightReturnsToZeroAfterCancellationsAndFailures(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		_ = c.Close()
 	}
-	waitFor(t, "in-flight back to 0 after cancellations", func() bool { return r.inflight("a") == 0 })
+	waitFor(t, "in-flight back to 0 after cancellations", func() bool { return r.settled("a") })
 	if got := r.counter(t, "arbiter_router_errors_total", "reason", "client_gone"); got < 8 {
 		t.Fatalf("client_gone = %v, want 8", got)
 	}
@@ -213,7 +213,7 @@ func TestInFlightReturnsToZeroAfterCancellationsAndFailures(t *testing.T) {
 	for range 3 {
 		post(t, r.url+"/v1/chat/completions", chatBody(false, ""))
 	}
-	waitFor(t, "in-flight back to 0 after failures", func() bool { return r.inflight("a") == 0 })
+	waitFor(t, "in-flight back to 0 after failures", func() bool { return r.settled("a") })
 }
 
 func TestBadInputGetsOpenAIErrors(t *testing.T) {
@@ -271,7 +271,7 @@ func TestStalledStreamEndsWithAnErrorEvent(t *testing.T) {
 	if got := r.counter(t, "arbiter_router_errors_total", "reason", "stream_stalled"); got != 1 {
 		t.Fatalf("stream_stalled = %v", got)
 	}
-	waitFor(t, "in-flight back to 0", func() bool { return r.inflight("a") == 0 })
+	waitFor(t, "in-flight back to 0", func() bool { return r.settled("a") })
 }
 
 // rawPost sends a chat request on a raw connection the test can hang up on.

@@ -17,7 +17,12 @@ type Replica struct {
 	info     atomic.Pointer[fleet.Replica]
 	idHash   uint64 // for rendezvous hashing
 	inflight atomic.Int64
-	conns    *connPool
+	// prefilling is the prompt tokens of this router's requests on the replica that have
+	// not produced a first token: the prefill work queued ahead of a new request, which the
+	// request count alone does not show (one 8k-token prompt delays the next TTFT as much
+	// as many short ones).
+	prefilling atomic.Int64
+	conns      *connPool
 
 	mu sync.Mutex // guards everything below
 	// ready is the active probe's verdict; a new replica starts ready because whoever
@@ -136,17 +141,24 @@ func (r *Replica) probed(ok bool, rtt time.Duration, failThreshold int) bool {
 type Prediction struct {
 	TTFT, TPOT, E2E float64 // seconds
 	QueueWait       float64 // seconds of TTFT spent queued
+	PrefillWait     float64 // seconds of TTFT spent on prompts sent ahead of it
 	Load            float64
 }
 
-// Predict estimates TTFT = RTT + queue wait + prefill of the uncached prompt tokens, and
+// Predict estimates TTFT = RTT + queue wait + prefill of the prompt tokens queued ahead and
+// of the request's own uncached ones, and
 // time per output token from the batch the request would join.
 func (r *Replica) Predict(now time.Time, uncached, outTokens int, staleAfter time.Duration) Prediction {
 	load := r.Load(now, staleAfter)
+	ahead := max(int(r.prefilling.Load()), 0)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.pred.predict(load, uncached, outTokens)
+	return r.pred.predict(load, uncached, ahead, outTokens)
 }
+
+// defaultTokensPerSecond stands in for a replica whose description gives no throughput: the
+// same for all, so replicas are then ranked by price alone.
+const defaultTokensPerSecond = 2000
 
 // MarginalCost is the cost in USD of one more token on this replica: zero on reserved
 // capacity (already paid for), else the hourly price spread over its token throughput.
@@ -155,11 +167,12 @@ func (r *Replica) MarginalCost() float64 {
 	if info.Capacity == fleet.Reserved || info.PricePerHour <= 0 {
 		return 0
 	}
+	// Throughput comes from the replica's description, never from what this router saw:
+	// a learned figure grows with the traffic a replica gets, so the busiest replica would
+	// look cheapest and draw still more (a feedback loop the simulator showed).
 	tps := info.TokensPerSecond
 	if tps <= 0 {
-		r.mu.Lock()
-		tps = r.pred.peakTokensPerSec
-		r.mu.Unlock()
+		tps = defaultTokensPerSecond
 	}
 	return info.PricePerHour / 3600 / tps
 }

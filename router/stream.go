@@ -130,6 +130,7 @@ func (s *streamer) keep(ev []byte) bool {
 	}
 	if s.res.firstAt.IsZero() {
 		s.res.firstAt = s.px.Now()
+		s.r.FirstToken(&s.c.route)
 	}
 	s.res.events++
 	return true
@@ -144,7 +145,7 @@ func (s *streamer) CloseWithError(wErr error) error {
 	}
 	s.closed = true
 	px, r := s.px, s.r
-	defer r.inflight.Add(-1)
+	defer r.End(&s.c.route, !s.res.firstAt.IsZero())
 	switch {
 	case !s.finished:
 		// The client hung up (or fasthttp gave up on it): closing the replica socket

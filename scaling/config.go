@@ -67,11 +67,19 @@ type Config struct {
 	// PanicThreshold × ready replicas (e.g. 2.0). Must be > 1 when panic is
 	// enabled.
 	PanicThreshold float64
+	// MaxScaleUpRate (Knative's max-scale-up-rate): a decision that raises the target
+	// asks for at most ceil(MaxScaleUpRate × max(ready, 1)) replicas, or the current
+	// target if that is more. Requests held while nothing is ready pile up for a whole
+	// cold start and would otherwise read as a fleet's worth of concurrency. 0: no bound.
+	MaxScaleUpRate float64
 	// UpscaleDelay: a higher target must be wanted continuously this long
 	// before it is adopted.
 	UpscaleDelay time.Duration
 	// DownscaleDelay: a lower target must be wanted continuously this long.
 	DownscaleDelay time.Duration
+	// AdoptLatest ends a hold on the latest wish, as SkyServe does, instead of the most
+	// conservative one seen during the hold. For baselines; Arbiter leaves it off.
+	AdoptLatest bool
 	// ScaleToZeroAfter: with MinReplicas 0, go to 0 only after no request at
 	// all (no arrivals, nothing in flight, nothing waiting) for this long.
 	ScaleToZeroAfter time.Duration
@@ -117,6 +125,9 @@ func (c Config) Validate() error {
 	// ready), and panic never scales down, so the service could never shrink.
 	if c.PanicWindow > 0 && (!(c.PanicThreshold > 1) || math.IsInf(c.PanicThreshold, 0)) {
 		bad("PanicThreshold must be a finite number > 1 when PanicWindow is set, got %v", c.PanicThreshold)
+	}
+	if c.MaxScaleUpRate != 0 && (!(c.MaxScaleUpRate >= 1) || math.IsInf(c.MaxScaleUpRate, 0)) {
+		bad("MaxScaleUpRate must be 0 (no bound) or a finite number ≥ 1, got %v", c.MaxScaleUpRate)
 	}
 	if c.UpscaleDelay < 0 {
 		bad("UpscaleDelay must be ≥ 0, got %v", c.UpscaleDelay)

@@ -2,6 +2,7 @@ package scaling
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -142,6 +143,12 @@ func (d *Decider) Decide(now time.Time, ready, current int) Decision {
 	}
 
 	base := d.base(current)
+	if c.MaxScaleUpRate > 0 && want > base {
+		if limit := max(base, int(math.Ceil(c.MaxScaleUpRate*float64(max(ready, 1))))); want > limit {
+			fmt.Fprintf(&b, "; at most %s × %d ready → %d", num(c.MaxScaleUpRate), max(ready, 1), limit)
+			want = limit
+		}
+	}
 	lo := c.MinReplicas
 	if c.MinReplicas == 0 {
 		if idle, why := d.idle(now, base); idle {
@@ -225,6 +232,9 @@ func (d *Decider) hysteresis(now time.Time, base, clipped int, b *strings.Builde
 			return base
 		}
 		t := max(d.upMin, base+1)
+		if c.AdoptLatest {
+			t = clipped
+		}
 		d.holdingUp = false
 		if clipped > t {
 			// Still wanting more: the next step's hold starts now, not at
@@ -246,6 +256,9 @@ func (d *Decider) hysteresis(now time.Time, base, clipped int, b *strings.Builde
 			return base
 		}
 		t := min(d.downMax, base-1)
+		if c.AdoptLatest {
+			t = clipped
+		}
 		d.holdingDown = false
 		if clipped < t {
 			d.holdingDown, d.downSince, d.downMax = true, now, clipped

@@ -674,3 +674,59 @@ func TestExactBoundaryIsNotRoundedUp(t *testing.T) {
 		t.Fatalf("%+v, want 11", dec)
 	}
 }
+
+// A backlog held through a cold start grows every second; with a scale-up
+// rate the target is bounded by the ready replicas, and grows again only as
+// replicas become ready.
+func TestMaxScaleUpRateBoundsColdStartBacklog(t *testing.T) {
+	cfg := concCfg()
+	cfg.MinReplicas = 0
+	cfg.ScaleToZeroAfter = 300 * time.Second
+	cfg.MaxScaleUpRate = 4
+	r := newRun(t, cfg, 0)
+	r.ready = 0
+	for s := 1; s <= 120; s++ { // 5 more held requests every second, nothing ready
+		r.step(s, Sample{Waiting: float64(5 * s), Requests: 5})
+		if r.cur > 4 {
+			t.Fatalf("t=%ds: target %d with 0 ready, want ≤ 4 (%s)", s, r.cur, r.last.Reason)
+		}
+	}
+	r.expect(120, 4)
+	if !strings.Contains(r.last.Reason, "at most 4 × 1 ready → 4") {
+		t.Fatalf("reason %q does not name the bound", r.last.Reason)
+	}
+	r.ready = 3
+	r.step(121, Sample{InFlight: 600})
+	r.expect(121, 12)
+	// Without the bound the same backlog asks for the maximum.
+	cfg.MaxScaleUpRate = 0
+	r = newRun(t, cfg, 0)
+	r.ready = 0
+	for s := 1; s <= 120; s++ {
+		r.step(s, Sample{Waiting: float64(5 * s), Requests: 5})
+	}
+	r.expect(120, cfg.MaxReplicas)
+}
+
+// SkyServe's rule, for the simulator's baseline: the hold ends on the latest wish.
+func TestAdoptLatestEndsHoldOnLatestWish(t *testing.T) {
+	cfg := concCfg()
+	cfg.PanicWindow = 0
+	cfg.AdoptLatest = true
+	r := newRun(t, cfg, 2)
+	for s := 1; s <= 120; s++ {
+		r.step(s, conc(8))
+	}
+	for s := 121; s <= 150; s++ { // 12 → desired 3 from t=121 (avg crosses 8 at once)
+		r.step(s, conc(12))
+	}
+	r.expect(150, 2)
+	// Same spike as above: the latest wish at the end of the hold is 4, adopted at once.
+	for s := 146; s <= 151; s++ {
+		r.d.Record(Sample{At: sec(s), InFlight: 40})
+	}
+	dec := r.decide(151)
+	if dec.Target != 4 {
+		t.Fatalf("t=151: target %d, want 4 (the latest wish): %s", dec.Target, dec.Reason)
+	}
+}

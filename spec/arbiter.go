@@ -18,7 +18,7 @@ var (
 	reservedKeys    = []string{"provider", "region", "zone", "accelerator", "count", "price_per_hour"}
 	autoscalingKeys = []string{
 		"signal", "target_concurrency_per_replica", "target_tokens_per_second_per_replica",
-		"stable_window_seconds", "panic_window_seconds", "panic_threshold", "decision_interval_seconds",
+		"stable_window_seconds", "panic_window_seconds", "panic_threshold", "max_scale_up_rate", "decision_interval_seconds",
 	}
 	readinessKeys = []string{"probe_interval_seconds", "failure_threshold", "ready_budget_seconds"}
 	localKeys     = []string{"capacity", "price_per_hour", "region", "zone"}
@@ -47,6 +47,7 @@ func defaultArbiter() Arbiter {
 			StableWindowSeconds:         60,
 			PanicWindowSeconds:          6,
 			PanicThreshold:              2,
+			MaxScaleUpRate:              4,
 			DecisionIntervalSeconds:     1,
 		},
 		Readiness: Readiness{ProbeIntervalSeconds: 10, FailureThreshold: 3},
@@ -96,8 +97,9 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 		s.number("target_concurrency_per_replica", "a number > 0", positive, &as.TargetConcurrencyPerReplica)
 		s.number("target_tokens_per_second_per_replica", "a number > 0", positive, &as.TargetTokensPerSecondPerReplica)
 		s.number("stable_window_seconds", "a number of seconds > 0", positive, &as.StableWindowSeconds)
-		s.number("panic_window_seconds", "a number of seconds > 0", positive, &as.PanicWindowSeconds)
+		s.number("panic_window_seconds", "a number of seconds ≥ 0 (0 turns panic mode off)", nonNegative, &as.PanicWindowSeconds)
 		s.number("panic_threshold", "a number ≥ 1 (a multiple of ready capacity)", func(v float64) bool { return v >= 1 }, &as.PanicThreshold)
+		s.number("max_scale_up_rate", "a number ≥ 1 (a multiple of ready replicas)", func(v float64) bool { return v >= 1 }, &as.MaxScaleUpRate)
 		s.number("decision_interval_seconds", "a number of seconds > 0", positive, &as.DecisionIntervalSeconds)
 	}
 	if v := b.get("readiness"); v != nil {

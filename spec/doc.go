@@ -47,8 +47,9 @@
 //	| arbiter.autoscaling.target_concurrency_per_replica| 8                                  | in-flight requests one replica should carry |
 //	| arbiter.autoscaling.target_tokens_per_second_per_replica | none                        | required for the tokens_per_second signal |
 //	| arbiter.autoscaling.stable_window_seconds         | 60                                 | averaging window for scaling decisions |
-//	| arbiter.autoscaling.panic_window_seconds          | 6 (at most the stable window)      | short window that triggers fast scale-up |
+//	| arbiter.autoscaling.panic_window_seconds          | 6 (at most the stable window)      | short window that triggers fast scale-up; 0 turns panic mode off |
 //	| arbiter.autoscaling.panic_threshold               | 2                                  | panic when panic-window demand ≥ threshold × ready capacity; ≥ 1 |
+//	| arbiter.autoscaling.max_scale_up_rate             | 4                                  | one decision asks for at most this × max(ready, 1) replicas; ≥ 1 |
 //	| arbiter.autoscaling.decision_interval_seconds     | 1                                  | how often the target is recomputed |
 //	| arbiter.readiness.probe_interval_seconds          | 10                                 | time between readiness probes |
 //	| arbiter.readiness.failure_threshold               | 3                                  | consecutive failures before a ready replica is taken out |

@@ -292,6 +292,7 @@ func arbiterNode(a *Arbiter) *yaml.Node {
 	put(as, "stable_window_seconds", num(a.Autoscaling.StableWindowSeconds))
 	put(as, "panic_window_seconds", num(a.Autoscaling.PanicWindowSeconds))
 	put(as, "panic_threshold", num(a.Autoscaling.PanicThreshold))
+	put(as, "max_scale_up_rate", num(a.Autoscaling.MaxScaleUpRate))
 	put(as, "decision_interval_seconds", num(a.Autoscaling.DecisionIntervalSeconds))
 	put(m, "autoscaling", as)
 

@@ -153,7 +153,10 @@ type Autoscaling struct {
 	PanicWindowSeconds              float64
 	// PanicThreshold: scale up at once when demand over the panic window reaches this many
 	// times the ready capacity.
-	PanicThreshold          float64
+	PanicThreshold float64
+	// MaxScaleUpRate bounds a scale-up to this multiple of the ready replicas (Knative's
+	// max-scale-up-rate), so a backlog held through a cold start does not launch a fleet.
+	MaxScaleUpRate          float64
 	DecisionIntervalSeconds float64
 }
 

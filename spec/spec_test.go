@@ -235,7 +235,7 @@ func TestDefaults(t *testing.T) {
 			ScaleToZeroAfterSeconds: 300,
 			Autoscaling: Autoscaling{
 				Signal: "concurrency", TargetConcurrencyPerReplica: 8,
-				StableWindowSeconds: 60, PanicWindowSeconds: 6, PanicThreshold: 2, DecisionIntervalSeconds: 1,
+				StableWindowSeconds: 60, PanicWindowSeconds: 6, PanicThreshold: 2, MaxScaleUpRate: 4, DecisionIntervalSeconds: 1,
 			},
 			Readiness: Readiness{ProbeIntervalSeconds: 10, FailureThreshold: 3, ReadyBudgetSeconds: 1500},
 			Local:     Local{Capacity: "reserved", Region: "local", Zone: "local"},

@@ -464,8 +464,7 @@ func quotePreview(out io.Writer, sp *spec.Service) error {
 		fmt.Fprintf(out, "#   %-9s %-6s %-14s %-12s %-22s %s:%d  $%.2f\n", o.Capacity, o.Provider, o.Region, o.Zone, o.InstanceType, o.Accelerator, o.AcceleratorCount, o.PricePerHour)
 	}
 	rp := sp.Service.ReplicaPolicy
-	pl, err := scaling.NewPlacer(scaling.PlacementPolicy{UseSpot: r.UseSpot, MaxSpotPriceRatio: sp.Arbiter.SpotPolicy.MaxPriceRatio,
-		BaseOnDemand: rp.BaseOndemandFallbackReplicas, DynamicFallback: rp.DynamicOndemandFallback, Overprovision: rp.NumOverprovision})
+	pl, err := scaling.NewPlacer(scaling.PlacementFromSpec(sp, 0))
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,57 @@
+package router
+
+import (
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+// Detached replicas serve callers that move requests themselves: the trace-driven simulator
+// advances virtual time and hands requests to a performance model instead of a socket, but
+// must route with exactly this package's view of a replica (load projection, predictor,
+// marginal cost) and its policies. Everything below is what the proxy does around a
+// request, minus the network.
+
+// NewDetachedReplica returns a replica without a connection pool.
+func NewDetachedReplica(info fleet.Replica) *Replica { return newReplica(info, nil) }
+
+// SetInfo replaces the replica's description (e.g. it started draining).
+func (r *Replica) SetInfo(info fleet.Replica) { r.info.Store(&info) }
+
+// Begin counts a request as in flight on the replica and returns what the replica is
+// expected to do with it, as the proxy's attempt does before sending.
+func (r *Replica) Begin(req *Request, staleAfter time.Duration) Prediction {
+	r.inflight.Add(1)
+	pred := r.Predict(req.Now, req.PromptTokens, req.OutTokens, staleAfter)
+	r.prefilling.Add(int64(req.PromptTokens))
+	return pred
+}
+
+// FirstToken says the request's prefill is done: it no longer delays later prompts.
+func (r *Replica) FirstToken(req *Request) { r.prefilling.Add(-int64(req.PromptTokens)) }
+
+// End releases what Begin took; firstToken says whether FirstToken was called.
+func (r *Replica) End(req *Request, firstToken bool) {
+	r.inflight.Add(-1)
+	if !firstToken {
+		r.FirstToken(req)
+	}
+}
+
+// ObserveEngine records the engine's queue as a /metrics scrape would report it.
+func (r *Replica) ObserveEngine(now time.Time, running, waiting int, kvUsage float64) {
+	r.observeScrape(now, float64(running), float64(waiting), kvUsage)
+}
+
+// ObserveRTT records a successful readiness probe's round trip.
+func (r *Replica) ObserveRTT(rtt time.Duration) { r.probed(true, rtt, 1) }
+
+// Completed feeds a successful request's latencies (seconds) to the predictor; pred is what
+// Begin returned. outTokens is the completion length; streamed says ttft is a real first token.
+func (r *Replica) Completed(req *Request, pred Prediction, ttft, e2e float64, outTokens int, streamed bool) {
+	r.learn(measurement{uncached: req.PromptTokens, outTokens: outTokens, ttft: ttft, e2e: e2e, loadAtStart: pred.Load,
+		predictedTTFT: pred.TTFT, queueWait: pred.QueueWait, prefillWait: pred.PrefillWait, streamed: streamed})
+}
+
+// Forget drops every prefix entry pointing at r, once r has left the set.
+func (a *Affinity) Forget(r *Replica) { a.forget(r) }

@@ -1,0 +1,170 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/pricing"
+	"github.com/arbiter-serve/arbiter/router"
+	"github.com/arbiter-serve/arbiter/scaling"
+	"github.com/arbiter-serve/arbiter/spec"
+	"github.com/arbiter-serve/arbiter/traces"
+)
+
+// System names one of the compared systems.
+type System string
+
+// The systems Run knows.
+const (
+	Arbiter  System = "arbiter"
+	SkyServe System = "skyserve"
+	OnDemand System = "ondemand"
+)
+
+// Systems lists them in table order.
+var Systems = []System{OnDemand, SkyServe, Arbiter}
+
+// Inputs are what every system is run on.
+type Inputs struct {
+	// Spec is the service.yaml. SkyServe reads only the keys SkyServe has; Arbiter all.
+	Spec     *spec.Service
+	Requests *traces.RequestTrace
+	// Spot is the spot capacity trace; SpotOffset is where in it the simulation starts.
+	Spot       *traces.SpotTrace
+	SpotOffset time.Duration
+	Catalog    *pricing.Catalog
+	Profile    engine.Profile
+	// Start is the wall-clock time of the simulation's t=0, at which prices are quoted.
+	Start    time.Time
+	Duration time.Duration
+	// ColdStart is launch to ready.
+	ColdStart time.Duration
+	// ZoneCooldown keeps spot out of a zone this long after it preempted or refused a launch.
+	ZoneCooldown time.Duration
+	// Warm starts the simulation with min_replicas already ready, as a service that was up
+	// before the simulated day began; otherwise it starts at zero.
+	Warm bool
+	// Trace, if set, receives a line per target change.
+	Trace io.Writer
+	// Seed makes tie-breaking random choices repeatable.
+	Seed uint64
+}
+
+// Published cold start of a vLLM replica with nothing cached (shared/data/README.md).
+const DefaultColdStart = 294 * time.Second
+
+func (in *Inputs) validate() error {
+	var errs []error
+	if in.Spec == nil || in.Requests == nil || in.Spot == nil || in.Catalog == nil {
+		errs = append(errs, errors.New("sim: Spec, Requests, Spot and Catalog are required"))
+	}
+	if in.Duration <= 0 {
+		errs = append(errs, fmt.Errorf("sim: Duration %v: must be > 0", in.Duration))
+	}
+	if in.ColdStart < 0 || in.ZoneCooldown < 0 || in.SpotOffset < 0 {
+		errs = append(errs, errors.New("sim: ColdStart, ZoneCooldown and SpotOffset must be ≥ 0"))
+	}
+	if err := in.Profile.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("sim: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// wiring is how one system's control loop and balancer are put together.
+type wiring struct {
+	routing   string
+	scaling   scaling.Config
+	decideInt time.Duration
+	placement scaling.PlacementPolicy
+	slo       router.SLO
+	// useNotices: a preemption notice drains the replica and starts its replacement.
+	useNotices bool
+	// holdAtZero: with no ready replica a request waits (up to holdTimeout) instead of 503.
+	holdAtZero  bool
+	holdTimeout time.Duration
+	// noReadyAfter is how long a 503 for "no ready replica" takes.
+	noReadyAfter time.Duration
+	// lbSync is how often the balancer learns the ready set (0: at once).
+	lbSync time.Duration
+	// probeEvery is how often a dead replica is noticed when there was no notice.
+	probeEvery time.Duration
+	// drainFor is a fixed wait from scale-down to termination (0: until idle).
+	drainFor time.Duration
+	// retries are the attempts after a connection error, and their backoff.
+	retries      int
+	retryBackoff func(k int) time.Duration
+}
+
+// wire derives a system's wiring from the spec.
+func wire(sys System, in *Inputs) (wiring, error) {
+	sp := in.Spec
+	slo := router.SLO{TTFT: sp.Arbiter.SLO.TTFTSeconds, TPOT: sp.Arbiter.SLO.TPOTSeconds, E2E: sp.Arbiter.SLO.E2ESeconds, Percentile: sp.Arbiter.SLO.Percentile}
+	w := wiring{
+		routing:      sp.Arbiter.RoutingPolicy,
+		scaling:      scaling.ConfigFromSpec(sp),
+		decideInt:    time.Duration(sp.Arbiter.Autoscaling.DecisionIntervalSeconds * float64(time.Second)),
+		placement:    scaling.PlacementFromSpec(sp, in.ZoneCooldown),
+		slo:          slo,
+		useNotices:   true,
+		holdAtZero:   true,
+		holdTimeout:  router.Defaults().RequestTimeout,
+		probeEvery:   time.Duration(sp.Arbiter.Readiness.ProbeIntervalSeconds * float64(time.Second)),
+		retries:      router.Defaults().MaxAttempts - 1,
+		retryBackoff: func(int) time.Duration { return 0 },
+	}
+	switch sys {
+	case Arbiter:
+	case OnDemand:
+		w.placement.UseSpot = false
+	case SkyServe:
+		rp := sp.Service.ReplicaPolicy
+		if rp.TargetQPSPerReplica <= 0 && rp.MinReplicas != rp.MaxReplicas {
+			return w, errors.New("sim: the SkyServe baseline needs service.replica_policy.target_qps_per_replica")
+		}
+		w.routing = "least_load"
+		w.scaling = scaling.Config{Signal: scaling.SignalQPS, TargetPerReplica: rp.TargetQPSPerReplica,
+			MinReplicas: rp.MinReplicas, MaxReplicas: rp.MaxReplicas, NumOverprovision: rp.NumOverprovision,
+			StableWindow: 60 * time.Second, UpscaleDelay: 300 * time.Second, DownscaleDelay: 1200 * time.Second,
+			ScaleToZeroAfter: 60 * time.Second, AdoptLatest: true}
+		if w.scaling.TargetPerReplica <= 0 {
+			w.scaling.TargetPerReplica = 1 // fixed size: min = max
+		}
+		w.decideInt = 20 * time.Second
+		// SpotHedge: spot whenever use_spot (no price rule), fallback per the spec.
+		w.placement.MaxSpotPriceRatio = 1
+		w.placement.Reserved = nil
+		w.slo = slo
+		w.useNotices = false
+		w.holdAtZero = false
+		w.noReadyAfter = 2600 * time.Millisecond
+		w.lbSync = 20 * time.Second
+		w.probeEvery = 10 * time.Second
+		w.drainFor = 120 * time.Second
+		w.retries = 2
+		w.retryBackoff = func(k int) time.Duration {
+			d := time.Second
+			for range k {
+				d = d * 16 / 10
+			}
+			return d
+		}
+	default:
+		return w, fmt.Errorf("sim: unknown system %q: want %s, %s or %s", sys, Arbiter, SkyServe, OnDemand)
+	}
+	if w.decideInt <= 0 {
+		w.decideInt = time.Second
+	}
+	if w.probeEvery <= 0 {
+		w.probeEvery = 10 * time.Second
+	}
+	if err := w.scaling.Validate(); err != nil {
+		return w, fmt.Errorf("sim: %s autoscaling: %w", sys, err)
+	}
+	if err := w.placement.Validate(); err != nil {
+		return w, fmt.Errorf("sim: %s placement: %w", sys, err)
+	}
+	return w, nil
+}

@@ -1,0 +1,48 @@
+// Package sim is Arbiter's trace-driven, discrete-event simulator. It replays a real
+// request trace against replicas modelled by the engine package (the performance model
+// replicasim serves with), under real spot availability or preemption traces and real
+// catalog prices, for a simulated day or more in seconds.
+//
+// Nothing in the decision path is re-implemented here: requests are routed by the router
+// package's policies over router.Replica views (load projection, latency predictor and
+// marginal cost, fed the same way the proxy feeds them), the replica target comes from
+// scaling.Decider and the purchase mix and zones from scaling.Placer, all driven by a
+// virtual clock. What the simulator owns is only what the real system gets from outside:
+// time, the GPUs' speed, the clouds' capacity and prices, and how each system's control
+// loop is wired (how often it decides, how its balancer learns of replicas, what it does at
+// a preemption notice).
+//
+// Three systems run on the same inputs:
+//
+//   - arbiter: the spec's routing policy, signal, windows and spot rule; routers see the
+//     ready set at once (long poll), hold requests while no replica is ready, drain a
+//     replica at its preemption notice and launch its replacement then.
+//   - skyserve: SkyServe as it ships (SKYSERVE.md): least_load counted by the balancer,
+//     QPS over 60 s decided every 20 s with 300 s / 1200 s hysteresis, SpotHedge placement
+//     with dynamic on-demand fallback, a balancer that learns the ready set every 20 s, no
+//     use of notices (a preemption is seen by the next failed probe), connection errors
+//     retried up to 3 times with 1 s × 1.6^k backoff, 503 when nothing is ready, and
+//     replicas terminated 120 s after scale-down.
+//   - ondemand: arbiter with use_spot off.
+//
+// Modelling choices (each one is a parameter of Inputs or documented at its use):
+//
+//   - Streams: every request is streamed, so a request whose replica dies after accepting
+//     it has already had its response headers and fails; one sent to a replica that is
+//     already gone (a stale balancer list) gets a connection error and may be retried.
+//   - Spot capacity: a spot replica may launch in a zone while the trace shows capacity
+//     there (availability > 0, or running > 0 for preemption traces). A drop in the trace
+//     preempts the same share of the service's spot replicas in that zone (all of them when
+//     the zone goes to 0), newest first. The drop's tick is the moment the VM is gone; the
+//     provider's notice (AWS 120 s, GCP and Azure 30 s, shared/data/README.md) arrives that
+//     long before it.
+//   - Trace zones are mapped onto the catalog zones that quote the service's resources with
+//     traces.SpotTrace.MapZones; spot offers in zones no trace zone maps to are not used.
+//   - Cold start: launch to ready is Inputs.ColdStart for every system (default 294 s, the
+//     published vLLM cold start with nothing cached; VM provisioning has no published
+//     measurement and is not added).
+//   - Billing: a replica is billed its offer's price from launch until it is terminated or
+//     preempted, whatever its state (loading weights and draining are billed).
+//   - Prices are quoted from the catalog at Inputs.Start plus the simulated time, once an
+//     hour.
+package sim

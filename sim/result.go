@@ -1,0 +1,99 @@
+package sim
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Result is one system's run.
+type Result struct {
+	System    System
+	Simulated time.Duration
+	// Requests is every arrival; Succeeded were answered in full.
+	Requests, Succeeded int
+	// Failed counts the others by why: no_replica (503), preempted (stream cut by a VM
+	// going away), connection (retries used up on dead replicas), timeout (held past the
+	// deadline), too_long (prompt + output larger than the KV cache).
+	Failed map[string]int
+	// Tokens are prompt + completion tokens of succeeded requests.
+	InputTokens, OutputTokens int64
+	Dollars                   float64
+	// SLOMet counts succeeded requests within every SLO bound.
+	SLOMet int
+	// Percentile is the spec's SLO percentile; TTFT and TPOT are measured at it (seconds).
+	Percentile, TTFT, TPOT float64
+	SLO                    struct{ TTFT, TPOT float64 }
+	// ReplicaHours by "capacity/provider", e.g. "spot/gcp".
+	ReplicaHours map[string]float64
+	Preemptions  int
+	// Launches and LaunchFailures (spot refused by the zone).
+	Launches, LaunchFailures int
+	// ZeroWaits is how many requests waited for a replica because none was ready, and the
+	// longest such wait.
+	ZeroWaits   int
+	MaxZeroWait time.Duration
+	// PeakReplicas is the most replicas alive at once.
+	PeakReplicas int
+	Events       int
+	Wall         time.Duration
+
+	ttfts, tpots   []float64
+	requestSeconds float64
+}
+
+// MeanConcurrency is the time-averaged number of requests being answered (Little's law).
+func (r *Result) MeanConcurrency() float64 { return r.requestSeconds / r.Simulated.Seconds() }
+
+// QPS is the mean arrival rate.
+func (r *Result) QPS() float64 { return float64(r.Requests) / r.Simulated.Seconds() }
+
+// DollarsPerMillionTokens is the run's cost per million prompt + completion tokens served.
+func (r *Result) DollarsPerMillionTokens() float64 {
+	t := r.InputTokens + r.OutputTokens
+	if t == 0 {
+		return math.Inf(1)
+	}
+	return r.Dollars / float64(t) * 1e6
+}
+
+// Availability is the share of requests answered successfully.
+func (r *Result) Availability() float64 {
+	if r.Requests == 0 {
+		return 1
+	}
+	return float64(r.Succeeded) / float64(r.Requests)
+}
+
+// SLOAttainment is the share of all requests answered successfully within the SLO.
+func (r *Result) SLOAttainment() float64 {
+	if r.Requests == 0 {
+		return 1
+	}
+	return float64(r.SLOMet) / float64(r.Requests)
+}
+
+// FailedTotal sums Failed.
+func (r *Result) FailedTotal() int {
+	n := 0
+	for _, v := range r.Failed {
+		n += v
+	}
+	return n
+}
+
+func (r *Result) finish() {
+	r.TTFT = percentile(r.ttfts, r.Percentile)
+	r.TPOT = percentile(r.tpots, r.Percentile)
+	r.ttfts, r.tpots = nil, nil
+}
+
+// percentile is the nearest-rank percentile (p a fraction); NaN for no data.
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(xs)
+	i := int(math.Ceil(p*float64(len(xs)))) - 1
+	return xs[min(max(i, 0), len(xs)-1)]
+}

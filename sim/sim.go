@@ -1,0 +1,667 @@
+package sim
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/router"
+	"github.com/arbiter-serve/arbiter/scaling"
+	"github.com/arbiter-serve/arbiter/traces"
+)
+
+const (
+	// scrapeEvery and staleAfter are the router's defaults (scrape_interval, 3× it).
+	scrapeEvery = 250 * time.Millisecond
+	staleAfter  = 3 * scrapeEvery
+	sampleEvery = time.Second
+	// rtt is the router-to-replica round trip the predictor is given.
+	rtt = time.Millisecond
+)
+
+// replica is one simulated VM running one engine.
+type replica struct {
+	id       string
+	offer    scaling.Offer
+	launched time.Duration
+	ready    bool // cold start over
+	draining bool
+	dead     bool // the VM is gone
+	known    bool // dead, and the control plane knows
+	ended    bool // terminated or dead: no longer billed
+	noticed  bool
+	eng      *engine.Engine
+	view     *router.Replica
+	stepping bool
+	step     engine.StepResult // the pass in progress; applied when it ends
+	reqs     map[uint64]*request
+	gen      uint32
+}
+
+// request is one trace request on its way through the system.
+type request struct {
+	id       uint64
+	tr       *traces.Request
+	route    router.Request
+	pred     router.Prediction
+	rep      *replica
+	sentAt   time.Duration
+	firstAt  time.Duration
+	attempts int
+	heldAt   time.Duration
+	held     bool
+}
+
+type simulation struct {
+	sys    System
+	in     *Inputs
+	w      wiring
+	mkt    *market
+	policy router.Policy
+	aff    *router.Affinity
+	dec    *scaling.Decider
+	placer *scaling.Placer
+	rng    *rand.Rand
+	q      queue
+	now    time.Duration
+	end    time.Duration
+
+	reqs     []traces.Request
+	next     int
+	blockTok int
+	drops    []drop
+
+	live   []*replica // launched and not ended, in launch order
+	byView map[*router.Replica]*replica
+	lbList []*replica // a polling balancer's ready list
+	held   []*request
+	target int
+	nextID int
+
+	// since the last sample
+	arrivals, tokens float64
+
+	res   *Result
+	cands []*router.Replica
+}
+
+// Run simulates one system on the inputs.
+func Run(sys System, in Inputs) (*Result, error) {
+	if err := in.validate(); err != nil {
+		return nil, err
+	}
+	w, err := wire(sys, &in)
+	if err != nil {
+		return nil, err
+	}
+	s := &simulation{sys: sys, in: &in, w: w, end: in.Duration, byView: map[*router.Replica]*replica{},
+		rng: rand.New(rand.NewPCG(in.Seed, uint64(len(sys)))), blockTok: in.Requests.BlockTokens}
+	if s.mkt, err = newMarket(&in); err != nil {
+		return nil, err
+	}
+	if s.blockTok > 0 {
+		if s.aff, err = router.NewAffinity(router.Defaults().AffinitySize, s.blockTok); err != nil {
+			return nil, err
+		}
+	}
+	if s.policy, err = router.NewPolicy(w.routing, s.aff, staleAfter); err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	if s.dec, err = scaling.NewDecider(w.scaling, s.clock()); err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	if s.placer, err = scaling.NewPlacer(w.placement); err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	s.reqs = in.Requests.Tile(in.Duration)
+	s.drops = s.mkt.drops(in.Duration)
+	s.res = &Result{System: sys, Simulated: in.Duration, Failed: map[string]int{}, ReplicaHours: map[string]float64{},
+		Percentile: w.slo.Percentile}
+	s.res.SLO.TTFT, s.res.SLO.TPOT = w.slo.TTFT, w.slo.TPOT
+	if s.res.Percentile <= 0 {
+		s.res.Percentile = 0.9
+	}
+
+	start := time.Now()
+	s.run()
+	s.res.Wall = time.Since(start)
+	s.res.finish()
+	return s.res, nil
+}
+
+// clock is the wall-clock time the decision code sees.
+func (s *simulation) clock() time.Time { return s.in.Start.Add(s.now) }
+
+func (s *simulation) at(d time.Duration, e event) {
+	e.at = s.now + d
+	s.q.push(e)
+}
+
+func (s *simulation) run() {
+	if s.in.Warm {
+		// The day starts with the service up: min_replicas placed and ready at t=0.
+		s.target = s.w.scaling.MinReplicas
+		s.decide()
+		for _, r := range s.live {
+			r.gen++ // their cold-start events are void
+			s.becameReady(r)
+		}
+	}
+	s.at(0, event{kind: evScrape})
+	s.at(sampleEvery, event{kind: evSample})
+	s.at(0, event{kind: evDecide})
+	if s.w.lbSync > 0 {
+		s.at(0, event{kind: evSync})
+	}
+	for i, d := range s.drops {
+		lead := time.Duration(0)
+		if s.w.useNotices {
+			lead = s.dropNotice(d)
+		}
+		s.q.push(event{at: max(d.At-lead, 0), kind: evDrop, idx: i})
+	}
+	for {
+		nextArrival := time.Duration(math.MaxInt64)
+		if s.next < len(s.reqs) {
+			nextArrival = s.reqs[s.next].At
+		}
+		if s.q.len() > 0 && s.q.peek().at <= nextArrival {
+			e := s.q.pop()
+			if e.at >= s.end {
+				break
+			}
+			s.now = e.at
+			s.res.Events++
+			s.handle(e)
+			continue
+		}
+		if nextArrival >= s.end {
+			break
+		}
+		s.now = nextArrival
+		s.res.Events++
+		s.arrive(&s.reqs[s.next])
+		s.next++
+	}
+	s.now = s.end
+	for _, r := range slices.Clone(s.live) {
+		s.bill(r)
+	}
+	// Requests still open at the end are neither successes nor failures of the system:
+	// they are left out of the denominators.
+	s.res.Requests -= s.open()
+}
+
+func (s *simulation) open() int {
+	n := len(s.held)
+	for _, r := range s.live {
+		n += len(r.reqs)
+	}
+	for i := range s.q.ev {
+		if s.q.ev[i].kind == evRetry {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *simulation) handle(e event) {
+	switch e.kind {
+	case evStep:
+		if e.rep.gen == e.gen {
+			s.stepped(e.rep)
+		}
+	case evReady:
+		if e.rep.gen == e.gen && !e.rep.ended {
+			s.becameReady(e.rep)
+		}
+	case evDrop:
+		s.announceDrop(e.idx)
+	case evKill:
+		if !e.rep.dead && !e.rep.ended {
+			s.kill(e.rep)
+		}
+	case evDetect:
+		s.detected(e.rep)
+	case evTerminate:
+		if !e.rep.ended {
+			s.terminate(e.rep)
+		}
+	case evRetry:
+		s.dispatch(e.req)
+	case evScrape:
+		s.scrape()
+		s.at(scrapeEvery, event{kind: evScrape})
+	case evSample:
+		s.sample()
+		s.at(sampleEvery, event{kind: evSample})
+	case evDecide:
+		s.decide()
+		s.at(s.w.decideInt, event{kind: evDecide})
+	case evWake:
+		s.decide()
+	case evSync:
+		s.sync()
+		s.at(s.w.lbSync, event{kind: evSync})
+	}
+}
+
+// --- requests: in → pick a replica → engine → account ---
+
+func (s *simulation) arrive(tr *traces.Request) {
+	s.res.Requests++
+	s.arrivals++
+	req := &request{id: uint64(s.next) + 1, tr: tr, heldAt: -1}
+	req.route = router.Request{PromptTokens: max(tr.InputTokens, 1), OutTokens: max(tr.OutputTokens, 1), Prefix: tr.PrefixBlocks, SLO: s.w.slo}
+	s.dispatch(req)
+}
+
+func (s *simulation) dispatch(req *request) {
+	cands := s.candidates()
+	if len(cands) == 0 {
+		if s.w.holdAtZero {
+			s.hold(req)
+			return
+		}
+		s.fail(req, "no_replica")
+		return
+	}
+	req.route.Now = s.clock()
+	rep := s.byView[s.policy.Pick(&req.route, cands, s.rng)]
+	req.attempts++
+	if rep.dead {
+		// A stale balancer list: the connection is refused, which may be retried.
+		if req.attempts <= s.w.retries {
+			s.at(s.w.retryBackoff(req.attempts-1), event{kind: evRetry, req: req})
+			return
+		}
+		s.fail(req, "connection")
+		return
+	}
+	if req.held {
+		req.held = false
+		wait := s.now - req.heldAt
+		s.res.ZeroWaits++
+		s.res.MaxZeroWait = max(s.res.MaxZeroWait, wait)
+	}
+	err := rep.eng.Add(engine.Request{ID: req.id, PromptTokens: req.route.PromptTokens, MaxTokens: req.route.OutTokens,
+		BlockHashes: engineBlocks(req.tr.PrefixBlocks, s.blockTok, rep.eng.Profile().BlockSize, req.route.PromptTokens)})
+	if err != nil {
+		s.fail(req, "too_long")
+		return
+	}
+	req.pred = rep.view.Begin(&req.route, staleAfter)
+	req.rep, req.sentAt, req.firstAt = rep, s.now, -1
+	rep.reqs[req.id] = req
+	s.kick(rep)
+}
+
+// candidates are the replicas the balancer may pick now.
+func (s *simulation) candidates() []*router.Replica {
+	s.cands = s.cands[:0]
+	if s.w.lbSync > 0 {
+		for _, r := range s.lbList {
+			s.cands = append(s.cands, r.view)
+		}
+		return s.cands
+	}
+	now := s.clock()
+	for _, r := range s.live {
+		if r.ready && !r.draining && !r.dead && r.view.Available(now) {
+			s.cands = append(s.cands, r.view)
+		}
+	}
+	return s.cands
+}
+
+func (s *simulation) hold(req *request) {
+	if !req.held {
+		req.held, req.heldAt = true, s.now
+		s.held = append(s.held, req)
+	}
+	if s.target == 0 {
+		// The router's wake call: the control plane decides at once.
+		s.at(0, event{kind: evWake})
+	}
+}
+
+// kick starts the replica's next forward pass if it is idle and has work.
+func (s *simulation) kick(r *replica) {
+	if r.stepping || r.dead || r.eng == nil || r.eng.Idle() {
+		return
+	}
+	r.step = r.eng.Step()
+	r.stepping = true
+	s.at(max(r.step.Duration, time.Microsecond), event{kind: evStep, rep: r, gen: r.gen})
+}
+
+func (s *simulation) stepped(r *replica) {
+	r.stepping = false
+	for _, em := range r.step.Emits {
+		req := r.reqs[em.ID]
+		if req == nil {
+			continue
+		}
+		if em.Index == 0 {
+			req.firstAt = s.now
+			r.view.FirstToken(&req.route)
+		}
+		if em.Done {
+			s.complete(r, req)
+		}
+	}
+	s.kick(r)
+}
+
+func (s *simulation) complete(r *replica, req *request) {
+	delete(r.reqs, req.id)
+	r.view.End(&req.route, true)
+	out := req.route.OutTokens
+	ttft := (req.firstAt - req.tr.At).Seconds()
+	e2e := (s.now - req.tr.At).Seconds()
+	tpot := 0.0
+	if out > 1 {
+		tpot = (s.now - req.firstAt).Seconds() / float64(out-1)
+	}
+	r.view.Completed(&req.route, req.pred, (req.firstAt - req.sentAt).Seconds(), (s.now - req.sentAt).Seconds(), out, true)
+	res := s.res
+	res.Succeeded++
+	res.requestSeconds += e2e
+	res.InputTokens += int64(req.route.PromptTokens)
+	res.OutputTokens += int64(out)
+	s.tokens += float64(req.route.PromptTokens + out)
+	res.ttfts = append(res.ttfts, ttft)
+	if out > 1 {
+		res.tpots = append(res.tpots, tpot)
+	}
+	slo := s.w.slo
+	if (slo.TTFT <= 0 || ttft <= slo.TTFT) && (slo.TPOT <= 0 || tpot <= slo.TPOT) && (slo.E2E <= 0 || e2e <= slo.E2E) {
+		res.SLOMet++
+	}
+	if r.draining && len(r.reqs) == 0 && s.w.drainFor == 0 {
+		s.terminate(r)
+	}
+}
+
+func (s *simulation) fail(req *request, why string) {
+	s.res.Failed[why]++
+}
+
+// engineBlocks expands a trace's prefix blocks (blockTok tokens each, ids already unique
+// per prefix) into the engine's smaller blocks, covering at most the prompt.
+func engineBlocks(ids []uint64, blockTok, size, prompt int) []uint64 {
+	if len(ids) == 0 || blockTok <= 0 || size <= 0 {
+		return nil
+	}
+	per := blockTok / size
+	n := min(len(ids)*per, prompt/size)
+	out := make([]uint64, n)
+	var key [16]byte
+	for i := range out {
+		binary.LittleEndian.PutUint64(key[:8], ids[i/per])
+		binary.LittleEndian.PutUint64(key[8:], uint64(i%per))
+		out[i] = xxhash.Sum64(key[:])
+	}
+	return out
+}
+
+// --- observation: what routers and the autoscaler see ---
+
+func (s *simulation) scrape() {
+	now := s.clock()
+	for _, r := range s.live {
+		if r.ready && !r.dead {
+			st := r.eng.Stats()
+			r.view.ObserveEngine(now, st.Running, st.Waiting, st.KVUsage)
+		}
+	}
+}
+
+func (s *simulation) sample() {
+	inflight := 0
+	for _, r := range s.live {
+		if !r.dead {
+			inflight += len(r.reqs)
+		}
+	}
+	if s.w.holdAtZero && len(s.held) > 0 {
+		kept := s.held[:0]
+		for _, req := range s.held {
+			if s.now-req.heldAt >= s.w.holdTimeout {
+				req.held = false
+				s.fail(req, "timeout")
+				continue
+			}
+			kept = append(kept, req)
+		}
+		clear(s.held[len(kept):])
+		s.held = kept
+	}
+	s.dec.Record(scaling.Sample{At: s.clock(), Requests: s.arrivals, InFlight: float64(inflight), Waiting: float64(len(s.held)), Tokens: s.tokens})
+	s.arrivals, s.tokens = 0, 0
+}
+
+// sync refreshes a polling balancer's list with what the control plane believes READY.
+func (s *simulation) sync() {
+	s.lbList = s.lbList[:0]
+	for _, r := range s.live {
+		if r.ready && !r.draining && !r.known {
+			s.lbList = append(s.lbList, r)
+		}
+	}
+}
+
+// --- the control plane: decide, place, launch, drain ---
+
+func (s *simulation) decide() {
+	ready := 0
+	var placed []scaling.Placed
+	for _, r := range s.live {
+		if r.draining || r.known {
+			continue
+		}
+		if r.ready {
+			ready++
+		}
+		placed = append(placed, scaling.Placed{ID: r.id, Capacity: r.offer.Capacity, Provider: r.offer.Provider,
+			Region: r.offer.Region, Zone: r.offer.Zone, Ready: r.ready})
+	}
+	d := s.dec.Decide(s.clock(), ready, s.target)
+	if s.in.Trace != nil && d.Target != s.target {
+		fmt.Fprintf(s.in.Trace, "%8.0fs target %d → %d (ready %d): %s\n", s.now.Seconds(), s.target, d.Target, ready, d.Reason)
+	}
+	s.target = d.Target
+	plan := s.placer.Plan(s.clock(), s.target, placed, s.mkt.Offers(s.now))
+	for _, l := range plan.Launch {
+		if s.in.Trace != nil {
+			fmt.Fprintf(s.in.Trace, "%8.0fs launch: %s\n", s.now.Seconds(), l.Reason)
+		}
+		s.launch(l.Offer)
+	}
+	for _, dr := range plan.Drain {
+		for _, r := range s.live {
+			if r.id == dr.ID {
+				s.drain(r)
+				break
+			}
+		}
+	}
+}
+
+func (s *simulation) launch(o scaling.Offer) {
+	if o.Capacity == fleet.Spot && !s.mkt.spotCapacity(place(o.Provider, o.Region, o.Zone), s.now) {
+		s.res.LaunchFailures++
+		s.placer.Preempted(o.Provider, o.Region, o.Zone, s.clock())
+		return
+	}
+	eng, err := engine.New(s.in.Profile)
+	if err != nil {
+		panic(err) // validated in Run
+	}
+	s.nextID++
+	r := &replica{id: strconv.Itoa(s.nextID), offer: o, launched: s.now, eng: eng, reqs: map[uint64]*request{}}
+	r.view = router.NewDetachedReplica(fleet.Replica{ID: r.id, Model: "m", Address: "sim:" + r.id, Provider: o.Provider,
+		Region: o.Region, Zone: o.Zone, Capacity: o.Capacity, PricePerHour: o.PricePerHour})
+	s.byView[r.view] = r
+	s.live = append(s.live, r)
+	s.res.Launches++
+	s.res.PeakReplicas = max(s.res.PeakReplicas, len(s.live))
+	s.at(s.in.ColdStart, event{kind: evReady, rep: r, gen: r.gen})
+}
+
+func (s *simulation) becameReady(r *replica) {
+	r.ready = true
+	r.view.ObserveRTT(rtt)
+	if r.draining {
+		return
+	}
+	held := s.held
+	s.held = nil
+	for _, req := range held {
+		s.dispatch(req)
+	}
+}
+
+// drain stops new requests to r; it ends when its requests have (or after drainFor).
+func (s *simulation) drain(r *replica) {
+	if r.draining {
+		return
+	}
+	r.draining = true
+	info := *r.view.Info()
+	info.Draining = true
+	r.view.SetInfo(info)
+	switch {
+	case !r.ready || (len(r.reqs) == 0 && s.w.drainFor == 0):
+		s.terminate(r)
+	case s.w.drainFor > 0:
+		s.at(s.w.drainFor, event{kind: evTerminate, rep: r})
+	}
+}
+
+// terminate ends a replica on purpose.
+func (s *simulation) terminate(r *replica) {
+	for _, req := range r.reqs {
+		s.fail(req, "drain_timeout")
+		r.view.End(&req.route, req.firstAt >= 0)
+	}
+	clear(r.reqs)
+	s.remove(r)
+}
+
+func (s *simulation) remove(r *replica) {
+	s.bill(r)
+	r.gen++
+	r.eng = nil
+	if s.aff != nil {
+		s.aff.Forget(r.view)
+	}
+	if i := slices.Index(s.live, r); i >= 0 {
+		s.live = slices.Delete(s.live, i, i+1)
+	}
+	if i := slices.Index(s.lbList, r); i >= 0 && !r.dead {
+		s.lbList = slices.Delete(s.lbList, i, i+1)
+	}
+	delete(s.byView, r.view)
+}
+
+func (s *simulation) bill(r *replica) {
+	if r.ended {
+		return
+	}
+	r.ended = true
+	h := (s.now - r.launched).Hours()
+	s.res.Dollars += h * r.offer.PricePerHour
+	s.res.ReplicaHours[string(r.offer.Capacity)+"/"+r.offer.Provider] += h
+}
+
+// --- spot capacity: notices, preemptions, detection ---
+
+func (s *simulation) dropNotice(d drop) time.Duration {
+	if ps := s.mkt.byTrace[d.Zone]; len(ps) > 0 {
+		return notice(ps[0][:indexByte(ps[0], '/')])
+	}
+	return 0
+}
+
+func indexByte(s string, c byte) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == c {
+			return i
+		}
+	}
+	return len(s)
+}
+
+// announceDrop picks the victims of a capacity drop: the drop's share of the service's
+// spot replicas in its zone, newest first. With notices they drain now; all die at d.At.
+func (s *simulation) announceDrop(i int) {
+	d := s.drops[i]
+	var in []*replica
+	for _, r := range s.live {
+		if r.offer.Capacity == fleet.Spot && !r.dead && !r.noticed && s.mkt.traceZone[place(r.offer.Provider, r.offer.Region, r.offer.Zone)] == d.Zone {
+			in = append(in, r)
+		}
+	}
+	n := int(math.Ceil(d.Share * float64(len(in))))
+	for _, r := range in[len(in)-n:] {
+		r.noticed = true
+		s.res.Preemptions++
+		if s.w.useNotices {
+			s.placer.Preempted(r.offer.Provider, r.offer.Region, r.offer.Zone, s.clock())
+			s.drainForPreemption(r)
+		}
+		s.q.push(event{at: max(d.At, s.now), kind: evKill, rep: r})
+	}
+}
+
+// drainForPreemption stops new requests at the notice; the replica stays billed and keeps
+// serving what it has until the VM goes.
+func (s *simulation) drainForPreemption(r *replica) {
+	r.draining = true
+	info := *r.view.Info()
+	info.Draining = true
+	r.view.SetInfo(info)
+	if !r.ready {
+		s.remove(r)
+	}
+}
+
+// kill takes the VM away: its open requests fail (their streams were under way).
+func (s *simulation) kill(r *replica) {
+	r.dead = true
+	for _, req := range r.reqs {
+		s.fail(req, "preempted")
+		r.view.End(&req.route, req.firstAt >= 0)
+	}
+	clear(r.reqs)
+	r.stepping = false
+	s.bill(r)
+	if s.w.useNotices {
+		r.known = true
+		s.remove(r)
+		return
+	}
+	// Without notices the replica is found dead by the next probe; until then the
+	// control plane counts it and the balancer may send it requests.
+	s.at(time.Duration(s.rng.Int64N(int64(s.w.probeEvery))), event{kind: evDetect, rep: r})
+}
+
+func (s *simulation) detected(r *replica) {
+	r.known = true
+	s.placer.Preempted(r.offer.Provider, r.offer.Region, r.offer.Zone, s.clock())
+	r.gen++
+	r.eng = nil
+	if i := slices.Index(s.live, r); i >= 0 {
+		s.live = slices.Delete(s.live, i, i+1)
+	}
+	// The balancer keeps it until its next sync; byView stays so a pick can still land on it.
+}
