@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -271,7 +272,7 @@ func (s *simulation) dispatch(req *request) {
 			s.hold(req)
 			return
 		}
-		s.fail(req, "no_replica")
+		s.fail("no_replica")
 		return
 	}
 	req.route.Now = s.clock()
@@ -283,7 +284,7 @@ func (s *simulation) dispatch(req *request) {
 			s.at(s.w.retryBackoff(req.attempts-1), event{kind: evRetry, req: req})
 			return
 		}
-		s.fail(req, "connection")
+		s.fail("connection")
 		return
 	}
 	if req.held {
@@ -295,7 +296,7 @@ func (s *simulation) dispatch(req *request) {
 	err := rep.eng.Add(engine.Request{ID: req.id, PromptTokens: req.route.PromptTokens, MaxTokens: req.route.OutTokens,
 		BlockHashes: engineBlocks(req.tr.PrefixBlocks, s.blockTok, rep.eng.Profile().BlockSize, req.route.PromptTokens)})
 	if err != nil {
-		s.fail(req, "too_long")
+		s.fail("too_long")
 		return
 	}
 	req.pred = rep.view.Begin(&req.route, staleAfter)
@@ -391,7 +392,7 @@ func (s *simulation) complete(r *replica, req *request) {
 	}
 }
 
-func (s *simulation) fail(req *request, why string) {
+func (s *simulation) fail(why string) {
 	s.res.Failed[why]++
 }
 
@@ -437,7 +438,7 @@ func (s *simulation) sample() {
 		for _, req := range s.held {
 			if s.now-req.heldAt >= s.w.holdTimeout {
 				req.held = false
-				s.fail(req, "timeout")
+				s.fail("timeout")
 				continue
 			}
 			kept = append(kept, req)
@@ -550,7 +551,7 @@ func (s *simulation) drain(r *replica) {
 // terminate ends a replica on purpose.
 func (s *simulation) terminate(r *replica) {
 	for _, req := range r.reqs {
-		s.fail(req, "drain_timeout")
+		s.fail("drain_timeout")
 		r.view.End(&req.route, req.firstAt >= 0)
 	}
 	clear(r.reqs)
@@ -587,18 +588,10 @@ func (s *simulation) bill(r *replica) {
 
 func (s *simulation) dropNotice(d drop) time.Duration {
 	if ps := s.mkt.byTrace[d.Zone]; len(ps) > 0 {
-		return notice(ps[0][:indexByte(ps[0], '/')])
+		provider, _, _ := strings.Cut(ps[0], "/")
+		return notice(provider)
 	}
 	return 0
-}
-
-func indexByte(s string, c byte) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] == c {
-			return i
-		}
-	}
-	return len(s)
 }
 
 // announceDrop picks the victims of a capacity drop: the drop's share of the service's
@@ -639,7 +632,7 @@ func (s *simulation) drainForPreemption(r *replica) {
 func (s *simulation) kill(r *replica) {
 	r.dead = true
 	for _, req := range r.reqs {
-		s.fail(req, "preempted")
+		s.fail("preempted")
 		r.view.End(&req.route, req.firstAt >= 0)
 	}
 	clear(r.reqs)
