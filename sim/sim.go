@@ -536,10 +536,7 @@ func (s *simulation) drain(r *replica) {
 	if r.draining {
 		return
 	}
-	r.draining = true
-	info := *r.view.Info()
-	info.Draining = true
-	r.view.SetInfo(info)
+	s.stopRouting(r)
 	switch {
 	case !r.ready || (len(r.reqs) == 0 && s.w.drainFor == 0):
 		s.terminate(r)
@@ -548,25 +545,43 @@ func (s *simulation) drain(r *replica) {
 	}
 }
 
+// stopRouting marks r draining, in the simulation and in the router's view of it.
+func (s *simulation) stopRouting(r *replica) {
+	r.draining = true
+	info := *r.view.Info()
+	info.Draining = true
+	r.view.SetInfo(info)
+}
+
 // terminate ends a replica on purpose.
 func (s *simulation) terminate(r *replica) {
+	s.failOpen(r, "drain_timeout")
+	s.remove(r)
+}
+
+// failOpen fails every request still open on r.
+func (s *simulation) failOpen(r *replica, why string) {
 	for _, req := range r.reqs {
-		s.fail("drain_timeout")
+		s.fail(why)
 		r.view.End(&req.route, req.firstAt >= 0)
 	}
 	clear(r.reqs)
-	s.remove(r)
+}
+
+// retire takes r out of the control plane's fleet: no engine, no pending events.
+func (s *simulation) retire(r *replica) {
+	r.gen++
+	r.eng = nil
+	if i := slices.Index(s.live, r); i >= 0 {
+		s.live = slices.Delete(s.live, i, i+1)
+	}
 }
 
 func (s *simulation) remove(r *replica) {
 	s.bill(r)
-	r.gen++
-	r.eng = nil
+	s.retire(r)
 	if s.aff != nil {
 		s.aff.Forget(r.view)
-	}
-	if i := slices.Index(s.live, r); i >= 0 {
-		s.live = slices.Delete(s.live, i, i+1)
 	}
 	if i := slices.Index(s.lbList, r); i >= 0 && !r.dead {
 		s.lbList = slices.Delete(s.lbList, i, i+1)
@@ -619,10 +634,7 @@ func (s *simulation) announceDrop(i int) {
 // drainForPreemption stops new requests at the notice; the replica stays billed and keeps
 // serving what it has until the VM goes.
 func (s *simulation) drainForPreemption(r *replica) {
-	r.draining = true
-	info := *r.view.Info()
-	info.Draining = true
-	r.view.SetInfo(info)
+	s.stopRouting(r)
 	if !r.ready {
 		s.remove(r)
 	}
@@ -631,11 +643,7 @@ func (s *simulation) drainForPreemption(r *replica) {
 // kill takes the VM away: its open requests fail (their streams were under way).
 func (s *simulation) kill(r *replica) {
 	r.dead = true
-	for _, req := range r.reqs {
-		s.fail("preempted")
-		r.view.End(&req.route, req.firstAt >= 0)
-	}
-	clear(r.reqs)
+	s.failOpen(r, "preempted")
 	r.stepping = false
 	s.bill(r)
 	if s.w.useNotices {
@@ -651,10 +659,6 @@ func (s *simulation) kill(r *replica) {
 func (s *simulation) detected(r *replica) {
 	r.known = true
 	s.placer.Preempted(r.offer.Provider, r.offer.Region, r.offer.Zone, s.clock())
-	r.gen++
-	r.eng = nil
-	if i := slices.Index(s.live, r); i >= 0 {
-		s.live = slices.Delete(s.live, i, i+1)
-	}
+	s.retire(r)
 	// The balancer keeps it until its next sync; byView stays so a pick can still land on it.
 }
