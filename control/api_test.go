@@ -32,6 +32,14 @@ arbiter:
 // stay at zero replicas, so nothing is launched.
 func newTestAPI(t *testing.T) (*Controller, *httptest.Server) {
 	t.Helper()
+	c := newTestController(t)
+	srv := httptest.NewServer(c.Handler())
+	t.Cleanup(srv.Close)
+	return c, srv
+}
+
+func newTestController(t testing.TB) *Controller {
+	t.Helper()
 	dir := t.TempDir()
 	st, err := state.Open(filepath.Join(dir, "state.db"))
 	if err != nil {
@@ -47,9 +55,7 @@ func newTestAPI(t *testing.T) (*Controller, *httptest.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(c.Handler())
-	t.Cleanup(srv.Close)
-	return c, srv
+	return c
 }
 
 func call(t *testing.T, srv *httptest.Server, method, path, token, body string) (int, string) {
@@ -93,8 +99,8 @@ func TestAPIServicesAndErrors(t *testing.T) {
 	if code, body := call(t, srv, "POST", "/v1/services", "secret", submit("other", bad)); code != 400 || !strings.Contains(body, "other.yaml:3:") || !strings.Contains(body, "replica_policy") {
 		t.Fatalf("bad spec: %d %s; want 400 with file:line and the suggestion", code, body)
 	}
-	if code, _ := call(t, srv, "POST", "/v1/services", "secret", submit("Bad Name", zeroSpec)); code == 201 {
-		t.Fatal("invalid service name accepted")
+	if code, _ := call(t, srv, "POST", "/v1/services", "secret", submit("Bad Name", zeroSpec)); code != 400 {
+		t.Fatalf("invalid service name: %d; want 400", code)
 	}
 	if code, _ := call(t, srv, "POST", "/v1/services", "secret", "{not json"); code != 400 {
 		t.Fatalf("malformed JSON: %d; want 400", code)

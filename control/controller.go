@@ -20,6 +20,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/scaling"
@@ -41,14 +43,20 @@ type Config struct {
 	Endpoint string
 	Log      *slog.Logger
 	Now      func() time.Time
+	// Metrics, if set, receives the control plane's Prometheus metrics.
+	Metrics prometheus.Registerer
+	// AuditEvery is how often providers' instances are compared with the replica rows
+	// (arbiter_control_unknown_replicas); default 30 s.
+	AuditEvery time.Duration
 }
 
 // Controller is the control plane.
 type Controller struct {
-	cfg    Config
-	store  *state.Store
-	log    *slog.Logger
-	probes *http.Client
+	cfg     Config
+	store   *state.Store
+	log     *slog.Logger
+	probes  *http.Client
+	metrics *metrics
 
 	mu       sync.Mutex
 	services map[string]*service
@@ -113,8 +121,12 @@ func New(ctx context.Context, cfg Config) (*Controller, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
+	if cfg.AuditEvery <= 0 {
+		cfg.AuditEvery = 30 * time.Second
+	}
 	c := &Controller{cfg: cfg, store: cfg.Store, log: cfg.Log, probes: &http.Client{},
 		services: map[string]*service{}, routers: map[string]routerReport{}, changed: make(chan struct{}), kick: make(chan struct{}, 1)}
+	c.metrics = newMetrics(cfg.Metrics, c)
 	if err := c.recover(ctx); err != nil {
 		return nil, err
 	}
@@ -133,6 +145,9 @@ func (c *Controller) Run(ctx context.Context) {
 	}
 	t := time.NewTicker(c.cfg.Tick)
 	defer t.Stop()
+	audit := time.NewTicker(c.cfg.AuditEvery)
+	defer audit.Stop()
+	c.audit(ctx)
 	for {
 		c.tick(ctx)
 		select {
@@ -141,6 +156,8 @@ func (c *Controller) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		case <-c.kick:
+		case <-audit.C:
+			c.audit(ctx)
 		}
 	}
 }
@@ -173,7 +190,7 @@ func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
 			if !st.Serving() || r.row.Address == "" || r.row.Model == "" {
 				continue
 			}
-			set.Replicas = append(set.Replicas, fleet.Replica{ID: r.row.ID, Address: r.row.Address, Model: r.row.Model,
+			set.Replicas = append(set.Replicas, fleet.Replica{ID: r.row.ID, Address: r.row.Address, Model: r.row.Model, Service: s.name,
 				Provider: r.row.Provider, Region: r.row.Region, Zone: r.row.Zone, Capacity: fleet.Capacity(r.row.Capacity),
 				PricePerHour: r.row.PricePerHour, Version: r.row.Version, Draining: st == replicas.Draining})
 		}
@@ -230,8 +247,12 @@ func (c *Controller) transition(ctx context.Context, s *service, r *replica, to 
 	}
 	now := c.cfg.Now()
 	r.row.State, r.row.Reason = string(to), reason
+	c.metrics.transitions.WithLabelValues(s.name, string(to)).Inc()
 	switch to {
 	case replicas.Ready:
+		if r.row.ReadyAt.IsZero() {
+			c.metrics.coldStart.WithLabelValues(s.name, r.row.Provider, r.row.Capacity).Observe(now.Sub(r.row.LaunchedAt).Seconds())
+		}
 		r.row.ReadyAt, r.fails = now, 0
 	case replicas.NotReady:
 		r.notReadySince = now
@@ -243,6 +264,7 @@ func (c *Controller) transition(ctx context.Context, s *service, r *replica, to 
 	if err := c.store.SaveReplica(ctx, r.row, string(from), now); err != nil {
 		// The in-memory state still moves: the next save of this row carries it, and a crash
 		// before that is recovered from what the provider says, which is the truth anyway.
+		c.metrics.stateErrors.Inc()
 		c.log.Error("state write failed", "replica", r.row.ID, "err", err)
 	}
 	c.log.Info("replica "+string(to), "service", s.name, "replica", r.row.ID, "from", from, "reason", reason)
@@ -265,6 +287,7 @@ func (c *Controller) transition(ctx context.Context, s *service, r *replica, to 
 
 func (c *Controller) event(ctx context.Context, service, replica, kind, msg string) {
 	if err := c.store.AddEvent(ctx, c.cfg.Now(), service, replica, kind, msg); err != nil {
+		c.metrics.stateErrors.Inc()
 		c.log.Error("event log write failed", "err", err)
 	}
 }

@@ -15,6 +15,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/state"
@@ -37,6 +41,11 @@ type DaemonOptions struct {
 	Log        *slog.Logger
 	// Ready, if set, is called with the API's bound address once it serves.
 	Ready func(api net.Addr)
+	// Metrics, if set, receives the control plane's metrics (the embedded daemon shares
+	// its router's registry, so one admin port shows both).
+	Metrics prometheus.Registerer
+	// Admin, if set (and Metrics is not), is where /metrics and /health are served.
+	Admin string
 }
 
 // Paths inside a home directory.
@@ -99,8 +108,26 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	if err != nil {
 		return err
 	}
+	reg := o.Metrics
+	var adminSrv *http.Server
+	if reg == nil && o.Admin != "" {
+		r := prometheus.NewRegistry()
+		r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		reg = r
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(r, promhttp.HandlerOpts{}))
+		mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, map[string]bool{"ok": true}) })
+		aln, err := net.Listen("tcp", o.Admin)
+		if err != nil {
+			return fmt.Errorf("control plane admin: %w", err)
+		}
+		adminSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = adminSrv.Serve(aln) }()
+		defer adminSrv.Close()
+		o.Log.Info("control plane metrics", "admin", aln.Addr().String())
+	}
 	c, err := New(ctx, Config{Store: store, Providers: map[string]replicas.Provider{"local": local}, Token: o.Token,
-		Tick: o.Tick, DrainTimeout: o.DrainTimeout, Endpoint: o.Endpoint, Log: o.Log})
+		Tick: o.Tick, DrainTimeout: o.DrainTimeout, Endpoint: o.Endpoint, Log: o.Log, Metrics: reg})
 	if err != nil {
 		return err
 	}

@@ -45,6 +45,8 @@ func (c *Controller) tick(ctx context.Context) {
 		if d.Target != s.target {
 			c.event(ctx, s.name, "", "scale", fmt.Sprintf("target %d → %d: %s", s.target, d.Target, d.Reason))
 			c.log.Info("scale", "service", s.name, "from", s.target, "to", d.Target, "reason", d.Reason)
+			dir, cause := scaleCause(s.target, d.Target, d.Panic)
+			c.metrics.decisions.WithLabelValues(s.name, dir, cause).Inc()
 			s.target = d.Target
 		}
 		s.decision = d
@@ -256,6 +258,10 @@ func (c *Controller) launch(ctx context.Context, s *service) {
 	version, setupMu := s.version, s.setupLock(s.version)
 	ls := replicas.LaunchSpec{ReplicaID: row.ID, Service: s.name, Version: version, Run: sp.Run, Workdir: sp.Workdir, Envs: sp.Envs,
 		Capacity: fleet.Capacity(sp.Arbiter.Local.Capacity), Region: sp.Arbiter.Local.Region, Zone: sp.Arbiter.Local.Zone, Port: sp.Service.Port}
+	if p.Name() == "local" {
+		price := sp.Arbiter.Local.PricePerHour
+		ls.PricePerHour = &price
+	}
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()

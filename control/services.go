@@ -133,12 +133,12 @@ func (c *Controller) Delete(ctx context.Context, name string) error {
 
 func validName(name string) error {
 	if name == "" || len(name) > 63 {
-		return fmt.Errorf("service name %q: want 1-63 characters", name)
+		return fmt.Errorf("%w: service name %q: want 1-63 characters", errBadRequest, name)
 	}
 	for i, r := range name {
 		ok := r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' && i > 0
 		if !ok {
-			return fmt.Errorf("service name %q: use lower-case letters, digits and '-' (not first), e.g. llama-8b", name)
+			return fmt.Errorf("%w: service name %q: use lower-case letters, digits and '-' (not first), e.g. llama-8b", errBadRequest, name)
 		}
 	}
 	return nil
@@ -270,14 +270,10 @@ type ServiceStatus struct {
 // bill adds what a service's replicas (ended ones too) have cost up to now.
 func bill(st *ServiceStatus, rows []state.Replica, now time.Time) {
 	for _, r := range rows {
-		end := r.EndedAt
-		if end.IsZero() {
-			end = now
+		if r.EndedAt.IsZero() {
 			st.DollarsPerHour += r.PricePerHour
 		}
-		if end.After(r.LaunchedAt) {
-			st.Dollars += r.PricePerHour * end.Sub(r.LaunchedAt).Hours()
-		}
+		st.Dollars += r.PricePerHour * billedSeconds(r, now) / 3600
 	}
 	if st.Tokens > 0 {
 		st.DollarsPerMillionTokens = st.Dollars / st.Tokens * 1e6

@@ -32,11 +32,15 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	serveArgs := []string{"build", "-o", dir}
-	if raceEnabled {
-		serveArgs = append(serveArgs, "-race")
+	// The control plane and router race-built when the tests are; the replicas not (many
+	// run at once, and their speed is what the tests time).
+	race := func(pkg string) []string {
+		if raceEnabled {
+			return []string{"build", "-o", dir, "-race", pkg}
+		}
+		return []string{"build", "-o", dir, pkg}
 	}
-	for _, args := range [][]string{append(serveArgs, "../cmd/serve"), {"build", "-o", dir, "../cmd/replicasim"}} {
+	for _, args := range [][]string{race("../cmd/serve"), race("../cmd/router"), {"build", "-o", dir, "../cmd/replicasim"}} {
 		build := exec.Command("go", args...)
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
@@ -56,6 +60,7 @@ type cluster struct {
 	t                  *testing.T
 	home               string
 	api, listen, admin string
+	extraDaemonFlags   []string
 }
 
 func freeAddr(t *testing.T) string {
@@ -91,7 +96,8 @@ func newCluster(t *testing.T) *cluster {
 }
 
 func (c *cluster) daemonFlags() []string {
-	return []string{"--control-listen", c.api, "--listen", c.listen, "--admin", c.admin, "--tick", "200ms", "--drain-timeout", "5s", "--grace", "2s", "--log-level", "debug"}
+	return append([]string{"--control-listen", c.api, "--listen", c.listen, "--admin", c.admin, "--tick", "200ms", "--drain-timeout", "5s", "--grace", "2s", "--log-level", "debug"},
+		c.extraDaemonFlags...)
 }
 
 func (c *cluster) cmd(args ...string) *exec.Cmd {

@@ -36,8 +36,11 @@ type Replica struct {
 	// by address, because a new replica may reuse a dead one's port.
 	ID string `yaml:"id" json:"id"`
 	// Address is host:port of the replica's OpenAI-compatible HTTP server.
-	Address  string   `yaml:"address" json:"address"`
-	Model    string   `yaml:"model" json:"model"`
+	Address string `yaml:"address" json:"address"`
+	Model   string `yaml:"model" json:"model"`
+	// Service is the control plane's service the replica belongs to (empty standalone);
+	// routers label token counts with it so they join the control plane's cost series.
+	Service  string   `yaml:"service,omitempty" json:"service,omitempty"`
 	Provider string   `yaml:"provider,omitempty" json:"provider,omitempty"`
 	Region   string   `yaml:"region,omitempty" json:"region,omitempty"`
 	Zone     string   `yaml:"zone,omitempty" json:"zone,omitempty"`

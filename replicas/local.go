@@ -143,8 +143,13 @@ func (l *Local) Launch(ctx context.Context, spec LaunchSpec) (Instance, error) {
 	seq := spec.ReplicaID[strings.LastIndexByte(spec.ReplicaID, '-')+1:]
 	cmd := exec.Command("bash", "-c", run)
 	cmd.Dir, cmd.Stdout, cmd.Stderr = spec.Workdir, f, f
+	lb := l.labels(spec)
+	// The labels ride in the environment too, so List (after a control-plane restart)
+	// reports the replica as it was launched, not with the provider's defaults.
 	cmd.Env = l.env(spec.Envs,
 		EnvOwner+"="+l.cfg.Owner, EnvReplicaID+"="+spec.ReplicaID, EnvPort+"="+strconv.Itoa(port),
+		envCapacity+"="+string(lb.capacity), envRegion+"="+lb.region, envZone+"="+lb.zone,
+		envPrice+"="+strconv.FormatFloat(lb.price, 'g', -1, 64),
 		"SKYPILOT_SERVE_REPLICA_ID="+seq, "SKYPILOT_NUM_GPUS_PER_NODE=1")
 	// Its own process group: the whole tree is terminated together, and a Ctrl-C aimed at
 	// the control plane does not reach replicas it may want to adopt after a restart.
@@ -160,12 +165,55 @@ func (l *Local) Launch(ctx context.Context, spec LaunchSpec) (Instance, error) {
 		st.start = 0
 	}
 	l.cfg.Log.Info("local replica started", "replica", spec.ReplicaID, "pid", pid, "port", port, "log", l.LogPath(spec.ReplicaID))
-	return l.instance(spec.ReplicaID, pid, st.start, port), nil
+	return l.instance(spec.ReplicaID, pid, st.start, port, lb), nil
 }
 
-func (l *Local) instance(id string, pid int, start uint64, port int) Instance {
+// Environment variables that record how a local replica is labelled and billed.
+const (
+	envCapacity = "ARBITER_CAPACITY"
+	envRegion   = "ARBITER_REGION"
+	envZone     = "ARBITER_ZONE"
+	envPrice    = "ARBITER_PRICE_PER_HOUR"
+)
+
+// localLabels is how a local replica is labelled and billed: the service's arbiter.local
+// block where it says, else the provider's defaults.
+type localLabels struct {
+	capacity     fleet.Capacity
+	region, zone string
+	price        float64
+}
+
+func (l *Local) labels(spec LaunchSpec) localLabels {
+	lb := localLabels{capacity: l.cfg.Capacity, region: l.cfg.Region, zone: l.cfg.Zone, price: l.cfg.PricePerHour}
+	if spec.Capacity != "" {
+		lb.capacity = spec.Capacity
+	}
+	if spec.Region != "" {
+		lb.region = spec.Region
+	}
+	if spec.Zone != "" {
+		lb.zone = spec.Zone
+	}
+	if spec.PricePerHour != nil {
+		lb.price = *spec.PricePerHour
+	}
+	return lb
+}
+
+// labelsFromEnv reads back what Launch recorded; a variable missing (a replica launched
+// by an older version) keeps the provider's default.
+func (l *Local) labelsFromEnv(vars map[string]string) localLabels {
+	spec := LaunchSpec{Capacity: fleet.Capacity(vars[envCapacity]), Region: vars[envRegion], Zone: vars[envZone]}
+	if p, err := strconv.ParseFloat(vars[envPrice], 64); err == nil {
+		spec.PricePerHour = &p
+	}
+	return l.labels(spec)
+}
+
+func (l *Local) instance(id string, pid int, start uint64, port int, lb localLabels) Instance {
 	return Instance{ReplicaID: id, Handle: fmt.Sprintf("%d:%d", pid, start), Address: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-		Capacity: l.cfg.Capacity, Region: l.cfg.Region, Zone: l.cfg.Zone, PricePerHour: l.cfg.PricePerHour}
+		Capacity: lb.capacity, Region: lb.region, Zone: lb.zone, PricePerHour: lb.price}
 }
 
 func freePort() (int, error) {
@@ -274,7 +322,7 @@ func (l *Local) List(context.Context) ([]Instance, error) {
 			continue
 		}
 		port, _ := strconv.Atoi(vars[EnvPort])
-		out = append(out, l.instance(vars[EnvReplicaID], p.pid, p.start, port))
+		out = append(out, l.instance(vars[EnvReplicaID], p.pid, p.start, port, l.labelsFromEnv(vars)))
 	}
 	return out, nil
 }
@@ -395,7 +443,7 @@ func parseEnviron(b []byte) map[string]string {
 	for _, kv := range bytes.Split(b, []byte{0}) {
 		if k, v, ok := bytes.Cut(kv, []byte{'='}); ok {
 			switch string(k) {
-			case EnvOwner, EnvReplicaID, EnvPort:
+			case EnvOwner, EnvReplicaID, EnvPort, envCapacity, envRegion, envZone, envPrice:
 				m[string(k)] = string(v)
 			}
 		}

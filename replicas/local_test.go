@@ -1,6 +1,8 @@
 package replicas
 
 import (
+	"github.com/arbiter-serve/arbiter/fleet"
+
 	"context"
 	"fmt"
 	"net/http"
@@ -34,7 +36,9 @@ func TestLocalLaunchListTerminate(t *testing.T) {
 	ctx := context.Background()
 	l := newTestLocal(t)
 	run := `trap '' TERM; sleep 30 & echo "port=$PORT id=$SKYPILOT_SERVE_REPLICA_ID mine=$MINE"; wait`
-	inst, err := l.Launch(ctx, LaunchSpec{ReplicaID: "svc-7", Run: run, Envs: map[string]string{"MINE": "yes"}})
+	price := 2.5
+	inst, err := l.Launch(ctx, LaunchSpec{ReplicaID: "svc-7", Run: run, Envs: map[string]string{"MINE": "yes"},
+		Capacity: fleet.Spot, Zone: "z1", PricePerHour: &price})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,6 +60,11 @@ func TestLocalLaunchListTerminate(t *testing.T) {
 	list, err := l.List(ctx)
 	if err != nil || len(list) != 1 || list[0].ReplicaID != "svc-7" || list[0].Handle != inst.Handle || list[0].Address != inst.Address {
 		t.Fatalf("List = %+v, %v; want the one launched (%+v)", list, err, inst)
+	}
+	// After a control-plane restart, List is all there is: it must bill and label the
+	// replica as it was launched (the spec's arbiter.local), not with the provider's defaults.
+	if got := list[0]; got.Capacity != fleet.Spot || got.Zone != "z1" || got.PricePerHour != 2.5 || got != inst {
+		t.Fatalf("List reports %+v; want the launch's labels %+v", got, inst)
 	}
 	start := time.Now()
 	if err := l.Terminate(ctx, inst.Handle); err != nil {

@@ -20,6 +20,9 @@ type LaunchSpec struct {
 	Capacity  fleet.Capacity
 	Region    string
 	Zone      string
+	// PricePerHour, if set, is what the replica is billed (the local provider's
+	// arbiter.local.price_per_hour); nil: the provider's own price.
+	PricePerHour *float64
 	// Port is the replica port the spec names (service.ports); 0 if none.
 	Port int
 }

@@ -38,8 +38,12 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	px.met.requests.WithLabelValues(c.model, info.ID, strconv.Itoa(code)).Inc()
 	if res.usage.Prompt > 0 || res.usage.Completion > 0 {
 		px.Load.get(c.model).tokens.Add(int64(res.usage.Prompt + res.usage.Completion))
-		px.met.tokens.WithLabelValues(c.model, info.ID, info.Provider, info.Region, string(info.Capacity), "prompt").Add(float64(res.usage.Prompt))
-		px.met.tokens.WithLabelValues(c.model, info.ID, info.Provider, info.Region, string(info.Capacity), "completion").Add(float64(res.usage.Completion))
+		px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), "prompt").Add(float64(res.usage.Prompt))
+		px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), "completion").Add(float64(res.usage.Completion))
+		if c.key != nil {
+			px.met.keyTokens.WithLabelValues(c.key.Name, "prompt").Add(float64(res.usage.Prompt))
+			px.met.keyTokens.WithLabelValues(c.key.Name, "completion").Add(float64(res.usage.Completion))
+		}
 	}
 	if code != 200 || res.clientGone || res.failed != "" {
 		return

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,9 @@ type Options struct {
 	Log                         *slog.Logger
 	// Ready, if set, receives the bound addresses once both listeners are up.
 	Ready func(listen, admin net.Addr)
+	// Registry, if set, is where the router registers its metrics and what its admin port
+	// serves (the embedded daemon adds the control plane's to it).
+	Registry *prometheus.Registry
 }
 
 // Run serves until ctx ends, then finishes in-flight requests (up to 30 s).
@@ -34,8 +38,11 @@ func Run(ctx context.Context, o Options) error {
 	if (o.ReplicaFile == "") == (o.ControlURL == "") {
 		return errors.New("router: give exactly one of a replica file and a control plane URL")
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := o.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
 	met := NewMetrics(reg)
 	var aff *Affinity
 	if cfg.AffinitySize > 0 {
@@ -53,15 +60,24 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := px.loadKeys(ctx, cfg.APIKeysFile, os.Getenv(KeysEnv), log); err != nil {
+		ln.Close()
+		return err
+	}
+	if px.keys.Load() == nil && !isLoopback(ln.Addr()) {
+		log.Warn("the router listens beyond loopback without API keys: anyone who can reach it can use it (set api_keys_file or "+KeysEnv+")", "listen", ln.Addr().String())
+	}
 	aln, err := net.Listen("tcp", o.Admin)
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	if o.ReplicaFile != "" {
 		if err := WatchReplicaFile(ctx, o.ReplicaFile, pool, log, time.Second); err != nil {
+			ln.Close()
+			aln.Close()
 			return err
 		}
 	} else {
@@ -90,4 +106,26 @@ func Run(ctx context.Context, o Options) error {
 	defer scancel()
 	_ = adminSrv.ShutdownWithContext(sctx)
 	return srv.ShutdownWithContext(sctx)
+}
+
+// loadKeys installs the client API keys, reloading the file when it changes.
+func (px *Proxy) loadKeys(ctx context.Context, file, env string, log *slog.Logger) error {
+	if file == "" {
+		ks, err := ParseKeys(nil, env)
+		px.SetKeys(ks)
+		return err
+	}
+	return watchFile(ctx, file, "api keys file", log, time.Second, func(b []byte) error {
+		ks, err := ParseKeys(b, env)
+		if err != nil {
+			return err
+		}
+		px.SetKeys(ks)
+		return nil
+	})
+}
+
+func isLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }

@@ -62,7 +62,7 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 			ctx.Response.Reset()
 			return false
 		}
-		handedOff = true // the body stream now owns the in-flight count (see CloseWithError)
+		handedOff, c.streaming = true, true // the body stream now owns the in-flight counts (see CloseWithError)
 		ctx.Response.SetBodyStream(s, -1)
 		return true
 	}

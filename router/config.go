@@ -48,6 +48,17 @@ type Config struct {
 	DefaultOutputTokens int `yaml:"default_output_tokens"`
 	// AffinitySize is the number of prefix blocks remembered; 0 disables prefix affinity.
 	AffinitySize int `yaml:"affinity_size"`
+	// APIKeysFile lists client API keys (see KeySpec), reloaded when it changes. With
+	// neither it nor ARBITER_API_KEYS, the router takes requests without a key.
+	APIKeysFile string `yaml:"api_keys_file"`
+
+	// Client connection limits: headers (also the read buffer), time to read a request
+	// (slow clients cannot hold a connection open: slowloris), keep-alive idle time, and
+	// open connections.
+	MaxHeaderBytes int           `yaml:"max_header_bytes"`
+	ReadTimeout    time.Duration `yaml:"read_timeout"`
+	IdleTimeout    time.Duration `yaml:"idle_timeout"`
+	MaxConnections int           `yaml:"max_connections"`
 }
 
 // ProbeConfig is the active readiness probe.
@@ -87,6 +98,10 @@ func Defaults() Config {
 		Tokenizer:              "approx",
 		DefaultOutputTokens:    256,
 		AffinitySize:           100_000,
+		MaxHeaderBytes:         8 << 10,
+		ReadTimeout:            30 * time.Second,
+		IdleTimeout:            90 * time.Second,
+		MaxConnections:         256 << 10,
 	}
 }
 
@@ -130,7 +145,8 @@ func (c *Config) Validate() error {
 		"probe.timeout": int64(c.Probe.Timeout), "probe.failure_threshold": int64(c.Probe.FailureThreshold),
 		"ejection.max_fails": int64(c.Ejection.MaxFails), "ejection.base_backoff": int64(c.Ejection.BaseBackoff),
 		"ejection.max_backoff": int64(c.Ejection.MaxBackoff), "scrape_interval": int64(c.ScrapeInterval),
-		"default_output_tokens": int64(c.DefaultOutputTokens),
+		"default_output_tokens": int64(c.DefaultOutputTokens), "max_header_bytes": int64(c.MaxHeaderBytes),
+		"read_timeout": int64(c.ReadTimeout), "idle_timeout": int64(c.IdleTimeout), "max_connections": int64(c.MaxConnections),
 	}
 	for k, v := range positive {
 		if v <= 0 {

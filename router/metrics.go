@@ -13,13 +13,15 @@ type Metrics struct {
 	errors      *prometheus.CounterVec // reason
 	retries     prometheus.Counter
 	ejections   *prometheus.CounterVec   // replica
-	tokens      *prometheus.CounterVec   // model, replica, provider, region, capacity, type
+	tokens      *prometheus.CounterVec   // model, service, replica, provider, region, capacity, type
 	slo         *prometheus.CounterVec   // model, result
 	ttft        *prometheus.HistogramVec // model
 	itl         *prometheus.HistogramVec // model
 	e2e         *prometheus.HistogramVec // model
 	predicted   *prometheus.HistogramVec // model: predicted TTFT
 	predErr     *prometheus.HistogramVec // model: measured − predicted TTFT
+	keyRequests *prometheus.CounterVec   // key, code
+	keyTokens   *prometheus.CounterVec   // key, type
 	held        prometheus.Gauge
 	holdWait    *prometheus.HistogramVec // model
 	replicaInfo *replicaCollector
@@ -41,15 +43,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		return v
 	}
 	m := &Metrics{
-		requests:  cv("requests_total", "Requests answered, by model, replica and HTTP status code.", "model", "replica", "code"),
-		errors:    cv("errors_total", "Requests that failed in the router, by reason.", "reason"),
-		ejections: cv("ejections_total", "Passive ejections of a replica after consecutive failures.", "replica"),
-		tokens:    cv("tokens_total", "Tokens served, from each response's usage.", "model", "replica", "provider", "region", "capacity", "type"),
-		slo:       cv("slo_requests_total", "Requests by whether they met their model's latency SLO.", "model", "result"),
-		ttft:      hv("time_to_first_token_seconds", "Time to first token as the router saw it.", latencyBuckets, "model"),
-		itl:       hv("inter_token_latency_seconds", "Mean gap between streamed tokens of a request.", latencyBuckets, "model"),
-		e2e:       hv("e2e_request_latency_seconds", "Request latency as the router saw it.", latencyBuckets, "model"),
-		predicted: hv("predicted_ttft_seconds", "TTFT the routing policy predicted for the replica it chose.", latencyBuckets, "model"),
+		requests:    cv("requests_total", "Requests answered, by model, replica and HTTP status code.", "model", "replica", "code"),
+		errors:      cv("errors_total", "Requests that failed in the router, by reason.", "reason"),
+		ejections:   cv("ejections_total", "Passive ejections of a replica after consecutive failures.", "replica"),
+		tokens:      cv("tokens_total", "Tokens served, from each response's usage.", "model", "service", "replica", "provider", "region", "capacity", "type"),
+		keyRequests: cv("key_requests_total", "Requests per client API key (its name, never the key), by HTTP status code.", "key", "code"),
+		keyTokens:   cv("key_tokens_total", "Tokens served per client API key, from each response's usage.", "key", "type"),
+		slo:         cv("slo_requests_total", "Requests by whether they met their model's latency SLO.", "model", "result"),
+		ttft:        hv("time_to_first_token_seconds", "Time to first token as the router saw it.", latencyBuckets, "model"),
+		itl:         hv("inter_token_latency_seconds", "Mean gap between streamed tokens of a request.", latencyBuckets, "model"),
+		e2e:         hv("e2e_request_latency_seconds", "Request latency as the router saw it.", latencyBuckets, "model"),
+		predicted:   hv("predicted_ttft_seconds", "TTFT the routing policy predicted for the replica it chose.", latencyBuckets, "model"),
 		predErr: hv("ttft_prediction_error_seconds", "Measured minus predicted TTFT of streamed requests.",
 			[]float64{-5, -1, -0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 5}, "model"),
 	}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,8 @@ type Proxy struct {
 	ControlPlane *ControlPlane
 	// Load counts per-model load for the control plane's autoscaler.
 	Load *LoadTracker
+	// keys, when set, are required of every /v1 request (Authorization: Bearer KEY).
+	keys atomic.Pointer[Keys]
 	held atomic.Int64
 
 	parsers fastjson.ParserPool
@@ -84,13 +87,22 @@ func (px *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 			oai.WriteError(ctx, fasthttp.StatusInternalServerError, oai.ServerError, "internal error")
 		}
 	}()
-	switch string(ctx.Path()) {
+	path := string(ctx.Path())
+	var key *Key
+	if strings.HasPrefix(path, "/v1/") {
+		var ok bool
+		if key, ok = px.keys.Load().authenticate(ctx); !ok {
+			px.met.errors.WithLabelValues("unauthenticated").Inc()
+			return
+		}
+	}
+	switch path {
 	case "/v1/chat/completions":
-		px.forward(ctx, oai.Chat)
+		px.forward(ctx, oai.Chat, key)
 	case "/v1/completions":
-		px.forward(ctx, oai.Completion)
+		px.forward(ctx, oai.Completion, key)
 	case "/v1/embeddings":
-		px.forward(ctx, oai.Embedding)
+		px.forward(ctx, oai.Embedding, key)
 	case "/v1/models":
 		px.models(ctx)
 	case "/health":
@@ -98,6 +110,13 @@ func (px *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	default:
 		oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, fmt.Sprintf("Unknown path %s", ctx.Path()))
 	}
+}
+
+// SetKeys replaces the client API keys (nil: no authentication); requests already in
+// flight keep counting against their key's concurrency limit.
+func (px *Proxy) SetKeys(ks *Keys) {
+	ks.carryOver(px.keys.Load())
+	px.keys.Store(ks)
 }
 
 // ErrorHandler answers errors fasthttp raises before the handler (oversized or malformed
@@ -142,18 +161,36 @@ type call struct {
 	start        time.Time
 	deadline     time.Time
 	tried        []*Replica
-	lastUpstream int // status of the last 502/503 kept as the answer of last resort
+	key          *Key // nil without authentication
+	streaming    bool // a stream writer owns the rest of the call
+	lastUpstream int  // status of the last 502/503 kept as the answer of last resort
 }
 
-func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind) {
+func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 	if !ctx.IsPost() {
 		oai.WriteError(ctx, fasthttp.StatusMethodNotAllowed, oai.InvalidRequest, "use POST")
 		return
 	}
+	if !key.admit(ctx) {
+		px.met.errors.WithLabelValues("key_limited").Inc()
+		px.met.keyRequests.WithLabelValues(key.label(), "429").Inc()
+		return
+	}
+	var c *call
+	defer func() {
+		// A stream's end is counted by its writer (CloseWithError), which outlives this.
+		if c == nil || !c.streaming {
+			key.done()
+			if key != nil {
+				px.met.keyRequests.WithLabelValues(key.Name, strconv.Itoa(ctx.Response.StatusCode())).Inc()
+			}
+		}
+	}()
 	c, ok := px.newCall(ctx, kind)
 	if !ok {
 		return
 	}
+	c.key = key
 	policy := px.policies[px.cfg.Policy]
 	if c.policy != "" {
 		policy = px.policies[c.policy]

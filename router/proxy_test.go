@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -312,5 +313,36 @@ func TestPolicyHeaderChoosesThePolicy(t *testing.T) {
 	resp, out := post(t, r.url+"/v1/chat/completions", chatBody(false, ""), "X-Arbiter-Policy", "fastest")
 	if resp.StatusCode != 400 || !strings.Contains(out, "X-Arbiter-Policy") {
 		t.Fatalf("unknown policy header: %d %s", resp.StatusCode, out)
+	}
+}
+
+// A replica that dies mid-stream on a response delimited by closing the connection (no
+// chunked encoding) looks like a clean end; without its [DONE] it is not one, and the
+// client gets an error event instead of a silently cut answer.
+func TestStreamEndingWithoutDoneIsAnError(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) {})
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {})
+	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, _ *http.Request) {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+		buf.WriteString(`data: {"choices":[{"index":0,"delta":{"content":"half"}}]}` + "\n\n")
+		buf.Flush()
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	r := startRouter(t, nil, fleet.Replica{ID: "cut", Address: strings.TrimPrefix(srv.URL, "http://"), Model: testModel, Capacity: fleet.Reserved})
+	waitFor(t, "replica ready", func() bool { return r.pool.Get("cut").Available(time.Now()) })
+	resp, body := post(t, r.url+"/v1/chat/completions", chatBody(true, ""))
+	if resp.StatusCode != 200 || !strings.Contains(body, "half") || !strings.Contains(body, `"error"`) || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Fatalf("truncated stream reached the client as %d %q; want its content, then an error event and [DONE]", resp.StatusCode, body)
+	}
+	waitFor(t, "in-flight back to 0", func() bool { return r.settled("cut") })
+	if got := r.counter(t, "arbiter_router_errors_total", "reason", "stream_truncated"); got != 1 {
+		t.Errorf("stream_truncated errors = %v; want 1", got)
 	}
 }

@@ -40,6 +40,20 @@ func ParseReplicaFile(b []byte) ([]fleet.Replica, error) {
 // WatchReplicaFile loads path into the pool now and again whenever it changes, until ctx
 // ends. A bad edit is logged and ignored: the router keeps the last good set.
 func WatchReplicaFile(ctx context.Context, path string, pool *Pool, log *slog.Logger, every time.Duration) error {
+	return watchFile(ctx, path, "replica file", log, every, func(b []byte) error {
+		set, err := ParseReplicaFile(b)
+		if err != nil {
+			return err
+		}
+		pool.SetReplicas(set)
+		return nil
+	})
+}
+
+// watchFile applies path's content now (an error here is returned) and again whenever its
+// modification time changes, until ctx ends; a later bad edit is logged and the last good
+// content stays in force.
+func watchFile(ctx context.Context, path, what string, log *slog.Logger, every time.Duration, apply func([]byte) error) error {
 	load := func() (time.Time, error) {
 		st, err := os.Stat(path)
 		if err != nil {
@@ -49,11 +63,9 @@ func WatchReplicaFile(ctx context.Context, path string, pool *Pool, log *slog.Lo
 		if err != nil {
 			return time.Time{}, err
 		}
-		set, err := ParseReplicaFile(b)
-		if err != nil {
+		if err := apply(b); err != nil {
 			return time.Time{}, fmt.Errorf("%s: %w", path, err)
 		}
-		pool.SetReplicas(set)
 		return st.ModTime(), nil
 	}
 	mtime, err := load()
@@ -74,11 +86,11 @@ func WatchReplicaFile(ctx context.Context, path string, pool *Pool, log *slog.Lo
 				continue
 			}
 			if m, err := load(); err != nil {
-				log.Error("replica file rejected; keeping the previous set", "err", err)
+				log.Error(what+" rejected; keeping the previous one", "err", err)
 				mtime = st.ModTime()
 			} else {
 				mtime = m
-				log.Info("replica file reloaded", "path", path)
+				log.Info(what+" reloaded", "path", path)
 			}
 		}
 	}()

@@ -2,7 +2,6 @@ package router
 
 import (
 	"log/slog"
-	"time"
 
 	"github.com/arbiter-serve/arbiter/httplog"
 
@@ -18,12 +17,12 @@ func NewServer(cfg *Config, h fasthttp.RequestHandler, log *slog.Logger) *fastht
 		ErrorHandler:       ErrorHandler,
 		Name:               "arbiter",
 		MaxRequestBodySize: cfg.MaxRequestBodyBytes,
-		ReadBufferSize:     8 << 10, // also the header size limit (nginx's default is 8 KB too)
-		ReadTimeout:        30 * time.Second,
-		IdleTimeout:        90 * time.Second,
+		ReadBufferSize:     cfg.MaxHeaderBytes, // also the header size limit (nginx's default is 8 KB too)
+		ReadTimeout:        cfg.ReadTimeout,
+		IdleTimeout:        cfg.IdleTimeout,
 		// Responses stream for minutes; the per-request deadline bounds them instead.
 		WriteTimeout:                       0,
-		Concurrency:                        1 << 20,
+		Concurrency:                        cfg.MaxConnections,
 		ReduceMemoryUsage:                  false,
 		NoDefaultServerHeader:              false,
 		DisablePreParseMultipartForm:       true,

@@ -33,6 +33,7 @@ type streamer struct {
 	res           result
 	finished      bool // the replica's stream ended (cleanly or not)
 	cleanEOF      bool
+	sawDone       bool // the replica sent data: [DONE], the end of every OpenAI stream
 	closed        bool
 }
 
@@ -99,9 +100,15 @@ func (s *streamer) fill() {
 	}
 	switch {
 	case err == nil:
-	case errors.Is(err, io.EOF):
+	case errors.Is(err, io.EOF) && s.sawDone:
 		s.out = append(s.out, s.pending...) // an unterminated last event passes as it is
 		s.finished, s.cleanEOF = true, true
+	case errors.Is(err, io.EOF):
+		// The body ended without [DONE]: a replica that died mid-stream on a response
+		// delimited by closing the connection looks like a clean end. It is not one.
+		s.out = append(s.out, s.pending...)
+		s.finished, s.res.failed = true, "stream_truncated"
+		s.out = append(s.out, oai.ErrorEvent(oai.ServerError, "replica closed the stream before its end")...)
 	default:
 		s.finished = true
 		s.res.failed = "stream_broken"
@@ -126,6 +133,7 @@ func (s *streamer) keep(ev []byte) bool {
 		}
 	}
 	if string(data) == "[DONE]" {
+		s.sawDone = true
 		return true
 	}
 	if s.res.firstAt.IsZero() {
@@ -166,5 +174,13 @@ func (s *streamer) CloseWithError(wErr error) error {
 	streamBufs.Put(s.buf)
 	s.res.endAt = px.Now()
 	px.account(s.c, r, s.res)
+	if k := s.c.key; k != nil {
+		k.done()
+		code := "200"
+		if s.res.clientGone {
+			code = "499"
+		}
+		px.met.keyRequests.WithLabelValues(k.Name, code).Inc()
+	}
 	return nil
 }

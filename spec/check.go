@@ -56,8 +56,13 @@ func (d *decoder) crossCheck(s *Service) {
 	// also autoscales on concurrency or token throughput, so an explicit arbiter signal of
 	// either lifts the rule. It stays for files that name no signal, so that a SkyServe
 	// file means here what it meant there.
+	if svc.Fixed && rp.MaxReplicas < 1 && !d.failed("service.replicas") {
+		d.errorAt("service.replicas", "service.replicas: must be ≥ 1 (a service that may run no replica serves nothing; for scale to zero write replica_policy: {min_replicas: 0, max_replicas: N})")
+	}
 	if !svc.Fixed && !d.failed(policy+"min_replicas", policy+"max_replicas", policy+"target_qps_per_replica") {
 		switch {
+		case rp.MaxReplicas < 1:
+			d.errorAt("service.replica_policy", "%smax_replicas: must be ≥ 1 (it defaults to min_replicas, %d); with min_replicas: 0 write the most replicas the service may scale to", policy, rp.MinReplicas)
 		case rp.MaxReplicas < rp.MinReplicas:
 			d.errorAt(policy+"max_replicas", "%smax_replicas: must be ≥ min_replicas (%d), got %d", policy, rp.MinReplicas, rp.MaxReplicas)
 		case rp.MaxReplicas != rp.MinReplicas && !hasQPSTarget && !(explicitSignal && a.Autoscaling.Signal != "qps"):

@@ -75,6 +75,8 @@ func TestErrors(t *testing.T) {
 		{"min_replicas float", "run: x\nservice:\n  replica_policy: {min_replicas: 1.5}\n", 3, 34, "want an integer ≥ 0, got 1.5"},
 		{"replicas and replica_policy", "run: x\nservice:\n  replicas: 2\n  replica_policy: {min_replicas: 1}\n", 4, 3, "give replicas (a fixed size) or replica_policy (autoscaling), not both"},
 		{"min_replicas missing", "run: x\nservice:\n  replica_policy:\n    max_replicas: 3\n", 3, 3, "service.replica_policy: min_replicas is required"},
+		{"no replica ever", "run: x\nservice:\n  replicas: 0\n", 3, 13, "service.replicas: must be ≥ 1"},
+		{"scale to zero without max", "run: x\nservice:\n  replica_policy: {min_replicas: 0}\n", 3, 19, "max_replicas: must be ≥ 1 (it defaults to min_replicas, 0)"},
 		{"max below min", "run: x\nservice:\n  replica_policy: {min_replicas: 3, max_replicas: 2, target_qps_per_replica: 1}\n", 3, 51, "max_replicas: must be ≥ min_replicas (3), got 2"},
 		{"max above min without target", "run: x\nservice:\n  replica_policy: {min_replicas: 1, max_replicas: 2}\n", 3, 51, "must equal min_replicas (1) unless target_qps_per_replica is set, or arbiter.autoscaling.signal is concurrency"},
 		{"target qps zero", "run: x\nservice:\n  replica_policy: {min_replicas: 1, target_qps_per_replica: 0}\n", 3, 61, "want a number > 0, or a mapping of accelerator to number, got 0"},
@@ -564,7 +566,7 @@ func TestExamples(t *testing.T) {
 var roundTripSources = []string{
 	minimal,
 	"run: x\nservice: {}\n",
-	"name: s\nworkdir: .\nsetup: |\n  pip install x\n  echo done\nrun: |\n  a\n  b  \nservice: {replicas: 0}\n",
+	"name: s\nworkdir: .\nsetup: |\n  pip install x\n  echo done\nrun: |\n  a\n  b  \nservice: {replicas: 1}\n",
 	"run: x\nenvs: {PORT: 8000, FLAG: true, E: ''}\nsecrets: {T: tok}\nservice: {replica_policy: {min_replicas: 1, max_replicas: 5, target_qps_per_replica: 0.1, num_overprovision: 2}}\n",
 	"run: x\nenvs: {M: model, N: $M}\nservice:\n  readiness_probe:\n    path: /$M\n    post_data: {model: $N, n: [1, 2.5, 1e300, true, null, {a: b}]}\n    headers: {Authorization: Bearer $M}\n",
 	"run: x\nservice:\n  readiness_probe: {path: /, post_data: '{\"z\": 12345678901234567890, \"a\": \"<&>\"}'}\n",

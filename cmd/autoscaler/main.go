@@ -22,6 +22,7 @@ func main() {
 	var (
 		homeDir  = flag.String("home", envOr("ARBITER_HOME", filepath.Join(home, ".arbiter")), "state directory (state.db, token, logs)")
 		api      = flag.String("api", "127.0.0.1:8081", "API listen address (loopback by default; routers and the CLI call it)")
+		admin    = flag.String("admin", "127.0.0.1:9091", "metrics and health listen address (empty: none)")
 		endpoint = flag.String("endpoint", "", "router URL shown to users by `serve status`")
 		tick     = flag.Duration("tick", time.Second, "reconcile interval")
 		drain    = flag.Duration("drain-timeout", 120*time.Second, "longest wait for a draining replica's requests")
@@ -35,7 +36,7 @@ func main() {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
 		err = control.Serve(ctx, control.DaemonOptions{Home: *homeDir, API: *api, Tick: *tick, DrainTimeout: *drain, Endpoint: *endpoint,
-			BinDir: filepath.Dir(exe), LocalGrace: *grace, Log: log})
+			BinDir: filepath.Dir(exe), LocalGrace: *grace, Log: log, Admin: *admin})
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "autoscaler:", err)

@@ -33,6 +33,7 @@ func run() error {
 		tokenFile = flag.String("token-file", "", "file holding the control plane's API token")
 		id        = flag.String("id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this router's name in load reports")
 		policy    = flag.String("policy", "", "override the config's routing policy")
+		apiKeys   = flag.String("api-keys", "", "client API keys file (overrides the config's api_keys_file; also $"+router.KeysEnv+")")
 		logLevel  = flag.String("log-level", "info", "debug, info, warn or error")
 	)
 	flag.Parse()
@@ -49,6 +50,9 @@ func run() error {
 		if err := cfg.Validate(); err != nil {
 			return err
 		}
+	}
+	if *apiKeys != "" {
+		cfg.APIKeysFile = *apiKeys
 	}
 	token := ""
 	if *tokenFile != "" {

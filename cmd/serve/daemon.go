@@ -15,6 +15,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/httplog"
 	"github.com/arbiter-serve/arbiter/router"
@@ -44,6 +47,7 @@ type daemonFlags struct {
 	api, listen, admin string
 	tick, drain, grace time.Duration
 	logLevel           string
+	apiKeys            string
 }
 
 // runDaemon runs the embedded default in the foreground: a control plane with the local
@@ -71,12 +75,15 @@ func runDaemon(ctx context.Context, home string, f daemonFlags) error {
 	exe, _ := os.Executable()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// One registry for both halves: the admin port shows router and control-plane metrics.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	apic := make(chan net.Addr, 1)
 	errc := make(chan error, 2)
 	go func() {
 		errc <- control.Serve(ctx, control.DaemonOptions{Home: home, API: f.api, Token: token, Tick: f.tick, DrainTimeout: f.drain,
 			Endpoint: endpoint, BinDir: filepath.Dir(exe), LocalGrace: f.grace, Log: log.With("part", "control"),
-			Ready: func(a net.Addr) { apic <- a }})
+			Ready: func(a net.Addr) { apic <- a }, Metrics: reg})
 	}()
 	var api net.Addr
 	select {
@@ -85,9 +92,10 @@ func runDaemon(ctx context.Context, home string, f daemonFlags) error {
 		return err
 	}
 	cfg := router.Defaults()
+	cfg.APIKeysFile = f.apiKeys
 	go func() {
 		errc <- router.Run(ctx, router.Options{Listen: rln.Addr().String(), Admin: f.admin, Config: cfg, ControlURL: "http://" + api.String(),
-			Token: token, RouterID: "embedded", Log: log.With("part", "router"),
+			Token: token, RouterID: "embedded", Log: log.With("part", "router"), Registry: reg,
 			Ready: func(_, admin net.Addr) {
 				info := daemonInfo{PID: os.Getpid(), API: "http://" + api.String(), Endpoint: endpoint, Admin: "http://" + admin.String()}
 				b, _ := json.MarshalIndent(info, "", "  ")
@@ -135,6 +143,13 @@ func ensureDaemon(ctx context.Context, home string, f daemonFlags, log *slog.Log
 	_ = os.Remove(daemonInfoPath(home))
 	cmd := exec.Command(exe, "daemon", "--home", home, "--control-listen", f.api, "--listen", f.listen, "--admin", f.admin,
 		"--tick", f.tick.String(), "--drain-timeout", f.drain.String(), "--grace", f.grace.String(), "--log-level", f.logLevel)
+	if f.apiKeys != "" {
+		abs, err := filepath.Abs(f.apiKeys)
+		if err != nil {
+			return nil, daemonInfo{}, err
+		}
+		cmd.Args = append(cmd.Args, "--api-keys", abs)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own session: the daemon outlives this command and the terminal's Ctrl-C.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +24,7 @@ import (
 	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/httplog"
 	"github.com/arbiter-serve/arbiter/pricing"
+	"github.com/arbiter-serve/arbiter/router"
 	"github.com/arbiter-serve/arbiter/scaling"
 	"github.com/arbiter-serve/arbiter/spec"
 )
@@ -67,11 +70,12 @@ func root() *cobra.Command {
 		f.DurationVar(&df.drain, "drain-timeout", 120*time.Second, "longest wait for a draining replica's requests")
 		f.DurationVar(&df.grace, "grace", 10*time.Second, "SIGTERM to SIGKILL grace for local replicas")
 		f.StringVar(&df.logLevel, "log-level", "info", "daemon log level")
+		f.StringVar(&df.apiKeys, "api-keys", "", "client API keys file for the router (see `serve keys new`); default: $"+router.KeysEnv+", else no key needed")
 	}
 	up, daemon := upCmd(g), daemonCmd(g)
 	addDaemonFlags(up)
 	addDaemonFlags(daemon)
-	cmd.AddCommand(up, daemon, statusCmd(g), replicasCmd(g), updateCmd(g), downCmd(g), validateCmd(), logsCmd(g), stopCmd(g), preemptCmd(g))
+	cmd.AddCommand(up, daemon, statusCmd(g), replicasCmd(g), updateCmd(g), downCmd(g), validateCmd(), logsCmd(g), stopCmd(g), preemptCmd(g), keysCmd())
 	return cmd
 }
 
@@ -479,4 +483,25 @@ func quotePreview(out io.Writer, sp *spec.Service) error {
 		fmt.Fprintf(out, "#   %s\n", l.Reason)
 	}
 	return nil
+}
+
+func keysCmd() *cobra.Command {
+	keys := &cobra.Command{Use: "keys", Short: "Client API keys for the router"}
+	keys.AddCommand(&cobra.Command{
+		Use:   "new NAME",
+		Short: "Make a random API key: prints the key (give it to the client) and the line for the keys file (only its digest)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var raw [24]byte
+			if _, err := rand.Read(raw[:]); err != nil {
+				return err
+			}
+			key := "sk-arb-" + hex.EncodeToString(raw[:])
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "key:  %s\n", key)
+			fmt.Fprintf(out, "add to the keys file (serve up --api-keys FILE):\n  - {name: %s, sha256: %s}\n", args[0], router.HashKey(key))
+			return nil
+		},
+	})
+	return keys
 }

@@ -1,0 +1,181 @@
+package control
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/state"
+)
+
+// endedRetention is how long a terminated replica's cost series stay exported: long
+// enough for any scrape to see their final value, short enough that replica churn does
+// not grow the series count without bound. Dropping a finished counter loses nothing:
+// increase() over any window that saw it still counts its growth.
+const endedRetention = time.Hour
+
+// metrics are the control plane's Prometheus metrics (namespace arbiter, subsystem control).
+// Money and replica-seconds are computed at scrape time from the state file, the same rows
+// `serve status` bills from, so Prometheus and the CLI cannot disagree and a restarted
+// control plane carries on from what it recorded instead of starting again at zero.
+type metrics struct {
+	preemptions *prometheus.CounterVec   // service, provider, region, zone, capacity
+	coldStart   *prometheus.HistogramVec // service, provider, capacity
+	decisions   *prometheus.CounterVec   // service, direction, cause
+	transitions *prometheus.CounterVec   // service, state
+	stateErrors prometheus.Counter
+	unknown     *prometheus.GaugeVec // provider
+}
+
+var coldStartBuckets = []float64{1, 2, 5, 10, 20, 30, 60, 120, 180, 300, 450, 600, 900, 1800}
+
+func newMetrics(reg prometheus.Registerer, c *Controller) *metrics {
+	ns, sub := "arbiter", "control"
+	m := &metrics{
+		preemptions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "preemptions_total",
+			Help: "Preemption notices received for this control plane's replicas."}, []string{"service", "provider", "region", "zone", "capacity"}),
+		coldStart: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "cold_start_seconds",
+			Help: "Launch to first ready (provisioning, image, weights, warm-up), per replica.", Buckets: coldStartBuckets},
+			[]string{"service", "provider", "capacity"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "scale_decisions_total",
+			Help: "Replica target changes, by direction and cause (wake: from zero; idle: to zero; panic: burst; load: stable window)."},
+			[]string{"service", "direction", "cause"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "replica_transitions_total",
+			Help: "Replica life-cycle moves, by the state entered."}, []string{"service", "state"}),
+		stateErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "state_write_errors_total",
+			Help: "Writes to the state file that failed (disk full, database busy); the next write of the row retries."}),
+		unknown: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "unknown_replicas",
+			Help: "Instances a provider runs under this control plane's tag that no replica row names (leaks), at the last audit."},
+			[]string{"provider"}),
+	}
+	if reg == nil {
+		return m
+	}
+	reg.MustRegister(m.preemptions, m.coldStart, m.decisions, m.transitions, m.stateErrors, m.unknown, &billCollector{c: c})
+	return m
+}
+
+var (
+	billLabels       = []string{"service", "replica", "provider", "region", "zone", "capacity"}
+	replicaSecondsDs = prometheus.NewDesc("arbiter_control_replica_seconds_total",
+		"Seconds each replica has been billed: from launch to termination, in every state (a replica loading weights is billed).", billLabels, nil)
+	dollarsDs = prometheus.NewDesc("arbiter_control_dollars_total",
+		"Dollars each replica has cost: its price per hour × its billed time. Divide increase() by arbiter_router_tokens_total's for $ per token.", billLabels, nil)
+	priceDs = prometheus.NewDesc("arbiter_control_replica_price_dollars_per_hour",
+		"Price per hour of each replica that is billed now (not yet terminated).", billLabels, nil)
+	replicasDs = prometheus.NewDesc("arbiter_control_replicas",
+		"Replicas by life-cycle state, provider and capacity kind.", []string{"service", "state", "provider", "capacity"}, nil)
+	targetDs = prometheus.NewDesc("arbiter_control_target_replicas",
+		"The autoscaler's current replica target per service.", []string{"service"}, nil)
+)
+
+// billCollector reads the billing rows at scrape time.
+type billCollector struct{ c *Controller }
+
+func (b *billCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- replicaSecondsDs
+	ch <- dollarsDs
+	ch <- priceDs
+	ch <- replicasDs
+	ch <- targetDs
+}
+
+func (b *billCollector) Collect(ch chan<- prometheus.Metric) {
+	c := b.c
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rows, err := c.store.Replicas(ctx, "", true)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(dollarsDs, err)
+		return
+	}
+	now := c.cfg.Now()
+	for _, r := range rows {
+		if !r.EndedAt.IsZero() && now.Sub(r.EndedAt) > endedRetention {
+			continue
+		}
+		secs := billedSeconds(r, now)
+		lv := []string{r.Service, r.ID, r.Provider, r.Region, r.Zone, r.Capacity}
+		ch <- prometheus.MustNewConstMetric(replicaSecondsDs, prometheus.CounterValue, secs, lv...)
+		ch <- prometheus.MustNewConstMetric(dollarsDs, prometheus.CounterValue, r.PricePerHour*secs/3600, lv...)
+		if r.EndedAt.IsZero() {
+			ch <- prometheus.MustNewConstMetric(priceDs, prometheus.GaugeValue, r.PricePerHour, lv...)
+		}
+	}
+	type key struct{ service, state, provider, capacity string }
+	counts := map[key]int{}
+	c.mu.Lock()
+	for _, s := range c.services {
+		ch <- prometheus.MustNewConstMetric(targetDs, prometheus.GaugeValue, float64(s.target), s.name)
+		for _, r := range s.replicas {
+			counts[key{s.name, r.row.State, r.row.Provider, r.row.Capacity}]++
+		}
+	}
+	c.mu.Unlock()
+	for k, n := range counts {
+		ch <- prometheus.MustNewConstMetric(replicasDs, prometheus.GaugeValue, float64(n), k.service, k.state, k.provider, k.capacity)
+	}
+}
+
+// billedSeconds is how long a replica has been paid for by now: launch to termination.
+func billedSeconds(r state.Replica, now time.Time) float64 {
+	end := r.EndedAt
+	if end.IsZero() {
+		end = now
+	}
+	if !end.After(r.LaunchedAt) {
+		return 0
+	}
+	return end.Sub(r.LaunchedAt).Seconds()
+}
+
+// scaleCause names why a target moved, in a few fixed words (the decision's Reason is a
+// sentence with numbers in it: fine for logs, unbounded as a label).
+func scaleCause(from, to int, panic bool) (direction, cause string) {
+	direction = "up"
+	if to < from {
+		direction = "down"
+	}
+	switch {
+	case from == 0:
+		return direction, "wake"
+	case to == 0:
+		return direction, "idle"
+	case panic:
+		return direction, "panic"
+	}
+	return direction, "load"
+}
+
+// audit counts instances the providers run under this control plane's tag that no replica
+// row names. Recovery terminates such leftovers at start; between starts this is how a
+// leak (a launch whose row was lost, a provider that ignored a terminate) becomes visible.
+func (c *Controller) audit(ctx context.Context) {
+	for name, p := range c.cfg.Providers {
+		insts, err := p.List(ctx)
+		if err != nil {
+			c.log.Warn("audit: provider list failed", "provider", name, "err", err)
+			continue
+		}
+		c.mu.Lock()
+		known := map[string]bool{}
+		for _, s := range c.services {
+			for id, r := range s.replicas {
+				if replicas.State(r.row.State) != replicas.Terminated {
+					known[id] = true
+				}
+			}
+		}
+		c.mu.Unlock()
+		n := 0
+		for _, in := range insts {
+			if !known[in.ReplicaID] {
+				n++
+				c.log.Warn("audit: instance with no replica row", "provider", name, "replica", in.ReplicaID, "handle", in.Handle)
+			}
+		}
+		c.metrics.unknown.WithLabelValues(name).Set(float64(n))
+	}
+}

@@ -1,0 +1,355 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/control"
+	"github.com/arbiter-serve/arbiter/router"
+	"github.com/arbiter-serve/arbiter/state"
+)
+
+// needTool finds a Prometheus binary. CI installs Debian's prometheus package and sets
+// ARBITER_REQUIRE_PROMETHEUS=1, so a missing binary fails there instead of skipping.
+func needTool(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		if os.Getenv("ARBITER_REQUIRE_PROMETHEUS") != "" {
+			t.Fatalf("%s not found and ARBITER_REQUIRE_PROMETHEUS is set (apt-get install prometheus)", name)
+		}
+		t.Skipf("%s not installed (apt-get install prometheus)", name)
+	}
+	return p
+}
+
+// The rule files are valid and their unit tests (known series → known answers) pass.
+func TestMonitoringRules(t *testing.T) {
+	promtool := needTool(t, "promtool")
+	for _, args := range [][]string{
+		{"check", "rules", "../monitoring/rules.yml", "../monitoring/alerts.yml"},
+		{"check", "config", "../monitoring/prometheus.yml"},
+		{"test", "rules", "../monitoring/rules_test.yml"},
+	} {
+		if out, err := exec.Command(promtool, args...).CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// prom is a real Prometheus scraping one target every second with the repository's rules.
+type prom struct {
+	t    *testing.T
+	base string
+}
+
+func startPrometheus(t *testing.T, target string) *prom {
+	t.Helper()
+	bin := needTool(t, "prometheus")
+	dir := t.TempDir()
+	abs := func(p string) string { a, _ := filepath.Abs(p); return a }
+	cfg := fmt.Sprintf(`global: {scrape_interval: 1s, evaluation_interval: 1s}
+rule_files: [%q, %q]
+scrape_configs:
+  - job_name: arbiter
+    static_configs: [{targets: [%q]}]
+`, abs("../monitoring/rules.yml"), abs("../monitoring/alerts.yml"), target)
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+addr, "--log.level=warn")
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("prometheus output:\n%s", logs.String())
+		}
+	})
+	p := &prom{t: t, base: "http://" + addr}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if resp, err := http.Get(p.base + "/-/ready"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return p
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("prometheus not ready in 30 s:\n%s", logs.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+type promSample struct {
+	Metric map[string]string `json:"metric"`
+	Value  [2]any            `json:"value"`
+}
+
+// query runs an instant query and returns its vector.
+func (p *prom) query(q string) []promSample {
+	p.t.Helper()
+	resp, err := http.Get(p.base + "/api/v1/query?query=" + url.QueryEscape(q))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			ResultType string       `json:"resultType"`
+			Result     []promSample `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || out.Status != "success" {
+		p.t.Fatalf("query %s: %v %s", q, err, out.Error)
+	}
+	return out.Data.Result
+}
+
+// scalar is the single value of a query that must return exactly one sample.
+func (p *prom) scalar(q string) float64 {
+	p.t.Helper()
+	r := p.query(q)
+	if len(r) != 1 {
+		p.t.Fatalf("query %s: %d samples; want 1: %v", q, len(r), r)
+	}
+	var v float64
+	if s, ok := r[0].Value[1].(string); !ok {
+		p.t.Fatalf("query %s: value %v", q, r[0].Value)
+	} else if _, err := fmt.Sscan(s, &v); err != nil {
+		p.t.Fatal(err)
+	}
+	return v
+}
+
+// tokenCount is what the test's own client saw in responses' usage.
+type tokenCount struct{ prompt, completion atomic.Int64 }
+
+// Prometheus scrapes a running `serve up` (control plane + router) while a short load with
+// streaming and non-streaming requests, a preemption drill and scale to zero happen: every
+// dashboard panel's query returns data, every recording rule evaluates, and the $ per
+// million tokens Prometheus computes agrees within 1 % with the client's token count and
+// replica-seconds × price from the state file.
+func TestPrometheusDashboardAndCostAgree(t *testing.T) {
+	c := newCluster(t)
+	keysFile := filepath.Join(c.home, "keys.yaml")
+	const key = "sk-e2e-prometheus-0123456789"
+	if err := os.WriteFile(keysFile, []byte("keys:\n  - {name: e2e, sha256: "+router.HashKey(key)+"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.extraDaemonFlags = []string{"--api-keys", keysFile}
+	p := startPrometheus(t, c.admin)
+	const price = 7.2 // $/h: $0.002 a second, so seconds of replica time are visible
+	c.up("paid", `service:
+  readiness_probe: {path: /health, initial_delay_seconds: 30, timeout_seconds: 2}
+  replica_policy: {min_replicas: 0, max_replicas: 2}
+envs: {MODEL: paid-model}
+run: exec replicasim -listen 127.0.0.1:$PORT -model $MODEL -profile h100-llama-3.1-8b -log-level warn
+arbiter:
+  model: paid-model
+  scale_to_zero_after_seconds: 4
+  autoscaling: {signal: concurrency, target_concurrency_per_replica: 2, stable_window_seconds: 3, panic_window_seconds: 1}
+  readiness: {probe_interval_seconds: 0.3, failure_threshold: 2}
+  local: {capacity: spot, price_per_hour: `+fmt.Sprint(price)+`}
+`)
+
+	var counted tokenCount
+	var failed atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	client := &http.Client{Timeout: 60 * time.Second}
+	send := func(body string, withKey bool) (int, []byte) {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+c.listen+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if withKey {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, []byte(err.Error())
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stream := w%2 == 0
+			body := fmt.Sprintf(`{"model":"paid-model","messages":[{"role":"user","content":"Price a GPU hour, worker %d."}],"max_tokens":24,"stream":%v%s}`,
+				w, stream, map[bool]string{true: `,"stream_options":{"include_usage":true}`}[stream])
+			for n := 0; n < 2000 && time.Now().Before(deadline); n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				code, b := send(body, true)
+				if code != 200 {
+					failed.Add(1)
+					continue
+				}
+				countUsage(t, b, stream, &counted)
+			}
+		}()
+	}
+	c.waitFor("a ready replica", 60*time.Second, func() bool { return c.status("paid").Ready >= 1 })
+	time.Sleep(3 * time.Second)
+	c.serve("preempt", c.status("paid").Replicas[0].ID, "--notice", "2s")
+	if code, _ := send(`{"model":"no-such-model","messages":[{"role":"user","content":"x"}]}`, true); code != 404 {
+		t.Errorf("unknown model: %d; want 404", code)
+	}
+	if code, _ := send(`{"model":"paid-model","messages":[{"role":"user","content":"x"}]}`, false); code != 401 {
+		t.Errorf("no API key: %d; want 401", code)
+	}
+	c.waitFor("the preempted replica replaced", 60*time.Second, func() bool {
+		st := c.status("paid")
+		return st.Ready >= 1 && len(p.query(`arbiter_control_preemptions_total`)) > 0
+	})
+	time.Sleep(4 * time.Second) // a few more scrapes under load
+	close(stop)
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.Errorf("%d requests failed under load (with a preemption notice, none should)", failed.Load())
+	}
+
+	// Every panel's query (with Grafana's variables filled in) and every recording rule.
+	time.Sleep(2 * time.Second)
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	b, err := os.ReadFile("../monitoring/grafana/arbiter.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatal(err)
+	}
+	vars := strings.NewReplacer("$__rate_interval", "1m", "$__range", "5m", "$service", ".*")
+	checked := 0
+	for _, panel := range dash.Panels {
+		for _, tg := range panel.Targets {
+			q := vars.Replace(tg.Expr)
+			if strings.Contains(q, "$") {
+				t.Errorf("panel %q: unreplaced variable in %s", panel.Title, q)
+				continue
+			}
+			if len(p.query(q)) == 0 {
+				t.Errorf("panel %q returns no data: %s", panel.Title, q)
+			}
+			checked++
+		}
+	}
+	rules, err := os.ReadFile("../monitoring/rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`record: (\S+)`).FindAllStringSubmatch(string(rules), -1) {
+		if strings.Contains(m[1], "rate1h") || strings.Contains(m[1], "rate6h") || strings.Contains(m[1], "rate30m") {
+			continue // same expression as rate5m over a longer window
+		}
+		if len(p.query(m[1])) == 0 {
+			t.Errorf("recording rule %s has no data", m[1])
+		}
+		checked++
+	}
+	t.Logf("%d panel queries and recording rules returned data", checked)
+
+	// Back to zero: the bill stops growing, so Prometheus' last scrape and the state file
+	// describe the same totals.
+	c.waitFor("scale to zero", 60*time.Second, func() bool { return len(c.status("paid").Replicas) == 0 })
+	time.Sleep(3 * time.Second)
+	st, err := state.Open(control.StatePath(c.home))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rows, err := st.Replicas(context.Background(), "paid", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stateDollars, secs := 0.0, 0.0
+	for _, r := range rows {
+		if r.EndedAt.IsZero() {
+			t.Fatalf("replica %s still billed after scale to zero", r.ID)
+		}
+		secs += r.EndedAt.Sub(r.LaunchedAt).Seconds()
+		stateDollars += r.PricePerHour * r.EndedAt.Sub(r.LaunchedAt).Hours()
+	}
+	clientTokens := float64(counted.prompt.Load() + counted.completion.Load())
+	promDollars := p.scalar(`sum(arbiter_control_dollars_total{service="paid"})`)
+	promTokens := p.scalar(`sum(arbiter_router_tokens_total{service="paid"})`)
+	promPerM := p.scalar(`sum(arbiter_control_dollars_total{service="paid"}) / sum(arbiter_router_tokens_total{service="paid"}) * 1e6`)
+	wantPerM := stateDollars / clientTokens * 1e6
+	t.Logf("%d replicas, %.1f replica-seconds, $%.5f in the state file, $%.5f in Prometheus; %v tokens counted by the client, %v by Prometheus; $/M %.4f (Prometheus) vs %.4f",
+		len(rows), secs, stateDollars, promDollars, clientTokens, promTokens, promPerM, wantPerM)
+	if len(rows) < 2 || clientTokens == 0 || stateDollars == 0 {
+		t.Fatalf("the test did not exercise a preemption and load (%d replicas, %v tokens)", len(rows), clientTokens)
+	}
+	if math.Abs(promPerM-wantPerM)/wantPerM > 0.01 {
+		t.Errorf("$ per million tokens: Prometheus %.5f, client tokens and state bill %.5f: off by more than 1 %%", promPerM, wantPerM)
+	}
+	if math.Abs(promDollars-stateDollars)/stateDollars > 0.01 || math.Abs(promTokens-clientTokens)/clientTokens > 0.01 {
+		t.Errorf("dollars %v vs %v, tokens %v vs %v: off by more than 1 %%", promDollars, stateDollars, promTokens, clientTokens)
+	}
+}
+
+// countUsage adds one response's usage (a JSON body, or a stream's usage chunk).
+func countUsage(t *testing.T, body []byte, stream bool, n *tokenCount) {
+	var u struct {
+		Usage *struct {
+			Prompt     int64 `json:"prompt_tokens"`
+			Completion int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	add := func(b []byte) {
+		if err := json.Unmarshal(b, &u); err == nil && u.Usage != nil {
+			n.prompt.Add(u.Usage.Prompt)
+			n.completion.Add(u.Usage.Completion)
+		}
+	}
+	if !stream {
+		add(body)
+		return
+	}
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if ok && line != "[DONE]" {
+			u.Usage = nil
+			add([]byte(line))
+		}
+	}
+}

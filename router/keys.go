@@ -1,0 +1,256 @@
+package router
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/valyala/fasthttp"
+	"golang.org/x/time/rate"
+	"gopkg.in/yaml.v3"
+
+	"github.com/arbiter-serve/arbiter/oai"
+)
+
+// KeysEnv holds API keys given in the environment: name=key pairs separated by commas
+// (a bare key is named key-N).
+const KeysEnv = "ARBITER_API_KEYS"
+
+// KeySpec is one client API key as written in a keys file. Give sha256 (the hex digest of
+// the key, so the file holds no secret) or key (hashed on load and then forgotten).
+type KeySpec struct {
+	Name   string `yaml:"name"`
+	SHA256 string `yaml:"sha256"`
+	Key    string `yaml:"key"`
+	// RequestsPerSecond and Burst limit the key's request rate (0: unlimited); Burst
+	// defaults to one second's worth.
+	RequestsPerSecond float64 `yaml:"requests_per_second"`
+	Burst             int     `yaml:"burst"`
+	// MaxConcurrency bounds the key's requests in flight, streams included (0: unlimited).
+	MaxConcurrency int `yaml:"max_concurrency"`
+}
+
+type keysFile struct {
+	Keys []KeySpec `yaml:"keys"`
+}
+
+// Key is a loaded client key: its name (the only thing metrics and logs show) and limits.
+type Key struct {
+	Name    string
+	digest  [sha256.Size]byte
+	limiter *rate.Limiter // nil: no rate limit
+	maxConc int64
+	// inflight is shared with the key of the same name in a reloaded set, so a reload
+	// neither forgets nor double-counts the requests already open.
+	inflight *atomic.Int64
+}
+
+// Keys authenticates client requests. A nil *Keys lets every request through.
+type Keys struct {
+	byDigest map[[sha256.Size]byte]*Key
+}
+
+// LoadKeys reads keys from a YAML file (path may be empty) and from env (KeysEnv's value,
+// may be empty). It returns nil, nil when neither names a key: the router is then open,
+// which is right on loopback and wrong anywhere else (the caller warns).
+func LoadKeys(path, env string) (*Keys, error) {
+	var file []byte
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("api keys: %w", err)
+		}
+		file = b
+	}
+	ks, err := ParseKeys(file, env)
+	if err != nil && path != "" {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return ks, err
+}
+
+// ParseKeys parses a keys file's content (nil: none) plus KeysEnv's value.
+func ParseKeys(file []byte, env string) (*Keys, error) {
+	var specs []KeySpec
+	if file != nil {
+		var f keysFile
+		dec := yaml.NewDecoder(bytes.NewReader(file))
+		dec.KnownFields(true)
+		if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("api keys: %w", err)
+		}
+		if len(f.Keys) == 0 {
+			return nil, errors.New("api keys: no keys (write keys: [{name: ..., sha256: ...}])")
+		}
+		specs = f.Keys
+	}
+	for i, pair := range strings.Split(env, ",") {
+		pair = strings.TrimSpace(pair)
+		if pair == "" {
+			continue
+		}
+		name, key, ok := strings.Cut(pair, "=")
+		if !ok {
+			name, key = "key-"+strconv.Itoa(i+1), pair
+		}
+		specs = append(specs, KeySpec{Name: name, Key: key})
+	}
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	ks := &Keys{byDigest: make(map[[sha256.Size]byte]*Key, len(specs))}
+	names := map[string]bool{}
+	for i, s := range specs {
+		k, err := s.load()
+		if err != nil {
+			return nil, fmt.Errorf("api keys[%d] (%s): %w", i, s.Name, err)
+		}
+		if names[k.Name] {
+			return nil, fmt.Errorf("api keys[%d]: duplicate name %q", i, k.Name)
+		}
+		if ks.byDigest[k.digest] != nil {
+			return nil, fmt.Errorf("api keys[%d] (%s): the same key as %s", i, k.Name, ks.byDigest[k.digest].Name)
+		}
+		names[k.Name] = true
+		ks.byDigest[k.digest] = k
+	}
+	return ks, nil
+}
+
+func (s KeySpec) load() (*Key, error) {
+	if s.Name == "" {
+		return nil, errors.New("name: required (it labels the key's metrics)")
+	}
+	k := &Key{Name: s.Name, maxConc: int64(s.MaxConcurrency), inflight: new(atomic.Int64)}
+	switch {
+	case (s.SHA256 == "") == (s.Key == ""):
+		return nil, errors.New("give exactly one of sha256 (hex digest of the key) and key")
+	case s.Key != "":
+		if len(s.Key) < 16 {
+			return nil, errors.New("key: shorter than 16 characters; use a random one (serve keys new)")
+		}
+		k.digest = sha256.Sum256([]byte(s.Key))
+	default:
+		d, err := hex.DecodeString(s.SHA256)
+		if err != nil || len(d) != sha256.Size {
+			return nil, fmt.Errorf("sha256 %q: want 64 hex digits (sha256sum of the key)", s.SHA256)
+		}
+		copy(k.digest[:], d)
+	}
+	if s.RequestsPerSecond < 0 || s.Burst < 0 || s.MaxConcurrency < 0 {
+		return nil, errors.New("requests_per_second, burst and max_concurrency must be >= 0")
+	}
+	if s.RequestsPerSecond > 0 {
+		burst := s.Burst
+		if burst == 0 {
+			burst = max(1, int(math.Ceil(s.RequestsPerSecond)))
+		}
+		k.limiter = rate.NewLimiter(rate.Limit(s.RequestsPerSecond), burst)
+	}
+	return k, nil
+}
+
+// carryOver makes ks continue old's in-flight counts for keys of the same name.
+func (ks *Keys) carryOver(old *Keys) {
+	if ks == nil || old == nil {
+		return
+	}
+	byName := map[string]*Key{}
+	for _, k := range old.byDigest {
+		byName[k.Name] = k
+	}
+	for _, k := range ks.byDigest {
+		if o := byName[k.Name]; o != nil {
+			k.inflight = o.inflight
+		}
+	}
+}
+
+// HashKey is the digest a keys file stores for a key.
+func HashKey(key string) string {
+	d := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(d[:])
+}
+
+// authenticate finds the request's key. Only digests are kept and compared: the map is
+// keyed by the digest of what the client sent, so lookup time says nothing about how close
+// a guess was, and the final comparison is constant-time. On failure it has answered 401.
+func (ks *Keys) authenticate(ctx *fasthttp.RequestCtx) (*Key, bool) {
+	if ks == nil {
+		return nil, true
+	}
+	auth := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
+	const bearer = "Bearer "
+	if len(auth) <= len(bearer) || !strings.EqualFold(string(auth[:len(bearer)]), bearer) {
+		writeAuthError(ctx, "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+		return nil, false
+	}
+	d := sha256.Sum256(bytes.TrimSpace(auth[len(bearer):]))
+	k := ks.byDigest[d]
+	if k == nil || subtle.ConstantTimeCompare(k.digest[:], d[:]) != 1 {
+		writeAuthError(ctx, "Incorrect API key provided.")
+		return nil, false
+	}
+	return k, true
+}
+
+func writeAuthError(ctx *fasthttp.RequestCtx, msg string) {
+	ctx.Response.Reset()
+	ctx.SetStatusCode(fasthttp.StatusUnauthorized)
+	ctx.SetContentType("application/json")
+	ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="arbiter"`)
+	ctx.SetBody(oai.ErrorBody(oai.InvalidRequest, msg, "invalid_api_key"))
+}
+
+// admit applies the key's limits to one request; on refusal it has answered 429. A
+// request admitted must call done exactly once when it ends (streams: when the stream does).
+func (k *Key) admit(ctx *fasthttp.RequestCtx) bool {
+	if k == nil {
+		return true
+	}
+	if k.limiter != nil && !k.limiter.Allow() {
+		retry := max(1, int(math.Ceil(1/float64(k.limiter.Limit()))))
+		tooMany(ctx, retry, fmt.Sprintf("Rate limit reached for key %s: %.3g requests per second. Retry after %d s.", k.Name, float64(k.limiter.Limit()), retry))
+		return false
+	}
+	if n := k.inflight.Add(1); k.maxConc > 0 && n > k.maxConc {
+		k.inflight.Add(-1)
+		tooMany(ctx, 1, fmt.Sprintf("Concurrency limit reached for key %s: %d requests in flight.", k.Name, k.maxConc))
+		return false
+	}
+	return true
+}
+
+func (k *Key) done() {
+	if k != nil {
+		k.inflight.Add(-1)
+	}
+}
+
+// InFlight is the key's requests in flight.
+func (k *Key) InFlight() int64 { return k.inflight.Load() }
+
+func tooMany(ctx *fasthttp.RequestCtx, retryAfter int, msg string) {
+	ctx.Response.Reset()
+	ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
+	ctx.SetContentType("application/json")
+	ctx.Response.Header.Set("Retry-After", strconv.Itoa(retryAfter))
+	ctx.SetBody(oai.ErrorBody(oai.RateLimit, msg, "rate_limit_exceeded"))
+}
+
+// label is the key's name for metrics ("" without authentication).
+func (k *Key) label() string {
+	if k == nil {
+		return ""
+	}
+	return k.Name
+}
