@@ -230,11 +230,7 @@ func (k *Key) admit(ctx *fasthttp.RequestCtx) bool {
 	return true
 }
 
-func (k *Key) done() {
-	if k != nil {
-		k.inflight.Add(-1)
-	}
-}
+func (k *Key) done() { k.inflight.Add(-1) }
 
 // InFlight is the key's requests in flight.
 func (k *Key) InFlight() int64 { return k.inflight.Load() }

@@ -112,6 +112,16 @@ func (px *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	}
 }
 
+// keyDone ends one admitted request of a key (nil: no authentication): its concurrency
+// slot and its count by status code.
+func (px *Proxy) keyDone(k *Key, code int) {
+	if k == nil {
+		return
+	}
+	k.done()
+	px.met.keyRequests.WithLabelValues(k.Name, strconv.Itoa(code)).Inc()
+}
+
 // SetKeys replaces the client API keys (nil: no authentication); requests already in
 // flight keep counting against their key's concurrency limit.
 func (px *Proxy) SetKeys(ks *Keys) {
@@ -180,10 +190,7 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 	defer func() {
 		// A stream's end is counted by its writer (CloseWithError), which outlives this.
 		if c == nil || !c.streaming {
-			key.done()
-			if key != nil {
-				px.met.keyRequests.WithLabelValues(key.Name, strconv.Itoa(ctx.Response.StatusCode())).Inc()
-			}
+			px.keyDone(key, ctx.Response.StatusCode())
 		}
 	}()
 	c, ok := px.newCall(ctx, kind)

@@ -174,13 +174,10 @@ func (s *streamer) CloseWithError(wErr error) error {
 	streamBufs.Put(s.buf)
 	s.res.endAt = px.Now()
 	px.account(s.c, r, s.res)
-	if k := s.c.key; k != nil {
-		k.done()
-		code := "200"
-		if s.res.clientGone {
-			code = "499"
-		}
-		px.met.keyRequests.WithLabelValues(k.Name, code).Inc()
+	code := fasthttp.StatusOK
+	if s.res.clientGone {
+		code = 499
 	}
+	px.keyDone(s.c.key, code)
 	return nil
 }
