@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -59,26 +58,9 @@ type Keys struct {
 	byDigest map[[sha256.Size]byte]*Key
 }
 
-// LoadKeys reads keys from a YAML file (path may be empty) and from env (KeysEnv's value,
-// may be empty). It returns nil, nil when neither names a key: the router is then open,
-// which is right on loopback and wrong anywhere else (the caller warns).
-func LoadKeys(path, env string) (*Keys, error) {
-	var file []byte
-	if path != "" {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("api keys: %w", err)
-		}
-		file = b
-	}
-	ks, err := ParseKeys(file, env)
-	if err != nil && path != "" {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return ks, err
-}
-
-// ParseKeys parses a keys file's content (nil: none) plus KeysEnv's value.
+// ParseKeys parses a keys file's content (nil: none) plus KeysEnv's value. It returns
+// nil, nil when neither names a key: the router is then open, which is right on loopback
+// and wrong anywhere else (Run warns).
 func ParseKeys(file []byte, env string) (*Keys, error) {
 	var specs []KeySpec
 	if file != nil {
