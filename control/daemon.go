@@ -109,7 +109,6 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 		return err
 	}
 	reg := o.Metrics
-	var adminSrv *http.Server
 	if reg == nil && o.Admin != "" {
 		r := prometheus.NewRegistry()
 		r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -121,7 +120,7 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 		if err != nil {
 			return fmt.Errorf("control plane admin: %w", err)
 		}
-		adminSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		adminSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = adminSrv.Serve(aln) }()
 		defer adminSrv.Close()
 		o.Log.Info("control plane metrics", "admin", aln.Addr().String())

@@ -256,12 +256,10 @@ func (c *Controller) launch(ctx context.Context, s *service) {
 	s.replicas[row.ID] = r
 	c.transition(ctx, s, r, replicas.Provisioning, "launching on "+p.Name())
 	version, setupMu := s.version, s.setupLock(s.version)
+	price := sp.Arbiter.Local.PricePerHour
 	ls := replicas.LaunchSpec{ReplicaID: row.ID, Service: s.name, Version: version, Run: sp.Run, Workdir: sp.Workdir, Envs: sp.Envs,
-		Capacity: fleet.Capacity(sp.Arbiter.Local.Capacity), Region: sp.Arbiter.Local.Region, Zone: sp.Arbiter.Local.Zone, Port: sp.Service.Port}
-	if p.Name() == "local" {
-		price := sp.Arbiter.Local.PricePerHour
-		ls.PricePerHour = &price
-	}
+		Capacity: fleet.Capacity(sp.Arbiter.Local.Capacity), Region: sp.Arbiter.Local.Region, Zone: sp.Arbiter.Local.Zone,
+		PricePerHour: &price, Port: sp.Service.Port}
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
