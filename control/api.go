@@ -13,6 +13,7 @@ import (
 
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/spec"
+	"github.com/arbiter-serve/arbiter/state"
 )
 
 // maxBody bounds API request bodies (a spec, a load report).
@@ -63,6 +64,11 @@ func writeErr(w http.ResponseWriter, err error) {
 		code = http.StatusConflict
 	case errors.As(err, &sl), errors.Is(err, errBadRequest):
 		code = http.StatusBadRequest
+	case state.Unavailable(err) != "":
+		// Nothing changed and a retry may well succeed: say so, and why.
+		w.Header().Set("Retry-After", "5")
+		writeJSON(w, http.StatusServiceUnavailable, APIError{Error: state.Unavailable(err) + ": " + err.Error()})
+		return
 	}
 	writeJSON(w, code, APIError{Error: err.Error()})
 }

@@ -249,7 +249,9 @@ func (c *Controller) launch(ctx context.Context, s *service) {
 	row, err := c.store.NewReplica(ctx, state.Replica{Service: s.name, Version: s.version, Provider: p.Name(), State: string(replicas.Pending),
 		Reason: fmt.Sprintf("target %d", s.target)}, c.cfg.Now())
 	if err != nil {
-		c.log.Error("cannot record launch intent; not launching", "service", s.name, "err", err)
+		// No row, no launch: an instance the state does not name is a leak waiting for a crash.
+		c.metrics.stateErrors.Inc()
+		c.log.Error("cannot record launch intent; not launching", "service", s.name, "err", err, "why", state.Unavailable(err))
 		return
 	}
 	r := &replica{row: row, busy: true}

@@ -40,7 +40,7 @@ func TestMain(m *testing.M) {
 		}
 		return []string{"build", "-o", dir, pkg}
 	}
-	for _, args := range [][]string{race("../cmd/serve"), race("../cmd/router"), {"build", "-o", dir, "../cmd/replicasim"}} {
+	for _, args := range [][]string{race("../cmd/serve"), race("../cmd/router"), race("../cmd/autoscaler"), {"build", "-o", dir, "../cmd/replicasim"}} {
 		build := exec.Command("go", args...)
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
@@ -61,6 +61,8 @@ type cluster struct {
 	home               string
 	api, listen, admin string
 	extraDaemonFlags   []string
+	// apiURL, if set, points the CLI at a control plane it did not start (cmd/autoscaler).
+	apiURL string
 }
 
 func freeAddr(t *testing.T) string {
@@ -101,7 +103,11 @@ func (c *cluster) daemonFlags() []string {
 }
 
 func (c *cluster) cmd(args ...string) *exec.Cmd {
-	cmd := exec.Command(filepath.Join(binDir, "serve"), append([]string{"--home", c.home}, args...)...)
+	global := []string{"--home", c.home}
+	if c.apiURL != "" {
+		global = append(global, "--api", c.apiURL)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "serve"), append(global, args...)...)
 	cmd.Env = append(os.Environ(), "ARBITER_HOME="+c.home)
 	return cmd
 }
@@ -260,6 +266,7 @@ func (c *cluster) startLoad(model string, workers int, maxTokens int, stream boo
 						l.errs = append(l.errs, err.Error())
 					}
 					l.mu.Unlock()
+					time.Sleep(20 * time.Millisecond) // a router that is down refuses at once: do not spin
 					continue
 				}
 				l.ok.Add(1)

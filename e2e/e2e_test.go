@@ -145,7 +145,7 @@ func TestKill9DuringScalingLeaksNothing(t *testing.T) {
 	l.wg.Wait()
 	c.checkAccounted("after kill -9 during scale-up")
 	c.startDaemon()
-	c.waitConverged()
+	c.waitConverged("crash")
 
 	l = c.startLoad("crash-model", 4, 400, true)
 	c.waitFor("3 ready replicas", 90*time.Second, func() bool { return c.status("crash").Ready == 3 })
@@ -162,7 +162,7 @@ func TestKill9DuringScalingLeaksNothing(t *testing.T) {
 	c.kill9()
 	c.checkAccounted("after kill -9 during scale-down")
 	c.startDaemon()
-	c.waitConverged()
+	c.waitConverged("crash")
 }
 
 func (c *cluster) kill9() {
@@ -208,16 +208,16 @@ func (c *cluster) checkAccounted(when string) {
 
 // waitConverged waits until the service runs exactly its target, all ready, and the
 // process table holds exactly its replicas.
-func (c *cluster) waitConverged() {
+func (c *cluster) waitConverged(name string) {
 	c.t.Helper()
 	c.waitFor("convergence after restart", 90*time.Second, func() bool {
-		st := c.status("crash")
+		st := c.status(name)
 		if st.Target == 0 || st.Ready != st.Target || len(st.Replicas) != st.Target {
 			return false
 		}
 		return slices.Equal(keys(c.owned()), replicaIDs(st))
 	})
-	st := c.status("crash")
+	st := c.status(name)
 	c.t.Logf("converged: target %d, replicas %v", st.Target, replicaIDs(st))
 }
 

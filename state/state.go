@@ -11,9 +11,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
-	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" driver
+	"modernc.org/sqlite" // also registers the pure-Go "sqlite" driver
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // ErrNotFound is returned when a service or replica does not exist.
@@ -74,11 +76,26 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_by_service ON events (service, id);
 `
 
-// Open opens (creating if needed) the state file at path.
-func Open(path string) (*Store, error) {
+// Options tune how a state file is opened.
+type Options struct {
+	// BusyTimeout is how long a write waits for another process's write lock on the file
+	// (a backup, someone's sqlite3 shell) before failing with a busy error; default 5 s.
+	BusyTimeout time.Duration
+}
+
+// Open opens (creating if needed) the state file at path with default options.
+func Open(path string) (*Store, error) { return OpenWith(path, Options{}) }
+
+// OpenWith opens (creating if needed) the state file at path. A file that fails SQLite's
+// quick check is refused: acting on a corrupt record of what runs is how replicas leak.
+func OpenWith(path string, o Options) (*Store, error) {
+	if o.BusyTimeout <= 0 {
+		o.BusyTimeout = 5 * time.Second
+	}
 	// busy_timeout: the CLI may read while the daemon writes; synchronous=FULL: a row the
 	// control plane acted on must survive a power cut, not just a process crash.
-	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=synchronous(FULL)&_pragma=foreign_keys(ON)"
+	dsn := fmt.Sprintf("file:%s?_pragma=journal_mode(WAL)&_pragma=busy_timeout(%d)&_pragma=synchronous(FULL)&_pragma=foreign_keys(ON)",
+		path, o.BusyTimeout.Milliseconds())
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open state %s: %w", path, err)
@@ -86,11 +103,67 @@ func Open(path string) (*Store, error) {
 	// One writer at a time is SQLite's model; one connection avoids SQLITE_BUSY between our
 	// own goroutines and keeps transactions serial.
 	db.SetMaxOpenConns(1)
+	s := &Store{db: db}
+	if err := s.check(context.Background(), "quick_check"); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("state %s: %w", path, err)
+	}
 	if _, err := db.Exec(schema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("state %s: create schema: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	return s, nil
+}
+
+// Check runs SQLite's full integrity check over the file.
+func (s *Store) Check(ctx context.Context) error { return s.check(ctx, "integrity_check") }
+
+func (s *Store) check(ctx context.Context, pragma string) error {
+	rows, err := s.db.QueryContext(ctx, "PRAGMA "+pragma)
+	if err != nil {
+		return fmt.Errorf("%s: %w", pragma, err)
+	}
+	defer rows.Close()
+	var problems []string
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			return fmt.Errorf("%s: %w", pragma, err)
+		}
+		if line != "ok" {
+			problems = append(problems, line)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("%s: %w", pragma, err)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: %s", ErrCorrupt, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// ErrCorrupt is returned when SQLite's integrity check finds damage.
+var ErrCorrupt = errors.New("the state file is damaged (SQLite integrity check)")
+
+// Unavailable says, for an error from a Store, whether the state file could not be used for
+// a reason outside Arbiter that will likely pass (another process holds its write lock, the
+// disk is full), in words for an operator; "" otherwise. The write that failed changed
+// nothing: every write is one transaction.
+func Unavailable(err error) string {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return ""
+	}
+	switch se.Code() & 0xff {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+		return "the state file is locked by another process (SQLite busy); nothing was written"
+	case sqlite3.SQLITE_FULL:
+		return "the disk holding the state file is full; nothing was written"
+	case sqlite3.SQLITE_IOERR:
+		return "the state file could not be written (I/O error); nothing was written"
+	}
+	return ""
 }
 
 // Close closes the file.
@@ -173,7 +246,7 @@ func (s *Store) PutService(ctx context.Context, name, spec, envs string, now tim
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("put service %s: %w", name, err)
 	}
 	defer tx.Rollback()
 	var v int
@@ -195,7 +268,10 @@ func (s *Store) PutService(ctx context.Context, name, spec, envs string, now tim
 	if err := addEvent(ctx, tx, now, name, "", "service", fmt.Sprintf("version %d submitted", v)); err != nil {
 		return 0, err
 	}
-	return v, tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("put service %s: commit: %w", name, err)
+	}
+	return v, nil
 }
 
 // SetServiceStatus records a service's status (active, deleting).
@@ -224,12 +300,12 @@ func (s *Store) AddTokens(ctx context.Context, name string, n float64) error {
 func (s *Store) DeleteService(ctx context.Context, name string, now time.Time) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return fmt.Errorf("delete service %s: %w", name, err)
 	}
 	defer tx.Rollback()
 	var live int
 	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM replicas WHERE service = ? AND ended_at = 0`, name).Scan(&live); err != nil {
-		return err
+		return fmt.Errorf("delete service %s: %w", name, err)
 	}
 	if live > 0 {
 		return fmt.Errorf("delete service %s: %d replicas not terminated yet", name, live)
@@ -242,7 +318,10 @@ func (s *Store) DeleteService(ctx context.Context, name string, now time.Time) e
 	if err := addEvent(ctx, tx, now, name, "", "service", "deleted"); err != nil {
 		return err
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("delete service %s: commit: %w", name, err)
+	}
+	return nil
 }
 
 // Services lists every service, by name.
@@ -293,8 +372,10 @@ func (s *Store) GetVersion(ctx context.Context, service string, version int) (Ve
 
 // MarkSetupDone records that a version's setup command has run.
 func (s *Store) MarkSetupDone(ctx context.Context, service string, version int) error {
-	_, err := s.db.ExecContext(ctx, `UPDATE versions SET setup_done = 1 WHERE service = ? AND version = ?`, service, version)
-	return err
+	if _, err := s.db.ExecContext(ctx, `UPDATE versions SET setup_done = 1 WHERE service = ? AND version = ?`, service, version); err != nil {
+		return fmt.Errorf("service %s version %d setup done: %w", service, version, err)
+	}
+	return nil
 }
 
 // NewReplica records the intent to launch a replica (state pending, no handle yet) and
@@ -303,7 +384,7 @@ func (s *Store) MarkSetupDone(ctx context.Context, service string, version int) 
 func (s *Store) NewReplica(ctx context.Context, r Replica, now time.Time) (Replica, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return r, err
+		return r, fmt.Errorf("new replica for %s: %w", r.Service, err)
 	}
 	defer tx.Rollback()
 	var seq int
@@ -321,7 +402,10 @@ func (s *Store) NewReplica(ctx context.Context, r Replica, now time.Time) (Repli
 	if err := addEvent(ctx, tx, now, r.Service, r.ID, "state", fmt.Sprintf("→ %s: %s", r.State, r.Reason)); err != nil {
 		return r, err
 	}
-	return r, tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return r, fmt.Errorf("new replica %s: commit: %w", r.ID, err)
+	}
+	return r, nil
 }
 
 // SaveReplica writes a replica's mutable fields; when its state changed from prev, the
@@ -329,7 +413,7 @@ func (s *Store) NewReplica(ctx context.Context, r Replica, now time.Time) (Repli
 func (s *Store) SaveReplica(ctx context.Context, r Replica, prevState string, now time.Time) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return fmt.Errorf("save replica %s: %w", r.ID, err)
 	}
 	defer tx.Rollback()
 	r.UpdatedAt = now
@@ -347,7 +431,10 @@ func (s *Store) SaveReplica(ctx context.Context, r Replica, prevState string, no
 			return err
 		}
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("save replica %s: commit: %w", r.ID, err)
+	}
+	return nil
 }
 
 const replicaCols = `id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, launched_at, ready_at, updated_at, ended_at`
