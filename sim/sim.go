@@ -7,13 +7,13 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/arbiter-serve/arbiter/engine"
 	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/market"
 	"github.com/arbiter-serve/arbiter/router"
 	"github.com/arbiter-serve/arbiter/scaling"
 	"github.com/arbiter-serve/arbiter/traces"
@@ -65,7 +65,7 @@ type simulation struct {
 	sys    System
 	in     *Inputs
 	w      wiring
-	mkt    *market
+	mkt    *market.Market
 	policy router.Policy
 	aff    *router.Affinity
 	dec    *scaling.Decider
@@ -78,7 +78,7 @@ type simulation struct {
 	reqs     []traces.Request
 	next     int
 	blockTok int
-	drops    []drop
+	drops    []market.Drop
 
 	live   []*replica // launched and not ended, in launch order
 	byView map[*router.Replica]*replica
@@ -105,8 +105,8 @@ func Run(sys System, in Inputs) (*Result, error) {
 	}
 	s := &simulation{sys: sys, in: &in, w: w, end: in.Duration, byView: map[*router.Replica]*replica{},
 		rng: rand.New(rand.NewPCG(in.Seed, uint64(len(sys)))), blockTok: in.Requests.BlockTokens}
-	if s.mkt, err = newMarket(&in); err != nil {
-		return nil, err
+	if s.mkt, err = market.New(market.Config{Catalog: in.Catalog, Resources: in.Spec.Resources, Start: in.Start, Spot: in.Spot, Offset: in.SpotOffset}); err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
 	}
 	if s.blockTok > 0 {
 		if s.aff, err = router.NewAffinity(router.Defaults().AffinitySize, s.blockTok); err != nil {
@@ -123,7 +123,7 @@ func Run(sys System, in Inputs) (*Result, error) {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
 	s.reqs = in.Requests.Tile(in.Duration)
-	s.drops = s.mkt.drops(in.Duration)
+	s.drops = s.mkt.Drops(0, in.Duration)
 	s.res = &Result{System: sys, Simulated: in.Duration, Failed: map[string]int{}, ReplicaHours: map[string]float64{},
 		Percentile: w.slo.Percentile}
 	s.res.SLO.TTFT, s.res.SLO.TPOT = w.slo.TTFT, w.slo.TPOT
@@ -165,7 +165,7 @@ func (s *simulation) run() {
 	for i, d := range s.drops {
 		lead := time.Duration(0)
 		if s.w.useNotices {
-			lead = s.dropNotice(d)
+			lead = d.Notice
 		}
 		s.q.push(event{at: max(d.At-lead, 0), kind: evDrop, idx: i})
 	}
@@ -498,7 +498,7 @@ func (s *simulation) decide() {
 }
 
 func (s *simulation) launch(o scaling.Offer) {
-	if o.Capacity == fleet.Spot && !s.mkt.spotCapacity(place(o.Provider, o.Region, o.Zone), s.now) {
+	if o.Capacity == fleet.Spot && !s.mkt.SpotCapacity(market.Place(o.Provider, o.Region, o.Zone), s.now) {
 		s.res.LaunchFailures++
 		s.placer.Preempted(o.Provider, o.Region, o.Zone, s.clock())
 		return
@@ -601,21 +601,13 @@ func (s *simulation) bill(r *replica) {
 
 // --- spot capacity: notices, preemptions, detection ---
 
-func (s *simulation) dropNotice(d drop) time.Duration {
-	if ps := s.mkt.byTrace[d.Zone]; len(ps) > 0 {
-		provider, _, _ := strings.Cut(ps[0], "/")
-		return notice(provider)
-	}
-	return 0
-}
-
 // announceDrop picks the victims of a capacity drop: the drop's share of the service's
 // spot replicas in its zone, newest first. With notices they drain now; all die at d.At.
 func (s *simulation) announceDrop(i int) {
 	d := s.drops[i]
 	var in []*replica
 	for _, r := range s.live {
-		if r.offer.Capacity == fleet.Spot && !r.dead && !r.noticed && s.mkt.traceZone[place(r.offer.Provider, r.offer.Region, r.offer.Zone)] == d.Zone {
+		if r.offer.Capacity == fleet.Spot && !r.dead && !r.noticed && slices.Contains(d.Places, market.Place(r.offer.Provider, r.offer.Region, r.offer.Zone)) {
 			in = append(in, r)
 		}
 	}
