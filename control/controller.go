@@ -87,6 +87,11 @@ type service struct {
 	// Load since the last tick, from router reports.
 	requests, tokens float64
 	woken            bool
+
+	// placer chooses capacity kinds and zones when the service's provider is a market;
+	// placement is its last plan's reason.
+	placer    *scaling.Placer
+	placement string
 }
 
 type replica struct {
@@ -96,6 +101,9 @@ type replica struct {
 	fails         int
 	notReadySince time.Time
 	drainSince    time.Time
+	// refused: its launch was turned down for want of capacity, which says nothing about
+	// the replica's run: (no crash-loop backoff).
+	refused bool
 }
 
 type routerReport struct {
@@ -271,7 +279,7 @@ func (c *Controller) transition(ctx context.Context, s *service, r *replica, to 
 	switch {
 	case to == replicas.Ready:
 		s.crashLoop, s.nextLaunch = 0, time.Time{}
-	case to == replicas.Failed && (from == replicas.Provisioning || from == replicas.Starting) && !s.deleting:
+	case to == replicas.Failed && (from == replicas.Provisioning || from == replicas.Starting) && !s.deleting && !r.refused:
 		s.crashLoop++
 		wait := min(time.Second<<min(s.crashLoop-1, 9), 5*time.Minute)
 		s.nextLaunch = now.Add(wait)

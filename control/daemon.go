@@ -103,8 +103,13 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 		return err
 	}
 	defer store.Close()
-	local, err := replicas.NewLocal(replicas.LocalConfig{Owner: Owner(o.Home), LogDir: filepath.Join(o.Home, "logs"), ExtraPath: o.BinDir,
-		Capacity: fleet.Reserved, Region: "local", Zone: "local", Grace: o.LocalGrace, Log: o.Log})
+	procs := replicas.LocalConfig{Owner: Owner(o.Home), LogDir: filepath.Join(o.Home, "logs"), ExtraPath: o.BinDir,
+		Capacity: fleet.Reserved, Region: "local", Zone: "local", Grace: o.LocalGrace, Log: o.Log}
+	local, err := replicas.NewLocal(procs)
+	if err != nil {
+		return err
+	}
+	sim, err := replicas.NewSim(ctx, replicas.SimConfig{Local: procs, EpochPath: filepath.Join(o.Home, "sim-epoch"), Log: o.Log})
 	if err != nil {
 		return err
 	}
@@ -125,7 +130,7 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 		defer adminSrv.Close()
 		o.Log.Info("control plane metrics", "admin", aln.Addr().String())
 	}
-	c, err := New(ctx, Config{Store: store, Providers: map[string]replicas.Provider{"local": local}, Token: o.Token,
+	c, err := New(ctx, Config{Store: store, Providers: map[string]replicas.Provider{"local": local, "sim": sim}, Token: o.Token,
 		Tick: o.Tick, DrainTimeout: o.DrainTimeout, Endpoint: o.Endpoint, Log: o.Log, Metrics: reg})
 	if err != nil {
 		return err

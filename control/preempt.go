@@ -34,6 +34,9 @@ func (c *Controller) preemptionNotice(ctx context.Context, provider string, n re
 		left := n.Deadline.Sub(c.cfg.Now()).Round(time.Second)
 		c.metrics.preemptions.WithLabelValues(s.name, provider, r.row.Region, r.row.Zone, r.row.Capacity).Inc()
 		c.event(ctx, s.name, r.row.ID, "preemption", fmt.Sprintf("%s will reclaim it in %s", provider, left))
+		if s.placer != nil {
+			s.placer.Preempted(r.row.Provider, r.row.Region, r.row.Zone, c.cfg.Now())
+		}
 		if live(replicas.State(r.row.State)) {
 			c.transition(ctx, s, r, replicas.Draining, fmt.Sprintf("preemption notice: reclaimed in %s; replacement launching", left))
 		}

@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -157,13 +158,17 @@ func (c *Controller) reconcile(ctx context.Context, s *service, routers routerVi
 			old = append(old, r)
 		}
 	}
-	if missing := s.target - len(cur); missing > 0 && !now.Before(s.nextLaunch) {
-		for range missing {
-			c.launch(ctx, s)
+	if offers, ok := c.offers(ctx, s); ok {
+		c.place(ctx, s, cur, offers, now)
+	} else {
+		if missing := s.target - len(cur); missing > 0 && !now.Before(s.nextLaunch) {
+			for range missing {
+				c.launch(ctx, s, nil)
+			}
 		}
-	}
-	if extra := len(cur) - s.target; extra > 0 {
-		c.drainSome(ctx, s, cur, extra, "scale down: "+s.decision.Reason)
+		if extra := len(cur) - s.target; extra > 0 {
+			c.drainSome(ctx, s, cur, extra, "scale down: "+s.decision.Reason)
+		}
 	}
 	// Rolling update: old replicas leave as new ones become ready, never before, so the
 	// service always has as many ready replicas as its target allows.
@@ -236,18 +241,96 @@ func (c *Controller) drainSome(ctx context.Context, s *service, rs []*replica, n
 	}
 }
 
-// launch records a new replica's intent, then launches it in the background. The row is
-// written before the provider hears of it: that is what makes a crash at any point
-// recoverable without a leak. Caller holds c.mu.
-func (c *Controller) launch(ctx context.Context, s *service) {
+// zoneCooldown is how long placement keeps spot out of a zone that preempted a replica or
+// refused a launch (the simulator's default too).
+const zoneCooldown = 10 * time.Minute
+
+// offers asks the service's provider for the offers placement chooses from; ok is false
+// when the provider is not a market (the local machine: replicas take arbiter.local's
+// labels) or cannot quote now (logged; nothing is launched or drained by placement then).
+func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, bool) {
+	p, err := c.provider(s.spec().Arbiter.Providers[0])
+	if err != nil {
+		return nil, false
+	}
+	quotes, err := p.Quote(ctx, s.name, s.spec())
+	if err != nil {
+		c.log.Error("quote failed; placement waits", "service", s.name, "provider", p.Name(), "err", err)
+		return nil, true
+	}
+	if len(quotes) == 0 {
+		return nil, false
+	}
+	offers := make([]scaling.Offer, len(quotes))
+	for i, q := range quotes {
+		offers[i] = scaling.Offer{Provider: q.Provider, Region: q.Region, Zone: q.Zone, Capacity: q.Capacity, PricePerHour: q.PricePerHour}
+	}
+	return offers, true
+}
+
+// place moves the current version toward its target with the mix and zones the placer
+// chooses from the provider's offers (reserved first, spot by price ratio, SpotHedge
+// fallback and spread), launching and draining what its plan says, each with its rule.
+// Caller holds c.mu.
+func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offers []scaling.Offer, now time.Time) {
+	if len(offers) == 0 {
+		return // the provider could not quote: better to wait than to guess
+	}
+	if s.placer == nil {
+		pl, err := scaling.NewPlacer(scaling.PlacementFromSpec(s.spec(), zoneCooldown))
+		if err != nil {
+			c.event(ctx, s.name, "", "error", "placement: "+err.Error())
+			return
+		}
+		s.placer = pl
+	}
+	existing := make([]scaling.Placed, 0, len(cur))
+	for _, r := range cur {
+		existing = append(existing, scaling.Placed{ID: r.row.ID, Capacity: fleet.Capacity(r.row.Capacity), Provider: r.row.Provider,
+			Region: r.row.Region, Zone: r.row.Zone, Ready: replicas.State(r.row.State) == replicas.Ready})
+	}
+	plan := s.placer.Plan(now, s.target, existing, offers)
+	if plan.Reason != s.placement {
+		s.placement = plan.Reason
+		c.event(ctx, s.name, "", "placement", plan.Reason)
+	}
+	if !now.Before(s.nextLaunch) {
+		for _, l := range plan.Launch {
+			c.launch(ctx, s, &l)
+		}
+	}
+	for _, d := range plan.Drain {
+		r := s.replicas[d.ID]
+		if r == nil || r.busy {
+			continue // launching: drained on a later tick if still extra
+		}
+		if replicas.State(r.row.State) == replicas.Pending {
+			c.transition(ctx, s, r, replicas.Failed, "not needed any more before launch: "+d.Reason)
+			continue
+		}
+		c.transition(ctx, s, r, replicas.Draining, "placement: "+d.Reason)
+	}
+}
+
+// launch records a new replica's intent, then launches it in the background; at is the
+// placer's choice of offer, or nil for a provider without a market. The row is written
+// before the provider hears of it: that is what makes a crash at any point recoverable
+// without a leak. Caller holds c.mu.
+func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch) {
 	sp := s.spec()
 	p, err := c.provider(sp.Arbiter.Providers[0])
 	if err != nil {
 		c.event(ctx, s.name, "", "error", err.Error())
 		return
 	}
-	row, err := c.store.NewReplica(ctx, state.Replica{Service: s.name, Version: s.version, Provider: p.Name(), State: string(replicas.Pending),
-		Reason: fmt.Sprintf("target %d", s.target)}, c.cfg.Now())
+	intent := state.Replica{Service: s.name, Version: s.version, Provider: p.Name(), State: string(replicas.Pending),
+		Reason: fmt.Sprintf("target %d", s.target), Capacity: sp.Arbiter.Local.Capacity, Region: sp.Arbiter.Local.Region,
+		Zone: sp.Arbiter.Local.Zone, PricePerHour: sp.Arbiter.Local.PricePerHour}
+	if at != nil {
+		o := at.Offer
+		intent.Reason, intent.Capacity, intent.Region, intent.Zone, intent.PricePerHour = at.Reason, string(o.Capacity), o.Region, o.Zone, o.PricePerHour
+	}
+	row, err := c.store.NewReplica(ctx, intent, c.cfg.Now())
 	if err != nil {
 		// No row, no launch: an instance the state does not name is a leak waiting for a crash.
 		c.metrics.stateErrors.Inc()
@@ -258,10 +341,9 @@ func (c *Controller) launch(ctx context.Context, s *service) {
 	s.replicas[row.ID] = r
 	c.transition(ctx, s, r, replicas.Provisioning, "launching on "+p.Name())
 	version, setupMu := s.version, s.setupLock(s.version)
-	price := sp.Arbiter.Local.PricePerHour
+	price := row.PricePerHour
 	ls := replicas.LaunchSpec{ReplicaID: row.ID, Service: s.name, Version: version, Run: sp.Run, Workdir: sp.Workdir, Envs: sp.Envs,
-		Capacity: fleet.Capacity(sp.Arbiter.Local.Capacity), Region: sp.Arbiter.Local.Region, Zone: sp.Arbiter.Local.Zone,
-		PricePerHour: &price, Port: sp.Service.Port}
+		Capacity: fleet.Capacity(row.Capacity), Region: row.Region, Zone: row.Zone, PricePerHour: &price, Port: sp.Service.Port}
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
@@ -274,6 +356,12 @@ func (c *Controller) launch(ctx context.Context, s *service) {
 		defer c.mu.Unlock()
 		r.busy = false
 		if err != nil {
+			if errors.Is(err, replicas.ErrNoCapacity) {
+				r.refused = true
+				if s.placer != nil {
+					s.placer.Preempted(row.Provider, row.Region, row.Zone, c.cfg.Now())
+				}
+			}
 			c.transition(ctx, s, r, replicas.Failed, "launch failed: "+err.Error())
 			return
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/spec"
 	"github.com/arbiter-serve/arbiter/state"
 )
 
@@ -66,7 +67,7 @@ func (m *memProvider) Status(_ context.Context, handle string) (replicas.Status,
 	return replicas.StatusGone, nil
 }
 func (m *memProvider) Notices() <-chan replicas.Notice { return nil }
-func (m *memProvider) Quote(context.Context, fleet.Capacity) ([]replicas.Quote, error) {
+func (m *memProvider) Quote(context.Context, string, *spec.Service) ([]replicas.Quote, error) {
 	return nil, nil
 }
 

@@ -25,12 +25,24 @@ func (c *Controller) parseSpec(name, text string, envs map[string]string) (*spec
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range sp.Arbiter.Providers {
-		if _, err := c.provider(p); err != nil {
-			return nil, fmt.Errorf("arbiter.providers: %w (configured: %v)", err, c.providerNames())
+	for _, name := range sp.Arbiter.Providers {
+		p, err := c.provider(name)
+		if err != nil {
+			return nil, fmt.Errorf("%w: arbiter.providers: %v (configured: %v)", errBadRequest, err, c.providerNames())
+		}
+		if sc, ok := p.(specChecker); ok {
+			if err := sc.CheckSpec(sp); err != nil {
+				return nil, fmt.Errorf("%w: %v", errBadRequest, err)
+			}
 		}
 	}
 	return sp, nil
+}
+
+// specChecker is a provider that can refuse a spec it could never serve (a market whose
+// trace or accelerators do not exist) before the service is accepted.
+type specChecker interface {
+	CheckSpec(sp *spec.Service) error
 }
 
 func (c *Controller) providerNames() []string {
@@ -110,6 +122,7 @@ func (c *Controller) Update(ctx context.Context, name, text string, envs map[str
 		return 0, err
 	}
 	s.version, s.specs[v] = v, sp
+	s.placer, s.placement = nil, "" // the new version's placement policy, zones cooled afresh
 	c.publish()
 	c.kickNow()
 	return v, nil
@@ -247,12 +260,15 @@ func (c *Controller) recover(ctx context.Context) error {
 
 // ServiceStatus is one service as the API shows it.
 type ServiceStatus struct {
-	Name      string          `json:"name"`
-	Version   int             `json:"version"`
-	Status    string          `json:"status"`
-	CreatedAt time.Time       `json:"created_at"`
-	Target    int             `json:"target"`
-	Decision  string          `json:"decision"`
+	Name      string    `json:"name"`
+	Version   int       `json:"version"`
+	Status    string    `json:"status"`
+	CreatedAt time.Time `json:"created_at"`
+	Target    int       `json:"target"`
+	Decision  string    `json:"decision"`
+	// Placement is the placer's last plan (which capacity kinds, which quote, which rule)
+	// when the service's provider is a market.
+	Placement string          `json:"placement,omitempty"`
 	Ready     int             `json:"ready"`
 	Live      int             `json:"live"`
 	Models    []string        `json:"models"`
@@ -303,7 +319,7 @@ func (c *Controller) Status(ctx context.Context, name string) ([]ServiceStatus, 
 			continue
 		}
 		st := ServiceStatus{Name: s.name, Version: s.version, CreatedAt: row.CreatedAt, Target: s.target, Decision: s.decision.Reason,
-			Models: s.models(), Endpoint: c.cfg.Endpoint, Replicas: []state.Replica{}, Tokens: row.Tokens + s.tokens}
+			Placement: s.placement, Models: s.models(), Endpoint: c.cfg.Endpoint, Replicas: []state.Replica{}, Tokens: row.Tokens + s.tokens}
 		var mine []state.Replica
 		for _, r := range all {
 			if r.Service == s.name {

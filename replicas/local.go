@@ -2,6 +2,7 @@ package replicas
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/spec"
 )
 
 // Environment variables the local provider sets on every replica. The owner and replica
@@ -27,10 +29,16 @@ const (
 	EnvOwner     = "ARBITER_OWNER"
 	EnvReplicaID = "ARBITER_REPLICA_ID"
 	EnvPort      = "PORT"
+	// EnvProvider names the provider that launched the process (local, or sim, which runs
+	// its replicas as local processes too); missing means local.
+	EnvProvider = "ARBITER_PROVIDER"
 )
 
 // LocalConfig configures the local provider.
 type LocalConfig struct {
+	// Name is the provider's name ("local" when empty); the sim provider runs its replicas
+	// through a Local of its own name, so each lists only its own.
+	Name string
 	// Owner identifies this control plane (e.g. derived from its state file); replicas of
 	// another owner are never listed or touched.
 	Owner string
@@ -67,6 +75,9 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 	if cfg.Capacity == "" {
 		cfg.Capacity = fleet.Reserved
 	}
+	if cfg.Name == "" {
+		cfg.Name = "local"
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
@@ -74,7 +85,7 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 }
 
 // Name implements Provider.
-func (l *Local) Name() string { return "local" }
+func (l *Local) Name() string { return l.cfg.Name }
 
 // LogPath is where a replica's output goes.
 func (l *Local) LogPath(replicaID string) string {
@@ -147,7 +158,7 @@ func (l *Local) Launch(ctx context.Context, spec LaunchSpec) (Instance, error) {
 	// The labels ride in the environment too, so List (after a control-plane restart)
 	// reports the replica as it was launched, not with the provider's defaults.
 	cmd.Env = l.env(spec.Envs,
-		EnvOwner+"="+l.cfg.Owner, EnvReplicaID+"="+spec.ReplicaID, EnvPort+"="+strconv.Itoa(port),
+		EnvOwner+"="+l.cfg.Owner, EnvProvider+"="+l.cfg.Name, EnvReplicaID+"="+spec.ReplicaID, EnvPort+"="+strconv.Itoa(port),
 		envCapacity+"="+string(lb.capacity), envRegion+"="+lb.region, envZone+"="+lb.zone,
 		envPrice+"="+strconv.FormatFloat(lb.price, 'g', -1, 64),
 		"SKYPILOT_SERVE_REPLICA_ID="+seq, "SKYPILOT_NUM_GPUS_PER_NODE=1")
@@ -318,7 +329,7 @@ func (l *Local) List(context.Context) ([]Instance, error) {
 			continue // gone meanwhile, or not ours to read
 		}
 		vars := parseEnviron(env)
-		if vars[EnvOwner] != l.cfg.Owner || vars[EnvReplicaID] == "" {
+		if vars[EnvOwner] != l.cfg.Owner || vars[EnvReplicaID] == "" || cmp.Or(vars[EnvProvider], "local") != l.cfg.Name {
 			continue
 		}
 		port, _ := strconv.Atoi(vars[EnvPort])
@@ -339,10 +350,9 @@ func (l *Local) Preempt(replicaID, handle string, warn time.Duration) {
 	go func() { l.notices <- Notice{ReplicaID: replicaID, Handle: handle, Deadline: time.Now().Add(warn)} }()
 }
 
-// Quote implements Provider: local capacity has the one configured price.
-func (l *Local) Quote(context.Context, fleet.Capacity) ([]Quote, error) {
-	return []Quote{{Provider: "local", Region: l.cfg.Region, Zone: l.cfg.Zone, Capacity: l.cfg.Capacity, PricePerHour: l.cfg.PricePerHour}}, nil
-}
+// Quote implements Provider: this machine is not a market; its replicas take the labels and
+// price of the service's arbiter.local block.
+func (l *Local) Quote(context.Context, string, *spec.Service) ([]Quote, error) { return nil, nil }
 
 type procStat struct {
 	pid, pgid int
@@ -443,7 +453,7 @@ func parseEnviron(b []byte) map[string]string {
 	for _, kv := range bytes.Split(b, []byte{0}) {
 		if k, v, ok := bytes.Cut(kv, []byte{'='}); ok {
 			switch string(k) {
-			case EnvOwner, EnvReplicaID, EnvPort, envCapacity, envRegion, envZone, envPrice:
+			case EnvOwner, EnvProvider, EnvReplicaID, EnvPort, envCapacity, envRegion, envZone, envPrice:
 				m[string(k)] = string(v)
 			}
 		}

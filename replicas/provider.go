@@ -4,9 +4,11 @@ package replicas
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/spec"
 )
 
 // LaunchSpec is everything a provider needs to start one replica.
@@ -73,5 +75,13 @@ type Provider interface {
 	Status(ctx context.Context, handle string) (Status, error)
 	// Notices delivers preemption warnings.
 	Notices() <-chan Notice
-	Quote(ctx context.Context, capacity fleet.Capacity) ([]Quote, error)
+	// Quote lists the offers at which the provider would run one replica of the service
+	// now, for placement to choose from; none means the provider is not a market (the
+	// local machine) and launches take the spec's labels.
+	Quote(ctx context.Context, service string, sp *spec.Service) ([]Quote, error)
 }
+
+// ErrNoCapacity is a launch refused for want of capacity where it was asked for (a spot
+// pool that is empty now): not the replica's fault, so not a crash loop, and a reason to
+// try another zone.
+var ErrNoCapacity = errors.New("no capacity")

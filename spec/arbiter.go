@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -11,7 +12,7 @@ import (
 var (
 	arbiterKeys = []string{
 		"model", "models", "routing_policy", "slo", "spot_policy", "reserved", "providers",
-		"scale_to_zero_after_seconds", "autoscaling", "readiness", "local",
+		"scale_to_zero_after_seconds", "autoscaling", "readiness", "local", "sim",
 	}
 	sloKeys         = []string{"ttft_seconds", "tpot_seconds", "e2e_seconds", "percentile"}
 	spotPolicyKeys  = []string{"max_price_ratio"}
@@ -22,6 +23,7 @@ var (
 	}
 	readinessKeys = []string{"probe_interval_seconds", "failure_threshold", "ready_budget_seconds"}
 	localKeys     = []string{"capacity", "price_per_hour", "region", "zone"}
+	simKeys       = []string{"cloud", "spot_trace", "speedup", "start_hours", "prices_at", "notice_seconds"}
 
 	routingPolicies = []string{"slo_cheapest", "least_load", "round_robin"}
 	knownProviders  = []string{"local", "sim", "kubernetes", "aws"}
@@ -52,6 +54,7 @@ func defaultArbiter() Arbiter {
 		},
 		Readiness: Readiness{ProbeIntervalSeconds: 10, FailureThreshold: 3},
 		Local:     Local{Capacity: "reserved", Region: "local", Zone: "local"},
+		Sim:       Sim{SpotTrace: "skypilot-preemption-aws-04-22-2023-v100_1", Speedup: 60, PricesAt: "2026-08-01"},
 	}
 }
 
@@ -116,6 +119,21 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 		s.number("price_per_hour", "a price in dollars per hour ≥ 0", nonNegative, &l.PricePerHour)
 		s.str("region", &l.Region)
 		s.str("zone", &l.Zone)
+	}
+	if v := b.get("sim"); v != nil {
+		s := d.block("arbiter.sim", b.key("sim"), v, simKeys)
+		m := &a.Sim
+		s.str("cloud", &m.Cloud)
+		s.str("spot_trace", &m.SpotTrace)
+		s.number("speedup", "a number > 0 of trace seconds per wall-clock second, such as 60", positive, &m.Speedup)
+		s.number("start_hours", "a number of hours ≥ 0 into the trace", nonNegative, &m.StartHours)
+		s.str("prices_at", &m.PricesAt)
+		if s != nil && s.has("prices_at") {
+			if _, err := time.Parse(time.DateOnly, m.PricesAt); err != nil {
+				d.errorf(s.get("prices_at"), "arbiter.sim.prices_at: want a date such as 2026-08-01, got %s", quote(m.PricesAt))
+			}
+		}
+		s.number("notice_seconds", "a number of seconds ≥ 0 (0: the cloud's own notice)", nonNegative, &m.NoticeSeconds)
 	}
 }
 

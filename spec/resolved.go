@@ -308,6 +308,18 @@ func arbiterNode(a *Arbiter) *yaml.Node {
 	put(l, "region", str(a.Local.Region))
 	put(l, "zone", str(a.Local.Zone))
 	put(m, "local", l)
+	if slices.Contains(a.Providers, "sim") {
+		sm := mapping()
+		if a.Sim.Cloud != "" {
+			put(sm, "cloud", str(a.Sim.Cloud))
+		}
+		put(sm, "spot_trace", str(a.Sim.SpotTrace))
+		put(sm, "speedup", num(a.Sim.Speedup))
+		put(sm, "start_hours", num(a.Sim.StartHours))
+		put(sm, "prices_at", str(a.Sim.PricesAt))
+		put(sm, "notice_seconds", num(a.Sim.NoticeSeconds))
+		put(m, "sim", sm)
+	}
 	return m
 }
 

@@ -121,6 +121,7 @@ type Arbiter struct {
 	Autoscaling             Autoscaling
 	Readiness               Readiness
 	Local                   Local
+	Sim                     Sim
 }
 
 // SLO is the latency target the router and autoscaler keep. A zero target is no target.
@@ -173,6 +174,28 @@ type Local struct {
 	Capacity     string // reserved, spot or on_demand
 	PricePerHour float64
 	Region, Zone string
+}
+
+// Sim configures the sim provider: a simulated cloud market that replays real catalog
+// prices and a real spot-capacity trace in scaled wall-clock time, running replicas as
+// local processes. It is how placement, spot preemptions and their routing are exercised
+// end to end without a cloud account.
+type Sim struct {
+	// Cloud is the catalog provider whose offers make the market (gcp, aws, azure, lambda,
+	// …); empty: the resources' cloud, else gcp.
+	Cloud string
+	// SpotTrace names an embedded spot trace (traces.SpotNames); its zones are mapped onto
+	// the cloud's zones that quote spot.
+	SpotTrace string
+	// Speedup is trace seconds per wall-clock second (60: a trace hour a minute).
+	Speedup float64
+	// StartHours is where in the trace the market starts.
+	StartHours float64
+	// PricesAt is the catalog date (YYYY-MM-DD) prices are quoted at.
+	PricesAt string
+	// NoticeSeconds is the preemption warning in wall-clock seconds; 0: the cloud's own
+	// (AWS 120 s, GCP 30 s).
+	NoticeSeconds float64
 }
 
 // Overrides are values given on the command line, which take precedence over the file.

@@ -99,6 +99,9 @@ func TestErrors(t *testing.T) {
 		{"probe post_data list", "run: x\nservice:\n  readiness_probe:\n    path: /\n    post_data: [1]\n", 5, 16, "want a mapping or a JSON string, got a list"},
 		{"probe header name", "run: x\nservice:\n  readiness_probe:\n    path: /\n    headers: {\"bad name\": x}\n", 5, 15, `"bad name" is not a valid HTTP header name`},
 
+		{"sim prices_at", minimal + "arbiter:\n  providers: [sim]\n  sim: {prices_at: August}\n", 6, 20, "arbiter.sim.prices_at: want a date such as 2026-08-01"},
+		{"sim speedup", minimal + "arbiter:\n  sim: {speedup: 0}\n", 5, 18, "arbiter.sim.speedup: want a number > 0 of trace seconds"},
+		{"sim unknown key", minimal + "arbiter:\n  sim: {spot_trce: x}\n", 5, 9, `did you mean "spot_trace"?`},
 		{"resources not a mapping", minimal + "resources: A100\n", 4, 12, "resources: want a mapping of infra, cloud"},
 		{"unknown resources key", minimal + "resources: {accelerator: A100}\n", 4, 13, `did you mean "accelerators"?`},
 		{"job_recovery", minimal + "resources:\n  job_recovery: FAILOVER\n", 5, 3, "resources.job_recovery: remove it: job_recovery is for managed jobs"},
@@ -241,6 +244,7 @@ func TestDefaults(t *testing.T) {
 			},
 			Readiness: Readiness{ProbeIntervalSeconds: 10, FailureThreshold: 3, ReadyBudgetSeconds: 1500},
 			Local:     Local{Capacity: "reserved", Region: "local", Zone: "local"},
+			Sim:       Sim{SpotTrace: "skypilot-preemption-aws-04-22-2023-v100_1", Speedup: 60, PricesAt: "2026-08-01"},
 		},
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -506,6 +510,10 @@ func TestArbiter(t *testing.T) {
 	}
 	if a.Readiness.ReadyBudgetSeconds != 100 || a.SpotPolicy.MaxPriceRatio != 1 {
 		t.Errorf("got %+v %+v", a.Readiness, a.SpotPolicy)
+	}
+	sim := mustParse(t, minimal+"arbiter:\n  providers: [sim]\n  sim: {cloud: aws, spot_trace: t, speedup: 600, start_hours: 2.5, prices_at: 2026-05-01, notice_seconds: 5}\n").Arbiter.Sim
+	if sim != (Sim{Cloud: "aws", SpotTrace: "t", Speedup: 600, StartHours: 2.5, PricesAt: "2026-05-01", NoticeSeconds: 5}) {
+		t.Errorf("Sim = %+v", sim)
 	}
 	if got := mustParse(t, minimal+"arbiter: {model: m}\n").Arbiter.Models; !reflect.DeepEqual(got, []string{"m"}) {
 		t.Errorf("model: m → %v", got)

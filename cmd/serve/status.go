@@ -48,6 +48,9 @@ func statusCmd(g *globals) *cobra.Command {
 			if verbose {
 				for _, s := range svcs {
 					fmt.Fprintf(out, "  %s: models %v; autoscaler: %s\n", s.Name, s.Models, dash(s.Decision))
+					if s.Placement != "" {
+						fmt.Fprintf(out, "  %s: placement: %s\n", s.Name, s.Placement)
+					}
 				}
 			}
 			fmt.Fprintln(out, "\nReplicas")
