@@ -109,7 +109,7 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	if err != nil {
 		return err
 	}
-	sim, err := replicas.NewSim(ctx, replicas.SimConfig{Local: procs, EpochPath: filepath.Join(o.Home, "sim-epoch"), Log: o.Log})
+	sim, err := replicas.NewSim(ctx, replicas.SimConfig{Local: procs, ClockPath: filepath.Join(o.Home, "sim-markets.json"), Log: o.Log})
 	if err != nil {
 		return err
 	}

@@ -158,7 +158,7 @@ func (c *Controller) reconcile(ctx context.Context, s *service, routers routerVi
 			old = append(old, r)
 		}
 	}
-	if offers, ok := c.offers(ctx, s); ok {
+	if offers, ok := c.offers(ctx, s, now); ok {
 		c.place(ctx, s, cur, offers, now)
 	} else {
 		if missing := s.target - len(cur); missing > 0 && !now.Before(s.nextLaunch) {
@@ -245,25 +245,33 @@ func (c *Controller) drainSome(ctx context.Context, s *service, rs []*replica, n
 // refused a launch (the simulator's default too).
 const zoneCooldown = 10 * time.Minute
 
-// offers asks the service's provider for the offers placement chooses from; ok is false
-// when the provider is not a market (the local machine: replicas take arbiter.local's
-// labels) or cannot quote now (logged; nothing is launched or drained by placement then).
-func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, bool) {
+// refusalBackoff keeps a place that refused a launch for want of capacity out of the
+// offers for this long.
+const refusalBackoff = 30 * time.Second
+
+// offers asks the service's provider for the offers placement chooses from, less the
+// places that refused a launch lately; ok is false when the provider is not a market (the
+// local machine: replicas take arbiter.local's labels). A market that cannot quote now
+// (logged) gives no offers: placement then waits rather than guesses.
+func (c *Controller) offers(ctx context.Context, s *service, now time.Time) ([]scaling.Offer, bool) {
 	p, err := c.provider(s.spec().Arbiter.Providers[0])
 	if err != nil {
 		return nil, false
 	}
 	quotes, err := p.Quote(ctx, s.name, s.spec())
+	if _, market := p.(specChecker); !market && err == nil && len(quotes) == 0 {
+		return nil, false
+	}
 	if err != nil {
 		c.log.Error("quote failed; placement waits", "service", s.name, "provider", p.Name(), "err", err)
 		return nil, true
 	}
-	if len(quotes) == 0 {
-		return nil, false
-	}
-	offers := make([]scaling.Offer, len(quotes))
-	for i, q := range quotes {
-		offers[i] = scaling.Offer{Provider: q.Provider, Region: q.Region, Zone: q.Zone, Capacity: q.Capacity, PricePerHour: q.PricePerHour}
+	offers := make([]scaling.Offer, 0, len(quotes))
+	for _, q := range quotes {
+		if at, ok := s.refusedAt[q.Provider+"/"+q.Region+"/"+q.Zone]; ok && now.Sub(at) < refusalBackoff {
+			continue
+		}
+		offers = append(offers, scaling.Offer{Provider: q.Provider, Region: q.Region, Zone: q.Zone, Capacity: q.Capacity, PricePerHour: q.PricePerHour})
 	}
 	return offers, true
 }
@@ -323,12 +331,16 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 		c.event(ctx, s.name, "", "error", err.Error())
 		return
 	}
+	// The row carries where the replica is meant to run (placement counts it there while it
+	// launches) but no price until the provider has it running: a refused or failed launch
+	// costs nothing.
 	intent := state.Replica{Service: s.name, Version: s.version, Provider: p.Name(), State: string(replicas.Pending),
 		Reason: fmt.Sprintf("target %d", s.target), Capacity: sp.Arbiter.Local.Capacity, Region: sp.Arbiter.Local.Region,
-		Zone: sp.Arbiter.Local.Zone, PricePerHour: sp.Arbiter.Local.PricePerHour}
+		Zone: sp.Arbiter.Local.Zone}
+	price := sp.Arbiter.Local.PricePerHour
 	if at != nil {
 		o := at.Offer
-		intent.Reason, intent.Capacity, intent.Region, intent.Zone, intent.PricePerHour = at.Reason, string(o.Capacity), o.Region, o.Zone, o.PricePerHour
+		intent.Reason, intent.Capacity, intent.Region, intent.Zone, price = at.Reason, string(o.Capacity), o.Region, o.Zone, o.PricePerHour
 	}
 	row, err := c.store.NewReplica(ctx, intent, c.cfg.Now())
 	if err != nil {
@@ -341,7 +353,6 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 	s.replicas[row.ID] = r
 	c.transition(ctx, s, r, replicas.Provisioning, "launching on "+p.Name())
 	version, setupMu := s.version, s.setupLock(s.version)
-	price := row.PricePerHour
 	ls := replicas.LaunchSpec{ReplicaID: row.ID, Service: s.name, Version: version, Run: sp.Run, Workdir: sp.Workdir, Envs: sp.Envs,
 		Capacity: fleet.Capacity(row.Capacity), Region: row.Region, Zone: row.Zone, PricePerHour: &price, Port: sp.Service.Port}
 	c.wg.Add(1)
@@ -357,9 +368,14 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 		r.busy = false
 		if err != nil {
 			if errors.Is(err, replicas.ErrNoCapacity) {
+				now := c.cfg.Now()
 				r.refused = true
+				if s.refusedAt == nil {
+					s.refusedAt = map[string]time.Time{}
+				}
+				s.refusedAt[row.Provider+"/"+row.Region+"/"+row.Zone] = now
 				if s.placer != nil {
-					s.placer.Preempted(row.Provider, row.Region, row.Zone, c.cfg.Now())
+					s.placer.Preempted(row.Provider, row.Region, row.Zone, now)
 				}
 			}
 			c.transition(ctx, s, r, replicas.Failed, "launch failed: "+err.Error())

@@ -114,12 +114,17 @@ func (c *Controller) Update(ctx context.Context, name, text string, envs map[str
 	if !ok || s.deleting {
 		return 0, fmt.Errorf("service %q: %w", name, ErrNotFound)
 	}
-	if err := s.decider.SetConfig(scaling.ConfigFromSpec(sp)); err != nil {
+	cfg := scaling.ConfigFromSpec(sp)
+	if err := cfg.Validate(); err != nil {
 		return 0, fmt.Errorf("service %s: autoscaling: %w", name, err)
 	}
+	// The new version is recorded first: a write that fails changes nothing, here either.
 	v, err := c.store.PutService(ctx, name, text, envsJSON(envs), c.cfg.Now())
 	if err != nil {
 		return 0, err
+	}
+	if err := s.decider.SetConfig(cfg); err != nil {
+		return 0, fmt.Errorf("service %s: autoscaling: %w", name, err)
 	}
 	s.version, s.specs[v] = v, sp
 	s.placer, s.placement = nil, "" // the new version's placement policy, zones cooled afresh

@@ -66,9 +66,14 @@ arbiter:
 			t.Errorf("the event log does not mention %q:\n%s", want, logs)
 		}
 	}
+	if strings.Contains(logs, "backoff") {
+		t.Errorf("a launch refused for want of capacity started a crash-loop backoff:\n%s", logs)
+	}
+	before := replicaIDs(st)
 
 	// The trace's drop in asia-east1-c comes at trace time 3h58m56s: 29.5 s of wall time
-	// after the market's start at 120×, announced 3 s ahead.
+	// after the market's start (its first quote, at submission) at 120×, announced 3 s ahead.
+	loadStart := time.Now()
 	l := c.startLoad(model, 4, 60, false)
 	streams := c.startLoad(model, 2, 60, true)
 	c.waitFor("a preemption from the trace", 60*time.Second, func() bool {
@@ -88,6 +93,9 @@ arbiter:
 	for _, e := range events {
 		if e.Kind == "preemption" {
 			victim = e.Replica
+			if e.At.Before(loadStart.Truncate(time.Millisecond)) {
+				t.Errorf("the preemption came at %v, before the load started at %v: the load did not run through it", e.At, loadStart)
+			}
 		}
 	}
 	i := slices.IndexFunc(rows, func(r state.Replica) bool { return r.ID == victim })
@@ -98,6 +106,9 @@ arbiter:
 		t.Errorf("preempted replica %v: want a spot replica, ended", describe(rows[i:i+1]))
 	}
 	for _, r := range replaced {
+		if slices.Contains(before, r.ID) {
+			continue // a survivor, not a replacement
+		}
 		if r.Zone == rows[i].Zone && r.Region == rows[i].Region {
 			t.Errorf("replacement %s went back to %s/%s, the zone that just preempted", r.ID, r.Region, r.Zone)
 		}

@@ -122,6 +122,16 @@ func (m *Market) Offers(t time.Duration) []scaling.Offer {
 	return m.offers
 }
 
+// Length is how much market time the spot trace covers from its offset: past it the trace
+// says nothing (no capacity, no drops).
+func (m *Market) Length() time.Duration {
+	var end time.Duration
+	for tz := range m.byTrace {
+		end = max(end, m.spot.ZoneEnd(tz))
+	}
+	return max(end-m.offset, 0)
+}
+
 // SpotCapacity reports whether a spot replica can be obtained at the place at t.
 func (m *Market) SpotCapacity(p string, t time.Duration) bool {
 	tz, ok := m.traceZone[p]

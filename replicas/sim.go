@@ -3,6 +3,7 @@ package replicas
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,9 +28,9 @@ type SimConfig struct {
 	Local LocalConfig
 	// Catalog is the price catalog; nil: the embedded one, loaded at the first quote.
 	Catalog *pricing.Catalog
-	// EpochPath keeps the wall-clock moment at which every market's trace clock started,
-	// so a restarted control plane resumes the same market instead of replaying it.
-	EpochPath string
+	// ClockPath keeps when each service's market started, so a restarted control plane
+	// resumes the same market instead of replaying it from the start.
+	ClockPath string
 	// Tick is how often capacity drops are looked for; default 1 s.
 	Tick time.Duration
 	Now  func() time.Time
@@ -39,21 +40,31 @@ type SimConfig struct {
 // Sim is a simulated cloud market whose replicas run as local processes. Prices are the
 // real catalog's (package pricing) for the service's resources, in one cloud; spot capacity
 // follows a real spot trace (package traces) whose zones are mapped onto that cloud's
-// zones, played at Speedup trace seconds per wall-clock second. A spot launch in a zone the
-// trace has emptied is refused (ErrNoCapacity); when the trace drops capacity in a zone,
-// the share of spot replicas it takes there get the cloud's preemption notice and are
-// reclaimed when the drop comes. What it lets run end to end, without a cloud account:
-// placement by price, SpotHedge fallback, preemption as a routing event, cost by zone.
+// zones, played at Speedup trace seconds per wall-clock second from the moment the
+// service's market is first quoted (and again from the start when the trace runs out). A
+// spot launch into a zone the trace has emptied, or will empty within a notice, is refused
+// (ErrNoCapacity); when the trace drops capacity in a zone, the share of spot replicas it
+// takes there get the cloud's preemption notice and are reclaimed when the drop comes.
+// What it lets run end to end, without a cloud account: placement by price, SpotHedge
+// fallback, preemption as a routing event, cost by zone.
 type Sim struct {
 	*Local // processes: Setup, Terminate, Status, List, Notices, Preempt
 	cfg    SimConfig
-	epoch  time.Time
 	// catalog is cfg.Catalog, or the embedded one loaded once when first needed (it takes
 	// a tenth of a second, which a daemon without sim services should not pay).
 	catalog func() (*pricing.Catalog, error)
 
 	mu      sync.Mutex
 	markets map[string]*simMarket // by service
+	clocks  map[string]marketClock
+	noticed map[string]bool // handles already given a notice
+}
+
+// marketClock is a service's market start as persisted: valid while the spec's market
+// (Key) is unchanged.
+type marketClock struct {
+	Key     string `json:"key"`
+	StartMS int64  `json:"start_ms"`
 }
 
 type simMarket struct {
@@ -62,14 +73,18 @@ type simMarket struct {
 	cloud   string
 	speedup float64
 	notice  time.Duration // 0: the cloud's own
+	start   time.Time     // wall time of market time 0
 	// announced is the market time up to which drops have been dealt with.
 	announced time.Duration
+	// recheck: built by this process, so replicas it finds running may sit in zones the
+	// trace emptied while no one was watching; the next announce reclaims those.
+	recheck bool
 }
 
 // NewSim returns the sim provider; it watches its markets until ctx ends.
 func NewSim(ctx context.Context, cfg SimConfig) (*Sim, error) {
-	if cfg.EpochPath == "" {
-		return nil, errors.New("sim provider: an epoch path is required")
+	if cfg.ClockPath == "" {
+		return nil, errors.New("sim provider: a clock path is required")
 	}
 	// Every label comes from the quote launched on; a region-level offer has no zone.
 	cfg.Local.Name, cfg.Local.Region, cfg.Local.Zone = "sim", "", ""
@@ -86,11 +101,16 @@ func NewSim(ctx context.Context, cfg SimConfig) (*Sim, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	epoch, err := loadEpoch(cfg.EpochPath, cfg.Now())
-	if err != nil {
-		return nil, err
+	clocks := map[string]marketClock{}
+	if b, err := os.ReadFile(cfg.ClockPath); err == nil {
+		if err := json.Unmarshal(b, &clocks); err != nil {
+			return nil, fmt.Errorf("sim provider: market clocks %s: %w", cfg.ClockPath, err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("sim provider: %w", err)
 	}
-	s := &Sim{Local: local, cfg: cfg, epoch: epoch, markets: map[string]*simMarket{}, catalog: sync.OnceValues(pricing.Embedded)}
+	s := &Sim{Local: local, cfg: cfg, markets: map[string]*simMarket{}, clocks: clocks, noticed: map[string]bool{},
+		catalog: sync.OnceValues(pricing.Embedded)}
 	if cfg.Catalog != nil {
 		s.catalog = func() (*pricing.Catalog, error) { return cfg.Catalog, nil }
 	}
@@ -98,52 +118,70 @@ func NewSim(ctx context.Context, cfg SimConfig) (*Sim, error) {
 	return s, nil
 }
 
-// loadEpoch reads the epoch file, creating it with now when missing.
-func loadEpoch(path string, now time.Time) (time.Time, error) {
-	b, err := os.ReadFile(path)
+// saveClocks persists the market starts. Caller holds s.mu. A failure is logged: the
+// market goes on, and only a restart would replay it from the start.
+func (s *Sim) saveClocks() {
+	b, err := json.Marshal(s.clocks)
+	tmp := s.cfg.ClockPath + ".tmp"
 	if err == nil {
-		ms, perr := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if perr != nil {
-			return time.Time{}, fmt.Errorf("sim provider: epoch file %s: %w", path, perr)
-		}
-		return time.UnixMilli(ms), nil
+		err = os.WriteFile(tmp, b, 0o600)
 	}
-	if !errors.Is(err, os.ErrNotExist) {
-		return time.Time{}, fmt.Errorf("sim provider: %w", err)
+	if err == nil {
+		err = os.Rename(tmp, s.cfg.ClockPath)
 	}
-	if err := os.WriteFile(path, []byte(strconv.FormatInt(now.UnixMilli(), 10)+"\n"), 0o600); err != nil {
-		return time.Time{}, fmt.Errorf("sim provider: %w", err)
+	if err != nil {
+		s.cfg.Log.Error("sim provider: saving market clocks", "err", err)
 	}
-	return time.UnixMilli(now.UnixMilli()), nil
 }
 
-// marketTime is the market clock at wall time w (0 at the epoch).
-func (sm *simMarket) marketTime(epoch, w time.Time) time.Duration {
-	return time.Duration(float64(w.Sub(epoch)) * sm.speedup)
+// marketTime is the market clock at wall time w (0 at the market's start).
+func (sm *simMarket) marketTime(w time.Time) time.Duration {
+	return time.Duration(float64(w.Sub(sm.start)) * sm.speedup)
 }
 
 // wallTime is when market time t comes.
-func (sm *simMarket) wallTime(epoch time.Time, t time.Duration) time.Time {
-	return epoch.Add(time.Duration(float64(t) / sm.speedup))
+func (sm *simMarket) wallTime(t time.Duration) time.Time {
+	return sm.start.Add(time.Duration(float64(t) / sm.speedup))
 }
 
-// marketFor returns the service's market, built (or rebuilt) from its spec. Caller holds s.mu.
+// lead is how far ahead, in market time, drops are announced and launches checked.
+func (sm *simMarket) lead() time.Duration {
+	return time.Duration(float64(cmp.Or(sm.notice, 2*time.Minute)) * sm.speedup)
+}
+
+// marketFor returns the service's market, built (or rebuilt) from its spec, its clock
+// resumed from the persisted start when the spec's market is the same, and restarted
+// when the trace has run out. Caller holds s.mu.
 func (s *Sim) marketFor(service string, sp *spec.Service) (*simMarket, error) {
-	if sm := s.markets[service]; sm != nil && sm.key == marketKey(sp) {
-		return sm, nil
+	now := s.cfg.Now()
+	key := marketKey(sp)
+	sm := s.markets[service]
+	if sm == nil || sm.key != key {
+		var err error
+		if sm, err = s.build(sp, now); err != nil {
+			return nil, err
+		}
+		if c, ok := s.clocks[service]; ok && c.Key == key {
+			sm.start = time.UnixMilli(c.StartMS)
+		}
+		sm.announced, sm.recheck = sm.marketTime(now), true
+		s.markets[service] = sm
 	}
-	sm, err := s.build(sp)
-	if err != nil {
-		return nil, err
+	if length := sm.m.Length(); sm.marketTime(now) >= length {
+		s.cfg.Log.Info("sim provider: the spot trace ran out; replaying it from start_hours", "service", service, "trace_length", length)
+		sm.start, sm.announced = now, 0
 	}
-	s.markets[service] = sm
+	if c := (marketClock{Key: key, StartMS: sm.start.UnixMilli()}); s.clocks[service] != c {
+		s.clocks[service] = c
+		s.saveClocks()
+	}
 	return sm, nil
 }
 
 func marketKey(sp *spec.Service) string { return fmt.Sprintf("%+v|%+v", sp.Resources, sp.Arbiter.Sim) }
 
-// build makes the market a spec describes, its clock at now.
-func (s *Sim) build(sp *spec.Service) (*simMarket, error) {
+// build makes the market a spec describes, its clock starting at now.
+func (s *Sim) build(sp *spec.Service, now time.Time) (*simMarket, error) {
 	cfg := sp.Arbiter.Sim
 	res := sp.Resources
 	cloud := cmp.Or(cfg.Cloud, res.Cloud, "gcp")
@@ -168,16 +206,17 @@ func (s *Sim) build(sp *spec.Service) (*simMarket, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sim provider: %w", err)
 	}
-	sm := &simMarket{key: marketKey(sp), m: m, cloud: cloud, speedup: cmp.Or(cfg.Speedup, 1),
-		notice: time.Duration(cfg.NoticeSeconds * float64(time.Second))}
-	sm.announced = sm.marketTime(s.epoch, s.cfg.Now())
-	return sm, nil
+	if m.Length() <= 0 {
+		return nil, fmt.Errorf("sim provider: arbiter.sim.start_hours %g is past the end of spot trace %s", cfg.StartHours, cfg.SpotTrace)
+	}
+	return &simMarket{key: marketKey(sp), m: m, cloud: cloud, speedup: cmp.Or(cfg.Speedup, 1),
+		notice: time.Duration(cfg.NoticeSeconds * float64(time.Second)), start: now}, nil
 }
 
 // CheckSpec builds the market a spec asks for without keeping it, so that a bad
-// spot_trace, accelerator or cloud is refused when the service is submitted.
+// spot_trace, accelerator, cloud or start is refused when the service is submitted.
 func (s *Sim) CheckSpec(sp *spec.Service) error {
-	_, err := s.build(sp)
+	_, err := s.build(sp, s.cfg.Now())
 	return err
 }
 
@@ -191,14 +230,15 @@ func (s *Sim) Quote(_ context.Context, service string, sp *spec.Service) ([]Quot
 		return nil, err
 	}
 	var out []Quote
-	for _, o := range sm.m.Offers(sm.marketTime(s.epoch, s.cfg.Now())) {
+	for _, o := range sm.m.Offers(sm.marketTime(s.cfg.Now())) {
 		out = append(out, Quote{Provider: s.Name(), Region: o.Region, Zone: o.Zone, Capacity: o.Capacity, PricePerHour: o.PricePerHour})
 	}
 	return out, nil
 }
 
-// Launch implements Provider: a spot launch where the trace has no capacity now is refused
-// with ErrNoCapacity; otherwise a local process labelled with the offer's place and price.
+// Launch implements Provider: a spot launch where the trace has no capacity now, or will
+// have none within a notice (its drop is already announced), is refused with
+// ErrNoCapacity; otherwise a local process labelled with the offer's place and price.
 func (s *Sim) Launch(ctx context.Context, ls LaunchSpec) (Instance, error) {
 	s.mu.Lock()
 	sm := s.markets[ls.Service]
@@ -209,9 +249,9 @@ func (s *Sim) Launch(ctx context.Context, ls LaunchSpec) (Instance, error) {
 	case ls.PricePerHour == nil:
 		refused = fmt.Errorf("sim provider: launch %s: no price: launches must come from a quote", ls.ReplicaID)
 	case ls.Capacity == fleet.Spot:
-		t := sm.marketTime(s.epoch, s.cfg.Now())
-		if !sm.m.SpotCapacity(market.Place(sm.cloud, ls.Region, ls.Zone), t) {
-			refused = fmt.Errorf("launch %s: spot in %s/%s: %w (the spot trace has none there at %s)",
+		t, p := sm.marketTime(s.cfg.Now()), market.Place(sm.cloud, ls.Region, ls.Zone)
+		if !sm.m.SpotCapacity(p, t) || !sm.m.SpotCapacity(p, t+sm.lead()) {
+			refused = fmt.Errorf("launch %s: spot in %s/%s: %w (the spot trace has none there at %s or within a notice of it)",
 				ls.ReplicaID, ls.Region, ls.Zone, ErrNoCapacity, t.Round(time.Second))
 		}
 	}
@@ -241,7 +281,8 @@ func (s *Sim) watch(ctx context.Context) {
 type due struct {
 	service string
 	cloud   string
-	drop    market.Drop
+	places  []string
+	share   float64
 	at      time.Time
 }
 
@@ -250,21 +291,31 @@ func (s *Sim) announce(ctx context.Context) {
 	var dues []due
 	s.mu.Lock()
 	for service, sm := range s.markets {
-		// Look as far ahead as the longest notice (AWS's 2 minutes unless the spec sets one);
-		// each drop is announced once within its own notice.
-		lead := cmp.Or(sm.notice, 2*time.Minute)
-		horizon := sm.marketTime(s.epoch, now.Add(lead))
+		t := sm.marketTime(now)
+		if sm.recheck {
+			// Whatever runs where the trace has no capacity now goes at once.
+			sm.recheck = false
+			var empty []string
+			for _, o := range sm.m.Offers(t) {
+				if p := market.Place(sm.cloud, o.Region, o.Zone); o.Capacity == fleet.Spot && !sm.m.SpotCapacity(p, t) {
+					empty = append(empty, p)
+				}
+			}
+			dues = append(dues, due{service: service, cloud: sm.cloud, places: empty, share: 1, at: now})
+		}
+		// Look as far ahead as the longest notice (AWS's 2 minutes unless the spec sets
+		// one); each drop is announced once, within its own notice.
+		horizon := t + sm.lead()
 		if horizon <= sm.announced {
 			continue
 		}
 		for _, d := range sm.m.Drops(sm.announced, horizon) {
-			notice := cmp.Or(sm.notice, d.Notice)
-			at := sm.wallTime(s.epoch, d.At)
-			if at.Sub(now) > notice {
+			at := sm.wallTime(d.At)
+			if at.Sub(now) > cmp.Or(sm.notice, d.Notice) {
 				horizon = d.At // not within its notice yet: a later tick takes it from here
 				break
 			}
-			dues = append(dues, due{service: service, cloud: sm.cloud, drop: d, at: at})
+			dues = append(dues, due{service: service, cloud: sm.cloud, places: d.Places, share: d.Share, at: at})
 		}
 		sm.announced = horizon
 	}
@@ -277,24 +328,30 @@ func (s *Sim) announce(ctx context.Context) {
 		s.cfg.Log.Error("sim provider: list for a capacity drop", "err", err)
 		return
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for _, d := range dues {
 		var victims []Instance
 		for _, in := range insts {
-			if in.Capacity == fleet.Spot && serviceOf(in.ReplicaID) == d.service && slices.Contains(d.drop.Places, market.Place(d.cloud, in.Region, in.Zone)) {
+			if in.Capacity == fleet.Spot && !s.noticed[in.Handle] && serviceOf(in.ReplicaID) == d.service &&
+				slices.Contains(d.places, market.Place(d.cloud, in.Region, in.Zone)) {
 				victims = append(victims, in)
 			}
 		}
 		// The drop's share of the spot replicas there, newest first (as the simulator does).
 		slices.SortFunc(victims, func(a, b Instance) int { return cmp.Compare(seqOf(b.ReplicaID), seqOf(a.ReplicaID)) })
-		n := int(math.Ceil(d.drop.Share * float64(len(victims))))
-		for _, in := range victims[:n] {
+		for _, in := range victims[:int(math.Ceil(d.share*float64(len(victims))))] {
 			warn := max(d.at.Sub(now), 0)
-			s.cfg.Log.Info("sim provider: spot capacity drop", "replica", in.ReplicaID, "zone", in.Zone, "trace_zone", d.drop.Zone, "reclaimed_in", warn)
+			s.noticed[in.Handle] = true
+			s.cfg.Log.Info("sim provider: spot capacity drop", "replica", in.ReplicaID, "zone", in.Zone, "reclaimed_in", warn)
 			s.Preempt(in.ReplicaID, in.Handle, warn)
 		}
-		insts = slices.DeleteFunc(insts, func(in Instance) bool {
-			return slices.ContainsFunc(victims[:n], func(v Instance) bool { return v.Handle == in.Handle })
-		})
+	}
+	// Forget handles that are gone, so the set does not grow with every preemption.
+	for h := range s.noticed {
+		if !slices.ContainsFunc(insts, func(in Instance) bool { return in.Handle == h }) {
+			delete(s.noticed, h)
+		}
 	}
 }
 

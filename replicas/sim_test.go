@@ -44,7 +44,7 @@ func newTestSim(t *testing.T, clock *fakeClock) *Sim {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	s, err := NewSim(ctx, SimConfig{Local: LocalConfig{Owner: "sim-test-" + filepath.Base(dir), LogDir: dir, Grace: time.Second},
-		EpochPath: filepath.Join(dir, "epoch"), Now: clock.Now, Tick: time.Hour /* the test calls announce */})
+		ClockPath: filepath.Join(dir, "clocks.json"), Now: clock.Now, Tick: time.Hour /* the test calls announce */})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,9 +90,11 @@ func TestSimMarketQuotesRefusesAndPreempts(t *testing.T) {
 	if kinds[fleet.Spot] == 0 || kinds[fleet.OnDemand] == 0 {
 		t.Fatalf("quotes by kind %v; want spot and on-demand (GCP's H100 catalog has both)", kinds)
 	}
-	// The provider's market clock: wall time w is market time (w − epoch) × 60, which is
-	// trace time start_hours (3 h) + that.
+	// The service's market started when it was first quoted: wall time w is market time
+	// (w − epoch) × 60, which is trace time start_hours (3 h) + that.
+	s.mu.Lock()
 	sm := s.markets["svc"]
+	s.mu.Unlock()
 	at := func(marketTime time.Duration) time.Time { return epoch.Add(marketTime / 60) }
 	spotQuote := func(ok func(place string) bool) Quote {
 		for _, q := range quotes {
@@ -109,16 +111,16 @@ func TestSimMarketQuotesRefusesAndPreempts(t *testing.T) {
 	}
 
 	// A zone the trace has emptied refuses spot.
-	empty := spotQuote(func(p string) bool { return !sm.m.SpotCapacity(p, sm.marketTime(epoch, clock.Now())) })
+	empty := spotQuote(func(p string) bool { return !sm.m.SpotCapacity(p, sm.marketTime(clock.Now())) })
 	if _, err := launch("svc-1", empty); !errors.Is(err, ErrNoCapacity) {
 		t.Fatalf("spot launch in %s/%s with no capacity in the trace: %v; want ErrNoCapacity", empty.Region, empty.Zone, err)
 	}
 
 	// The first drop after the start in a zone where spot can be had until then.
 	var drop market.Drop
-	for _, d := range sm.m.Drops(sm.marketTime(epoch, clock.Now()), 24*time.Hour) {
+	for _, d := range sm.m.Drops(sm.marketTime(clock.Now()), 24*time.Hour) {
 		p := d.Places[0]
-		if sm.m.SpotCapacity(p, d.At-time.Minute) {
+		if sm.m.SpotCapacity(p, d.At-10*time.Minute) && sm.m.SpotCapacity(p, d.At-time.Minute) {
 			drop = d
 			break
 		}
@@ -126,7 +128,7 @@ func TestSimMarketQuotesRefusesAndPreempts(t *testing.T) {
 	if drop.Places == nil {
 		t.Fatal("the trace has no usable drop")
 	}
-	clock.Set(at(drop.At - time.Minute)) // a trace minute (a wall second) before it
+	clock.Set(at(drop.At - 10*time.Minute)) // ten trace minutes (ten wall seconds) before it
 	victim := spotQuote(func(p string) bool { return p == drop.Places[0] })
 	inst, err := launch("svc-2", victim)
 	if err != nil {
@@ -136,7 +138,9 @@ func TestSimMarketQuotesRefusesAndPreempts(t *testing.T) {
 		t.Fatalf("instance %+v; want the quote's labels %+v", inst, victim)
 	}
 	var bystander Instance
-	if other := spotQuote(func(p string) bool { return p != drop.Places[0] && sm.m.SpotCapacity(p, drop.At-time.Minute) }); true {
+	if other := spotQuote(func(p string) bool {
+		return p != drop.Places[0] && sm.m.SpotCapacity(p, drop.At-10*time.Minute) && sm.m.SpotCapacity(p, drop.At-9*time.Minute)
+	}); true {
 		if bystander, err = launch("svc-3", other); err != nil {
 			t.Fatal(err)
 		}
@@ -146,7 +150,13 @@ func TestSimMarketQuotesRefusesAndPreempts(t *testing.T) {
 		t.Fatalf("on-demand launch: %v", err)
 	}
 
+	// A spot launch there within the drop's notice is refused: it would not outlive it.
+	clock.Set(at(drop.At - 30*time.Second))
+	if _, err := launch("svc-9", victim); !errors.Is(err, ErrNoCapacity) {
+		t.Fatalf("spot launch into %s half a notice before its drop: %v; want ErrNoCapacity", drop.Places[0], err)
+	}
 	// Outside the notice (1 s = a trace minute): nothing yet.
+	clock.Set(at(drop.At - 2*time.Minute))
 	s.announce(ctx)
 	select {
 	case n := <-s.Notices():
@@ -195,26 +205,64 @@ func TestSimMarketQuotesRefusesAndPreempts(t *testing.T) {
 	}
 }
 
-// The market clock survives a restart (the epoch file), and the local provider does not
-// list the sim provider's processes nor the other way round.
-func TestSimEpochAndProviderTags(t *testing.T) {
+// A service's market clock survives a restart (the clocks file) while its spec's market
+// is the same, restarts with a new one, and replays the trace once it has run out.
+func TestSimClockSurvivesRestarts(t *testing.T) {
 	dir := t.TempDir()
-	path := filepath.Join(dir, "epoch")
-	first, err := loadEpoch(path, time.UnixMilli(1_000))
-	if err != nil {
-		t.Fatal(err)
+	path := filepath.Join(dir, "clocks.json")
+	start := time.UnixMilli(1_800_000_000_000)
+	clock := &fakeClock{t: start}
+	open := func() *Sim {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		s, err := NewSim(ctx, SimConfig{Local: LocalConfig{Owner: "clock-" + filepath.Base(dir), LogDir: dir}, ClockPath: path, Now: clock.Now, Tick: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
 	}
-	again, err := loadEpoch(path, time.UnixMilli(9_000))
-	if err != nil || !again.Equal(first) {
-		t.Fatalf("epoch after restart %v (%v); want %v", again, err, first)
+	sp := parseSimSpec(t, simSpec)
+	startOf := func(s *Sim, sp *spec.Service) time.Time {
+		if _, err := s.Quote(context.Background(), "svc", sp); err != nil {
+			t.Fatal(err)
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.markets["svc"].start
+	}
+	if got := startOf(open(), sp); !got.Equal(start) {
+		t.Fatalf("first market starts at %v; want its first quote, %v", got, start)
+	}
+	clock.Set(start.Add(time.Minute))
+	if got := startOf(open(), sp); !got.Equal(start) {
+		t.Fatalf("after a restart the market starts at %v; want the same %v", got, start)
+	}
+	other := parseSimSpec(t, strings.Replace(simSpec, "speedup: 60", "speedup: 30", 1))
+	if got := startOf(open(), other); !got.Equal(clock.Now()) {
+		t.Fatalf("a changed market starts at %v; want now, %v", got, clock.Now())
+	}
+	// Past the trace's end the market replays it rather than going dark.
+	s := open()
+	startOf(s, sp)
+	s.mu.Lock()
+	length := s.markets["svc"].m.Length()
+	s.mu.Unlock()
+	clock.Set(clock.Now().Add(length/60 + time.Second))
+	if got := startOf(s, sp); !got.Equal(clock.Now()) {
+		t.Fatalf("after the trace ran out the market starts at %v; want now, %v", got, clock.Now())
 	}
 	if err := os.WriteFile(path, []byte("garbage"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := loadEpoch(path, time.Now()); err == nil {
-		t.Fatal("a damaged epoch file was accepted")
+	if _, err := NewSim(context.Background(), SimConfig{Local: LocalConfig{Owner: "x", LogDir: dir}, ClockPath: path}); err == nil {
+		t.Fatal("a damaged clocks file was accepted")
 	}
+}
 
+// The local provider does not list the sim provider's processes, nor the other way round;
+// a spec the market cannot serve is refused.
+func TestSimProviderTags(t *testing.T) {
+	dir := t.TempDir()
 	clock := &fakeClock{t: time.Now()}
 	s := newTestSim(t, clock)
 	local, err := NewLocal(LocalConfig{Owner: s.cfg.Local.Owner, LogDir: dir, Grace: time.Second})

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"modernc.org/sqlite" // also registers the pure-Go "sqlite" driver
@@ -24,6 +25,34 @@ var ErrNotFound = errors.New("not found")
 // Store is an open state file. It is safe for concurrent use.
 type Store struct {
 	db *sql.DB
+	// busyUntil (Unix ms): after a write found the file locked by another process, further
+	// writes fail at once until then instead of each waiting out the busy timeout, so a
+	// control loop that writes under its lock is stalled for one timeout, not one per write.
+	busyUntil atomic.Int64
+}
+
+// busyBackoff is how long writes fail fast after one found the file locked.
+const busyBackoff = 2 * time.Second
+
+// ErrBusy is returned, without touching the file, by writes made shortly after one found
+// it locked by another process.
+var ErrBusy = errors.New("the state file was locked by another process moments ago; not waiting again yet")
+
+// writable fails fast while a recent write found the file locked.
+func (s *Store) writable() error {
+	if time.Now().UnixMilli() < s.busyUntil.Load() {
+		return ErrBusy
+	}
+	return nil
+}
+
+// wrote notes a write's outcome: a busy file starts the fail-fast period.
+func (s *Store) wrote(err error) error {
+	var se *sqlite.Error
+	if errors.As(err, &se) && (se.Code()&0xff == sqlite3.SQLITE_BUSY || se.Code()&0xff == sqlite3.SQLITE_LOCKED) {
+		s.busyUntil.Store(time.Now().Add(busyBackoff).UnixMilli())
+	}
+	return err
 }
 
 const schema = `
@@ -79,7 +108,8 @@ CREATE INDEX IF NOT EXISTS events_by_service ON events (service, id);
 // Options tune how a state file is opened.
 type Options struct {
 	// BusyTimeout is how long a write waits for another process's write lock on the file
-	// (a backup, someone's sqlite3 shell) before failing with a busy error; default 5 s.
+	// (a backup, someone's sqlite3 shell) before failing with a busy error; default 1 s.
+	// The control plane is the file's only writer, so anything longer only stalls it.
 	BusyTimeout time.Duration
 }
 
@@ -90,7 +120,7 @@ func Open(path string) (*Store, error) { return OpenWith(path, Options{}) }
 // quick check is refused: acting on a corrupt record of what runs is how replicas leak.
 func OpenWith(path string, o Options) (*Store, error) {
 	if o.BusyTimeout <= 0 {
-		o.BusyTimeout = 5 * time.Second
+		o.BusyTimeout = time.Second
 	}
 	// busy_timeout: the CLI may read while the daemon writes; synchronous=FULL: a row the
 	// control plane acted on must survive a power cut, not just a process crash.
@@ -151,6 +181,9 @@ var ErrCorrupt = errors.New("the state file is damaged (SQLite integrity check)"
 // disk is full), in words for an operator; "" otherwise. The write that failed changed
 // nothing: every write is one transaction.
 func Unavailable(err error) string {
+	if errors.Is(err, ErrBusy) {
+		return "the state file is locked by another process (SQLite busy); nothing was written"
+	}
 	var se *sqlite.Error
 	if !errors.As(err, &se) {
 		return ""
@@ -241,6 +274,14 @@ func fromMS(v int64) time.Time {
 // PutService creates a service (version 1) or adds a new version to an existing one, and
 // returns the version number.
 func (s *Store) PutService(ctx context.Context, name, spec, envs string, now time.Time) (int, error) {
+	if err := s.writable(); err != nil {
+		return 0, err
+	}
+	v, err := s.putService(ctx, name, spec, envs, now)
+	return v, s.wrote(err)
+}
+
+func (s *Store) putService(ctx context.Context, name, spec, envs string, now time.Time) (int, error) {
 	if envs == "" {
 		envs = "{}"
 	}
@@ -276,6 +317,13 @@ func (s *Store) PutService(ctx context.Context, name, spec, envs string, now tim
 
 // SetServiceStatus records a service's status (active, deleting).
 func (s *Store) SetServiceStatus(ctx context.Context, name, status string, now time.Time) error {
+	if err := s.writable(); err != nil {
+		return err
+	}
+	return s.wrote(s.setServiceStatus(ctx, name, status, now))
+}
+
+func (s *Store) setServiceStatus(ctx context.Context, name, status string, now time.Time) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE services SET status = ?, updated_at = ? WHERE name = ?`, status, ms(now), name)
 	if err != nil {
 		return fmt.Errorf("service %s status: %w", name, err)
@@ -289,6 +337,13 @@ func (s *Store) SetServiceStatus(ctx context.Context, name, status string, now t
 // AddTokens adds served tokens to a service's total (cost per million tokens survives
 // control-plane restarts).
 func (s *Store) AddTokens(ctx context.Context, name string, n float64) error {
+	if err := s.writable(); err != nil {
+		return err
+	}
+	return s.wrote(s.addTokens(ctx, name, n))
+}
+
+func (s *Store) addTokens(ctx context.Context, name string, n float64) error {
 	if _, err := s.db.ExecContext(ctx, `UPDATE services SET tokens = tokens + ? WHERE name = ?`, n, name); err != nil {
 		return fmt.Errorf("service %s tokens: %w", name, err)
 	}
@@ -298,6 +353,13 @@ func (s *Store) AddTokens(ctx context.Context, name string, n float64) error {
 // DeleteService removes a service, its versions and its replica rows. The caller must have
 // terminated every replica first; events stay, as history.
 func (s *Store) DeleteService(ctx context.Context, name string, now time.Time) error {
+	if err := s.writable(); err != nil {
+		return err
+	}
+	return s.wrote(s.deleteService(ctx, name, now))
+}
+
+func (s *Store) deleteService(ctx context.Context, name string, now time.Time) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("delete service %s: %w", name, err)
@@ -372,6 +434,13 @@ func (s *Store) GetVersion(ctx context.Context, service string, version int) (Ve
 
 // MarkSetupDone records that a version's setup command has run.
 func (s *Store) MarkSetupDone(ctx context.Context, service string, version int) error {
+	if err := s.writable(); err != nil {
+		return err
+	}
+	return s.wrote(s.markSetupDone(ctx, service, version))
+}
+
+func (s *Store) markSetupDone(ctx context.Context, service string, version int) error {
 	if _, err := s.db.ExecContext(ctx, `UPDATE versions SET setup_done = 1 WHERE service = ? AND version = ?`, service, version); err != nil {
 		return fmt.Errorf("service %s version %d setup done: %w", service, version, err)
 	}
@@ -382,6 +451,14 @@ func (s *Store) MarkSetupDone(ctx context.Context, service string, version int) 
 // returns it with a fresh ID of the form <service>-<n>. It must be called, and must have
 // returned, before the provider's launch: the row is what makes a crash recoverable.
 func (s *Store) NewReplica(ctx context.Context, r Replica, now time.Time) (Replica, error) {
+	if err := s.writable(); err != nil {
+		return r, err
+	}
+	out, err := s.newReplica(ctx, r, now)
+	return out, s.wrote(err)
+}
+
+func (s *Store) newReplica(ctx context.Context, r Replica, now time.Time) (Replica, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return r, fmt.Errorf("new replica for %s: %w", r.Service, err)
@@ -411,6 +488,13 @@ func (s *Store) NewReplica(ctx context.Context, r Replica, now time.Time) (Repli
 // SaveReplica writes a replica's mutable fields; when its state changed from prev, the
 // transition and its reason go to the event log in the same transaction.
 func (s *Store) SaveReplica(ctx context.Context, r Replica, prevState string, now time.Time) error {
+	if err := s.writable(); err != nil {
+		return err
+	}
+	return s.wrote(s.saveReplica(ctx, r, prevState, now))
+}
+
+func (s *Store) saveReplica(ctx context.Context, r Replica, prevState string, now time.Time) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("save replica %s: %w", r.ID, err)
@@ -466,6 +550,13 @@ func (s *Store) Replicas(ctx context.Context, service string, withEnded bool) ([
 
 // AddEvent appends to the event log.
 func (s *Store) AddEvent(ctx context.Context, now time.Time, service, replica, kind, msg string) error {
+	if err := s.writable(); err != nil {
+		return err
+	}
+	return s.wrote(s.addEvent(ctx, now, service, replica, kind, msg))
+}
+
+func (s *Store) addEvent(ctx context.Context, now time.Time, service, replica, kind, msg string) error {
 	return addEvent(ctx, s.db, now, service, replica, kind, msg)
 }
 

@@ -151,16 +151,17 @@ func run(o options) error {
 	if err := waitFor(20*time.Second, func() bool { _, err := d.cli("status"); return err == nil }); err != nil {
 		return fmt.Errorf("the daemon did not answer: %w", err)
 	}
-	if out, err := d.cli("up", "-n", "soak", "--wait", "2m", specs[0]); err != nil {
-		return err
-	} else {
-		fmt.Fprint(os.Stderr, out)
-	}
+	// Registered before up: whatever fails from here on, no replica is left running.
 	defer func() {
 		if out, err := d.cli("down", "--all", "--wait", "2m"); err != nil {
 			fmt.Fprintln(os.Stderr, out)
 		}
 	}()
+	out, err := d.cli("up", "-n", "soak", "--wait", "2m", specs[0])
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(os.Stderr, out)
 	time.Sleep(2 * time.Second)
 	idleBefore := sample(pid, d.admin)
 

@@ -1,0 +1,173 @@
+package control
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/spec"
+	"github.com/arbiter-serve/arbiter/state"
+)
+
+// marketMem is an in-memory market provider: fixed offers, and zones whose spot pool is
+// empty (launches there are refused with ErrNoCapacity).
+type marketMem struct {
+	memProvider
+	offers []replicas.Quote
+	empty  map[string]bool // zone → no spot capacity
+
+	mu       sync.Mutex
+	launched []string // zones asked for, in order
+}
+
+func (m *marketMem) Name() string { return "sim" }
+func (m *marketMem) Quote(context.Context, string, *spec.Service) ([]replicas.Quote, error) {
+	return m.offers, nil
+}
+func (m *marketMem) CheckSpec(*spec.Service) error { return nil }
+func (m *marketMem) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas.Instance, error) {
+	m.mu.Lock()
+	m.launched = append(m.launched, ls.Zone)
+	m.mu.Unlock()
+	if ls.Capacity == fleet.Spot && m.empty[ls.Zone] {
+		return replicas.Instance{}, fmt.Errorf("launch %s in %s: %w", ls.ReplicaID, ls.Zone, replicas.ErrNoCapacity)
+	}
+	in, err := m.memProvider.Launch(ctx, ls)
+	in.Capacity, in.Region, in.Zone, in.PricePerHour = ls.Capacity, ls.Region, ls.Zone, *ls.PricePerHour
+	return in, err
+}
+
+const marketSpec = `service:
+  readiness_probe: /health
+  replicas: 2
+resources:
+  accelerators: H100:1
+  use_spot: true
+run: x
+arbiter: {model: m, providers: [sim]}
+`
+
+// Placement against a market: spot is bought by price and spread over zones; a zone that
+// refuses for want of capacity is not asked again while it cools down, its refused launch
+// is not billed and is not a crash loop (no launch backoff), and the replicas end up in the
+// next cheapest zones.
+func TestPlacementAvoidsARefusingZoneWithoutBackoff(t *testing.T) {
+	ctx := context.Background()
+	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	q := func(zone string, c fleet.Capacity, price float64) replicas.Quote {
+		return replicas.Quote{Provider: "sim", Region: "r", Zone: zone, Capacity: c, PricePerHour: price}
+	}
+	mkt := &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}},
+		offers: []replicas.Quote{q("a", fleet.Spot, 1), q("b", fleet.Spot, 2), q("c", fleet.Spot, 3), q("d", fleet.OnDemand, 10)},
+		empty:  map[string]bool{"a": true}}
+	now := time.UnixMilli(1_800_000_000_000)
+	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"sim": mkt}, Now: func() time.Time { return now },
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Create(ctx, "svc", marketSpec, nil); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		c.tick(ctx)
+		c.wg.Wait()
+		now = now.Add(time.Second)
+	}
+	mkt.mu.Lock()
+	asked := fmt.Sprint(mkt.launched)
+	mkt.mu.Unlock()
+	if asked != "[a b c]" {
+		t.Errorf("zones asked for, in order: %s; want [a b c] (cheapest first, spread, the empty one asked once)", asked)
+	}
+	c.mu.Lock()
+	s := c.services["svc"]
+	crashLoop, nextLaunch := s.crashLoop, s.nextLaunch
+	c.mu.Unlock()
+	if crashLoop != 0 || !nextLaunch.IsZero() {
+		t.Errorf("a refusal started a crash-loop backoff (%d in a row, next launch %v)", crashLoop, nextLaunch)
+	}
+	rows, err := st.Replicas(ctx, "svc", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := map[string]float64{}
+	for _, r := range rows {
+		switch {
+		case r.Zone == "a":
+			if r.PricePerHour != 0 || r.EndedAt.IsZero() {
+				t.Errorf("refused replica %s: $%v/h, ended %v; want unbilled and ended", r.ID, r.PricePerHour, r.EndedAt)
+			}
+		case r.EndedAt.IsZero():
+			live[r.Zone] = r.PricePerHour
+		}
+	}
+	if len(live) != 2 || live["b"] != 2 || live["c"] != 3 {
+		t.Errorf("live replicas by zone and price %v; want b at $2 and c at $3", live)
+	}
+}
+
+// With only two spot zones, cooling the one that refused leaves fewer than two, and the
+// placer (as SkyServe) makes every zone active again; the refusal backoff still keeps the
+// empty zone from being asked on every tick.
+func TestRefusingZoneIsNotAskedEveryTick(t *testing.T) {
+	ctx := context.Background()
+	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	mkt := &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}},
+		offers: []replicas.Quote{{Provider: "sim", Region: "r", Zone: "a", Capacity: fleet.Spot, PricePerHour: 1},
+			{Provider: "sim", Region: "r", Zone: "b", Capacity: fleet.Spot, PricePerHour: 2},
+			{Provider: "sim", Region: "r", Zone: "d", Capacity: fleet.OnDemand, PricePerHour: 10}},
+		empty: map[string]bool{"a": true}}
+	now := time.UnixMilli(1_800_000_000_000)
+	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"sim": mkt}, Now: func() time.Time { return now },
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Create(ctx, "svc", marketSpec, nil); err != nil {
+		t.Fatal(err)
+	}
+	count := func(zone string) int {
+		mkt.mu.Lock()
+		defer mkt.mu.Unlock()
+		n := 0
+		for _, z := range mkt.launched {
+			if z == zone {
+				n++
+			}
+		}
+		return n
+	}
+	for range 20 { // 20 ticks a second apart: within one refusal backoff
+		c.tick(ctx)
+		c.wg.Wait()
+		now = now.Add(time.Second)
+	}
+	if n := count("a"); n != 1 {
+		t.Errorf("the empty zone was asked %d times in 20 s; want once per %v", n, refusalBackoff)
+	}
+	if n := count("b"); n != 2 {
+		t.Errorf("zone b was asked %d times; want the 2 spot replicas there", n)
+	}
+	now = now.Add(refusalBackoff)
+	c.tick(ctx)
+	c.wg.Wait()
+	if n := count("a"); n != 1 {
+		t.Errorf("with its 2 replicas running, the service asked the empty zone again (%d)", n)
+	}
+}
