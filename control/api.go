@@ -64,11 +64,12 @@ func writeErr(w http.ResponseWriter, err error) {
 		code = http.StatusConflict
 	case errors.As(err, &sl), errors.Is(err, errBadRequest):
 		code = http.StatusBadRequest
-	case state.Unavailable(err) != "":
+	}
+	if why := state.Unavailable(err); why != "" && code == http.StatusInternalServerError {
 		// Nothing changed and a retry may well succeed: say so, and why.
 		w.Header().Set("Retry-After", "5")
-		writeJSON(w, http.StatusServiceUnavailable, APIError{Error: state.Unavailable(err) + ": " + err.Error()})
-		return
+		code = http.StatusServiceUnavailable
+		err = fmt.Errorf("%s: %w", why, err)
 	}
 	writeJSON(w, code, APIError{Error: err.Error()})
 }

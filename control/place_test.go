@@ -44,6 +44,26 @@ func (m *marketMem) Launch(ctx context.Context, ls replicas.LaunchSpec) (replica
 	return in, err
 }
 
+// newMarketController is a controller over a real state file whose only provider is the
+// market; *now is its clock.
+func newMarketController(t *testing.T, mkt *marketMem, now *time.Time) (*Controller, *state.Store) {
+	t.Helper()
+	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	c, err := New(context.Background(), Config{Store: st, Providers: map[string]replicas.Provider{"sim": mkt}, Now: func() time.Time { return *now },
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Create(context.Background(), "svc", marketSpec, nil); err != nil {
+		t.Fatal(err)
+	}
+	return c, st
+}
+
 const marketSpec = `service:
   readiness_probe: /health
   replicas: 2
@@ -60,11 +80,6 @@ arbiter: {model: m, providers: [sim]}
 // next cheapest zones.
 func TestPlacementAvoidsARefusingZoneWithoutBackoff(t *testing.T) {
 	ctx := context.Background()
-	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	q := func(zone string, c fleet.Capacity, price float64) replicas.Quote {
 		return replicas.Quote{Provider: "sim", Region: "r", Zone: zone, Capacity: c, PricePerHour: price}
 	}
@@ -72,14 +87,7 @@ func TestPlacementAvoidsARefusingZoneWithoutBackoff(t *testing.T) {
 		offers: []replicas.Quote{q("a", fleet.Spot, 1), q("b", fleet.Spot, 2), q("c", fleet.Spot, 3), q("d", fleet.OnDemand, 10)},
 		empty:  map[string]bool{"a": true}}
 	now := time.UnixMilli(1_800_000_000_000)
-	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"sim": mkt}, Now: func() time.Time { return now },
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Create(ctx, "svc", marketSpec, nil); err != nil {
-		t.Fatal(err)
-	}
+	c, st := newMarketController(t, mkt, &now)
 	for range 5 {
 		c.tick(ctx)
 		c.wg.Wait()
@@ -123,25 +131,13 @@ func TestPlacementAvoidsARefusingZoneWithoutBackoff(t *testing.T) {
 // empty zone from being asked on every tick.
 func TestRefusingZoneIsNotAskedEveryTick(t *testing.T) {
 	ctx := context.Background()
-	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	mkt := &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}},
 		offers: []replicas.Quote{{Provider: "sim", Region: "r", Zone: "a", Capacity: fleet.Spot, PricePerHour: 1},
 			{Provider: "sim", Region: "r", Zone: "b", Capacity: fleet.Spot, PricePerHour: 2},
 			{Provider: "sim", Region: "r", Zone: "d", Capacity: fleet.OnDemand, PricePerHour: 10}},
 		empty: map[string]bool{"a": true}}
 	now := time.UnixMilli(1_800_000_000_000)
-	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"sim": mkt}, Now: func() time.Time { return now },
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Create(ctx, "svc", marketSpec, nil); err != nil {
-		t.Fatal(err)
-	}
+	c, _ := newMarketController(t, mkt, &now)
 	count := func(zone string) int {
 		mkt.mu.Lock()
 		defer mkt.mu.Unlock()

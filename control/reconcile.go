@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/market"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/scaling"
 	"github.com/arbiter-serve/arbiter/state"
@@ -231,14 +232,19 @@ func (c *Controller) drainSome(ctx context.Context, s *service, rs []*replica, n
 		if r.busy {
 			continue // launching: it is counted, and drained on a later tick if still extra
 		}
-		switch replicas.State(r.row.State) {
-		case replicas.Pending:
-			c.transition(ctx, s, r, replicas.Failed, "not needed any more before launch")
-		default:
-			c.transition(ctx, s, r, replicas.Draining, reason)
-		}
+		c.drainOne(ctx, s, r, reason)
 		n--
 	}
+}
+
+// drainOne takes a replica out of service: one not launched yet never will be, one
+// running drains (no new requests; those in flight finish). Caller holds c.mu.
+func (c *Controller) drainOne(ctx context.Context, s *service, r *replica, reason string) {
+	if replicas.State(r.row.State) == replicas.Pending {
+		c.transition(ctx, s, r, replicas.Failed, "not needed any more before launch: "+reason)
+		return
+	}
+	c.transition(ctx, s, r, replicas.Draining, reason)
 }
 
 // zoneCooldown is how long placement keeps spot out of a zone that preempted a replica or
@@ -251,15 +257,15 @@ const refusalBackoff = 30 * time.Second
 
 // offers asks the service's provider for the offers placement chooses from, less the
 // places that refused a launch lately; ok is false when the provider is not a market (the
-// local machine: replicas take arbiter.local's labels). A market that cannot quote now
-// (logged) gives no offers: placement then waits rather than guesses.
+// local machine, which quotes nothing: replicas take arbiter.local's labels). A market
+// that cannot quote now (logged) gives no offers: placement then waits rather than guesses.
 func (c *Controller) offers(ctx context.Context, s *service, now time.Time) ([]scaling.Offer, bool) {
 	p, err := c.provider(s.spec().Arbiter.Providers[0])
 	if err != nil {
 		return nil, false
 	}
 	quotes, err := p.Quote(ctx, s.name, s.spec())
-	if _, market := p.(specChecker); !market && err == nil && len(quotes) == 0 {
+	if err == nil && len(quotes) == 0 {
 		return nil, false
 	}
 	if err != nil {
@@ -268,7 +274,7 @@ func (c *Controller) offers(ctx context.Context, s *service, now time.Time) ([]s
 	}
 	offers := make([]scaling.Offer, 0, len(quotes))
 	for _, q := range quotes {
-		if at, ok := s.refusedAt[q.Provider+"/"+q.Region+"/"+q.Zone]; ok && now.Sub(at) < refusalBackoff {
+		if at, ok := s.refusedAt[market.Place(q.Provider, q.Region, q.Zone)]; ok && now.Sub(at) < refusalBackoff {
 			continue
 		}
 		offers = append(offers, scaling.Offer{Provider: q.Provider, Region: q.Region, Zone: q.Zone, Capacity: q.Capacity, PricePerHour: q.PricePerHour})
@@ -312,11 +318,7 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 		if r == nil || r.busy {
 			continue // launching: drained on a later tick if still extra
 		}
-		if replicas.State(r.row.State) == replicas.Pending {
-			c.transition(ctx, s, r, replicas.Failed, "not needed any more before launch: "+d.Reason)
-			continue
-		}
-		c.transition(ctx, s, r, replicas.Draining, "placement: "+d.Reason)
+		c.drainOne(ctx, s, r, "placement: "+d.Reason)
 	}
 }
 
@@ -373,7 +375,7 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 				if s.refusedAt == nil {
 					s.refusedAt = map[string]time.Time{}
 				}
-				s.refusedAt[row.Provider+"/"+row.Region+"/"+row.Zone] = now
+				s.refusedAt[market.Place(row.Provider, row.Region, row.Zone)] = now
 				if s.placer != nil {
 					s.placer.Preempted(row.Provider, row.Region, row.Zone, now)
 				}

@@ -233,6 +233,10 @@ func (s *Sim) Quote(_ context.Context, service string, sp *spec.Service) ([]Quot
 	for _, o := range sm.m.Offers(sm.marketTime(s.cfg.Now())) {
 		out = append(out, Quote{Provider: s.Name(), Region: o.Region, Zone: o.Zone, Capacity: o.Capacity, PricePerHour: o.PricePerHour})
 	}
+	if len(out) == 0 {
+		// A market always offers something; saying "none" would read as "not a market".
+		return nil, fmt.Errorf("sim provider: no offers for %s's resources in %s now", service, sm.cloud)
+	}
 	return out, nil
 }
 
@@ -301,7 +305,9 @@ func (s *Sim) announce(ctx context.Context) {
 					empty = append(empty, p)
 				}
 			}
-			dues = append(dues, due{service: service, cloud: sm.cloud, places: empty, share: 1, at: now})
+			if len(empty) > 0 {
+				dues = append(dues, due{service: service, cloud: sm.cloud, places: empty, share: 1, at: now})
+			}
 		}
 		// Look as far ahead as the longest notice (AWS's 2 minutes unless the spec sets
 		// one); each drop is announced once, within its own notice.

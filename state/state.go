@@ -48,11 +48,25 @@ func (s *Store) writable() error {
 
 // wrote notes a write's outcome: a busy file starts the fail-fast period.
 func (s *Store) wrote(err error) error {
-	var se *sqlite.Error
-	if errors.As(err, &se) && (se.Code()&0xff == sqlite3.SQLITE_BUSY || se.Code()&0xff == sqlite3.SQLITE_LOCKED) {
+	if busy(err) {
 		s.busyUntil.Store(time.Now().Add(busyBackoff).UnixMilli())
 	}
 	return err
+}
+
+// sqliteCode is an error's primary SQLite result code, or -1 when SQLite did not give it.
+func sqliteCode(err error) int {
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		return se.Code() & 0xff
+	}
+	return -1
+}
+
+// busy reports whether another process's lock on the file made a write fail.
+func busy(err error) bool {
+	c := sqliteCode(err)
+	return errors.Is(err, ErrBusy) || c == sqlite3.SQLITE_BUSY || c == sqlite3.SQLITE_LOCKED
 }
 
 const schema = `
@@ -181,16 +195,10 @@ var ErrCorrupt = errors.New("the state file is damaged (SQLite integrity check)"
 // disk is full), in words for an operator; "" otherwise. The write that failed changed
 // nothing: every write is one transaction.
 func Unavailable(err error) string {
-	if errors.Is(err, ErrBusy) {
+	if busy(err) {
 		return "the state file is locked by another process (SQLite busy); nothing was written"
 	}
-	var se *sqlite.Error
-	if !errors.As(err, &se) {
-		return ""
-	}
-	switch se.Code() & 0xff {
-	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
-		return "the state file is locked by another process (SQLite busy); nothing was written"
+	switch sqliteCode(err) {
 	case sqlite3.SQLITE_FULL:
 		return "the disk holding the state file is full; nothing was written"
 	case sqlite3.SQLITE_IOERR:
