@@ -1,7 +1,6 @@
 package router
 
 import (
-	"strconv"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/oai"
@@ -35,11 +34,16 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	case code < 500:
 		r.requestSucceeded()
 	}
-	px.met.requests.WithLabelValues(c.model, info.ID, strconv.Itoa(code)).Inc()
+	px.met.request(c.model, r, code)
 	if res.usage.Prompt > 0 || res.usage.Completion > 0 {
-		px.Load.get(c.model).tokens.Add(int64(res.usage.Prompt + res.usage.Completion))
-		px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), "prompt").Add(float64(res.usage.Prompt))
-		px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), "completion").Add(float64(res.usage.Completion))
+		c.load.tokens.Add(int64(res.usage.Prompt + res.usage.Completion))
+		if rs := px.met.replica(r); rs.info.Model == c.model {
+			rs.prompt.Add(float64(res.usage.Prompt))
+			rs.completion.Add(float64(res.usage.Completion))
+		} else {
+			px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), "prompt").Add(float64(res.usage.Prompt))
+			px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), "completion").Add(float64(res.usage.Completion))
+		}
 		if c.key != nil {
 			px.met.keyTokens.WithLabelValues(c.key.Name, "prompt").Add(float64(res.usage.Prompt))
 			px.met.keyTokens.WithLabelValues(c.key.Name, "completion").Add(float64(res.usage.Completion))
@@ -48,8 +52,9 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	if code != 200 || res.clientGone || res.failed != "" {
 		return
 	}
+	ms := px.met.model(c.model)
 	e2e := res.endAt.Sub(res.sentAt).Seconds()
-	px.met.e2e.WithLabelValues(c.model).Observe(e2e)
+	ms.e2e.Observe(e2e)
 	ttft := e2e
 	if !res.firstAt.IsZero() {
 		ttft = res.firstAt.Sub(res.sentAt).Seconds()
@@ -60,23 +65,23 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	}
 	tpot := 0.0
 	if res.streamed {
-		px.met.ttft.WithLabelValues(c.model).Observe(ttft)
+		ms.ttft.Observe(ttft)
 		if out > 1 {
 			tpot = (e2e - ttft) / float64(out-1)
-			px.met.itl.WithLabelValues(c.model).Observe(tpot)
+			ms.itl.Observe(tpot)
 		}
 	}
 	met := (c.slo.E2E <= 0 || e2e <= c.slo.E2E) && (!res.streamed || ((c.slo.TTFT <= 0 || ttft <= c.slo.TTFT) && (c.slo.TPOT <= 0 || tpot <= c.slo.TPOT)))
 	if met {
-		px.met.slo.WithLabelValues(c.model, "met").Inc()
+		ms.sloMet.Inc()
 	} else {
-		px.met.slo.WithLabelValues(c.model, "missed").Inc()
+		ms.sloMissed.Inc()
 	}
 	if c.kind == oai.Embedding {
 		return
 	}
 	if res.streamed {
-		px.met.predErr.WithLabelValues(c.model).Observe(ttft - res.pred.TTFT)
+		ms.predErr.Observe(ttft - res.pred.TTFT)
 	}
 	r.Completed(&c.route, res.pred, ttft, e2e, out, res.streamed)
 }

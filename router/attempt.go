@@ -4,15 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"net"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/arbiter-serve/arbiter/connwatch"
 	"github.com/arbiter-serve/arbiter/oai"
 )
 
@@ -24,8 +20,8 @@ var errDeadline = errors.New("request deadline exceeded")
 // so an upstream 502/503 is passed through instead of being hidden.
 func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry bool) bool {
 	// What this replica is expected to do with the request, whichever policy chose it: the
-	// predictor learns from, and the error metric compares against, this prediction.
-	c.route.Now = px.Now()
+	// predictor learns from, and the error metric compares against, this prediction, made
+	// at the pick's time (c.route.Now).
 	pred := r.Begin(&c.route, 3*px.cfg.ScrapeInterval)
 	handedOff := false // the stream writer releases the in-flight count when it ends
 	defer func() {
@@ -67,8 +63,8 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		return true
 	}
 
-	// A whole response: read it into the client's response (no intermediate copy).
-	_ = uc.SetReadDeadline(minTime(c.deadline, px.Now().Add(px.cfg.FirstByteTimeout)))
+	// A whole response: read it into the client's response (no intermediate copy), under
+	// roundTrip's deadline.
 	err = ctx.Response.ReadBody(uc.br, px.cfg.MaxResponseBodyBytes)
 	if err == nil && hdr.ContentLength() == -1 {
 		err = hdr.ReadTrailer(uc.br)
@@ -84,10 +80,11 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		px.upstreamFailed(r, "read_body", err)
 		return false // nothing reached the client: another replica may answer
 	}
+	now := px.Now()
 	if upstreamClose {
 		_ = uc.Close()
 	} else {
-		r.conns.put(uc, px.Now())
+		r.conns.put(uc, now)
 	}
 	if status >= 500 && status != fasthttp.StatusBadGateway && status != fasthttp.StatusServiceUnavailable {
 		px.upstreamFailed(r, "status_5xx", nil)
@@ -103,7 +100,6 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		usage, _ = oai.ResponseUsage(p, ctx.Response.Body())
 		px.parsers.Put(p)
 	}
-	now := px.Now()
 	px.account(c, r, result{code: status, usage: usage, sentAt: sentAt, firstAt: now, endAt: now, pred: pred})
 	return true
 }
@@ -123,13 +119,13 @@ func (px *Proxy) send(ctx *fasthttp.RequestCtx, c *call, r *Replica) (*upConn, t
 	out.Header.Del("X-Arbiter-Deadline-Ms")
 	out.SetBodyRaw(c.body)
 
-	uc, reused, err := r.conns.get(px.Now(), c.deadline)
+	sentAt := c.route.Now // microseconds before the write: the pick's time
+	uc, reused, err := r.conns.get(sentAt, c.deadline)
 	for {
 		if err != nil {
 			return nil, time.Time{}, err
 		}
-		sentAt := px.Now()
-		err = px.roundTrip(ctx, out, uc, c.deadline)
+		err = px.roundTrip(ctx, c, out, uc, sentAt)
 		if err == nil {
 			return uc, sentAt, nil
 		}
@@ -139,24 +135,25 @@ func (px *Proxy) send(ctx *fasthttp.RequestCtx, c *call, r *Replica) (*upConn, t
 		}
 		ctx.Response.Reset()
 		uc, reused, err = r.conns.dial(c.deadline)
+		sentAt = px.Now()
 	}
 }
 
 // roundTrip writes the request and waits for the response header, watching the client:
 // if it hangs up meanwhile, the upstream socket is closed, which cancels the generation.
-func (px *Proxy) roundTrip(ctx *fasthttp.RequestCtx, out *fasthttp.Request, uc *upConn, deadline time.Time) error {
-	now := px.Now()
-	_ = uc.SetWriteDeadline(minTime(deadline, now.Add(px.cfg.FirstByteTimeout)))
+// One deadline covers the write, the header and (for a whole response) its body: vLLM
+// sends a non-streamed response's header only when the generation is done.
+func (px *Proxy) roundTrip(ctx *fasthttp.RequestCtx, c *call, out *fasthttp.Request, uc *upConn, now time.Time) error {
+	_ = uc.SetDeadline(minTime(c.deadline, now.Add(px.cfg.FirstByteTimeout)))
 	if err := out.Write(uc.bw); err != nil {
 		return err
 	}
 	if err := uc.bw.Flush(); err != nil {
 		return err
 	}
-	_ = uc.SetReadDeadline(minTime(deadline, now.Add(px.cfg.FirstByteTimeout)))
-	w := watchClient(ctx.Conn(), func() { _ = uc.Close() })
+	px.watcher.add(&c.watch, ctx.Conn(), uc, now)
 	err := ctx.Response.Header.Read(uc.br)
-	if w.stop() {
+	if px.watcher.remove(&c.watch) {
 		return errClientGone
 	}
 	return err
@@ -167,48 +164,6 @@ func (px *Proxy) roundTrip(ctx *fasthttp.RequestCtx, out *fasthttp.Request, uc *
 func staleConnError(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
-}
-
-// clientWatch polls a client connection while the router waits on a replica.
-type clientWatch struct {
-	mu      sync.Mutex
-	t       *time.Timer
-	stopped bool
-	gone    atomic.Bool
-}
-
-// watchInterval is how often a waiting request checks its client. The first check comes
-// after one interval, so fast requests never pay for a check.
-const watchInterval = 100 * time.Millisecond
-
-func watchClient(conn net.Conn, onGone func()) *clientWatch {
-	w := &clientWatch{}
-	var check func()
-	check = func() {
-		if connwatch.PeerClosed(conn) {
-			w.gone.Store(true)
-			onGone()
-			return
-		}
-		w.mu.Lock()
-		if !w.stopped {
-			w.t.Reset(watchInterval)
-		}
-		w.mu.Unlock()
-	}
-	w.mu.Lock()
-	w.t = time.AfterFunc(watchInterval, check)
-	w.mu.Unlock()
-	return w
-}
-
-// stop ends the watch and reports whether the client was found gone.
-func (w *clientWatch) stop() bool {
-	w.mu.Lock()
-	w.stopped = true
-	w.t.Stop()
-	w.mu.Unlock()
-	return w.gone.Load()
 }
 
 func minTime(a, b time.Time) time.Time {

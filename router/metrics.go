@@ -1,10 +1,13 @@
 package router
 
 import (
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/arbiter-serve/arbiter/fleet"
 )
 
 // Metrics are the router's Prometheus metrics (namespace arbiter, subsystem router).
@@ -25,6 +28,7 @@ type Metrics struct {
 	held        prometheus.Gauge
 	holdWait    *prometheus.HistogramVec // model
 	replicaInfo *replicaCollector
+	models      sync.Map // model → *modelSeries
 }
 
 var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120}
@@ -106,4 +110,55 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.avail, prometheus.GaugeValue, a, info.ID, info.Provider, info.Region, string(info.Capacity))
 	}
+}
+
+// modelSeries are one model's metric children. Resolving a child hashes its label values
+// under the vector's lock; a proxy does that several times per request, so the children are
+// resolved once per model (and per replica description, below) and kept.
+type modelSeries struct {
+	e2e, ttft, itl, predicted, predErr prometheus.Observer
+	sloMet, sloMissed                  prometheus.Counter
+}
+
+func (m *Metrics) model(name string) *modelSeries {
+	if v, ok := m.models.Load(name); ok {
+		return v.(*modelSeries)
+	}
+	s := &modelSeries{
+		e2e: m.e2e.WithLabelValues(name), ttft: m.ttft.WithLabelValues(name), itl: m.itl.WithLabelValues(name),
+		predicted: m.predicted.WithLabelValues(name), predErr: m.predErr.WithLabelValues(name),
+		sloMet: m.slo.WithLabelValues(name, "met"), sloMissed: m.slo.WithLabelValues(name, "missed"),
+	}
+	v, _ := m.models.LoadOrStore(name, s)
+	return v.(*modelSeries)
+}
+
+// replicaSeries are a replica's metric children for the description they were resolved
+// for (its labels: provider, region, capacity…); a new description resolves them again.
+type replicaSeries struct {
+	info               *fleet.Replica
+	ok                 prometheus.Counter // requests answered 200
+	prompt, completion prometheus.Counter
+}
+
+func (m *Metrics) replica(r *Replica) *replicaSeries {
+	info := r.Info()
+	if s := r.series.Load(); s != nil && s.info == info {
+		return s
+	}
+	tok := func(typ string) prometheus.Counter {
+		return m.tokens.WithLabelValues(info.Model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), typ)
+	}
+	s := &replicaSeries{info: info, ok: m.requests.WithLabelValues(info.Model, info.ID, "200"), prompt: tok("prompt"), completion: tok("completion")}
+	r.series.Store(s)
+	return s
+}
+
+// request counts one answered request.
+func (m *Metrics) request(model string, r *Replica, code int) {
+	if s := m.replica(r); code == 200 && s.info.Model == model {
+		s.ok.Inc()
+		return
+	}
+	m.requests.WithLabelValues(model, r.Info().ID, strconv.Itoa(code)).Inc()
 }

@@ -42,8 +42,9 @@ type Proxy struct {
 	// Load counts per-model load for the control plane's autoscaler.
 	Load *LoadTracker
 	// keys, when set, are required of every /v1 request (Authorization: Bearer KEY).
-	keys atomic.Pointer[Keys]
-	held atomic.Int64
+	keys    atomic.Pointer[Keys]
+	held    atomic.Int64
+	watcher clientWatcher
 
 	parsers fastjson.ParserPool
 	rngs    sync.Pool
@@ -63,7 +64,7 @@ func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, 
 		}
 		if sc, ok := p.(*SLOCheapest); ok {
 			sc.OnPredict = func(r *Replica, pr Prediction, _ int) {
-				met.predicted.WithLabelValues(r.Info().Model).Observe(pr.TTFT)
+				met.model(r.Info().Model).predicted.Observe(pr.TTFT)
 			}
 		}
 		px.policies[name] = p
@@ -171,9 +172,12 @@ type call struct {
 	start        time.Time
 	deadline     time.Time
 	tried        []*Replica
-	key          *Key // nil without authentication
-	streaming    bool // a stream writer owns the rest of the call
-	lastUpstream int  // status of the last 502/503 kept as the answer of last resort
+	key          *Key       // nil without authentication
+	streaming    bool       // a stream writer owns the rest of the call
+	lastUpstream int        // status of the last 502/503 kept as the answer of last resort
+	load         *modelLoad // the model's load counters for the autoscaler
+	watch        clientWatch
+	triedBuf     [4]*Replica
 }
 
 func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
@@ -213,6 +217,7 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 	rng := px.rngs.Get().(*rand.Rand)
 	defer px.rngs.Put(rng)
 	load := px.Load.get(c.model)
+	c.load = load
 	load.requests.Add(1)
 	var candBuf [16]*Replica
 	for attempt := 0; attempt < px.cfg.MaxAttempts; attempt++ {
@@ -246,7 +251,7 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 	switch {
 	case c.lastUpstream != 0:
 		// The replica's own 502/503 is already in the response: pass it through.
-		px.met.requests.WithLabelValues(c.model, c.tried[len(c.tried)-1].Info().ID, strconv.Itoa(c.lastUpstream)).Inc()
+		px.met.request(c.model, c.tried[len(c.tried)-1], c.lastUpstream)
 	case !px.Now().Before(c.deadline):
 		px.met.errors.WithLabelValues("deadline").Inc()
 		oai.WriteError(ctx, fasthttp.StatusGatewayTimeout, oai.Timeout, "request deadline exceeded before a replica answered")
@@ -341,6 +346,7 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) 
 	}
 	now := px.Now()
 	c := &call{kind: kind, model: req.Model, stream: req.Stream, body: ctx.PostBody(), start: now, slo: px.cfg.SLOFor(req.Model)}
+	c.tried = c.triedBuf[:0]
 	if px.ControlPlane != nil {
 		// The service's spec, as the control plane published it, outranks the router's config.
 		if pol, slo, ok := px.ControlPlane.Routing(req.Model); ok {
@@ -353,9 +359,11 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) 
 		}
 	}
 	c.deadline = now.Add(px.cfg.RequestTimeout)
-	if ms, err := strconv.Atoi(string(ctx.Request.Header.Peek("X-Arbiter-Deadline-Ms"))); err == nil && ms > 0 {
-		if d := now.Add(time.Duration(ms) * time.Millisecond); d.Before(c.deadline) {
-			c.deadline = d
+	if h := ctx.Request.Header.Peek("X-Arbiter-Deadline-Ms"); len(h) > 0 {
+		if ms, err := strconv.Atoi(string(h)); err == nil && ms > 0 {
+			if d := now.Add(time.Duration(ms) * time.Millisecond); d.Before(c.deadline) {
+				c.deadline = d
+			}
 		}
 	}
 	if req.Stream && !req.IncludeUsage && kind != oai.Embedding {

@@ -23,6 +23,7 @@ type Replica struct {
 	// as many short ones).
 	prefilling atomic.Int64
 	conns      *connPool
+	series     atomic.Pointer[replicaSeries]
 
 	mu sync.Mutex // guards everything below
 	// ready is the active probe's verdict; a new replica starts ready because whoever

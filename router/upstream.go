@@ -72,9 +72,9 @@ func (p *connPool) dial(deadline time.Time) (*upConn, bool, error) {
 	return &upConn{Conn: nc, br: bufio.NewReaderSize(nc, 8<<10), bw: bufio.NewWriterSize(nc, 4<<10)}, false, nil
 }
 
-// put returns a healthy connection whose response was fully read.
+// put returns a healthy connection whose response was fully read. Its last deadline stays
+// set: an idle socket does no I/O, and the next request sets its own.
 func (p *connPool) put(c *upConn, now time.Time) {
-	_ = c.SetDeadline(time.Time{})
 	c.lastUsed = now
 	p.mu.Lock()
 	if p.closed || len(p.idle) >= p.maxIdle {

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -34,7 +35,8 @@ const model = "bench-model"
 var (
 	binDir   = flag.String("bin", "bin", "directory with replicasim and router binaries")
 	replicas = flag.Int("replicas", 2, "echo replicas")
-	duration = flag.Duration("duration", 8*time.Second, "wrk run length per target")
+	duration = flag.Duration("duration", 4*time.Second, "wrk run length per target and round")
+	rounds   = flag.Int("rounds", 3, "interleaved closed-loop rounds over all targets")
 	conns    = flag.Int("connections", 64, "wrk connections")
 	rate     = flag.Int("rate", 2000, "fixed request rate for the added-latency runs (req/s)")
 	rateFor  = flag.Duration("rate-duration", 5*time.Second, "length of each fixed-rate run")
@@ -43,12 +45,17 @@ var (
 	interval = flag.Duration("stream-interval", 100*time.Millisecond, "gap between a soak stream's tokens")
 	// minimal runs this program as the reference Go proxy (see serveMinimal) instead.
 	minimal = flag.String("minimal-proxy", "", "internal: serve the minimal fasthttp proxy on ADDR (upstreams are the arguments)")
+	evloop  = flag.String("eventloop-proxy", "", "internal: serve the reference epoll event-loop proxy on ADDR (upstreams are the arguments)")
 )
 
 func main() {
 	flag.Parse()
 	if *minimal != "" {
 		serveMinimal(*minimal, flag.Args())
+		return
+	}
+	if *evloop != "" {
+		serveEventLoop(*evloop, flag.Args())
 		return
 	}
 	if err := run(); err != nil {
@@ -158,6 +165,10 @@ func run() error {
 	if err := spawn(minimalAddr, self, append([]string{"-minimal-proxy", minimalAddr}, fast...)...); err != nil {
 		return err
 	}
+	evloopAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
+	if err := spawn(evloopAddr, self, append([]string{"-eventloop-proxy", evloopAddr}, fast...)...); err != nil {
+		return err
+	}
 
 	body := `{"model":"` + model + `","messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":16}`
 	luaPath := filepath.Join(tmp, "post.lua")
@@ -170,6 +181,7 @@ func run() error {
 		{"direct (one replica, no proxy)", fast[0]},
 		{"nginx round-robin, keep-alive upstreams", nginxAddr},
 		{"minimal Go proxy (fasthttp.HostClient round-robin, no parsing)", minimalAddr},
+		{"reference Go event loop (epoll per core, framing only)", evloopAddr},
 		{"arbiter router, round_robin", routers["round_robin"]},
 		{"arbiter router, slo_cheapest", routers["slo_cheapest"]},
 	}
@@ -177,27 +189,51 @@ func run() error {
 		name             string
 		rps              float64
 		p50, p99         time.Duration
+		ratioLo, ratioHi float64 // the round-by-round ratio to nginx
 		fixedP50, fixP99 time.Duration
 		errs             int64
 	}
-	var rows []row
-	for _, tg := range targets {
-		url := "http://" + tg.addr + "/v1/chat/completions"
-		rps, p50, p99, err := wrk(luaPath, url)
-		if err != nil {
-			return fmt.Errorf("%s: %w", tg.name, err)
+	rows := make([]row, len(targets))
+	for i, tg := range targets {
+		rows[i].name = tg.name
+	}
+	// Closed-loop rounds interleave the targets (each round in a rotated order), so a noisy
+	// spell on this shared machine hits every target alike; medians are reported.
+	runs := make([][]wrkResult, len(targets))
+	for round := 0; round < *rounds; round++ {
+		for k := range targets {
+			i := (k + round) % len(targets)
+			res, err := wrk(luaPath, "http://"+targets[i].addr+"/v1/chat/completions")
+			if err != nil {
+				return fmt.Errorf("%s: %w", targets[i].name, err)
+			}
+			runs[i] = append(runs[i], res)
 		}
-		fp50, fp99, errs := fixedRate(tg.addr, []byte(body), *rate, *rateFor)
-		rows = append(rows, row{tg.name, rps, p50, p99, fp50, fp99, errs})
+	}
+	const nginxRow = 1
+	for i := range rows {
+		r := &rows[i]
+		r.rps = median(runs[i], func(w wrkResult) float64 { return w.rps })
+		r.p50 = time.Duration(median(runs[i], func(w wrkResult) float64 { return float64(w.p50) }))
+		r.p99 = time.Duration(median(runs[i], func(w wrkResult) float64 { return float64(w.p99) }))
+		r.ratioLo, r.ratioHi = math.Inf(1), 0
+		for k, w := range runs[i] {
+			q := w.rps / runs[nginxRow][k].rps
+			r.ratioLo, r.ratioHi = math.Min(r.ratioLo, q), math.Max(r.ratioHi, q)
+		}
+	}
+	for i, tg := range targets {
+		rows[i].fixedP50, rows[i].fixP99, rows[i].errs = fixedRate(tg.addr, []byte(body), *rate, *rateFor)
 	}
 
 	fmt.Printf("\n### Throughput and latency, %d echo replicas, %d cores\n\n", *replicas, numCPU())
-	fmt.Printf("wrk: %d connections, %v per target, one thread. Fixed rate: %d req/s for %v (open loop; added = target − direct).\n\n", *conns, *duration, *rate, *rateFor)
-	fmt.Println("| target | req/s (wrk) | ratio to nginx | wrk p50 | wrk p99 | fixed-rate p50 | fixed-rate p99 | added p50 | added p99 | errors |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
-	ng := rows[1].rps
+	fmt.Printf("wrk: %d connections, one thread, %d interleaved rounds of %v per target (medians; the range is the per-round ratio to nginx). Fixed rate: %d req/s for %v (open loop; added = target − direct).\n\n",
+		*conns, *rounds, *duration, *rate, *rateFor)
+	fmt.Println("| target | req/s (wrk) | ratio to nginx | per-round range | wrk p50 | wrk p99 | fixed-rate p50 | fixed-rate p99 | added p50 | added p99 | errors |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
+	ng := rows[nginxRow].rps
 	for _, r := range rows {
-		fmt.Printf("| %s | %.0f | %.2f | %v | %v | %v | %v | %v | %v | %d |\n", r.name, r.rps, r.rps/ng, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond),
+		fmt.Printf("| %s | %.0f | %.2f | %.2f–%.2f | %v | %v | %v | %v | %v | %v | %d |\n", r.name, r.rps, r.rps/ng, r.ratioLo, r.ratioHi, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond),
 			r.fixedP50, r.fixP99, r.fixedP50-rows[0].fixedP50, r.fixP99-rows[0].fixP99, r.errs)
 	}
 
@@ -291,17 +327,35 @@ func startRouter(tmp, addr, policy string, ups []string, spawn func(string, stri
 
 var wrkLine = regexp.MustCompile(`(?m)^\s*(50|99)%\s+([\d.]+)(us|ms|s)\s*$`)
 
-func wrk(lua, url string) (rps float64, p50, p99 time.Duration, err error) {
+type wrkResult struct {
+	rps      float64
+	p50, p99 time.Duration
+}
+
+func median[T any](xs []T, f func(T) float64) float64 {
+	v := make([]float64, len(xs))
+	for i, x := range xs {
+		v[i] = f(x)
+	}
+	sort.Float64s(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+func wrk(lua, url string) (wrkResult, error) {
+	var res wrkResult
 	out, err := exec.Command("wrk", "-t1", "-c"+strconv.Itoa(*conns), "-d"+duration.String(), "--latency", "-s", lua, url).CombinedOutput()
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("wrk: %w: %s", err, out)
+		return res, fmt.Errorf("wrk: %w: %s", err, out)
 	}
 	if bytes.Contains(out, []byte("Non-2xx")) || bytes.Contains(out, []byte("Socket errors")) {
-		return 0, 0, 0, fmt.Errorf("wrk saw errors:\n%s", out)
+		return res, fmt.Errorf("wrk saw errors:\n%s", out)
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		if f := strings.Fields(line); len(f) == 2 && f[0] == "Requests/sec:" {
-			rps, _ = strconv.ParseFloat(f[1], 64)
+			res.rps, _ = strconv.ParseFloat(f[1], 64)
 		}
 	}
 	for _, m := range wrkLine.FindAllStringSubmatch(string(out), -1) {
@@ -309,15 +363,15 @@ func wrk(lua, url string) (rps float64, p50, p99 time.Duration, err error) {
 		unit := map[string]time.Duration{"us": time.Microsecond, "ms": time.Millisecond, "s": time.Second}[m[3]]
 		d := time.Duration(v * float64(unit))
 		if m[1] == "50" {
-			p50 = d
+			res.p50 = d
 		} else {
-			p99 = d
+			res.p99 = d
 		}
 	}
-	if rps == 0 {
-		return 0, 0, 0, errors.New("could not parse wrk output:\n" + string(out))
+	if res.rps == 0 {
+		return res, errors.New("could not parse wrk output:\n" + string(out))
 	}
-	return rps, p50, p99, nil
+	return res, nil
 }
 
 // fixedRate sends requests on a fixed schedule (open loop) and reports latency quantiles
