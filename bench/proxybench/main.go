@@ -110,12 +110,15 @@ func run() error {
 			p.stop()
 		}
 	}()
+	// pidOf maps a listening address to the process serving it, for CPU accounting.
+	pidOf := map[string]int{}
 	spawn := func(addr, name string, args ...string) error {
 		p, err := start(name, args...)
 		if err != nil {
 			return err
 		}
 		procs = append(procs, p)
+		pidOf[addr] = p.cmd.Process.Pid
 		return waitUp(addr)
 	}
 
@@ -156,7 +159,7 @@ func run() error {
 	if err := startRouter(tmp, soakRouter, "least_load", paced, spawn); err != nil {
 		return err
 	}
-	routerPID = procs[len(procs)-1].cmd.Process.Pid
+	routerPID = pidOf[soakRouter]
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -188,6 +191,7 @@ func run() error {
 	type row struct {
 		name             string
 		rps              float64
+		user, sys        float64 // the target's CPU per request, µs
 		p50, p99         time.Duration
 		ratioLo, ratioHi float64 // the round-by-round ratio to nginx
 		fixedP50, fixP99 time.Duration
@@ -203,7 +207,15 @@ func run() error {
 	for round := 0; round < *rounds; round++ {
 		for k := range targets {
 			i := (k + round) % len(targets)
+			// nginx serves from its master's worker processes.
+			pids := append([]int{pidOf[targets[i].addr]}, childrenOf(pidOf[targets[i].addr])...)
+			u0, s0 := cpuTime(pids)
 			res, err := wrk(luaPath, "http://"+targets[i].addr+"/v1/chat/completions")
+			u1, s1 := cpuTime(pids)
+			if res.requests > 0 {
+				res.user = float64((u1 - u0).Microseconds()) / float64(res.requests)
+				res.sys = float64((s1 - s0).Microseconds()) / float64(res.requests)
+			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", targets[i].name, err)
 			}
@@ -214,6 +226,8 @@ func run() error {
 	for i := range rows {
 		r := &rows[i]
 		r.rps = median(runs[i], func(w wrkResult) float64 { return w.rps })
+		r.user = median(runs[i], func(w wrkResult) float64 { return w.user })
+		r.sys = median(runs[i], func(w wrkResult) float64 { return w.sys })
 		r.p50 = time.Duration(median(runs[i], func(w wrkResult) float64 { return float64(w.p50) }))
 		r.p99 = time.Duration(median(runs[i], func(w wrkResult) float64 { return float64(w.p99) }))
 		r.ratioLo, r.ratioHi = math.Inf(1), 0
@@ -229,11 +243,12 @@ func run() error {
 	fmt.Printf("\n### Throughput and latency, %d echo replicas, %d cores\n\n", *replicas, numCPU())
 	fmt.Printf("wrk: %d connections, one thread, %d interleaved rounds of %v per target (medians; the range is the per-round ratio to nginx). Fixed rate: %d req/s for %v (open loop; added = target − direct).\n\n",
 		*conns, *rounds, *duration, *rate, *rateFor)
-	fmt.Println("| target | req/s (wrk) | ratio to nginx | per-round range | wrk p50 | wrk p99 | fixed-rate p50 | fixed-rate p99 | added p50 | added p99 | errors |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| target | req/s (wrk) | ratio to nginx | per-round range | CPU µs/request (user + sys) | wrk p50 | wrk p99 | fixed-rate p50 | fixed-rate p99 | added p50 | added p99 | errors |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
 	ng := rows[nginxRow].rps
 	for _, r := range rows {
-		fmt.Printf("| %s | %.0f | %.2f | %.2f–%.2f | %v | %v | %v | %v | %v | %v | %d |\n", r.name, r.rps, r.rps/ng, r.ratioLo, r.ratioHi, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond),
+		fmt.Printf("| %s | %.0f | %.2f | %.2f–%.2f | %.1f + %.1f = %.1f | %v | %v | %v | %v | %v | %v | %d |\n", r.name, r.rps, r.rps/ng, r.ratioLo, r.ratioHi,
+			r.user, r.sys, r.user+r.sys, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond),
 			r.fixedP50, r.fixP99, r.fixedP50-rows[0].fixedP50, r.fixP99-rows[0].fixP99, r.errs)
 	}
 
@@ -328,8 +343,52 @@ func startRouter(tmp, addr, policy string, ups []string, spawn func(string, stri
 var wrkLine = regexp.MustCompile(`(?m)^\s*(50|99)%\s+([\d.]+)(us|ms|s)\s*$`)
 
 type wrkResult struct {
-	rps      float64
-	p50, p99 time.Duration
+	rps       float64
+	requests  int64
+	p50, p99  time.Duration
+	user, sys float64 // the target's CPU per request, µs
+}
+
+// cpuTime sums the user and system CPU time of processes (their exited threads included).
+func cpuTime(pids []int) (user, sys time.Duration) {
+	const tick = 10 * time.Millisecond // USER_HZ is 100 on Linux
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command (which may hold spaces), from field 3 on.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		s, _ := strconv.ParseInt(f[12], 10, 64)
+		user += time.Duration(u) * tick
+		sys += time.Duration(s) * tick
+	}
+	return user, sys
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, child)
+		}
+	}
+	return out
 }
 
 func median[T any](xs []T, f func(T) float64) float64 {
@@ -356,6 +415,8 @@ func wrk(lua, url string) (wrkResult, error) {
 	for _, line := range strings.Split(string(out), "\n") {
 		if f := strings.Fields(line); len(f) == 2 && f[0] == "Requests/sec:" {
 			res.rps, _ = strconv.ParseFloat(f[1], 64)
+		} else if len(f) > 2 && f[1] == "requests" && f[2] == "in" {
+			res.requests, _ = strconv.ParseInt(f[0], 10, 64)
 		}
 	}
 	for _, m := range wrkLine.FindAllStringSubmatch(string(out), -1) {
