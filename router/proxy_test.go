@@ -251,7 +251,10 @@ func TestStaleUpstreamConnectionIsNotAClientError(t *testing.T) {
 	}
 	addr := s.addr
 	s.cancel()
-	time.Sleep(100 * time.Millisecond)
+	// Wait for the probes to see the replica down before restarting it: otherwise a probe
+	// that failed in the gap can mark it down again just after "ready again" was observed,
+	// and the request finds no replica (a 503 seen under a loaded -race run).
+	waitFor(t, "replica seen down", func() bool { return !r.pool.Get("a").Available(time.Now()) })
 	startSim(t, simOpts{echo: true, addr: addr})
 	waitFor(t, "replica ready again", func() bool { return r.pool.Get("a").Available(time.Now()) })
 	if resp, out := post(t, r.url+"/v1/chat/completions", chatBody(false, "")); resp.StatusCode != 200 {
