@@ -25,6 +25,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -75,7 +76,19 @@ func start(name string, args ...string) (*proc, error) {
 	return &proc{cmd: cmd}, nil
 }
 
-func (p *proc) stop() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }
+// stop asks the process to end (SIGTERM: nginx's master then stops its workers, which a
+// SIGKILL would leave running and listening) and kills it after 5 s.
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+	}
+}
 
 func freePort() int {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
