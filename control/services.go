@@ -127,7 +127,13 @@ func (c *Controller) Update(ctx context.Context, name, text string, envs map[str
 		return 0, fmt.Errorf("service %s: autoscaling: %w", name, err)
 	}
 	s.version, s.specs[v] = v, sp
-	s.placer, s.placement = nil, "" // the new version's placement policy, zones cooled afresh
+	// The new version's placement policy; zones cooling after a preemption or a refusal
+	// stay avoided. An invalid policy leaves the placer to be rebuilt (and the error
+	// reported) on the next tick.
+	if s.placer != nil && s.placer.Reconfigure(scaling.PlacementFromSpec(sp, zoneCooldown)) != nil {
+		s.placer = nil
+	}
+	s.placement = ""
 	c.publish()
 	c.kickNow()
 	return v, nil

@@ -114,6 +114,16 @@ func NewPlacer(p PlacementPolicy) (*Placer, error) {
 	return &Placer{policy: p, preempted: map[string]time.Time{}}, nil
 }
 
+// Reconfigure applies a new policy (a service update) and keeps what the placer has seen:
+// zones still cooling after a preemption or refusal stay avoided.
+func (pl *Placer) Reconfigure(p PlacementPolicy) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	pl.policy = p
+	return nil
+}
+
 // Preempted records that a zone took a spot replica back (or failed to launch one).
 func (pl *Placer) Preempted(provider, region, zone string, at time.Time) {
 	pl.preempted[provider+"/"+region+"/"+zone] = at
@@ -137,11 +147,14 @@ func cheapest(offers []Offer, capacity fleet.Capacity, ok func(Offer) bool) (Off
 func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Offer) Plan {
 	p := pl.policy
 	have := map[fleet.Capacity][]Placed{}
-	readySpot := 0
+	readySpot, ready := 0, 0
 	for _, r := range existing {
 		have[r.Capacity] = append(have[r.Capacity], r)
-		if r.Capacity == fleet.Spot && r.Ready {
-			readySpot++
+		if r.Ready {
+			ready++
+			if r.Capacity == fleet.Spot {
+				readySpot++
+			}
 		}
 	}
 	reservedCap := 0
@@ -154,10 +167,16 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	active := pl.activeZones(now, offers)
 	spotOffer, haveSpot := cheapest(offers, fleet.Spot, func(o Offer) bool { return active[o.place()] })
 	odOffer, haveOD := cheapest(offers, fleet.OnDemand, nil)
-	useSpot, why := false, ""
+	useSpot, holdSpot, why := false, false, ""
 	switch {
 	case !p.UseSpot:
 		why = "use_spot is off: on-demand"
+	case !haveSpot && len(have[fleet.Spot]) > 0:
+		// Nothing to buy now (every zone refused lately or has no capacity): that says
+		// nothing against the spot replicas already running, which keep serving; only
+		// what they do not cover goes on-demand.
+		holdSpot = true
+		why = fmt.Sprintf("no spot offer now: keeping %d spot replicas, on-demand for the rest", min(len(have[fleet.Spot]), rest))
 	case !haveSpot:
 		why = "no spot offer: on-demand"
 	case haveOD && spotOffer.PricePerHour > p.MaxSpotPriceRatio*odOffer.PricePerHour:
@@ -169,10 +188,14 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		useSpot = true
 		why = "spot offered, no on-demand price to compare: spot"
 	}
-	if useSpot {
+	if useSpot || holdSpot {
 		base := min(p.BaseOnDemand, rest)
 		want[fleet.Spot] = rest - base
 		od := base
+		if holdSpot {
+			want[fleet.Spot] = min(want[fleet.Spot], len(have[fleet.Spot]))
+			od = max(base, rest-p.Overprovision-want[fleet.Spot])
+		}
 		if p.DynamicFallback {
 			// SkyServe's SpotHedge fallback: one on-demand stand-in per spot replica that is
 			// wanted but not ready, never for the overprovisioned part.
@@ -228,7 +251,11 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		plan.Reason += fmt.Sprintf("; %d on-demand replicas wanted but no on-demand offer", n)
 	}
 	// Drains: extra replicas of each kind, not-ready ones first, then the newest; spot from
-	// the most crowded zone so the spread survives.
+	// the most crowded zone so the spread survives; the dearest kind first. A ready replica
+	// leaves only while the ready ones left still cover the target: when the mix changes
+	// (spot priced out, or back in), the old kind serves until its replacements are ready,
+	// as in a rolling update, instead of leaving the service short for a cold start.
+	readyBudget, kept := max(0, ready-max(target, 0)), 0
 	for _, kind := range []fleet.Capacity{fleet.OnDemand, fleet.Spot, fleet.Reserved} {
 		extra := len(have[kind]) - want[kind]
 		if extra <= 0 {
@@ -249,11 +276,21 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			return 0
 		})
 		for _, r := range order[:extra] {
+			if r.Ready {
+				if readyBudget == 0 {
+					kept++
+					continue
+				}
+				readyBudget--
+			}
 			if kind == fleet.Spot {
 				spotIn[r.place()]--
 			}
 			plan.Drain = append(plan.Drain, Drain{ID: r.ID, Reason: fmt.Sprintf("%d %s replicas for %d wanted (%s)", len(have[kind]), kind, want[kind], why)})
 		}
+	}
+	if kept > 0 {
+		plan.Reason += fmt.Sprintf("; %d ready replicas of the old mix serve until their replacements are ready", kept)
 	}
 	return plan
 }

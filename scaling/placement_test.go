@@ -138,3 +138,72 @@ func TestPlacementPolicyValidate(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+func spotAt(id, zone string, ready bool) Placed {
+	return Placed{ID: id, Capacity: fleet.Spot, Provider: "aws", Region: "us-east-1", Zone: zone, Ready: ready}
+}
+
+func drained(pl Plan) []string {
+	var out []string
+	for _, d := range pl.Drain {
+		out = append(out, d.ID)
+	}
+	return out
+}
+
+// When spot is priced out, the spot replicas serve until their on-demand replacements are
+// ready: draining them at once would leave the service short for a whole cold start.
+func TestMixChangeKeepsReadyReplicasUntilReplaced(t *testing.T) {
+	pl := policy(func(p *PlacementPolicy) { p.MaxSpotPriceRatio = 0.25 }) // spot $3 > 0.25 × $10
+	existing := []Placed{spotAt("a", "us-east-1a", true), spotAt("b", "us-east-1b", true), spotAt("c", "us-east-1c", false)}
+	plan := pl.Plan(p0, 3, existing, offers())
+	eq(t, "launches", zones(plan.Launch), "on_demand@us-east-1a", "on_demand@us-east-1a", "on_demand@us-east-1a")
+	eq(t, "drains while on-demand starts", drained(plan), "c") // not ready: serves nothing
+	if !strings.Contains(plan.Reason, "2 ready replicas of the old mix serve until their replacements are ready") {
+		t.Fatalf("reason %q does not say why spot stays", plan.Reason)
+	}
+	od := func(id string, ready bool) Placed {
+		return Placed{ID: id, Capacity: fleet.OnDemand, Provider: "aws", Region: "us-east-1", Zone: "us-east-1a", Ready: ready}
+	}
+	existing = []Placed{existing[0], existing[1], od("x", true), od("y", false), od("z", false)}
+	plan = pl.Plan(p0, 3, existing, offers())
+	if len(plan.Launch) != 0 || len(plan.Drain) != 0 {
+		t.Fatalf("one replacement ready, 3 ready for a target of 3: want no change, got %+v", plan)
+	}
+	existing[3].Ready = true
+	eq(t, "two replacements ready", drained(pl.Plan(p0, 3, existing, offers())), "b")
+	existing = []Placed{existing[0], existing[1], od("x", true), od("y", true), od("z", true)}
+	eq(t, "all replacements ready", drained(pl.Plan(p0, 3, existing, offers())), "b", "a")
+	// A scale-down at the same time drains what the smaller target leaves over at once.
+	existing = []Placed{spotAt("a", "us-east-1a", true), spotAt("b", "us-east-1b", true), spotAt("c", "us-east-1c", true)}
+	if got := drained(pl.Plan(p0, 1, existing, offers())); len(got) != 2 {
+		t.Fatalf("target 3 → 1 while priced out: %v drained, want 2 (the third serves until its replacement is ready)", got)
+	}
+}
+
+// Every zone refusing at once (no spot offer) is no reason to drain healthy spot replicas:
+// they keep serving and only the shortfall is bought on-demand.
+func TestNoSpotOfferKeepsRunningSpot(t *testing.T) {
+	onlyOD := offers()[:1]
+	pl := policy(nil)
+	existing := []Placed{spotAt("a", "us-east-1a", true), spotAt("b", "us-east-1b", true)}
+	plan := pl.Plan(p0, 2, existing, onlyOD)
+	if len(plan.Launch) != 0 || len(plan.Drain) != 0 {
+		t.Fatalf("steady spot fleet with no spot offer: want no change, got %+v", plan)
+	}
+	plan = pl.Plan(p0, 3, existing, onlyOD)
+	eq(t, "scale up without spot offers", zones(plan.Launch), "on_demand@us-east-1a")
+	if len(plan.Drain) != 0 || !strings.Contains(plan.Reason, "no spot offer now: keeping 2 spot replicas") {
+		t.Fatalf("plan %+v", plan)
+	}
+	// With SpotHedge's fallback, a spot replica that is not ready gets its stand-in.
+	pl = policy(func(p *PlacementPolicy) { p.DynamicFallback = true })
+	existing[1].Ready = false
+	plan = pl.Plan(p0, 2, existing, onlyOD)
+	eq(t, "stand-in for the starting spot replica", zones(plan.Launch), "on_demand@us-east-1a")
+	// Spot offered again: the on-demand replica that covered the shortfall leaves once the
+	// spot replicas are ready.
+	existing = []Placed{spotAt("a", "us-east-1a", true), spotAt("b", "us-east-1b", true),
+		{ID: "od", Capacity: fleet.OnDemand, Provider: "aws", Region: "us-east-1", Zone: "us-east-1a", Ready: true}}
+	eq(t, "spot back", drained(policy(nil).Plan(p0, 2, existing, offers())), "od")
+}
