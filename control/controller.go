@@ -96,6 +96,9 @@ type service struct {
 	// kept out of the offers for refusalBackoff even when the placer's zone cooldown has
 	// run out of zones, so an empty market is not asked again every tick.
 	refusedAt map[string]time.Time
+	// quoteErr is the provider's last quote error ("" after a good quote): a failing
+	// market is reported when its error changes, not on every tick.
+	quoteErr string
 }
 
 type replica struct {

@@ -2,10 +2,12 @@ package control
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,10 +27,16 @@ type marketMem struct {
 
 	mu       sync.Mutex
 	launched []string // zones asked for, in order
+	quoteErr error    // what Quote fails with, when set
 }
 
 func (m *marketMem) Name() string { return "sim" }
 func (m *marketMem) Quote(context.Context, string, *spec.Service) ([]replicas.Quote, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.quoteErr != nil {
+		return nil, m.quoteErr
+	}
 	return m.offers, nil
 }
 func (m *marketMem) CheckSpec(*spec.Service) error { return nil }
@@ -165,5 +173,88 @@ func TestRefusingZoneIsNotAskedEveryTick(t *testing.T) {
 	c.wg.Wait()
 	if n := count("a"); n != 1 {
 		t.Errorf("with its 2 replicas running, the service asked the empty zone again (%d)", n)
+	}
+}
+
+// A rolling update keeps the placer's memory: a zone that refused a launch a minute ago is
+// still cooling, and the new version's replicas are not sent to ask it again.
+func TestUpdateKeepsCoolingZones(t *testing.T) {
+	ctx := context.Background()
+	q := func(zone string, c fleet.Capacity, price float64) replicas.Quote {
+		return replicas.Quote{Provider: "sim", Region: "r", Zone: zone, Capacity: c, PricePerHour: price}
+	}
+	mkt := &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}},
+		offers: []replicas.Quote{q("a", fleet.Spot, 1), q("b", fleet.Spot, 2), q("c", fleet.Spot, 3), q("d", fleet.OnDemand, 10)},
+		empty:  map[string]bool{"a": true}}
+	now := time.UnixMilli(1_800_000_000_000)
+	c, _ := newMarketController(t, mkt, &now)
+	tick := func() {
+		c.tick(ctx)
+		c.wg.Wait()
+		now = now.Add(time.Second)
+	}
+	for range 3 {
+		tick()
+	}
+	now = now.Add(refusalBackoff) // the refused place is offered again; the placer still cools it
+	if _, err := c.Update(ctx, "svc", strings.Replace(marketSpec, "replicas: 2", "replicas: 3", 1), nil); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		tick()
+	}
+	mkt.mu.Lock()
+	asked := fmt.Sprint(mkt.launched)
+	mkt.mu.Unlock()
+	if asked != "[a b c b c b]" {
+		t.Errorf("zones asked for, in order: %s; want [a b c b c b] (after the update, the cooling zone a is still avoided)", asked)
+	}
+}
+
+// A market that cannot quote is reported once (log and event), not on every tick, and
+// again when it changes or recovers; meanwhile nothing is launched.
+func TestFailingQuoteIsReportedOnce(t *testing.T) {
+	ctx := context.Background()
+	mkt := &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}},
+		offers:   []replicas.Quote{{Provider: "sim", Region: "r", Zone: "a", Capacity: fleet.Spot, PricePerHour: 1}},
+		quoteErr: errors.New("catalog unreachable")}
+	now := time.UnixMilli(1_800_000_000_000)
+	c, st := newMarketController(t, mkt, &now)
+	setErr := func(err error) {
+		mkt.mu.Lock()
+		mkt.quoteErr = err
+		mkt.mu.Unlock()
+	}
+	tick := func(n int) {
+		for range n {
+			c.tick(ctx)
+			c.wg.Wait()
+			now = now.Add(time.Second)
+		}
+	}
+	tick(5)
+	setErr(errors.New("catalog unreachable: timeout"))
+	tick(5)
+	setErr(nil)
+	tick(5)
+	evs, err := st.Events(ctx, "svc", "", 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range evs {
+		if strings.Contains(e.Message, "placement waits") || strings.Contains(e.Message, "quotes are back") {
+			got = append(got, e.Message)
+		}
+	}
+	want := []string{"placement waits: catalog unreachable", "placement waits: catalog unreachable: timeout", "quotes are back; placement resumes"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("quote events %q; want %q", got, want)
+	}
+	mkt.mu.Lock()
+	n := len(mkt.launched)
+	mkt.mu.Unlock()
+	if n != 2 {
+		t.Errorf("%d launches; want the 2 replicas, all after the quotes came back", n)
 	}
 }

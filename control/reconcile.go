@@ -258,7 +258,8 @@ const refusalBackoff = 30 * time.Second
 // offers asks the service's provider for the offers placement chooses from, less the
 // places that refused a launch lately; ok is false when the provider is not a market (the
 // local machine, which quotes nothing: replicas take arbiter.local's labels). A market
-// that cannot quote now (logged) gives no offers: placement then waits rather than guesses.
+// that cannot quote now gives no offers: placement then waits rather than guesses (the
+// error is logged and recorded as an event once, and again when it changes).
 func (c *Controller) offers(ctx context.Context, s *service, now time.Time) ([]scaling.Offer, bool) {
 	p, err := c.provider(s.spec().Arbiter.Providers[0])
 	if err != nil {
@@ -269,8 +270,17 @@ func (c *Controller) offers(ctx context.Context, s *service, now time.Time) ([]s
 		return nil, false
 	}
 	if err != nil {
-		c.log.Error("quote failed; placement waits", "service", s.name, "provider", p.Name(), "err", err)
+		if err.Error() != s.quoteErr {
+			s.quoteErr = err.Error()
+			c.log.Error("quote failed; placement waits", "service", s.name, "provider", p.Name(), "err", err)
+			c.event(ctx, s.name, "", "error", "placement waits: "+err.Error())
+		}
 		return nil, true
+	}
+	if s.quoteErr != "" {
+		s.quoteErr = ""
+		c.log.Info("quotes are back; placement resumes", "service", s.name, "provider", p.Name())
+		c.event(ctx, s.name, "", "placement", "quotes are back; placement resumes")
 	}
 	offers := make([]scaling.Offer, 0, len(quotes))
 	for _, q := range quotes {

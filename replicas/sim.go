@@ -79,7 +79,13 @@ type simMarket struct {
 	// recheck: built by this process, so replicas it finds running may sit in zones the
 	// trace emptied while no one was watching; the next announce reclaims those.
 	recheck bool
+	// quoted is the last quote's wall time: a live service is quoted on every control
+	// tick, so a market unquoted for marketIdle belongs to a deleted service.
+	quoted time.Time
 }
+
+// marketIdle is how long a market goes unquoted before it is forgotten, with its clock.
+const marketIdle = 10 * time.Minute
 
 // NewSim returns the sim provider; it watches its markets until ctx ends.
 func NewSim(ctx context.Context, cfg SimConfig) (*Sim, error) {
@@ -229,6 +235,7 @@ func (s *Sim) Quote(_ context.Context, service string, sp *spec.Service) ([]Quot
 	if err != nil {
 		return nil, err
 	}
+	sm.quoted = s.cfg.Now()
 	var out []Quote
 	for _, o := range sm.m.Offers(sm.marketTime(s.cfg.Now())) {
 		out = append(out, Quote{Provider: s.Name(), Region: o.Region, Zone: o.Zone, Capacity: o.Capacity, PricePerHour: o.PricePerHour})
@@ -294,7 +301,16 @@ func (s *Sim) announce(ctx context.Context) {
 	now := s.cfg.Now()
 	var dues []due
 	s.mu.Lock()
+	forgot := false
 	for service, sm := range s.markets {
+		if now.Sub(sm.quoted) >= marketIdle {
+			// Its service is gone (a recreated one starts a market of its own); a replica
+			// of it still terminating gets no notices from here on.
+			delete(s.markets, service)
+			delete(s.clocks, service)
+			forgot = true
+			continue
+		}
 		t := sm.marketTime(now)
 		if sm.recheck {
 			// Whatever runs where the trace has no capacity now goes at once.
@@ -324,6 +340,9 @@ func (s *Sim) announce(ctx context.Context) {
 			dues = append(dues, due{service: service, cloud: sm.cloud, places: d.Places, share: d.Share, at: at})
 		}
 		sm.announced = horizon
+	}
+	if forgot {
+		s.saveClocks()
 	}
 	s.mu.Unlock()
 	if len(dues) == 0 {

@@ -2,6 +2,7 @@ package replicas
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -307,5 +308,50 @@ func TestSimProviderTags(t *testing.T) {
 	bad := parseSimSpec(t, strings.Replace(simSpec, "skypilot-preemption-aws-04-22-2023-v100_1", "no-such-trace", 1))
 	if err := s.CheckSpec(bad); err == nil || !strings.Contains(err.Error(), "known:") {
 		t.Errorf("CheckSpec with an unknown trace: %v; want an error listing the known traces", err)
+	}
+}
+
+// A market left unquoted for marketIdle (its service was deleted) is forgotten with its
+// clock, so a daemon that creates and deletes services does not keep every market; one
+// still quoted stays.
+func TestSimForgetsMarketsOfDeletedServices(t *testing.T) {
+	start := time.UnixMilli(1_800_000_000_000)
+	clock := &fakeClock{t: start}
+	s := newTestSim(t, clock)
+	sp := parseSimSpec(t, simSpec)
+	quote := func(service string) {
+		if _, err := s.Quote(context.Background(), service, sp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	quote("gone")
+	quote("live")
+	has := func(service string) (inMemory, persisted bool) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		b, err := os.ReadFile(s.cfg.ClockPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var clocks map[string]marketClock
+		if err := json.Unmarshal(b, &clocks); err != nil {
+			t.Fatal(err)
+		}
+		_, persisted = clocks[service]
+		return s.markets[service] != nil, persisted
+	}
+	clock.Set(start.Add(marketIdle - time.Minute))
+	quote("live")
+	s.announce(context.Background())
+	if m, p := has("gone"); !m || !p {
+		t.Fatalf("a market unquoted for less than %v was forgotten (in memory %v, clock saved %v)", marketIdle, m, p)
+	}
+	clock.Set(start.Add(marketIdle))
+	s.announce(context.Background())
+	if m, p := has("gone"); m || p {
+		t.Fatalf("a market unquoted for %v is still kept (in memory %v, clock saved %v)", marketIdle, m, p)
+	}
+	if m, p := has("live"); !m || !p {
+		t.Fatalf("the market of a service still quoted was forgotten (in memory %v, clock saved %v)", m, p)
 	}
 }
