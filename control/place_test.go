@@ -72,6 +72,26 @@ func newMarketController(t *testing.T, mkt *marketMem, now *time.Time) (*Control
 	return c, st
 }
 
+// threeSpotZones is a market with spot in zones a (empty: launches there are refused), b
+// and c, cheapest first, and on-demand in d.
+func threeSpotZones() *marketMem {
+	q := func(zone string, c fleet.Capacity, price float64) replicas.Quote {
+		return replicas.Quote{Provider: "sim", Region: "r", Zone: zone, Capacity: c, PricePerHour: price}
+	}
+	return &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}},
+		offers: []replicas.Quote{q("a", fleet.Spot, 1), q("b", fleet.Spot, 2), q("c", fleet.Spot, 3), q("d", fleet.OnDemand, 10)},
+		empty:  map[string]bool{"a": true}}
+}
+
+// ticks runs n control ticks a second apart, each with its background work finished.
+func ticks(c *Controller, now *time.Time, n int) {
+	for range n {
+		c.tick(context.Background())
+		c.wg.Wait()
+		*now = now.Add(time.Second)
+	}
+}
+
 const marketSpec = `service:
   readiness_probe: /health
   replicas: 2
@@ -88,19 +108,10 @@ arbiter: {model: m, providers: [sim]}
 // next cheapest zones.
 func TestPlacementAvoidsARefusingZoneWithoutBackoff(t *testing.T) {
 	ctx := context.Background()
-	q := func(zone string, c fleet.Capacity, price float64) replicas.Quote {
-		return replicas.Quote{Provider: "sim", Region: "r", Zone: zone, Capacity: c, PricePerHour: price}
-	}
-	mkt := &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}},
-		offers: []replicas.Quote{q("a", fleet.Spot, 1), q("b", fleet.Spot, 2), q("c", fleet.Spot, 3), q("d", fleet.OnDemand, 10)},
-		empty:  map[string]bool{"a": true}}
+	mkt := threeSpotZones()
 	now := time.UnixMilli(1_800_000_000_000)
 	c, st := newMarketController(t, mkt, &now)
-	for range 5 {
-		c.tick(ctx)
-		c.wg.Wait()
-		now = now.Add(time.Second)
-	}
+	ticks(c, &now, 5)
 	mkt.mu.Lock()
 	asked := fmt.Sprint(mkt.launched)
 	mkt.mu.Unlock()
@@ -157,11 +168,7 @@ func TestRefusingZoneIsNotAskedEveryTick(t *testing.T) {
 		}
 		return n
 	}
-	for range 20 { // 20 ticks a second apart: within one refusal backoff
-		c.tick(ctx)
-		c.wg.Wait()
-		now = now.Add(time.Second)
-	}
+	ticks(c, &now, 20) // a second apart: within one refusal backoff
 	if n := count("a"); n != 1 {
 		t.Errorf("the empty zone was asked %d times in 20 s; want once per %v", n, refusalBackoff)
 	}
@@ -180,29 +187,15 @@ func TestRefusingZoneIsNotAskedEveryTick(t *testing.T) {
 // still cooling, and the new version's replicas are not sent to ask it again.
 func TestUpdateKeepsCoolingZones(t *testing.T) {
 	ctx := context.Background()
-	q := func(zone string, c fleet.Capacity, price float64) replicas.Quote {
-		return replicas.Quote{Provider: "sim", Region: "r", Zone: zone, Capacity: c, PricePerHour: price}
-	}
-	mkt := &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}},
-		offers: []replicas.Quote{q("a", fleet.Spot, 1), q("b", fleet.Spot, 2), q("c", fleet.Spot, 3), q("d", fleet.OnDemand, 10)},
-		empty:  map[string]bool{"a": true}}
+	mkt := threeSpotZones()
 	now := time.UnixMilli(1_800_000_000_000)
 	c, _ := newMarketController(t, mkt, &now)
-	tick := func() {
-		c.tick(ctx)
-		c.wg.Wait()
-		now = now.Add(time.Second)
-	}
-	for range 3 {
-		tick()
-	}
+	ticks(c, &now, 3)
 	now = now.Add(refusalBackoff) // the refused place is offered again; the placer still cools it
 	if _, err := c.Update(ctx, "svc", strings.Replace(marketSpec, "replicas: 2", "replicas: 3", 1), nil); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 {
-		tick()
-	}
+	ticks(c, &now, 3)
 	mkt.mu.Lock()
 	asked := fmt.Sprint(mkt.launched)
 	mkt.mu.Unlock()
@@ -225,18 +218,11 @@ func TestFailingQuoteIsReportedOnce(t *testing.T) {
 		mkt.quoteErr = err
 		mkt.mu.Unlock()
 	}
-	tick := func(n int) {
-		for range n {
-			c.tick(ctx)
-			c.wg.Wait()
-			now = now.Add(time.Second)
-		}
-	}
-	tick(5)
+	ticks(c, &now, 5)
 	setErr(errors.New("catalog unreachable: timeout"))
-	tick(5)
+	ticks(c, &now, 5)
 	setErr(nil)
-	tick(5)
+	ticks(c, &now, 5)
 	evs, err := st.Events(ctx, "svc", "", 0, 1000)
 	if err != nil {
 		t.Fatal(err)

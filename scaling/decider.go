@@ -52,6 +52,11 @@ type Decider struct {
 	panicking  bool
 	panicSince time.Time
 	panicLast  time.Time // last time the panic condition held
+
+	// serviceTime is W, seconds a request spends in flight when replicas serve it,
+	// learned from the last stable window of normal service (learnServiceTime); 0 until
+	// then. It survives scale to zero: the next wake is the same service.
+	serviceTime float64
 }
 
 // NewDecider returns a decider for cfg. now is when observation starts: until
@@ -114,11 +119,17 @@ func (d *Decider) Decide(now time.Time, ready, current int) Decision {
 		d.trim(now)
 	}
 
+	if c.Signal == SignalConcurrency {
+		d.learnServiceTime(now, ready)
+	}
 	stableLoad := d.load(now, c.StableWindow)
 	want := replicasFor(stableLoad, c.TargetPerReplica)
 	var b strings.Builder
 	fmt.Fprintf(&b, "stable %s %s %s / %s per replica → %d",
 		secs(c.StableWindow), c.Signal.unit(), num(stableLoad), num(c.TargetPerReplica), want)
+	if n := len(d.samples); c.Signal == SignalConcurrency && d.serviceTime > 0 && n > 0 && d.samples[n-1].Waiting > 0 {
+		fmt.Fprintf(&b, " (%s held: counted as arrivals × %s in flight each)", num(d.samples[n-1].Waiting), secs(time.Duration(d.serviceTime*float64(time.Second))))
+	}
 
 	// Panic mode (Knative): the stable window is deliberately slow, so a
 	// burst that would need ≥ PanicThreshold × the ready replicas is

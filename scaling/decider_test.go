@@ -730,3 +730,50 @@ func TestAdoptLatestEndsHoldOnLatestWish(t *testing.T) {
 		t.Fatalf("t=151: target %d, want 4 (the latest wish): %s", dec.Target, dec.Reason)
 	}
 }
+
+// Requests held through a cold start count as their arrival rate × the time a request
+// spends in flight (learned from the last window of normal service), not one each: the
+// backlog of a 5-minute start is not demand for a fleet. A real rise in arrivals during
+// the hold still raises the target.
+func TestHeldRequestsCountAsArrivalsTimesServiceTime(t *testing.T) {
+	cfg := concCfg()
+	r := newRun(t, cfg, 2)
+	for s := 1; s <= 120; s++ { // 3 requests/s, 6 in flight: W = 2 s
+		r.step(s, Sample{InFlight: 6, Requests: 3})
+	}
+	r.expect(120, 2)
+	if math.Abs(r.d.serviceTime-2) > 0.01 {
+		t.Fatalf("learned W = %vs, want 2s", r.d.serviceTime)
+	}
+	r.ready = 0 // every replica gone (preempted); the replacements take 5 minutes
+	for s := 121; s <= 420; s++ {
+		r.step(s, Sample{Waiting: float64(3 * (s - 120)), Requests: 3})
+		r.expect(s, 2)
+	}
+	if !strings.Contains(r.last.Reason, "900 held: counted as arrivals × 2s in flight each") {
+		t.Fatalf("reason %q does not say how held requests count", r.last.Reason)
+	}
+	for s := 421; s <= 600; s++ { // arrivals triple while still held: 9/s × 2 s = 18 → 5
+		r.step(s, Sample{Waiting: float64(900 + 9*(s-420)), Requests: 9})
+	}
+	r.expect(600, 5)
+	// The backlog released onto one fresh replica is not normal service: W is not
+	// learned from it, so the next hold is still judged by the old W.
+	r.ready = 1
+	for s := 601; s <= 720; s++ {
+		r.step(s, Sample{InFlight: 2000, Requests: 3})
+	}
+	if math.Abs(r.d.serviceTime-2) > 0.01 {
+		t.Fatalf("W = %vs after a released backlog, want still 2s", r.d.serviceTime)
+	}
+
+	// Without a learned W (a service never seen serving), held requests count one each.
+	r = newRun(t, cfg, 2)
+	r.ready = 0
+	for s := 1; s <= 300; s++ {
+		r.step(s, Sample{Waiting: float64(3 * s), Requests: 3})
+	}
+	if r.cur != cfg.MaxReplicas {
+		t.Fatalf("no W: target %d, want the held count's %d", r.cur, cfg.MaxReplicas)
+	}
+}

@@ -16,8 +16,8 @@ type Sample struct {
 	Requests float64
 	// InFlight is the number of requests being served at At.
 	InFlight float64
-	// Waiting is the number of requests queued at At: in replicas' queues
-	// plus held by routers because no replica is ready.
+	// Waiting is the number of requests held by routers at At because no
+	// replica is ready (requests queued inside a replica are in flight).
 	Waiting float64
 	// Tokens is prompt+completion tokens completed since the previous sample.
 	Tokens float64
@@ -89,7 +89,25 @@ func (d *Decider) trim(ref time.Time) {
 	}
 }
 
-// load is the signal averaged over (now-w, now].
+// load is the service's signal averaged over (now-w, now].
+func (d *Decider) load(now time.Time, w time.Duration) float64 {
+	return d.signal(now, w, d.cfg.Signal)
+}
+
+// heldDemand is what the requests held at s add to the concurrency signal; interval is
+// the time s speaks for (0: unknown). A held request waits through a whole cold start, so
+// counting each as one request in flight reads minutes of arrivals as that many requests
+// served at once: 5 requests/s held through a 5-minute start look like 1,500 concurrent
+// requests, where replicas would carry 5/s × W. Once the decider knows W (serviceTime),
+// held requests count as their arrival rate × W, never more than their number.
+func (d *Decider) heldDemand(s Sample, interval time.Duration) float64 {
+	if s.Waiting == 0 || d.serviceTime <= 0 || interval <= 0 {
+		return s.Waiting
+	}
+	return min(s.Waiting, s.Requests/interval.Seconds()*d.serviceTime)
+}
+
+// signal is sig averaged over (now-w, now].
 //
 // Each sample speaks for the interval since the previous one, (prev.At, At]:
 // counts (requests, tokens) are prorated by how much of that interval lies in
@@ -97,9 +115,9 @@ func (d *Decider) trim(ref time.Time) {
 // the result right when samples are irregular or coarser than the panic
 // window (a 20 s report must not make a 6 s window read 0 or 3× too high),
 // and it lets the latest sample count at once, which a burst needs.
-func (d *Decider) load(now time.Time, w time.Duration) float64 {
+func (d *Decider) signal(now time.Time, w time.Duration, sig Signal) float64 {
 	start := now.Add(-w)
-	gauge := d.cfg.Signal == SignalConcurrency
+	gauge := sig == SignalConcurrency
 	var sum, weight, pointSum float64
 	points := 0
 	for i, s := range d.samples {
@@ -110,13 +128,17 @@ func (d *Decider) load(now time.Time, w time.Duration) float64 {
 			break // this and later intervals start at or after now
 		}
 		var v float64
-		switch d.cfg.Signal {
+		switch sig {
 		case SignalQPS:
 			v = s.Requests
 		case SignalTokens:
 			v = s.Tokens
 		default:
-			v = s.InFlight + s.Waiting
+			var interval time.Duration
+			if i > 0 {
+				interval = s.At.Sub(d.samples[i-1].At)
+			}
+			v = s.InFlight + d.heldDemand(s, interval)
 		}
 		var lo time.Time
 		switch {
@@ -192,4 +214,26 @@ func replicasFor(load, target float64) int {
 		return math.MaxInt32
 	}
 	return int(x)
+}
+
+// learnServiceTime updates serviceTime, W, from the stable window ending at now by
+// Little's law (mean in flight ÷ arrival rate), when that window shows replicas serving
+// normally: arrivals, nothing held, and no more in flight than twice what the ready
+// replicas are meant to carry (a held backlog released at once onto a fresh replica
+// would read as slow service).
+func (d *Decider) learnServiceTime(now time.Time, ready int) {
+	w := d.cfg.StableWindow
+	if ready == 0 || now.Sub(d.created) < w {
+		return
+	}
+	start := now.Add(-w)
+	for _, s := range d.samples {
+		if s.At.After(start) && !s.At.After(now) && s.Waiting > 0 {
+			return
+		}
+	}
+	inflight, rate := d.signal(now, w, SignalConcurrency), d.signal(now, w, SignalQPS)
+	if rate > 0 && inflight > 0 && inflight <= 2*float64(ready)*d.cfg.TargetPerReplica {
+		d.serviceTime = inflight / rate
+	}
 }
