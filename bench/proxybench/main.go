@@ -45,8 +45,9 @@ var (
 	tokens   = flag.Int("stream-tokens", 40, "tokens per soak stream")
 	interval = flag.Duration("stream-interval", 100*time.Millisecond, "gap between a soak stream's tokens")
 	// minimal runs this program as the reference Go proxy (see serveMinimal) instead.
-	minimal = flag.String("minimal-proxy", "", "internal: serve the minimal fasthttp proxy on ADDR (upstreams are the arguments)")
-	evloop  = flag.String("eventloop-proxy", "", "internal: serve the reference epoll event-loop proxy on ADDR (upstreams are the arguments)")
+	minimal  = flag.String("minimal-proxy", "", "internal: serve the minimal fasthttp proxy on ADDR (upstreams are the arguments)")
+	evloop   = flag.String("eventloop-proxy", "", "internal: serve the reference epoll event-loop proxy on ADDR (upstreams are the arguments)")
+	variants = flag.String("router-variants", "", "extra round_robin router targets, ';'-separated, each a space-separated environment (e.g. 'GOMAXPROCS=1;GOGC=400')")
 )
 
 func main() {
@@ -67,8 +68,11 @@ func main() {
 
 type proc struct{ cmd *exec.Cmd }
 
-func start(name string, args ...string) (*proc, error) {
+func start(env []string, name string, args ...string) (*proc, error) {
 	cmd := exec.Command(name, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = nil, nil
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
@@ -125,8 +129,10 @@ func run() error {
 	}()
 	// pidOf maps a listening address to the process serving it, for CPU accounting.
 	pidOf := map[string]int{}
+	var env []string // the environment of the next spawn only
 	spawn := func(addr, name string, args ...string) error {
-		p, err := start(name, args...)
+		p, err := start(env, name, args...)
+		env = nil
 		if err != nil {
 			return err
 		}
@@ -200,6 +206,16 @@ func run() error {
 		{"reference Go event loop (epoll per core, framing only)", evloopAddr},
 		{"arbiter router, round_robin", routers["round_robin"]},
 		{"arbiter router, slo_cheapest", routers["slo_cheapest"]},
+	}
+	if *variants != "" {
+		for _, v := range strings.Split(*variants, ";") {
+			addr := fmt.Sprintf("127.0.0.1:%d", freePort())
+			env = strings.Fields(v)
+			if err := startRouter(tmp, addr, "round_robin", fast, spawn); err != nil {
+				return err
+			}
+			targets = append(targets, struct{ name, addr string }{"arbiter router, round_robin, " + v, addr})
+		}
 	}
 	type row struct {
 		name             string
