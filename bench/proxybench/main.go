@@ -129,10 +129,10 @@ func run() error {
 	}()
 	// pidOf maps a listening address to the process serving it, for CPU accounting.
 	pidOf := map[string]int{}
-	var env []string // the environment of the next spawn only
-	spawn := func(addr, name string, args ...string) error {
+	// spawnEnv starts a process with env added to this one's environment and waits for it
+	// to listen on addr.
+	spawnEnv := func(env []string, addr, name string, args ...string) error {
 		p, err := start(env, name, args...)
-		env = nil
 		if err != nil {
 			return err
 		}
@@ -140,6 +140,7 @@ func run() error {
 		pidOf[addr] = p.cmd.Process.Pid
 		return waitUp(addr)
 	}
+	spawn := func(addr, name string, args ...string) error { return spawnEnv(nil, addr, name, args...) }
 
 	// Echo replicas: fast ones for throughput, paced ones for the streaming soak.
 	var fast, paced []string
@@ -209,9 +210,9 @@ func run() error {
 	}
 	if *variants != "" {
 		for _, v := range strings.Split(*variants, ";") {
-			addr := fmt.Sprintf("127.0.0.1:%d", freePort())
-			env = strings.Fields(v)
-			if err := startRouter(tmp, addr, "round_robin", fast, spawn); err != nil {
+			addr, env := fmt.Sprintf("127.0.0.1:%d", freePort()), strings.Fields(v)
+			withEnv := func(addr, name string, args ...string) error { return spawnEnv(env, addr, name, args...) }
+			if err := startRouter(tmp, addr, "round_robin", fast, withEnv); err != nil {
 				return err
 			}
 			targets = append(targets, struct{ name, addr string }{"arbiter router, round_robin, " + v, addr})
