@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -320,11 +321,12 @@ func (l *Local) List(context.Context) ([]Instance, error) {
 		return nil, fmt.Errorf("local provider list: %w", err)
 	}
 	var out []Instance
+	buf := make([]byte, 64<<10)
 	for _, p := range procs {
 		if p.pid != p.pgid || p.state == 'Z' {
 			continue
 		}
-		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.pid))
+		env, err := environ(p.pid, buf)
 		if err != nil {
 			continue // gone meanwhile, or not ours to read
 		}
@@ -353,6 +355,42 @@ func (l *Local) Preempt(replicaID, handle string, warn time.Duration) {
 // Quote implements Provider: this machine is not a market; its replicas take the labels and
 // price of the service's arbiter.local block.
 func (l *Local) Quote(context.Context, string, *spec.Service) ([]Quote, error) { return nil, nil }
+
+// environ reads a process's environment into buf (or a larger slice, for a larger
+// environment). /proc shows it empty while a process is between fork and exec or inside an
+// exec, which is where a replica just launched is (bash exec'ing its run: command): an empty
+// read is retried for up to a quarter of a second rather than taken for a process that is
+// not ours, which would leave a replica out of the list. It is read in one call: an exec
+// between two reads ends the file early, a truncated environment without the tags (seen
+// here).
+func environ(pid int, buf []byte) ([]byte, error) {
+	path := fmt.Sprintf("/proc/%d/environ", pid)
+	for try := 0; ; try++ {
+		b, err := readOnce(path, buf)
+		if err != nil || len(b) > 0 || try == 50 {
+			return b, err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// readOnce reads a file in a single read into buf, and the rest, if it does not fit, after.
+func readOnce(path string, buf []byte) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	n, err := f.Read(buf)
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	if err != nil || n < len(buf) {
+		return buf[:n], err
+	}
+	rest, err := io.ReadAll(f)
+	return append(buf[:n:n], rest...), err
+}
 
 type procStat struct {
 	pid, pgid int
@@ -432,11 +470,12 @@ func OwnedProcesses(owner string) (map[string][]int, error) {
 		return nil, err
 	}
 	out := map[string][]int{}
+	buf := make([]byte, 64<<10)
 	for _, p := range procs {
-		if p.state == 'Z' || p.state == 'X' {
+		if p.state == 'Z' || p.state == 'X' || p.pgid == 0 { // pgid 0: a kernel thread
 			continue
 		}
-		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.pid))
+		env, err := environ(p.pid, buf)
 		if err != nil {
 			continue
 		}

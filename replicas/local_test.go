@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -156,5 +157,35 @@ func TestTransitions(t *testing.T) {
 	}
 	if err := CheckTransition(Pending, Ready); err == nil {
 		t.Fatal("pending → ready allowed (skips provisioning and the probe)")
+	}
+}
+
+// List sees a replica the moment Launch returns, though /proc shows a process's
+// environment empty until its exec is done (bash exec'ing the run: command here): a
+// control plane that lists right after a launch (recovery, terminating a replica whose
+// launch was never recorded) must not take it for a stranger, or it leaks.
+func TestLocalListSeesJustLaunchedReplicas(t *testing.T) {
+	ctx := context.Background()
+	l := newTestLocal(t)
+	price := 1.0
+	for i := range 40 {
+		id := fmt.Sprintf("svc-%d", i)
+		inst, err := l.Launch(ctx, LaunchSpec{ReplicaID: id, Run: "exec sleep 30", PricePerHour: &price})
+		if err != nil {
+			t.Fatal(err)
+		}
+		list, err := l.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(list, func(in Instance) bool { return in.ReplicaID == id }) {
+			t.Fatalf("launch %d: List right after Launch does not show %s", i, id)
+		}
+		if procs, _ := OwnedProcesses(l.cfg.Owner); len(procs[id]) == 0 {
+			t.Fatalf("launch %d: OwnedProcesses right after Launch does not show %s", i, id)
+		}
+		if err := l.Terminate(ctx, inst.Handle); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
