@@ -92,10 +92,6 @@ type service struct {
 	// placement is its last plan's reason.
 	placer    *scaling.Placer
 	placement string
-	// refusedAt: places (provider/region/zone) that refused a launch for want of capacity,
-	// kept out of the offers for refusalBackoff even when the placer's zone cooldown has
-	// run out of zones, so an empty market is not asked again every tick.
-	refusedAt map[string]time.Time
 	// quoteErr is the provider's last quote error ("" after a good quote): a failing
 	// market is reported when its error changes, not on every tick.
 	quoteErr string

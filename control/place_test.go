@@ -14,6 +14,7 @@ import (
 
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/scaling"
 	"github.com/arbiter-serve/arbiter/spec"
 	"github.com/arbiter-serve/arbiter/state"
 )
@@ -170,12 +171,12 @@ func TestRefusingZoneIsNotAskedEveryTick(t *testing.T) {
 	}
 	ticks(c, &now, 20) // a second apart: within one refusal backoff
 	if n := count("a"); n != 1 {
-		t.Errorf("the empty zone was asked %d times in 20 s; want once per %v", n, refusalBackoff)
+		t.Errorf("the empty zone was asked %d times in 20 s; want once per %v", n, scaling.DefaultRefusalBackoff)
 	}
 	if n := count("b"); n != 2 {
 		t.Errorf("zone b was asked %d times; want the 2 spot replicas there", n)
 	}
-	now = now.Add(refusalBackoff)
+	now = now.Add(scaling.DefaultRefusalBackoff)
 	c.tick(ctx)
 	c.wg.Wait()
 	if n := count("a"); n != 1 {
@@ -191,7 +192,7 @@ func TestUpdateKeepsCoolingZones(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
 	c, _ := newMarketController(t, mkt, &now)
 	ticks(c, &now, 3)
-	now = now.Add(refusalBackoff) // the refused place is offered again; the placer still cools it
+	now = now.Add(scaling.DefaultRefusalBackoff) // the refused place is offered again; the placer still cools it
 	if _, err := c.Update(ctx, "svc", strings.Replace(marketSpec, "replicas: 2", "replicas: 3", 1), nil); err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
-	"github.com/arbiter-serve/arbiter/market"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/scaling"
 	"github.com/arbiter-serve/arbiter/state"
@@ -251,12 +250,8 @@ func (c *Controller) drainOne(ctx context.Context, s *service, r *replica, reaso
 // refused a launch (the simulator's default too).
 const zoneCooldown = 10 * time.Minute
 
-// refusalBackoff keeps a place that refused a launch for want of capacity out of the
-// offers for this long.
-const refusalBackoff = 30 * time.Second
-
-// offers asks the service's provider for the offers placement chooses from, less the
-// places that refused a launch lately; ok is false when the provider is not a market (the
+// offers asks the service's provider for the offers placement chooses from; ok is false
+// when the provider is not a market (the
 // local machine, which quotes nothing: replicas take arbiter.local's labels). A market
 // that cannot quote now gives no offers: placement then waits rather than guesses (the
 // error is logged and recorded as an event once, and again when it changes).
@@ -284,9 +279,6 @@ func (c *Controller) offers(ctx context.Context, s *service, now time.Time) ([]s
 	}
 	offers := make([]scaling.Offer, 0, len(quotes))
 	for _, q := range quotes {
-		if at, ok := s.refusedAt[market.Place(q.Provider, q.Region, q.Zone)]; ok && now.Sub(at) < refusalBackoff {
-			continue
-		}
 		offers = append(offers, scaling.Offer{Provider: q.Provider, Region: q.Region, Zone: q.Zone, Capacity: q.Capacity, PricePerHour: q.PricePerHour})
 	}
 	return offers, true
@@ -311,7 +303,7 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 	existing := make([]scaling.Placed, 0, len(cur))
 	for _, r := range cur {
 		existing = append(existing, scaling.Placed{ID: r.row.ID, Capacity: fleet.Capacity(r.row.Capacity), Provider: r.row.Provider,
-			Region: r.row.Region, Zone: r.row.Zone, Ready: replicas.State(r.row.State) == replicas.Ready})
+			Region: r.row.Region, Zone: r.row.Zone, PricePerHour: r.row.PricePerHour, Ready: replicas.State(r.row.State) == replicas.Ready})
 	}
 	plan := s.placer.Plan(now, s.target, existing, offers)
 	if plan.Reason != s.placement {
@@ -380,14 +372,9 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 		r.busy = false
 		if err != nil {
 			if errors.Is(err, replicas.ErrNoCapacity) {
-				now := c.cfg.Now()
 				r.refused = true
-				if s.refusedAt == nil {
-					s.refusedAt = map[string]time.Time{}
-				}
-				s.refusedAt[market.Place(row.Provider, row.Region, row.Zone)] = now
 				if s.placer != nil {
-					s.placer.Preempted(row.Provider, row.Region, row.Zone, now)
+					s.placer.Refused(scaling.Offer{Provider: row.Provider, Region: row.Region, Zone: row.Zone, Capacity: fleet.Capacity(row.Capacity)}, c.cfg.Now())
 				}
 			}
 			c.transition(ctx, s, r, replicas.Failed, "launch failed: "+err.Error())

@@ -39,16 +39,19 @@ func ConfigFromSpec(sp *spec.Service) Config {
 }
 
 // PlacementFromSpec maps a service.yaml onto its purchasing policy. Reserved slots come
-// from arbiter.reserved; the zone cooldown is cooldown (a deployment setting, not the spec's).
+// from arbiter.reserved; the zone cooldown is cooldown and the refusal backoff the default
+// (deployment settings, not the spec's).
 func PlacementFromSpec(sp *spec.Service, cooldown time.Duration) PlacementPolicy {
 	rp := sp.Service.ReplicaPolicy
 	p := PlacementPolicy{
-		UseSpot:           sp.Resources.UseSpot,
-		MaxSpotPriceRatio: sp.Arbiter.SpotPolicy.MaxPriceRatio,
-		BaseOnDemand:      rp.BaseOndemandFallbackReplicas,
-		DynamicFallback:   rp.DynamicOndemandFallback,
-		Overprovision:     rp.NumOverprovision,
-		ZoneCooldown:      cooldown,
+		UseSpot:            sp.Resources.UseSpot,
+		MaxSpotPriceRatio:  sp.Arbiter.SpotPolicy.MaxPriceRatio,
+		RebalanceMinSaving: sp.Arbiter.SpotPolicy.RebalanceMinSaving,
+		BaseOnDemand:       rp.BaseOndemandFallbackReplicas,
+		DynamicFallback:    rp.DynamicOndemandFallback,
+		Overprovision:      rp.NumOverprovision,
+		ZoneCooldown:       cooldown,
+		RefusalBackoff:     DefaultRefusalBackoff,
 	}
 	for _, r := range sp.Arbiter.Reserved {
 		p.Reserved = append(p.Reserved, Slot{Provider: r.Provider, Region: r.Region, Zone: r.Zone, Count: r.Count, PricePerHour: r.PricePerHour})

@@ -38,6 +38,7 @@ type Placed struct {
 	ID                     string
 	Capacity               fleet.Capacity
 	Provider, Region, Zone string
+	PricePerHour           float64
 	Ready                  bool
 }
 
@@ -58,9 +59,23 @@ type PlacementPolicy struct {
 	// cover it (an extra spot replica is insurance, not demand).
 	Overprovision int
 	Reserved      []Slot
-	// ZoneCooldown keeps spot out of a zone this long after it preempted a replica.
+	// ZoneCooldown keeps spot out of a zone this long after it preempted a replica (or
+	// refused one), unless fewer than two zones would be left.
 	ZoneCooldown time.Duration
+	// RebalanceMinSaving moves a ready spot replica to another zone whose spot price is
+	// at least this fraction below its own, one at a time, the replacement first and the
+	// old replica drained once it is ready, never to a zone that would then hold more of
+	// the service's spot replicas than the one it leaves. 0: never.
+	RebalanceMinSaving float64
+	// RefusalBackoff keeps a place's offer of one capacity kind out of the plan this long
+	// after the place refused a launch for want of capacity, even when the cooldown has
+	// run out of zones: an empty market is not asked again at every decision. 0: a refusal
+	// only cools the zone.
+	RefusalBackoff time.Duration
 }
+
+// DefaultRefusalBackoff is the control plane's RefusalBackoff.
+const DefaultRefusalBackoff = 30 * time.Second
 
 // Validate names the field that is wrong.
 func (p PlacementPolicy) Validate() error {
@@ -68,8 +83,11 @@ func (p PlacementPolicy) Validate() error {
 	if p.MaxSpotPriceRatio <= 0 || p.MaxSpotPriceRatio > 1 {
 		errs = append(errs, fmt.Errorf("max spot price ratio %v: want a fraction in (0, 1], e.g. 0.6", p.MaxSpotPriceRatio))
 	}
-	if p.BaseOnDemand < 0 || p.Overprovision < 0 || p.ZoneCooldown < 0 {
-		errs = append(errs, errors.New("base on-demand replicas, overprovision and zone cooldown must be ≥ 0"))
+	if !(p.RebalanceMinSaving >= 0 && p.RebalanceMinSaving < 1) {
+		errs = append(errs, fmt.Errorf("rebalance minimum saving %v: want a fraction in [0, 1), e.g. 0.2 (0: never move)", p.RebalanceMinSaving))
+	}
+	if p.BaseOnDemand < 0 || p.Overprovision < 0 || p.ZoneCooldown < 0 || p.RefusalBackoff < 0 {
+		errs = append(errs, errors.New("base on-demand replicas, overprovision, zone cooldown and refusal backoff must be ≥ 0"))
 	}
 	for i, s := range p.Reserved {
 		if s.Count < 0 || s.PricePerHour < 0 {
@@ -100,10 +118,35 @@ type Plan struct {
 	Reason string
 }
 
-// Placer remembers which zones preempted recently; everything else comes in per call.
+// Placer remembers which zones preempted or refused recently and the spot replica it is
+// moving; everything else comes in per call.
 type Placer struct {
 	policy    PlacementPolicy
-	preempted map[string]time.Time // provider/region/zone → last preemption
+	preempted map[string]time.Time  // provider/region/zone → last preemption or refusal
+	refused   map[refusal]time.Time // last refusal
+	moving    *move                 // the rebalancing move under way, if any
+}
+
+// move is one spot replica being moved to a cheaper zone: its replacement was launched
+// there at since; the replica drains once the replacement is ready.
+type move struct {
+	from  Placed
+	to    Offer
+	since time.Time
+}
+
+// moveQuiet: a replica moves only to a zone that has neither preempted nor refused a
+// replica for this long. A cheap zone is often cheap because its capacity comes and goes,
+// and a move that ends in a preemption costs a cold start of lost capacity.
+const moveQuiet = time.Hour
+
+// moveTimeout gives up a move whose replacement is not ready by then (a cold start is ~5
+// minutes); the replacement, if still starting, is drained as any extra replica.
+const moveTimeout = 15 * time.Minute
+
+type refusal struct {
+	place    string
+	capacity fleet.Capacity
 }
 
 // NewPlacer returns a placer for a policy.
@@ -111,7 +154,7 @@ func NewPlacer(p PlacementPolicy) (*Placer, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	return &Placer{policy: p, preempted: map[string]time.Time{}}, nil
+	return &Placer{policy: p, preempted: map[string]time.Time{}, refused: map[refusal]time.Time{}}, nil
 }
 
 // Reconfigure applies a new policy (a service update) and keeps what the placer has seen:
@@ -124,9 +167,38 @@ func (pl *Placer) Reconfigure(p PlacementPolicy) error {
 	return nil
 }
 
-// Preempted records that a zone took a spot replica back (or failed to launch one).
+// Preempted records that a zone took a spot replica back.
 func (pl *Placer) Preempted(provider, region, zone string, at time.Time) {
 	pl.preempted[provider+"/"+region+"/"+zone] = at
+}
+
+// Refused records that a place turned down a launch of o's capacity kind for want of
+// capacity: that offer leaves the plan for RefusalBackoff, and a spot zone cools down as
+// after a preemption.
+func (pl *Placer) Refused(o Offer, at time.Time) {
+	pl.refused[refusal{o.place(), o.Capacity}] = at
+	if o.Capacity == fleet.Spot {
+		pl.Preempted(o.Provider, o.Region, o.Zone, at)
+	}
+}
+
+// offered is offers less those refused within RefusalBackoff; older refusals are forgotten.
+func (pl *Placer) offered(now time.Time, offers []Offer) []Offer {
+	if len(pl.refused) == 0 {
+		return offers
+	}
+	for k, at := range pl.refused {
+		if now.Sub(at) >= pl.policy.RefusalBackoff {
+			delete(pl.refused, k)
+		}
+	}
+	out := make([]Offer, 0, len(offers))
+	for _, o := range offers {
+		if _, ok := pl.refused[refusal{o.place(), o.Capacity}]; !ok {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 func cheapest(offers []Offer, capacity fleet.Capacity, ok func(Offer) bool) (Offer, bool) {
@@ -146,6 +218,7 @@ func cheapest(offers []Offer, capacity fleet.Capacity, ok func(Offer) bool) (Off
 // Plan returns the launches and drains that move existing toward target replicas.
 func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Offer) Plan {
 	p := pl.policy
+	offers = pl.offered(now, offers)
 	have := map[fleet.Capacity][]Placed{}
 	readySpot, ready := 0, 0
 	for _, r := range existing {
@@ -250,6 +323,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	if n := want[fleet.OnDemand] - len(have[fleet.OnDemand]); n > 0 && !haveOD {
 		plan.Reason += fmt.Sprintf("; %d on-demand replicas wanted but no on-demand offer", n)
 	}
+	pl.rebalance(now, &plan, have[fleet.Spot], useSpot && readySpot == want[fleet.Spot] && len(have[fleet.Spot]) == want[fleet.Spot], offers, active, spotIn)
 	// Drains: extra replicas of each kind, not-ready ones first, then the newest; spot from
 	// the most crowded zone so the spread survives; the dearest kind first. A ready replica
 	// leaves only while the ready ones left still cover the target: when the mix changes
@@ -264,6 +338,14 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		order := slices.Clone(have[kind])
 		slices.Reverse(order) // newest first
 		slices.SortStableFunc(order, func(a, b Placed) int {
+			if m := pl.moving; m != nil && kind == fleet.Spot && (a.ID == m.from.ID) != (b.ID == m.from.ID) {
+				// A move under way: the replica it replaces goes first, and only once the
+				// ready budget says its replacement serves.
+				if a.ID == m.from.ID {
+					return -1
+				}
+				return 1
+			}
 			if a.Ready != b.Ready {
 				if !a.Ready {
 					return -1
@@ -286,13 +368,54 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			if kind == fleet.Spot {
 				spotIn[r.place()]--
 			}
-			plan.Drain = append(plan.Drain, Drain{ID: r.ID, Reason: fmt.Sprintf("%d %s replicas for %d wanted (%s)", len(have[kind]), kind, want[kind], why)})
+			reason := fmt.Sprintf("%d %s replicas for %d wanted (%s)", len(have[kind]), kind, want[kind], why)
+			if m := pl.moving; m != nil && r.ID == m.from.ID {
+				reason = fmt.Sprintf("rebalance: its replacement in %s at $%.2f/h is ready (it ran at $%.2f/h)", m.to.place(), m.to.PricePerHour, r.PricePerHour)
+			}
+			plan.Drain = append(plan.Drain, Drain{ID: r.ID, Reason: reason})
 		}
 	}
 	if kept > 0 {
 		plan.Reason += fmt.Sprintf("; %d ready replicas of the old mix serve until their replacements are ready", kept)
 	}
 	return plan
+}
+
+// rebalance follows the move under way, or starts one: the dearest ready spot replica
+// goes to the cheapest active zone at least RebalanceMinSaving cheaper where the service
+// would then have no more spot replicas than in the zone it leaves. steady says the spot
+// fleet is as wanted and all of it ready: a move starts only then, one at a time.
+func (pl *Placer) rebalance(now time.Time, plan *Plan, spot []Placed, steady bool, offers []Offer, active map[string]bool, spotIn map[string]int) {
+	if m := pl.moving; m != nil {
+		_, refused := pl.refused[refusal{m.to.place(), fleet.Spot}]
+		if !slices.ContainsFunc(spot, func(r Placed) bool { return r.ID == m.from.ID }) || refused || now.Sub(m.since) >= moveTimeout {
+			pl.moving = nil // done (the old replica is gone), refused, or given up
+		} else {
+			plan.Reason += fmt.Sprintf("; moving spot replica %s from %s ($%.2f/h) to %s ($%.2f/h)", m.from.ID, m.from.place(), m.from.PricePerHour, m.to.place(), m.to.PricePerHour)
+			return
+		}
+	}
+	if pl.policy.RebalanceMinSaving <= 0 || !steady || len(plan.Launch) > 0 || len(plan.Drain) > 0 {
+		return
+	}
+	for _, r := range slices.SortedStableFunc(slices.Values(spot), func(a, b Placed) int { return cmp.Compare(b.PricePerHour, a.PricePerHour) }) {
+		if !r.Ready || r.PricePerHour <= 0 {
+			continue
+		}
+		o, ok := cheapest(offers, fleet.Spot, func(o Offer) bool {
+			at, took := pl.preempted[o.place()]
+			return active[o.place()] && (!took || now.Sub(at) >= moveQuiet) && o.place() != r.place() &&
+				spotIn[o.place()]+1 <= spotIn[r.place()] && o.PricePerHour <= (1-pl.policy.RebalanceMinSaving)*r.PricePerHour
+		})
+		if !ok {
+			continue
+		}
+		pl.moving = &move{from: r, to: o, since: now}
+		plan.Launch = append(plan.Launch, Launch{Offer: o, Reason: fmt.Sprintf("rebalance: spot in %s at $%.2f/h replaces %s in %s at $%.2f/h (≥ %.0f %% cheaper); %s drains once it is ready",
+			o.place(), o.PricePerHour, r.ID, r.place(), r.PricePerHour, 100*pl.policy.RebalanceMinSaving, r.ID)})
+		plan.Reason += fmt.Sprintf("; moving spot replica %s from %s ($%.2f/h) to %s ($%.2f/h)", r.ID, r.place(), r.PricePerHour, o.place(), o.PricePerHour)
+		return
+	}
 }
 
 // activeZones is every offered place not cooling down after a preemption; when fewer than

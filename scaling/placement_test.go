@@ -207,3 +207,101 @@ func TestNoSpotOfferKeepsRunningSpot(t *testing.T) {
 		{ID: "od", Capacity: fleet.OnDemand, Provider: "aws", Region: "us-east-1", Zone: "us-east-1a", Ready: true}}
 	eq(t, "spot back", drained(policy(nil).Plan(p0, 2, existing, offers())), "od")
 }
+
+// A refusal keeps that offer out of the plan for RefusalBackoff even when the cooldown has
+// run out of zones (with fewer than two zones left every zone is active again); the
+// place's other capacity kind is still offered. Refusals in every spot zone leave no spot
+// offer: the shortfall goes on-demand.
+func TestRefusedOfferLeavesThePlanForTheBackoff(t *testing.T) {
+	pl := policy(func(p *PlacementPolicy) { p.RefusalBackoff = 30 * time.Second })
+	two := []Offer{offers()[0], offers()[1], offers()[2]} // on-demand and spot in 1a, spot in 1b
+	pl.Refused(two[2], p0)                                // 1b: cooling, and out of the plan
+	eq(t, "1b refused", zones(pl.Plan(p0.Add(time.Second), 2, nil, two).Launch), "spot@us-east-1a", "spot@us-east-1a")
+	pl.Refused(two[1], p0.Add(time.Second)) // 1a's spot too: no spot offer; 1a's on-demand stays
+	plan := pl.Plan(p0.Add(2*time.Second), 2, nil, two)
+	eq(t, "every spot zone refused", zones(plan.Launch), "on_demand@us-east-1a", "on_demand@us-east-1a")
+	if !strings.Contains(plan.Reason, "no spot offer") {
+		t.Fatalf("reason %q", plan.Reason)
+	}
+	// After the backoff both zones are offered again; both are still cooling, which with
+	// fewer than two active zones means all are active: the cheapest first.
+	eq(t, "after the backoff", zones(pl.Plan(p0.Add(31*time.Second), 1, nil, two).Launch), "spot@us-east-1b")
+	if len(pl.refused) != 0 {
+		t.Fatalf("%d refusals remembered past the backoff", len(pl.refused))
+	}
+}
+
+func spotPriced(id, zone string, price float64, ready bool) Placed {
+	p := spotAt(id, zone, ready)
+	p.PricePerHour = price
+	return p
+}
+
+// Rebalancing: a ready spot replica moves to a zone at least RebalanceMinSaving cheaper,
+// its replacement first; it drains once the replacement is ready; one move at a time, and
+// never into a zone that would then hold more of the service's spot replicas than the one
+// it leaves.
+func TestSpotRebalancesToACheaperZone(t *testing.T) {
+	pl := policy(func(p *PlacementPolicy) { p.RebalanceMinSaving = 0.2; p.RefusalBackoff = 30 * time.Second })
+	x := spotPriced("x", "us-east-1c", 5, true)
+	plan := pl.Plan(p0, 1, []Placed{x}, offers())
+	eq(t, "move from 1c ($5)", zones(plan.Launch), "spot@us-east-1b")
+	if len(plan.Drain) != 0 || !strings.Contains(plan.Launch[0].Reason, "rebalance: spot in aws/us-east-1/us-east-1b at $3.00/h replaces x") {
+		t.Fatalf("plan %+v", plan)
+	}
+	y := spotPriced("y", "us-east-1b", 3, false)
+	plan = pl.Plan(p0.Add(time.Minute), 1, []Placed{x, y}, offers())
+	if len(plan.Launch) != 0 || len(plan.Drain) != 0 || !strings.Contains(plan.Reason, "moving spot replica x") {
+		t.Fatalf("while the replacement starts: want no change, got %+v", plan)
+	}
+	y.Ready = true
+	plan = pl.Plan(p0.Add(5*time.Minute), 1, []Placed{x, y}, offers())
+	if len(plan.Launch) != 0 || len(plan.Drain) != 1 || plan.Drain[0].ID != "x" || !strings.Contains(plan.Drain[0].Reason, "rebalance: its replacement") {
+		t.Fatalf("replacement ready: want x drained, got %+v", plan)
+	}
+	if plan := pl.Plan(p0.Add(6*time.Minute), 1, []Placed{y}, offers()); len(plan.Launch)+len(plan.Drain) != 0 || pl.moving != nil {
+		t.Fatalf("at $3, nothing 20 %% cheaper: want no move, got %+v", plan)
+	}
+
+	// Spread first: from 1c ($5) the move goes to 1a ($4), not to 1b ($3), which already
+	// has one of the two.
+	pl = policy(func(p *PlacementPolicy) { p.RebalanceMinSaving = 0.2 })
+	eq(t, "spread kept", zones(pl.Plan(p0, 2, []Placed{spotPriced("b", "us-east-1b", 3, true), spotPriced("c", "us-east-1c", 5, true)}, offers()).Launch), "spot@us-east-1a")
+	// Not enough saving: $3 vs $4 is 25 %, under a 30 % bar.
+	pl = policy(func(p *PlacementPolicy) { p.RebalanceMinSaving = 0.3 })
+	if plan := pl.Plan(p0, 1, []Placed{spotPriced("a", "us-east-1a", 4, true)}, offers()); len(plan.Launch) != 0 {
+		t.Fatalf("25 %% saving with a 30 %% bar: %+v", plan.Launch)
+	}
+	// Only a steady, ready fleet moves.
+	pl = policy(func(p *PlacementPolicy) { p.RebalanceMinSaving = 0.2 })
+	if plan := pl.Plan(p0, 1, []Placed{spotPriced("c", "us-east-1c", 5, false)}, offers()); len(plan.Launch) != 0 {
+		t.Fatalf("a replica still starting was moved: %+v", plan.Launch)
+	}
+	// 0 never moves.
+	pl = policy(nil)
+	if plan := pl.Plan(p0, 1, []Placed{x}, offers()); len(plan.Launch) != 0 {
+		t.Fatalf("rebalancing off: %+v", plan.Launch)
+	}
+}
+
+// A move whose replacement is refused, or not ready within moveTimeout, is given up: the
+// old replica stays, and a replacement still starting is drained as an extra.
+func TestSpotMoveGivenUp(t *testing.T) {
+	pl := policy(func(p *PlacementPolicy) { p.RebalanceMinSaving = 0.2; p.RefusalBackoff = 30 * time.Second })
+	x := spotPriced("x", "us-east-1c", 5, true)
+	eq(t, "move", zones(pl.Plan(p0, 1, []Placed{x}, offers()).Launch), "spot@us-east-1b")
+	pl.Refused(Offer{Provider: "aws", Region: "us-east-1", Zone: "us-east-1b", Capacity: fleet.Spot}, p0.Add(time.Second))
+	plan := pl.Plan(p0.Add(2*time.Second), 1, []Placed{x}, offers())
+	eq(t, "refused: the next cheaper zone", zones(plan.Launch), "spot@us-east-1a")
+	if len(plan.Drain) != 0 || pl.moving == nil || pl.moving.to.Zone != "us-east-1a" {
+		t.Fatalf("plan %+v, moving %+v", plan, pl.moving)
+	}
+	slow := spotPriced("s", "us-east-1a", 4, false)
+	if plan := pl.Plan(p0.Add(10*time.Minute), 1, []Placed{x, slow}, offers()); len(plan.Drain) != 0 {
+		t.Fatalf("within the timeout: %+v", plan.Drain)
+	}
+	plan = pl.Plan(p0.Add(2*time.Second+moveTimeout), 1, []Placed{x, slow}, offers())
+	if pl.moving != nil || len(plan.Launch) != 0 || len(plan.Drain) != 1 || plan.Drain[0].ID != "s" {
+		t.Fatalf("timed out: want s drained and the move given up, got %+v (moving %v)", plan, pl.moving)
+	}
+}

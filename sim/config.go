@@ -136,6 +136,9 @@ func wire(sys System, in *Inputs) (wiring, error) {
 		// SpotHedge: spot whenever use_spot (no price rule), fallback per the spec.
 		w.placement.MaxSpotPriceRatio = 1
 		w.placement.Reserved = nil
+		// A refused launch only cools its zone: SkyServe has no refusal backoff (sky launch
+		// fails over across zones within one launch).
+		w.placement.RefusalBackoff = 0
 		w.slo = slo
 		w.useNotices = false
 		w.holdAtZero = false

@@ -473,7 +473,7 @@ func (s *simulation) decide() {
 			ready++
 		}
 		placed = append(placed, scaling.Placed{ID: r.id, Capacity: r.offer.Capacity, Provider: r.offer.Provider,
-			Region: r.offer.Region, Zone: r.offer.Zone, Ready: r.ready})
+			Region: r.offer.Region, Zone: r.offer.Zone, PricePerHour: r.offer.PricePerHour, Ready: r.ready})
 	}
 	d := s.dec.Decide(s.clock(), ready, s.target)
 	if s.in.Trace != nil && d.Target != s.target {
@@ -500,7 +500,7 @@ func (s *simulation) decide() {
 func (s *simulation) launch(o scaling.Offer) {
 	if o.Capacity == fleet.Spot && !s.mkt.SpotCapacity(market.Place(o.Provider, o.Region, o.Zone), s.now) {
 		s.res.LaunchFailures++
-		s.placer.Preempted(o.Provider, o.Region, o.Zone, s.clock())
+		s.placer.Refused(o, s.clock())
 		return
 	}
 	eng, err := engine.New(s.in.Profile)

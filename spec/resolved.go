@@ -260,6 +260,7 @@ func arbiterNode(a *Arbiter) *yaml.Node {
 
 	sp := mapping()
 	put(sp, "max_price_ratio", num(a.SpotPolicy.MaxPriceRatio))
+	put(sp, "rebalance_min_saving", num(a.SpotPolicy.RebalanceMinSaving))
 	put(m, "spot_policy", sp)
 
 	if len(a.Reserved) > 0 {

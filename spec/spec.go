@@ -135,6 +135,10 @@ type SpotPolicy struct {
 	// MaxPriceRatio: buy spot only while its price is under this fraction of the on-demand
 	// or reserved price.
 	MaxPriceRatio float64
+	// RebalanceMinSaving: a ready spot replica moves to another zone (its replacement
+	// first, then it drains) when that zone's spot price is at least this fraction below
+	// its own; 0 never moves one.
+	RebalanceMinSaving float64
 }
 
 // ReservedCapacity is capacity already paid for, which Arbiter fills first.
