@@ -57,6 +57,7 @@ type Decider struct {
 	// learned from the last stable window of normal service (learnServiceTime); 0 until
 	// then. It survives scale to zero: the next wake is the same service.
 	serviceTime float64
+	learnedAt   time.Time
 }
 
 // NewDecider returns a decider for cfg. now is when observation starts: until

@@ -216,6 +216,10 @@ func replicasFor(load, target float64) int {
 	return int(x)
 }
 
+// learnEvery spaces the service-time estimates: a window's mean moves little in seconds,
+// and a day's replay decides every second.
+const learnEvery = 5 * time.Second
+
 // learnServiceTime updates serviceTime, W, from the stable window ending at now by
 // Little's law (mean in flight ÷ arrival rate), when that window shows replicas serving
 // normally: arrivals, nothing held, and no more in flight than twice what the ready
@@ -223,9 +227,10 @@ func replicasFor(load, target float64) int {
 // would read as slow service).
 func (d *Decider) learnServiceTime(now time.Time, ready int) {
 	w := d.cfg.StableWindow
-	if ready == 0 || now.Sub(d.created) < w {
+	if ready == 0 || now.Sub(d.created) < w || now.Sub(d.learnedAt) < learnEvery {
 		return
 	}
+	d.learnedAt = now
 	start := now.Add(-w)
 	for _, s := range d.samples {
 		if s.At.After(start) && !s.At.After(now) && s.Waiting > 0 {
