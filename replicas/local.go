@@ -321,12 +321,12 @@ func (l *Local) List(context.Context) ([]Instance, error) {
 		return nil, fmt.Errorf("local provider list: %w", err)
 	}
 	var out []Instance
-	buf := make([]byte, 64<<10)
+	buf, young := make([]byte, 64<<10), youngSince()
 	for _, p := range procs {
 		if p.pid != p.pgid || p.state == 'Z' {
 			continue
 		}
-		env, err := environ(p.pid, buf)
+		env, err := environ(p.pid, buf, p.start >= young)
 		if err != nil {
 			continue // gone meanwhile, or not ours to read
 		}
@@ -358,20 +358,39 @@ func (l *Local) Quote(context.Context, string, *spec.Service) ([]Quote, error) {
 
 // environ reads a process's environment into buf (or a larger slice, for a larger
 // environment). /proc shows it empty while a process is between fork and exec or inside an
-// exec, which is where a replica just launched is (bash exec'ing its run: command): an empty
-// read is retried for up to a quarter of a second rather than taken for a process that is
-// not ours, which would leave a replica out of the list. It is read in one call: an exec
-// between two reads ends the file early, a truncated environment without the tags (seen
-// here).
-func environ(pid int, buf []byte) ([]byte, error) {
+// exec, which is where a replica just launched is (bash exec'ing its run: command): for a
+// process started within the last few seconds (young), an empty read is retried for up to a
+// quarter of a second rather than taken for a process that is not ours, which would leave a
+// replica out of the list. It is read in one call: an exec between two reads ends the file
+// early, a truncated environment without the tags (seen here).
+func environ(pid int, buf []byte, young bool) ([]byte, error) {
 	path := fmt.Sprintf("/proc/%d/environ", pid)
 	for try := 0; ; try++ {
 		b, err := readOnce(path, buf)
-		if err != nil || len(b) > 0 || try == 50 {
+		if err != nil || len(b) > 0 || !young || try == 50 {
 			return b, err
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// youngSince is the start time (in /proc's clock ticks since boot, USER_HZ = 100) after
+// which a process counts as just started for environ; 0 (all young) when the uptime cannot
+// be read.
+func youngSince() uint64 {
+	b, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	up, err := strconv.ParseFloat(f[0], 64)
+	if err != nil || up < 5 {
+		return 0
+	}
+	return uint64((up - 5) * 100)
 }
 
 // readOnce reads a file in a single read into buf, and the rest, if it does not fit, after.
@@ -470,12 +489,12 @@ func OwnedProcesses(owner string) (map[string][]int, error) {
 		return nil, err
 	}
 	out := map[string][]int{}
-	buf := make([]byte, 64<<10)
+	buf, young := make([]byte, 64<<10), youngSince()
 	for _, p := range procs {
 		if p.state == 'Z' || p.state == 'X' || p.pgid == 0 { // pgid 0: a kernel thread
 			continue
 		}
-		env, err := environ(p.pid, buf)
+		env, err := environ(p.pid, buf, p.start >= young)
 		if err != nil {
 			continue
 		}

@@ -84,7 +84,9 @@ type simMarket struct {
 	quoted time.Time
 }
 
-// marketIdle is how long a market goes unquoted before it is forgotten, with its clock.
+// marketIdle is how long a market goes unquoted before it is dropped from memory. Its
+// clock stays on disk: a control loop that stalled that long (or a suspended machine) finds
+// its market where it was, rebuilt from the clock at the next quote.
 const marketIdle = 10 * time.Minute
 
 // NewSim returns the sim provider; it watches its markets until ctx ends.
@@ -301,14 +303,11 @@ func (s *Sim) announce(ctx context.Context) {
 	now := s.cfg.Now()
 	var dues []due
 	s.mu.Lock()
-	forgot := false
 	for service, sm := range s.markets {
 		if now.Sub(sm.quoted) >= marketIdle {
-			// Its service is gone (a recreated one starts a market of its own); a replica
-			// of it still terminating gets no notices from here on.
+			// Its service is gone, most likely; a replica of it still terminating gets no
+			// notices from here on.
 			delete(s.markets, service)
-			delete(s.clocks, service)
-			forgot = true
 			continue
 		}
 		t := sm.marketTime(now)
@@ -340,9 +339,6 @@ func (s *Sim) announce(ctx context.Context) {
 			dues = append(dues, due{service: service, cloud: sm.cloud, places: d.Places, share: d.Share, at: at})
 		}
 		sm.announced = horizon
-	}
-	if forgot {
-		s.saveClocks()
 	}
 	s.mu.Unlock()
 	if len(dues) == 0 {

@@ -2,7 +2,6 @@ package replicas
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -311,9 +310,10 @@ func TestSimProviderTags(t *testing.T) {
 	}
 }
 
-// A market left unquoted for marketIdle (its service was deleted) is forgotten with its
-// clock, so a daemon that creates and deletes services does not keep every market; one
-// still quoted stays.
+// A market left unquoted for marketIdle (its service was deleted) is dropped from memory,
+// so a daemon that creates and deletes services does not keep every market; one still
+// quoted stays. The clock stays on disk, so a stalled control loop's market resumes where
+// it was.
 func TestSimForgetsMarketsOfDeletedServices(t *testing.T) {
 	start := time.UnixMilli(1_800_000_000_000)
 	clock := &fakeClock{t: start}
@@ -326,32 +326,27 @@ func TestSimForgetsMarketsOfDeletedServices(t *testing.T) {
 	}
 	quote("gone")
 	quote("live")
-	has := func(service string) (inMemory, persisted bool) {
+	inMemory := func(service string) bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		b, err := os.ReadFile(s.cfg.ClockPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var clocks map[string]marketClock
-		if err := json.Unmarshal(b, &clocks); err != nil {
-			t.Fatal(err)
-		}
-		_, persisted = clocks[service]
-		return s.markets[service] != nil, persisted
+		return s.markets[service] != nil
 	}
 	clock.Set(start.Add(marketIdle - time.Minute))
 	quote("live")
 	s.announce(context.Background())
-	if m, p := has("gone"); !m || !p {
-		t.Fatalf("a market unquoted for less than %v was forgotten (in memory %v, clock saved %v)", marketIdle, m, p)
+	if !inMemory("gone") {
+		t.Fatalf("a market unquoted for less than %v was dropped", marketIdle)
 	}
 	clock.Set(start.Add(marketIdle))
 	s.announce(context.Background())
-	if m, p := has("gone"); m || p {
-		t.Fatalf("a market unquoted for %v is still kept (in memory %v, clock saved %v)", marketIdle, m, p)
+	if inMemory("gone") || !inMemory("live") {
+		t.Fatalf("after %v: gone kept %v, live kept %v; want only live", marketIdle, inMemory("gone"), inMemory("live"))
 	}
-	if m, p := has("live"); !m || !p {
-		t.Fatalf("the market of a service still quoted was forgotten (in memory %v, clock saved %v)", m, p)
+	quote("gone") // back after a stall: the same market clock
+	s.mu.Lock()
+	resumed := s.markets["gone"].start
+	s.mu.Unlock()
+	if !resumed.Equal(start) {
+		t.Fatalf("a dropped market came back starting at %v; want its clock, %v", resumed, start)
 	}
 }

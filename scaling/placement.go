@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -136,8 +137,10 @@ type move struct {
 }
 
 // moveQuiet: a replica moves only to a zone that has neither preempted nor refused a
-// replica for this long. A cheap zone is often cheap because its capacity comes and goes,
-// and a move that ends in a preemption costs a cold start of lost capacity.
+// replica (nor failed a move) for this long. A cheap zone is often cheap because its
+// capacity comes and goes, and a move that ends in a preemption costs a cold start of lost
+// capacity. The placer's memory is the control plane's process's: after a restart, quiet
+// periods and cooldowns start again from nothing known.
 const moveQuiet = time.Hour
 
 // moveTimeout gives up a move whose replacement is not ready by then (a cold start is ~5
@@ -179,6 +182,9 @@ func (pl *Placer) Refused(o Offer, at time.Time) {
 	pl.refused[refusal{o.place(), o.Capacity}] = at
 	if o.Capacity == fleet.Spot {
 		pl.Preempted(o.Provider, o.Region, o.Zone, at)
+		if m := pl.moving; m != nil && m.to.place() == o.place() {
+			pl.moving = nil // the move's replacement was refused
+		}
 	}
 }
 
@@ -249,7 +255,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		// nothing against the spot replicas already running, which keep serving; only
 		// what they do not cover goes on-demand.
 		holdSpot = true
-		why = fmt.Sprintf("no spot offer now: keeping %d spot replicas, on-demand for the rest", min(len(have[fleet.Spot]), rest))
+		why = fmt.Sprintf("no spot offer now: keeping %d spot replicas, on-demand for the rest", min(len(have[fleet.Spot]), rest-min(p.BaseOnDemand, rest)))
 	case !haveSpot:
 		why = "no spot offer: on-demand"
 	case haveOD && spotOffer.PricePerHour > p.MaxSpotPriceRatio*odOffer.PricePerHour:
@@ -323,7 +329,17 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	if n := want[fleet.OnDemand] - len(have[fleet.OnDemand]); n > 0 && !haveOD {
 		plan.Reason += fmt.Sprintf("; %d on-demand replicas wanted but no on-demand offer", n)
 	}
-	pl.rebalance(now, &plan, have[fleet.Spot], useSpot && readySpot == want[fleet.Spot] && len(have[fleet.Spot]) == want[fleet.Spot], offers, active, spotIn)
+	pl.followMove(now, &plan, have[fleet.Spot])
+	// On-demand replicas already there that cover spot replicas not ready yet stay until
+	// those are (whether or not they are stand-ins by policy): the shortfall bought while
+	// no spot was offered must not be drained, still starting, the moment an offer comes
+	// back, only to be bought again at the next refusal.
+	keep := want
+	if useSpot {
+		keep = maps.Clone(want)
+		cover := min(len(have[fleet.OnDemand]), min(p.BaseOnDemand, rest)+max(0, want[fleet.Spot]-readySpot), max(min(p.BaseOnDemand, rest), rest-p.Overprovision))
+		keep[fleet.OnDemand] = max(want[fleet.OnDemand], cover)
+	}
 	// Drains: extra replicas of each kind, not-ready ones first, then the newest; spot from
 	// the most crowded zone so the spread survives; the dearest kind first. A ready replica
 	// leaves only while the ready ones left still cover the target: when the mix changes
@@ -331,7 +347,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	// as in a rolling update, instead of leaving the service short for a cold start.
 	readyBudget, kept := max(0, ready-max(target, 0)), 0
 	for _, kind := range []fleet.Capacity{fleet.OnDemand, fleet.Spot, fleet.Reserved} {
-		extra := len(have[kind]) - want[kind]
+		extra := len(have[kind]) - keep[kind]
 		if extra <= 0 {
 			continue
 		}
@@ -378,42 +394,67 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	if kept > 0 {
 		plan.Reason += fmt.Sprintf("; %d ready replicas of the old mix serve until their replacements are ready", kept)
 	}
+	if useSpot && len(plan.Launch) == 0 && len(plan.Drain) == 0 && readySpot == want[fleet.Spot] && len(have[fleet.Spot]) == want[fleet.Spot] {
+		pl.startMove(now, &plan, have[fleet.Spot], offers, active, spotIn)
+	}
 	return plan
 }
 
-// rebalance follows the move under way, or starts one: the dearest ready spot replica
-// goes to the cheapest active zone at least RebalanceMinSaving cheaper where the service
-// would then have no more spot replicas than in the zone it leaves. steady says the spot
-// fleet is as wanted and all of it ready: a move starts only then, one at a time.
-func (pl *Placer) rebalance(now time.Time, plan *Plan, spot []Placed, steady bool, offers []Offer, active map[string]bool, spotIn map[string]int) {
-	if m := pl.moving; m != nil {
-		_, refused := pl.refused[refusal{m.to.place(), fleet.Spot}]
-		if !slices.ContainsFunc(spot, func(r Placed) bool { return r.ID == m.from.ID }) || refused || now.Sub(m.since) >= moveTimeout {
-			pl.moving = nil // done (the old replica is gone), refused, or given up
-		} else {
-			plan.Reason += fmt.Sprintf("; moving spot replica %s from %s ($%.2f/h) to %s ($%.2f/h)", m.from.ID, m.from.place(), m.from.PricePerHour, m.to.place(), m.to.PricePerHour)
-			return
-		}
-	}
-	if pl.policy.RebalanceMinSaving <= 0 || !steady || len(plan.Launch) > 0 || len(plan.Drain) > 0 {
+// followMove follows the move under way: it is over when the replica it replaces has
+// gone (drained, or preempted meanwhile), and given up when its replacement was refused
+// (Refused clears it) or is not ready within moveTimeout (or was never launched: a crash
+// loop's backoff, a failed state write); a zone that failed a move must be quiet again for
+// moveQuiet before the next one goes there.
+func (pl *Placer) followMove(now time.Time, plan *Plan, spot []Placed) {
+	m := pl.moving
+	if m == nil {
 		return
 	}
-	for _, r := range slices.SortedStableFunc(slices.Values(spot), func(a, b Placed) int { return cmp.Compare(b.PricePerHour, a.PricePerHour) }) {
-		if !r.Ready || r.PricePerHour <= 0 {
+	switch {
+	case !slices.ContainsFunc(spot, func(r Placed) bool { return r.ID == m.from.ID }):
+		pl.moving = nil
+	case now.Sub(m.since) >= moveTimeout:
+		pl.moving = nil
+		pl.Preempted(m.to.Provider, m.to.Region, m.to.Zone, now)
+		plan.Reason += fmt.Sprintf("; gave up moving spot replica %s to %s: no ready replacement after %v", m.from.ID, m.to.place(), moveTimeout)
+	default:
+		plan.Reason += fmt.Sprintf("; moving spot replica %s from %s ($%.2f/h) to %s ($%.2f/h)", m.from.ID, m.from.place(), m.from.PricePerHour, m.to.place(), m.to.PricePerHour)
+	}
+}
+
+// startMove starts a move, the caller having found the spot fleet as wanted, all of it
+// ready, and nothing else to do: the dearest ready spot replica (at its zone's price now,
+// else the price it was launched at) goes to the cheapest active zone at least
+// RebalanceMinSaving cheaper, quiet for moveQuiet, where the service would then have no
+// more spot replicas than in the zone it leaves.
+func (pl *Placer) startMove(now time.Time, plan *Plan, spot []Placed, offers []Offer, active map[string]bool, spotIn map[string]int) {
+	if pl.policy.RebalanceMinSaving <= 0 || pl.moving != nil {
+		return
+	}
+	priceNow := func(r Placed) float64 {
+		if o, ok := cheapest(offers, fleet.Spot, func(o Offer) bool { return o.place() == r.place() }); ok {
+			return o.PricePerHour
+		}
+		return r.PricePerHour
+	}
+	for _, r := range slices.SortedStableFunc(slices.Values(spot), func(a, b Placed) int { return cmp.Compare(priceNow(b), priceNow(a)) }) {
+		price := priceNow(r)
+		if !r.Ready || price <= 0 {
 			continue
 		}
 		o, ok := cheapest(offers, fleet.Spot, func(o Offer) bool {
 			at, took := pl.preempted[o.place()]
 			return active[o.place()] && (!took || now.Sub(at) >= moveQuiet) && o.place() != r.place() &&
-				spotIn[o.place()]+1 <= spotIn[r.place()] && o.PricePerHour <= (1-pl.policy.RebalanceMinSaving)*r.PricePerHour
+				spotIn[o.place()]+1 <= spotIn[r.place()] && o.PricePerHour <= (1-pl.policy.RebalanceMinSaving)*price
 		})
 		if !ok {
 			continue
 		}
+		r.PricePerHour = price
 		pl.moving = &move{from: r, to: o, since: now}
 		plan.Launch = append(plan.Launch, Launch{Offer: o, Reason: fmt.Sprintf("rebalance: spot in %s at $%.2f/h replaces %s in %s at $%.2f/h (≥ %.0f %% cheaper); %s drains once it is ready",
-			o.place(), o.PricePerHour, r.ID, r.place(), r.PricePerHour, 100*pl.policy.RebalanceMinSaving, r.ID)})
-		plan.Reason += fmt.Sprintf("; moving spot replica %s from %s ($%.2f/h) to %s ($%.2f/h)", r.ID, r.place(), r.PricePerHour, o.place(), o.PricePerHour)
+			o.place(), o.PricePerHour, r.ID, r.place(), price, 100*pl.policy.RebalanceMinSaving, r.ID)})
+		plan.Reason += fmt.Sprintf("; moving spot replica %s from %s ($%.2f/h) to %s ($%.2f/h)", r.ID, r.place(), price, o.place(), o.PricePerHour)
 		return
 	}
 }

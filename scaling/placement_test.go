@@ -305,3 +305,49 @@ func TestSpotMoveGivenUp(t *testing.T) {
 		t.Fatalf("timed out: want s drained and the move given up, got %+v (moving %v)", plan, pl.moving)
 	}
 }
+
+// The review's cases: a fleet not yet steady does not move; a move judges the replica by
+// its zone's price now; a move whose replacement never comes is given up and its zone left
+// alone for moveQuiet; the on-demand shortfall bought while no spot was offered is not
+// drained, still starting, when an offer comes back.
+func TestSpotMoveEdges(t *testing.T) {
+	rebalancing := func() *Placer { return policy(func(p *PlacementPolicy) { p.RebalanceMinSaving = 0.2 }) }
+	// Two wanted, one still starting: not steady, so the $5 replica does not move yet.
+	if plan := rebalancing().Plan(p0, 2, []Placed{spotPriced("c", "us-east-1c", 5, true), spotPriced("a", "us-east-1a", 4, false)}, offers()); len(plan.Launch) != 0 {
+		t.Fatalf("moved while the fleet was still starting: %+v", plan.Launch)
+	}
+	// Launched at $5, but its zone quotes $3.50 now: $3 is not 20 % below that.
+	cheaper := offers()
+	cheaper[3].PricePerHour = 3.5
+	if plan := rebalancing().Plan(p0, 1, []Placed{spotPriced("c", "us-east-1c", 5, true)}, cheaper); len(plan.Launch) != 0 {
+		t.Fatalf("moved on the launch price, not the price now: %+v", plan.Launch)
+	}
+	// A replacement never launched (say a crash loop's backoff held it): given up after
+	// moveTimeout, and its zone is not tried again within moveQuiet.
+	pl := rebalancing()
+	x := spotPriced("x", "us-east-1c", 5, true)
+	eq(t, "move", zones(pl.Plan(p0, 1, []Placed{x}, offers()).Launch), "spot@us-east-1b")
+	if plan := pl.Plan(p0.Add(moveTimeout-time.Second), 1, []Placed{x}, offers()); len(plan.Launch) != 0 {
+		t.Fatalf("a second move while one is under way: %+v", plan.Launch)
+	}
+	plan := pl.Plan(p0.Add(moveTimeout), 1, []Placed{x}, offers())
+	if !strings.Contains(plan.Reason, "gave up moving spot replica x to aws/us-east-1/us-east-1b") {
+		t.Fatalf("reason %q", plan.Reason)
+	}
+	eq(t, "after giving up: the next zone, not 1b again", zones(plan.Launch), "spot@us-east-1a")
+
+	// No spot offer: the shortfall (1) goes on-demand; when spot is offered again that
+	// on-demand replica, still starting, stays until a third spot replica is ready.
+	pl = policy(nil)
+	spot := []Placed{spotAt("a", "us-east-1a", true), spotAt("b", "us-east-1b", true)}
+	eq(t, "shortfall", zones(pl.Plan(p0, 3, spot, offers()[:1]).Launch), "on_demand@us-east-1a")
+	od := Placed{ID: "od", Capacity: fleet.OnDemand, Provider: "aws", Region: "us-east-1", Zone: "us-east-1a"}
+	plan = pl.Plan(p0.Add(time.Second), 3, append(spot, od), offers())
+	eq(t, "spot back", zones(plan.Launch), "spot@us-east-1c")
+	if len(plan.Drain) != 0 {
+		t.Fatalf("the starting on-demand shortfall was drained when spot came back: %+v", plan.Drain)
+	}
+	od.Ready = true
+	third := spotAt("c", "us-east-1c", true)
+	eq(t, "third spot ready", drained(pl.Plan(p0.Add(10*time.Minute), 3, append(spot, od, third), offers())), "od")
+}
