@@ -158,7 +158,7 @@ func (c *Controller) reconcile(ctx context.Context, s *service, routers routerVi
 			old = append(old, r)
 		}
 	}
-	if offers, ok := c.offers(ctx, s, now); ok {
+	if offers, ok := c.offers(ctx, s); ok {
 		c.place(ctx, s, cur, offers, now)
 	} else {
 		if missing := s.target - len(cur); missing > 0 && !now.Before(s.nextLaunch) {
@@ -255,7 +255,7 @@ const zoneCooldown = 10 * time.Minute
 // local machine, which quotes nothing: replicas take arbiter.local's labels). A market
 // that cannot quote now gives no offers: placement then waits rather than guesses (the
 // error is logged and recorded as an event once, and again when it changes).
-func (c *Controller) offers(ctx context.Context, s *service, now time.Time) ([]scaling.Offer, bool) {
+func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, bool) {
 	p, err := c.provider(s.spec().Arbiter.Providers[0])
 	if err != nil {
 		return nil, false

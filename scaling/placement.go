@@ -136,6 +136,11 @@ type move struct {
 	since time.Time
 }
 
+// describe is the plan reason's clause for a move under way.
+func (m *move) describe() string {
+	return fmt.Sprintf("; moving spot replica %s from %s ($%.2f/h) to %s ($%.2f/h)", m.from.ID, m.from.place(), m.from.PricePerHour, m.to.place(), m.to.PricePerHour)
+}
+
 // moveQuiet: a replica moves only to a zone that has neither preempted nor refused a
 // replica (nor failed a move) for this long. A cheap zone is often cheap because its
 // capacity comes and goes, and a move that ends in a preemption costs a cold start of lost
@@ -243,6 +248,11 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	want := map[fleet.Capacity]int{fleet.Reserved: min(max(target, 0), reservedCap)}
 	rest := max(target, 0) - want[fleet.Reserved]
 
+	// base on-demand replicas are always wanted; on-demand never covers the overprovisioned
+	// part beyond them (odCap).
+	base := min(p.BaseOnDemand, rest)
+	odCap := max(base, rest-p.Overprovision)
+
 	active := pl.activeZones(now, offers)
 	spotOffer, haveSpot := cheapest(offers, fleet.Spot, func(o Offer) bool { return active[o.place()] })
 	odOffer, haveOD := cheapest(offers, fleet.OnDemand, nil)
@@ -255,7 +265,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		// nothing against the spot replicas already running, which keep serving; only
 		// what they do not cover goes on-demand.
 		holdSpot = true
-		why = fmt.Sprintf("no spot offer now: keeping %d spot replicas, on-demand for the rest", min(len(have[fleet.Spot]), rest-min(p.BaseOnDemand, rest)))
+		why = fmt.Sprintf("no spot offer now: keeping %d spot replicas, on-demand for the rest", min(len(have[fleet.Spot]), rest-base))
 	case !haveSpot:
 		why = "no spot offer: on-demand"
 	case haveOD && spotOffer.PricePerHour > p.MaxSpotPriceRatio*odOffer.PricePerHour:
@@ -268,7 +278,6 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		why = "spot offered, no on-demand price to compare: spot"
 	}
 	if useSpot || holdSpot {
-		base := min(p.BaseOnDemand, rest)
 		want[fleet.Spot] = rest - base
 		od := base
 		if holdSpot {
@@ -280,10 +289,11 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			// wanted but not ready, never for the overprovisioned part.
 			od += max(0, want[fleet.Spot]-readySpot)
 		}
-		want[fleet.OnDemand] = min(od, max(base, rest-p.Overprovision))
+		want[fleet.OnDemand] = min(od, odCap)
 	} else {
 		want[fleet.OnDemand] = rest
 	}
+	notReadySpot := max(0, want[fleet.Spot]-readySpot)
 	plan := Plan{Want: want, Reason: fmt.Sprintf("target %d: reserved %d (of %d slots), %s; want spot %d, on-demand %d",
 		target, want[fleet.Reserved], reservedCap, why, want[fleet.Spot], want[fleet.OnDemand])}
 
@@ -320,7 +330,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	for n := want[fleet.OnDemand] - len(have[fleet.OnDemand]); n > 0 && haveOD; n-- {
 		reason := fmt.Sprintf("on-demand in %s at $%.2f/h: ", odOffer.place(), odOffer.PricePerHour)
 		if useSpot {
-			reason += fmt.Sprintf("base %d + stand-ins for %d spot replicas not ready", min(p.BaseOnDemand, rest), max(0, want[fleet.Spot]-readySpot))
+			reason += fmt.Sprintf("base %d + stand-ins for %d spot replicas not ready", base, notReadySpot)
 		} else {
 			reason += why
 		}
@@ -337,7 +347,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	keep := want
 	if useSpot {
 		keep = maps.Clone(want)
-		cover := min(len(have[fleet.OnDemand]), min(p.BaseOnDemand, rest)+max(0, want[fleet.Spot]-readySpot), max(min(p.BaseOnDemand, rest), rest-p.Overprovision))
+		cover := min(len(have[fleet.OnDemand]), base+notReadySpot, odCap)
 		keep[fleet.OnDemand] = max(want[fleet.OnDemand], cover)
 	}
 	// Drains: extra replicas of each kind, not-ready ones first, then the newest; spot from
@@ -418,7 +428,7 @@ func (pl *Placer) followMove(now time.Time, plan *Plan, spot []Placed) {
 		pl.Preempted(m.to.Provider, m.to.Region, m.to.Zone, now)
 		plan.Reason += fmt.Sprintf("; gave up moving spot replica %s to %s: no ready replacement after %v", m.from.ID, m.to.place(), moveTimeout)
 	default:
-		plan.Reason += fmt.Sprintf("; moving spot replica %s from %s ($%.2f/h) to %s ($%.2f/h)", m.from.ID, m.from.place(), m.from.PricePerHour, m.to.place(), m.to.PricePerHour)
+		plan.Reason += m.describe()
 	}
 }
 
@@ -454,7 +464,7 @@ func (pl *Placer) startMove(now time.Time, plan *Plan, spot []Placed, offers []O
 		pl.moving = &move{from: r, to: o, since: now}
 		plan.Launch = append(plan.Launch, Launch{Offer: o, Reason: fmt.Sprintf("rebalance: spot in %s at $%.2f/h replaces %s in %s at $%.2f/h (≥ %.0f %% cheaper); %s drains once it is ready",
 			o.place(), o.PricePerHour, r.ID, r.place(), price, 100*pl.policy.RebalanceMinSaving, r.ID)})
-		plan.Reason += fmt.Sprintf("; moving spot replica %s from %s ($%.2f/h) to %s ($%.2f/h)", r.ID, r.place(), price, o.place(), o.PricePerHour)
+		plan.Reason += pl.moving.describe()
 		return
 	}
 }
