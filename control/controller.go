@@ -48,6 +48,12 @@ type Config struct {
 	// AuditEvery is how often providers' instances are compared with the replica rows
 	// (arbiter_control_unknown_replicas); default 30 s.
 	AuditEvery time.Duration
+	// ListWait is how long recovery waits for a provider that cannot list yet (a cluster
+	// whose watches are still syncing) before going on without it; default 15 s.
+	ListWait time.Duration
+	// ZoneCooldown keeps spot out of a zone this long after it preempted a replica or
+	// refused a launch; default 10 minutes.
+	ZoneCooldown time.Duration
 }
 
 // Controller is the control plane.
@@ -61,6 +67,9 @@ type Controller struct {
 	mu       sync.Mutex
 	services map[string]*service
 	routers  map[string]routerReport
+	// unswept: providers that could not list at recovery; the next audit that lists them
+	// terminates what no row wants.
+	unswept  map[string]bool
 	revision uint64
 	changed  chan struct{} // closed when the ready set changes
 	kick     chan struct{}
@@ -107,6 +116,10 @@ type replica struct {
 	// refused: its launch was turned down for want of capacity, which says nothing about
 	// the replica's run: (no crash-loop backoff).
 	refused bool
+	// unansweredSince: when its provider began failing to say whether it runs.
+	unansweredSince time.Time
+	// terminateAfter: a failed termination is retried from then.
+	terminateAfter time.Time
 }
 
 type routerReport struct {
@@ -135,8 +148,14 @@ func New(ctx context.Context, cfg Config) (*Controller, error) {
 	if cfg.AuditEvery <= 0 {
 		cfg.AuditEvery = 30 * time.Second
 	}
+	if cfg.ListWait <= 0 {
+		cfg.ListWait = 15 * time.Second
+	}
+	if cfg.ZoneCooldown <= 0 {
+		cfg.ZoneCooldown = zoneCooldown
+	}
 	c := &Controller{cfg: cfg, store: cfg.Store, log: cfg.Log, probes: &http.Client{},
-		services: map[string]*service{}, routers: map[string]routerReport{}, changed: make(chan struct{}), kick: make(chan struct{}, 1)}
+		services: map[string]*service{}, routers: map[string]routerReport{}, unswept: map[string]bool{}, changed: make(chan struct{}), kick: make(chan struct{}, 1)}
 	c.metrics = newMetrics(cfg.Metrics, c)
 	if err := c.recover(ctx); err != nil {
 		return nil, err

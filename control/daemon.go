@@ -46,6 +46,12 @@ type DaemonOptions struct {
 	Metrics prometheus.Registerer
 	// Admin, if set (and Metrics is not), is where /metrics and /health are served.
 	Admin string
+	// Providers, if set, builds providers beyond local and sim (the kubernetes clusters of
+	// the providers file) for this home's owner tag; the binaries that run a control plane
+	// supply it, so that this package does not link their SDKs.
+	Providers func(ctx context.Context, owner string) ([]replicas.Provider, error)
+	// ZoneCooldown: see Config.ZoneCooldown.
+	ZoneCooldown time.Duration
 }
 
 // Paths inside a home directory.
@@ -130,8 +136,21 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 		defer adminSrv.Close()
 		o.Log.Info("control plane metrics", "admin", aln.Addr().String())
 	}
-	c, err := New(ctx, Config{Store: store, Providers: map[string]replicas.Provider{"local": local, "sim": sim}, Token: o.Token,
-		Tick: o.Tick, DrainTimeout: o.DrainTimeout, Endpoint: o.Endpoint, Log: o.Log, Metrics: reg})
+	providers := map[string]replicas.Provider{"local": local, "sim": sim}
+	if o.Providers != nil {
+		more, err := o.Providers(ctx, Owner(o.Home))
+		if err != nil {
+			return err
+		}
+		for _, p := range more {
+			if providers[p.Name()] != nil {
+				return fmt.Errorf("provider %s is configured twice", p.Name())
+			}
+			providers[p.Name()] = p
+		}
+	}
+	c, err := New(ctx, Config{Store: store, Providers: providers, Token: o.Token, Tick: o.Tick, DrainTimeout: o.DrainTimeout,
+		Endpoint: o.Endpoint, Log: o.Log, Metrics: reg, ZoneCooldown: o.ZoneCooldown})
 	if err != nil {
 		return err
 	}

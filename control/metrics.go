@@ -169,12 +169,33 @@ func (c *Controller) audit(ctx context.Context) {
 			}
 		}
 		c.mu.Unlock()
+		c.mu.Lock()
+		sweep := c.unswept[name]
+		delete(c.unswept, name)
+		c.mu.Unlock()
 		n := 0
 		for _, in := range insts {
-			if !known[in.ReplicaID] {
-				n++
-				c.log.Warn("audit: instance with no replica row", "provider", name, "replica", in.ReplicaID, "handle", in.Handle)
+			if known[in.ReplicaID] {
+				continue
 			}
+			n++
+			if !sweep {
+				c.log.Warn("audit: instance with no replica row", "provider", name, "replica", in.ReplicaID, "handle", in.Handle)
+				continue
+			}
+			// The provider could not list when the control plane recovered, so this is what
+			// recovery would have ended: running, but wanted by no row.
+			c.log.Warn("terminating a replica this control plane does not recognise (found once its provider answered)", "provider", name, "replica", in.ReplicaID, "handle", in.Handle)
+			c.event(ctx, "", in.ReplicaID, "recover", "running on "+name+" but not recognised (no live row): terminated")
+			c.wg.Add(1)
+			go func() {
+				defer c.wg.Done()
+				tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+				defer cancel()
+				if err := p.Terminate(tctx, in.Handle); err != nil {
+					c.log.Error("terminate unrecognised replica", "replica", in.ReplicaID, "err", err)
+				}
+			}()
 		}
 		c.metrics.unknown.WithLabelValues(name).Set(float64(n))
 	}

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,12 +9,14 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/scaling"
+	"github.com/arbiter-serve/arbiter/spec"
 	"github.com/arbiter-serve/arbiter/state"
 )
 
@@ -250,39 +253,92 @@ func (c *Controller) drainOne(ctx context.Context, s *service, r *replica, reaso
 // refused a launch (the simulator's default too).
 const zoneCooldown = 10 * time.Minute
 
-// offers asks the service's provider for the offers placement chooses from; ok is false
-// when the provider is not a market (the
-// local machine, which quotes nothing: replicas take arbiter.local's labels). A market
-// that cannot quote now gives no offers: placement then waits rather than guesses (the
-// error is logged and recorded as an event once, and again when it changes).
+// offers asks every provider the service may use for the offers placement chooses from;
+// ok is false when none is a market (the local machine quotes nothing: replicas take
+// arbiter.local's labels). A market that cannot quote now (a cluster that does not
+// answer) is skipped and the others' offers used; with none left, placement waits rather
+// than guesses. An offer with no known price is left out, never taken as free. Each such
+// problem is logged and recorded as an event once, and again when it changes, and shown
+// by `serve status` while it lasts.
 func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, bool) {
-	p, err := c.provider(s.spec().Arbiter.Providers[0])
-	if err != nil {
-		return nil, false
-	}
-	quotes, err := p.Quote(ctx, s.name, s.spec())
-	if err == nil && len(quotes) == 0 {
-		return nil, false
-	}
-	if err != nil {
-		if err.Error() != s.quoteErr {
-			s.quoteErr = err.Error()
-			c.log.Error("quote failed; placement waits", "service", s.name, "provider", p.Name(), "err", err)
-			c.event(ctx, s.name, "", "error", "placement waits: "+err.Error())
+	market := false
+	var quotes []replicas.Quote
+	var problems []string
+	for _, p := range c.providersFor(s.spec()) {
+		qs, err := p.Quote(ctx, s.name, s.spec())
+		if err != nil {
+			market = true
+			problems = append(problems, err.Error())
+			continue
 		}
-		return nil, true
+		market = market || len(qs) > 0
+		quotes = append(quotes, qs...)
 	}
-	if s.quoteErr != "" {
-		s.quoteErr = ""
-		c.log.Info("quotes are back; placement resumes", "service", s.name, "provider", p.Name())
-		c.event(ctx, s.name, "", "placement", "quotes are back; placement resumes")
+	if !market {
+		return nil, false
 	}
 	offers := make([]scaling.Offer, 0, len(quotes))
 	for _, q := range quotes {
-		offers = append(offers, scaling.Offer{Provider: q.Provider, Region: q.Region, Zone: q.Zone, Capacity: q.Capacity, PricePerHour: q.PricePerHour})
+		if q.Unpriced != "" {
+			problems = append(problems, "left out for want of a price: "+q.Unpriced)
+			continue
+		}
+		offers = append(offers, scaling.Offer{Provider: q.Provider, Region: q.Region, Zone: q.Zone, Capacity: q.Capacity, PricePerHour: q.PricePerHour,
+			InstanceType: q.InstanceType, Accelerator: q.Accelerator, AcceleratorCount: q.AcceleratorCount})
+	}
+	if msg := strings.Join(problems, "; "); msg != s.quoteErr {
+		s.quoteErr = msg
+		switch {
+		case msg == "":
+			c.log.Info("quotes are back; placement resumes", "service", s.name)
+			c.event(ctx, s.name, "", "placement", "quotes are back; placement resumes")
+		case len(offers) == 0:
+			c.log.Error("no offers; placement waits", "service", s.name, "err", msg)
+			c.event(ctx, s.name, "", "error", "placement waits: "+msg)
+		default:
+			c.log.Warn("some offers are missing; placing on the others", "service", s.name, "err", msg)
+			c.event(ctx, s.name, "", "error", "placing on the offers left: "+msg)
+		}
 	}
 	return offers, true
 }
+
+// providersFor lists the providers a spec names, "kubernetes" standing for every
+// configured cluster (kubernetes:<name>), in the spec's order.
+func (c *Controller) providersFor(sp *spec.Service) []replicas.Provider {
+	var out []replicas.Provider
+	for _, name := range c.expandProviders(sp.Arbiter.Providers) {
+		if p, ok := c.cfg.Providers[name]; ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// expandProviders maps the spec's provider names onto configured ones: "kubernetes"
+// stands for every kubernetes:<name>.
+func (c *Controller) expandProviders(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if n != kubernetesPrefix {
+			out = append(out, n)
+			continue
+		}
+		var all []string
+		for name := range c.cfg.Providers {
+			if strings.HasPrefix(name, kubernetesPrefix+":") {
+				all = append(all, name)
+			}
+		}
+		slices.Sort(all)
+		out = append(out, all...)
+	}
+	return out
+}
+
+// kubernetesPrefix names the kubernetes providers (kubernetes:<cluster>); the control
+// plane knows them only by name, so it does not link client-go.
+const kubernetesPrefix = "kubernetes"
 
 // place moves the current version toward its target with the mix and zones the placer
 // chooses from the provider's offers (reserved first, spot by price ratio, SpotHedge
@@ -293,7 +349,7 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 		return // the provider could not quote: better to wait than to guess
 	}
 	if s.placer == nil {
-		pl, err := scaling.NewPlacer(scaling.PlacementFromSpec(s.spec(), zoneCooldown))
+		pl, err := scaling.NewPlacer(scaling.PlacementFromSpec(s.spec(), c.cfg.ZoneCooldown))
 		if err != nil {
 			c.event(ctx, s.name, "", "error", "placement: "+err.Error())
 			return
@@ -330,9 +386,16 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 // without a leak. Caller holds c.mu.
 func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch) {
 	sp := s.spec()
-	p, err := c.provider(sp.Arbiter.Providers[0])
+	name := ""
+	if ps := c.providersFor(sp); len(ps) > 0 {
+		name = ps[0].Name()
+	}
+	if at != nil {
+		name = at.Offer.Provider
+	}
+	p, err := c.provider(name)
 	if err != nil {
-		c.event(ctx, s.name, "", "error", err.Error())
+		c.event(ctx, s.name, "", "error", fmt.Sprintf("arbiter.providers %v: %v", sp.Arbiter.Providers, err))
 		return
 	}
 	// The row carries where the replica is meant to run (placement counts it there while it
@@ -357,8 +420,12 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 	s.replicas[row.ID] = r
 	c.transition(ctx, s, r, replicas.Provisioning, "launching on "+p.Name())
 	version, setupMu := s.version, s.setupLock(s.version)
-	ls := replicas.LaunchSpec{ReplicaID: row.ID, Service: s.name, Version: version, Run: sp.Run, Workdir: sp.Workdir, Envs: sp.Envs,
-		Capacity: fleet.Capacity(row.Capacity), Region: row.Region, Zone: row.Zone, PricePerHour: &price, Port: sp.Service.Port}
+	ls := replicas.LaunchSpec{ReplicaID: row.ID, Service: s.name, Version: version, Run: sp.Run, Setup: sp.Setup, Workdir: sp.Workdir, Envs: sp.Envs,
+		Image: strings.TrimPrefix(sp.Resources.ImageID, "docker:"), Capacity: fleet.Capacity(row.Capacity), Region: row.Region, Zone: row.Zone,
+		PricePerHour: &price, Port: sp.Service.Port}
+	if at != nil {
+		ls.Accelerator, ls.AcceleratorCount, ls.InstanceType = at.Offer.Accelerator, at.Offer.AcceleratorCount, at.Offer.InstanceType
+	}
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
@@ -438,13 +505,21 @@ func (c *Controller) check(ctx context.Context, s *service, r *replica) {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		st, serr := p.Status(ctx, row.Handle)
+		st, why, serr := p.Status(ctx, row.Handle)
 		var perr error
 		var models []string
-		if serr == nil && st == replicas.StatusRunning {
-			perr = replicas.Probe(ctx, c.probes, row.Address, probe)
+		addr := row.Address
+		if serr != nil {
+			// A provider that cannot say (a cluster that does not answer) is a failed probe,
+			// not a pass: the replica may be gone with its cluster.
+			perr = fmt.Errorf("provider %s: %w", row.Provider, serr)
+		} else if st == replicas.StatusRunning {
+			if addr == "" {
+				addr = c.addressOf(ctx, p, row)
+			}
+			perr = replicas.Probe(ctx, c.probes, addr, probe)
 			if perr == nil && replicas.State(row.State) != replicas.Ready {
-				models = c.servedModels(ctx, row.Address, probe.Timeout)
+				models = c.servedModels(ctx, addr, probe.Timeout)
 			}
 		}
 		c.mu.Lock()
@@ -460,9 +535,27 @@ func (c *Controller) check(ctx context.Context, s *service, r *replica) {
 		if ctx.Err() != nil || replicas.State(r.row.State) != replicas.State(row.State) {
 			return // stopping, or moved (drained) while we probed
 		}
+		if serr != nil {
+			if r.unansweredSince.IsZero() {
+				r.unansweredSince = now
+			}
+			if now.Sub(r.unansweredSince) >= unansweredBudget {
+				// Its cluster (or cloud API) is lost to us: serve from elsewhere now, and end
+				// this one when its provider answers again (terminate retries until then).
+				r.refused = true // not the replica's fault: no crash-loop backoff
+				c.transition(ctx, s, r, replicas.Failed, fmt.Sprintf("%s has not answered for %s (%v); replacing it elsewhere, and ending it once %s answers",
+					row.Provider, now.Sub(r.unansweredSince).Round(time.Second), serr, row.Provider))
+				return
+			}
+		} else {
+			r.unansweredSince = time.Time{}
+		}
 		if serr == nil && st == replicas.StatusGone {
-			c.transition(ctx, s, r, replicas.Failed, "its process exited or the instance is gone")
+			c.transition(ctx, s, r, replicas.Failed, "gone: "+cmp.Or(why, "its process exited or the instance is gone"))
 			return
+		}
+		if r.row.Address == "" {
+			r.row.Address = addr
 		}
 		switch replicas.State(r.row.State) {
 		case replicas.Starting:
@@ -487,6 +580,28 @@ func (c *Controller) check(ctx context.Context, s *service, r *replica) {
 			}
 		}
 	}()
+}
+
+// unansweredBudget is how long a replica's provider may fail to say whether it runs before
+// the replica is written off and replaced elsewhere.
+const unansweredBudget = 30 * time.Second
+
+// terminateRetry spaces out attempts to terminate through a provider that failed.
+const terminateRetry = 10 * time.Second
+
+// addressOf finds the address of a replica adopted before it had one (a pod found
+// pending after a restart): the provider's list has it once it runs.
+func (c *Controller) addressOf(ctx context.Context, p replicas.Provider, row state.Replica) string {
+	insts, err := p.List(ctx)
+	if err != nil {
+		return ""
+	}
+	for _, in := range insts {
+		if in.Handle == row.Handle || in.ReplicaID == row.ID {
+			return in.Address
+		}
+	}
+	return ""
 }
 
 // servedModels asks a replica which models it serves (the OpenAI /v1/models list).
@@ -549,6 +664,9 @@ func (c *Controller) terminate(ctx context.Context, s *service, r *replica, reas
 	if st != replicas.Draining && st != replicas.Failed && st != replicas.Preempted {
 		c.transition(ctx, s, r, replicas.Draining, reason)
 	}
+	if c.cfg.Now().Before(r.terminateAfter) {
+		return // the last attempt failed moments ago
+	}
 	p, err := c.provider(r.row.Provider)
 	if err != nil {
 		c.log.Error("cannot terminate", "replica", r.row.ID, "err", err)
@@ -569,7 +687,8 @@ func (c *Controller) terminate(ctx context.Context, s *service, r *replica, reas
 		defer c.mu.Unlock()
 		r.busy = false
 		if err != nil {
-			c.log.Error("terminate failed; will retry", "replica", row.ID, "err", err)
+			r.terminateAfter = c.cfg.Now().Add(terminateRetry)
+			c.log.Error("terminate failed; will retry", "replica", row.ID, "in", terminateRetry, "err", err)
 			return
 		}
 		c.transition(ctx, s, r, replicas.Terminated, reason)

@@ -56,15 +56,15 @@ func (m *memProvider) List(context.Context) ([]replicas.Instance, error) {
 	}
 	return out, nil
 }
-func (m *memProvider) Status(_ context.Context, handle string) (replicas.Status, error) {
+func (m *memProvider) Status(_ context.Context, handle string) (replicas.Status, string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, in := range m.running {
 		if in.Handle == handle {
-			return replicas.StatusRunning, nil
+			return replicas.StatusRunning, "", nil
 		}
 	}
-	return replicas.StatusGone, nil
+	return replicas.StatusGone, "not running", nil
 }
 func (m *memProvider) Notices() <-chan replicas.Notice { return nil }
 func (m *memProvider) Quote(context.Context, string, *spec.Service) ([]replicas.Quote, error) {

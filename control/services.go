@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/replicas"
@@ -26,6 +27,11 @@ func (c *Controller) parseSpec(name, text string, envs map[string]string) (*spec
 		return nil, err
 	}
 	for _, name := range sp.Arbiter.Providers {
+		if name == kubernetesPrefix && len(c.expandProviders([]string{name})) == 0 {
+			return nil, fmt.Errorf("%w: arbiter.providers: no kubernetes cluster is configured in this control plane (list clusters in its providers file; configured: %v)", errBadRequest, c.providerNames())
+		}
+	}
+	for _, name := range c.expandProviders(sp.Arbiter.Providers) {
 		p, err := c.provider(name)
 		if err != nil {
 			return nil, fmt.Errorf("%w: arbiter.providers: %v (configured: %v)", errBadRequest, err, c.providerNames())
@@ -50,6 +56,7 @@ func (c *Controller) providerNames() []string {
 	for n := range c.cfg.Providers {
 		out = append(out, n)
 	}
+	slices.Sort(out)
 	return out
 }
 
@@ -130,7 +137,7 @@ func (c *Controller) Update(ctx context.Context, name, text string, envs map[str
 	// The new version's placement policy; zones cooling after a preemption or a refusal
 	// stay avoided. An invalid policy leaves the placer to be rebuilt (and the error
 	// reported) on the next tick.
-	if s.placer != nil && s.placer.Reconfigure(scaling.PlacementFromSpec(sp, zoneCooldown)) != nil {
+	if s.placer != nil && s.placer.Reconfigure(scaling.PlacementFromSpec(sp, c.cfg.ZoneCooldown)) != nil {
 		s.placer = nil
 	}
 	s.placement = ""
@@ -199,10 +206,19 @@ func (c *Controller) recover(ctx context.Context) error {
 	}
 	running := map[string]replicas.Instance{} // replica ID → instance
 	owner := map[string]replicas.Provider{}
-	for _, p := range c.cfg.Providers {
+	// A provider that cannot list now (a cluster that does not answer) does not stop the
+	// others: its rows stay as they were, and what it runs unrecorded is swept by the
+	// audit once it answers.
+	unlisted := map[string]error{}
+	for name, p := range c.cfg.Providers {
 		insts, err := p.List(ctx)
+		if err != nil && c.cfg.ListWait > 0 {
+			err = c.listWhenReady(ctx, p, &insts)
+		}
 		if err != nil {
-			return fmt.Errorf("recover: list %s: %w", p.Name(), err)
+			unlisted[name] = err
+			c.log.Error("recover: provider does not list; its replicas are kept as recorded until it does", "provider", name, "err", err)
+			continue
 		}
 		for _, in := range insts {
 			running[in.ReplicaID], owner[in.ReplicaID] = in, p
@@ -210,9 +226,24 @@ func (c *Controller) recover(ctx context.Context) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	for name := range unlisted {
+		c.unswept[name] = true
+	}
 	for _, row := range rows {
 		inst, found := running[row.ID]
 		delete(running, row.ID)
+		if err, ok := unlisted[row.Provider]; ok && c.services[row.Service] != nil {
+			s := c.services[row.Service]
+			r := &replica{row: row, nextProbe: now}
+			s.replicas[row.ID] = r
+			switch st := replicas.State(row.State); {
+			case st == replicas.Pending || st == replicas.Provisioning:
+				c.transition(ctx, s, r, replicas.Failed, fmt.Sprintf("its launch did not complete before the control plane stopped, and %s does not answer (%v); terminated once it does", row.Provider, err))
+			case live(st) && row.Version == s.version:
+				s.target++
+			}
+			continue
+		}
 		s := c.services[row.Service]
 		if s == nil {
 			// A row without its service cannot be reconciled; end it the direct way.
@@ -256,6 +287,9 @@ func (c *Controller) recover(ctx context.Context) error {
 		}
 	}
 	for id, inst := range running {
+		if ctx.Err() != nil {
+			break
+		}
 		c.log.Warn("terminating a replica this control plane does not recognise", "replica", id, "handle", inst.Handle)
 		c.event(ctx, "", id, "recover", "running but not recognised (no live row): terminated")
 		if err := owner[id].Terminate(ctx, inst.Handle); err != nil {
@@ -269,6 +303,26 @@ func (c *Controller) recover(ctx context.Context) error {
 	return nil
 }
 
+// listWhenReady retries a provider's List until it answers or ListWait passes.
+func (c *Controller) listWhenReady(ctx context.Context, p replicas.Provider, out *[]replicas.Instance) error {
+	deadline := time.Now().Add(c.cfg.ListWait)
+	for {
+		insts, err := p.List(ctx)
+		if err == nil {
+			*out = insts
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // ServiceStatus is one service as the API shows it.
 type ServiceStatus struct {
 	Name      string    `json:"name"`
@@ -279,12 +333,15 @@ type ServiceStatus struct {
 	Decision  string    `json:"decision"`
 	// Placement is the placer's last plan (which capacity kinds, which quote, which rule)
 	// when the service's provider is a market.
-	Placement string          `json:"placement,omitempty"`
-	Ready     int             `json:"ready"`
-	Live      int             `json:"live"`
-	Models    []string        `json:"models"`
-	Endpoint  string          `json:"endpoint"`
-	Replicas  []state.Replica `json:"replicas"`
+	Placement string `json:"placement,omitempty"`
+	// Offers says what placement could not use, while it lasts: a provider that cannot
+	// quote (a cluster that does not answer), capacity with no known price.
+	Offers   string          `json:"offers_problem,omitempty"`
+	Ready    int             `json:"ready"`
+	Live     int             `json:"live"`
+	Models   []string        `json:"models"`
+	Endpoint string          `json:"endpoint"`
+	Replicas []state.Replica `json:"replicas"`
 	// Cost: replicas are billed from launch to termination, ready or not (a replica loading
 	// weights costs as much as one serving).
 	DollarsPerHour float64 `json:"dollars_per_hour"`
@@ -330,7 +387,7 @@ func (c *Controller) Status(ctx context.Context, name string) ([]ServiceStatus, 
 			continue
 		}
 		st := ServiceStatus{Name: s.name, Version: s.version, CreatedAt: row.CreatedAt, Target: s.target, Decision: s.decision.Reason,
-			Placement: s.placement, Models: s.models(), Endpoint: c.cfg.Endpoint, Replicas: []state.Replica{}, Tokens: row.Tokens + s.tokens}
+			Placement: s.placement, Offers: s.quoteErr, Models: s.models(), Endpoint: c.cfg.Endpoint, Replicas: []state.Replica{}, Tokens: row.Tokens + s.tokens}
 		var mine []state.Replica
 		for _, r := range all {
 			if r.Service == s.name {

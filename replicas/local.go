@@ -253,15 +253,15 @@ func parseHandle(h string) (pid int, start uint64, err error) {
 
 // Status implements Provider: running while the process group's leader lives (the same
 // process: a reused PID has another start time).
-func (l *Local) Status(_ context.Context, handle string) (Status, error) {
+func (l *Local) Status(_ context.Context, handle string) (Status, string, error) {
 	pid, start, err := parseHandle(handle)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if leaderAlive(pid, start) {
-		return StatusRunning, nil
+		return StatusRunning, "", nil
 	}
-	return StatusGone, nil
+	return StatusGone, "its process exited", nil
 }
 
 func leaderAlive(pid int, start uint64) bool {

@@ -43,7 +43,7 @@ func TestLocalLaunchListTerminate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st, err := l.Status(ctx, inst.Handle); err != nil || st != StatusRunning {
+	if st, _, err := l.Status(ctx, inst.Handle); err != nil || st != StatusRunning {
 		t.Fatalf("Status = %v, %v; want running", st, err)
 	}
 	var procs map[string][]int
@@ -77,7 +77,7 @@ func TestLocalLaunchListTerminate(t *testing.T) {
 	if procs, _ := OwnedProcesses(l.cfg.Owner); len(procs) != 0 {
 		t.Fatalf("processes left after Terminate: %v", procs)
 	}
-	if st, _ := l.Status(ctx, inst.Handle); st != StatusGone {
+	if st, _, _ := l.Status(ctx, inst.Handle); st != StatusGone {
 		t.Fatalf("Status after Terminate = %v; want gone", st)
 	}
 	if err := l.Terminate(ctx, inst.Handle); err != nil {

@@ -17,11 +17,24 @@ type LaunchSpec struct {
 	Service   string
 	Version   int
 	Run       string // shell command
-	Workdir   string
-	Envs      map[string]string
-	Capacity  fleet.Capacity
-	Region    string
-	Zone      string
+	// Setup is the spec's setup command. Providers whose replicas share this machine run it
+	// once per version (Setup); one whose replicas each start on a fresh machine or
+	// container (kubernetes) runs it in each before Run.
+	Setup   string
+	Workdir string
+	// Image is the container image the spec names (resources.image_id without "docker:");
+	// "" for the provider's default. Only container providers use it.
+	Image    string
+	Envs     map[string]string
+	Capacity fleet.Capacity
+	Region   string
+	Zone     string
+	// Accelerator (SkyPilot's name, e.g. H100) × AcceleratorCount is the GPU the quote
+	// launched on offered; InstanceType the machine type it priced. Empty: whatever the
+	// provider runs (the local machine).
+	Accelerator      string
+	AcceleratorCount int
+	InstanceType     string
 	// PricePerHour, if set, is what the replica is billed (the local provider's
 	// arbiter.local.price_per_hour); nil: the provider's own price.
 	PricePerHour *float64
@@ -59,6 +72,15 @@ type Quote struct {
 	Provider, Region, Zone string
 	Capacity               fleet.Capacity
 	PricePerHour           float64
+	// Accelerator × AcceleratorCount and InstanceType say what the offer runs on, for the
+	// launch that takes it; empty where the provider has one kind of machine.
+	Accelerator      string
+	AcceleratorCount int
+	InstanceType     string
+	// Unpriced, when not empty, says why the provider knows no price for capacity it could
+	// launch on (a node pool whose machine type no catalog lists): placement leaves such an
+	// offer out rather than take it as free, and reports it.
+	Unpriced string
 }
 
 // Provider is where replicas run.
@@ -72,7 +94,9 @@ type Provider interface {
 	// List returns every instance this provider runs for this control plane, found by the
 	// provider's own tags, so that a restarted control plane can find what it launched.
 	List(ctx context.Context) ([]Instance, error)
-	Status(ctx context.Context, handle string) (Status, error)
+	// Status says whether an instance still runs; for one gone, reason says why in the
+	// provider's own words (a pod's CrashLoopBackOff, a node reclaimed), or "" if it cannot.
+	Status(ctx context.Context, handle string) (st Status, reason string, err error)
 	// Notices delivers preemption warnings.
 	Notices() <-chan Notice
 	// Quote lists the offers at which the provider would run one replica of the service

@@ -177,12 +177,12 @@ func TestSimMarketQuotesRefusesAndPreempts(t *testing.T) {
 	// Reclaimed at the drop (half a second of real time later), the others untouched.
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if st, _ := s.Status(ctx, inst.Handle); st == StatusGone {
+		if st, _, _ := s.Status(ctx, inst.Handle); st == StatusGone {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if st, _ := s.Status(ctx, inst.Handle); st != StatusGone {
+	if st, _, _ := s.Status(ctx, inst.Handle); st != StatusGone {
 		t.Fatal("the preempted replica is still running after its deadline")
 	}
 	insts, err := s.List(ctx)

@@ -23,6 +23,10 @@ type Offer struct {
 	Provider, Region, Zone, InstanceType string
 	Capacity                             fleet.Capacity // spot or on_demand
 	PricePerHour                         float64
+	// Accelerator × AcceleratorCount is the GPU the offer runs on, passed through to the
+	// launch (placement itself compares places and prices only).
+	Accelerator      string
+	AcceleratorCount int
 }
 
 func (o Offer) place() string { return o.Provider + "/" + o.Region + "/" + o.Zone }

@@ -3,6 +3,7 @@ package spec
 import (
 	"fmt"
 	"math"
+	"regexp"
 	"strings"
 	"time"
 
@@ -186,7 +187,7 @@ func (d *decoder) providers(path string, n *yaml.Node) []string {
 	}
 	var out []string
 	for _, it := range items {
-		p, ok := d.enum(path, it, knownProviders)
+		p, ok := d.providerName(path, it)
 		switch {
 		case !ok:
 		case contains(out, p):
@@ -196,6 +197,28 @@ func (d *decoder) providers(path string, n *yaml.Node) []string {
 		}
 	}
 	return out
+}
+
+// providerName reads one provider: a known name, or kubernetes:<cluster> for one of the
+// control plane's configured clusters (plain kubernetes means all of them).
+func (d *decoder) providerName(path string, n *yaml.Node) (string, bool) {
+	if s, ok := n.Value, n.Kind == yaml.ScalarNode; ok {
+		if cluster, found := strings.CutPrefix(strings.TrimSpace(s), "kubernetes:"); found {
+			if !clusterName.MatchString(cluster) {
+				d.errorf(n, "%s: %s: after kubernetes: give a cluster name from the control plane's providers file (letters, digits, '-', '_', '.')", path, quote(s))
+				return "", false
+			}
+			return "kubernetes:" + cluster, true
+		}
+	}
+	return d.enum(path, n, knownProviders)
+}
+
+var clusterName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+// IsKubernetes reports whether a provider name is kubernetes or kubernetes:<cluster>.
+func IsKubernetes(provider string) bool {
+	return provider == "kubernetes" || strings.HasPrefix(provider, "kubernetes:")
 }
 
 // reserved reads the list of capacity already paid for.
@@ -213,7 +236,7 @@ func (d *decoder) reserved(path string, n *yaml.Node) []ReservedCapacity {
 		}
 		var rc ReservedCapacity
 		if v := b.get("provider"); v != nil {
-			rc.Provider, _ = d.enum(p+".provider", v, knownProviders)
+			rc.Provider, _ = d.providerName(p+".provider", v)
 		} else {
 			d.errorf(b.at, "%s: provider is required, one of %s", p, strings.Join(knownProviders, ", "))
 		}

@@ -101,6 +101,19 @@ func (d *decoder) crossCheck(s *Service) {
 		d.errorAt("arbiter.autoscaling.panic_window_seconds", "arbiter.autoscaling.panic_window_seconds: must be ≤ stable_window_seconds (%g), got %g", as.StableWindowSeconds, as.PanicWindowSeconds)
 	}
 
+	// What a container provider cannot do is refused here, not ignored at launch.
+	if slices.ContainsFunc(a.Providers, IsKubernetes) {
+		if s.Workdir != "" {
+			d.errorAt("workdir", "workdir: the kubernetes provider cannot sync a local folder into pods; build it into the image (resources.image_id: docker:IMAGE) or fetch it in setup")
+		}
+		for _, r := range append([]Resources{s.Resources}, append(s.Resources.AnyOf, s.Resources.Ordered...)...) {
+			if r.ImageID != "" && !strings.HasPrefix(r.ImageID, "docker:") {
+				d.errorAt("resources.image_id", "resources.image_id: %s: the kubernetes provider runs container images; write docker:IMAGE, e.g. docker:vllm/vllm-openai:latest", quote(r.ImageID))
+				break
+			}
+		}
+	}
+
 	for i, r := range a.Reserved {
 		if r.Provider != "" && !slices.Contains(a.Providers, r.Provider) {
 			d.errorAt("arbiter.reserved["+strconv.Itoa(i)+"].provider", "arbiter.reserved[%d].provider: %s is not in arbiter.providers (%s); add it there", i, r.Provider, strings.Join(a.Providers, ", "))

@@ -10,33 +10,55 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/httplog"
+	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/replicas/kubernetes"
 )
 
 func main() {
 	home, _ := os.UserHomeDir()
 	var (
-		homeDir  = flag.String("home", envOr("ARBITER_HOME", filepath.Join(home, ".arbiter")), "state directory (state.db, token, logs)")
-		api      = flag.String("api", "127.0.0.1:8081", "API listen address (loopback by default; routers and the CLI call it)")
-		admin    = flag.String("admin", "127.0.0.1:9091", "metrics and health listen address (empty: none)")
-		endpoint = flag.String("endpoint", "", "router URL shown to users by `serve status`")
-		tick     = flag.Duration("tick", time.Second, "reconcile interval")
-		drain    = flag.Duration("drain-timeout", 120*time.Second, "longest wait for a draining replica's requests")
-		grace    = flag.Duration("grace", 10*time.Second, "SIGTERM to SIGKILL grace for local replicas")
-		logLevel = flag.String("log-level", "info", "debug, info, warn or error")
+		homeDir   = flag.String("home", envOr("ARBITER_HOME", filepath.Join(home, ".arbiter")), "state directory (state.db, token, logs)")
+		api       = flag.String("api", "127.0.0.1:8081", "API listen address (loopback by default; routers and the CLI call it)")
+		admin     = flag.String("admin", "127.0.0.1:9091", "metrics and health listen address (empty: none)")
+		endpoint  = flag.String("endpoint", "", "router URL shown to users by `serve status`")
+		tick      = flag.Duration("tick", time.Second, "reconcile interval")
+		drain     = flag.Duration("drain-timeout", 120*time.Second, "longest wait for a draining replica's requests")
+		grace     = flag.Duration("grace", 10*time.Second, "SIGTERM to SIGKILL grace for local replicas")
+		logLevel  = flag.String("log-level", "info", "debug, info, warn or error")
+		provFile  = flag.String("providers", "", "providers file: the Kubernetes clusters replicas may run on (default: <home>/providers.yaml if it exists)")
+		tokenFile = flag.String("token-file", "", "file holding the API token routers and the CLI send (default: <home>/token, created if missing)")
+		cooldown  = flag.Duration("zone-cooldown", 10*time.Minute, "how long spot stays out of a zone that preempted a replica or refused a launch")
 	)
 	flag.Parse()
 	log, err := httplog.NewLogger(*logLevel)
+	token := ""
+	if err == nil && *tokenFile != "" {
+		var b []byte
+		if b, err = os.ReadFile(*tokenFile); err == nil {
+			if token = strings.TrimSpace(string(b)); token == "" {
+				err = fmt.Errorf("token file %s is empty", *tokenFile)
+			}
+		}
+	}
 	if err == nil {
 		exe, _ := os.Executable()
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
-		err = control.Serve(ctx, control.DaemonOptions{Home: *homeDir, API: *api, Tick: *tick, DrainTimeout: *drain, Endpoint: *endpoint,
-			BinDir: filepath.Dir(exe), LocalGrace: *grace, Log: log, Admin: *admin})
+		err = control.Serve(ctx, control.DaemonOptions{Home: *homeDir, API: *api, Token: token, Tick: *tick, DrainTimeout: *drain, Endpoint: *endpoint,
+			BinDir: filepath.Dir(exe), LocalGrace: *grace, Log: log, Admin: *admin, ZoneCooldown: *cooldown,
+			Providers: func(ctx context.Context, owner string) ([]replicas.Provider, error) {
+				path, optional := *provFile, *provFile == ""
+				if optional {
+					path = filepath.Join(*homeDir, "providers.yaml")
+				}
+				return kubernetes.FromFile(ctx, path, optional, owner, log)
+			}})
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "autoscaler:", err)

@@ -20,6 +20,8 @@ import (
 
 	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/httplog"
+	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/replicas/kubernetes"
 	"github.com/arbiter-serve/arbiter/router"
 )
 
@@ -48,6 +50,8 @@ type daemonFlags struct {
 	tick, drain, grace time.Duration
 	logLevel           string
 	apiKeys            string
+	providers          string
+	zoneCooldown       time.Duration
 }
 
 // runDaemon runs the embedded default in the foreground: a control plane with the local
@@ -83,7 +87,8 @@ func runDaemon(ctx context.Context, home string, f daemonFlags) error {
 	go func() {
 		errc <- control.Serve(ctx, control.DaemonOptions{Home: home, API: f.api, Token: token, Tick: f.tick, DrainTimeout: f.drain,
 			Endpoint: endpoint, BinDir: filepath.Dir(exe), LocalGrace: f.grace, Log: log.With("part", "control"),
-			Ready: func(a net.Addr) { apic <- a }, Metrics: reg})
+			Ready: func(a net.Addr) { apic <- a }, Metrics: reg, ZoneCooldown: f.zoneCooldown,
+			Providers: providersFrom(home, f.providers, log.With("part", "control"))})
 	}()
 	var api net.Addr
 	select {
@@ -108,6 +113,18 @@ func runDaemon(ctx context.Context, home string, f daemonFlags) error {
 	cancel()
 	_ = os.Remove(daemonInfoPath(home))
 	return err
+}
+
+// providersFrom builds the clusters of a providers file: the one named, else
+// <home>/providers.yaml when it exists.
+func providersFrom(home, path string, log *slog.Logger) func(context.Context, string) ([]replicas.Provider, error) {
+	return func(ctx context.Context, owner string) ([]replicas.Provider, error) {
+		optional := path == ""
+		if optional {
+			path = filepath.Join(home, "providers.yaml")
+		}
+		return kubernetes.FromFile(ctx, path, optional, owner, log)
+	}
 }
 
 func writeFileAtomic(path string, b []byte) error {
@@ -150,6 +167,14 @@ func ensureDaemon(ctx context.Context, home string, f daemonFlags, log *slog.Log
 		}
 		cmd.Args = append(cmd.Args, "--api-keys", abs)
 	}
+	if f.providers != "" {
+		abs, err := filepath.Abs(f.providers)
+		if err != nil {
+			return nil, daemonInfo{}, err
+		}
+		cmd.Args = append(cmd.Args, "--providers", abs)
+	}
+	cmd.Args = append(cmd.Args, "--zone-cooldown", f.zoneCooldown.String())
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own session: the daemon outlives this command and the terminal's Ctrl-C.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

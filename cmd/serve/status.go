@@ -45,6 +45,11 @@ func statusCmd(g *globals) *cobra.Command {
 					s.DollarsPerHour, s.Dollars, s.Tokens, perM, s.Endpoint)
 			}
 			tw.Flush()
+			for _, s := range svcs {
+				if s.Offers != "" {
+					fmt.Fprintf(out, "  %s: offers missing: %s\n", s.Name, s.Offers)
+				}
+			}
 			if verbose {
 				for _, s := range svcs {
 					fmt.Fprintf(out, "  %s: models %v; autoscaler: %s\n", s.Name, s.Models, dash(s.Decision))

@@ -1,0 +1,456 @@
+// Package kubetest runs a real Kubernetes control plane on loopback for tests: etcd,
+// kube-apiserver (token auth and RBAC on) and kube-scheduler, with fake nodes from KWOK
+// whose pods get loopback IPs, and a kubelet stand-in that runs each running pod's own
+// command as a local process bound to its pod IP. The binaries come from
+// scripts/kube-bins.sh.
+package kubetest
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	authv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// Versions names the binaries scripts/kube-bins.sh builds; keep the two in step.
+const Versions = "k8s-v1.37.2-etcd-v3.6.16-kwok-v0.8.0"
+
+// Bins returns the folder scripts/kube-bins.sh filled (bin/ and stages/): $ARBITER_KUBE_BIN,
+// else the script's default cache. Without it the test is skipped, or fails when
+// $ARBITER_REQUIRE_KUBE is set (CI sets it, so a missing build step cannot pass unseen).
+func Bins(t testing.TB) string {
+	t.Helper()
+	dir := os.Getenv("ARBITER_KUBE_BIN")
+	if dir == "" {
+		root := os.Getenv("ARBITER_KUBE_CACHE")
+		if root == "" {
+			cache := os.Getenv("XDG_CACHE_HOME")
+			if cache == "" {
+				home, _ := os.UserHomeDir()
+				cache = filepath.Join(home, ".cache")
+			}
+			root = filepath.Join(cache, "arbiter", "kube")
+		}
+		dir = filepath.Join(root, Versions)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".complete")); err != nil {
+		if os.Getenv("ARBITER_REQUIRE_KUBE") != "" {
+			t.Fatalf("no Kubernetes binaries at %s (ARBITER_REQUIRE_KUBE is set): run `bash scripts/kube-bins.sh`", dir)
+		}
+		t.Skipf("no Kubernetes binaries at %s: run `bash scripts/kube-bins.sh` (about 7 minutes once) or set ARBITER_KUBE_BIN", dir)
+	}
+	return dir
+}
+
+// Options configures a cluster.
+type Options struct {
+	// Name is the kubeconfig context (and cluster) name.
+	Name string
+	// PodCIDR is the loopback range KWOK gives pod IPs from, e.g. "127.0.10.1/24"; two
+	// clusters in one test need two ranges.
+	PodCIDR string
+	// Path is prepended to PATH for pod processes (where replicasim is).
+	Path string
+}
+
+// Cluster is a running control plane.
+type Cluster struct {
+	Name string
+	Dir  string
+	// Server is the apiserver's URL; Kubeconfig a file whose context Name reaches it as
+	// the admin (system:masters).
+	Server, Kubeconfig string
+	Admin              *kubernetes.Clientset
+	AdminRest          *rest.Config
+
+	t       testing.TB
+	bins    string
+	opts    Options
+	procs   []*exec.Cmd
+	kubelet *Kubelet
+	stopped bool
+	// started is each component as started, for Restart.
+	started []component
+}
+
+type component struct {
+	name string
+	args []string
+}
+
+// Start brings a cluster up and registers its Stop with t.Cleanup.
+func Start(t testing.TB, o Options) *Cluster {
+	t.Helper()
+	bins := Bins(t)
+	dir := filepath.Join(t.TempDir(), o.Name)
+	if err := os.MkdirAll(filepath.Join(dir, "certs"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	c := &Cluster{Name: o.Name, Dir: dir, t: t, bins: bins, opts: o}
+	t.Cleanup(c.Stop)
+
+	etcdClient, etcdPeer := freePort(t), freePort(t)
+	c.run("etcd", "--name", "default", "--data-dir", filepath.Join(dir, "etcd"), "--log-level", "warn",
+		"--listen-client-urls", "http://127.0.0.1:"+etcdClient, "--advertise-client-urls", "http://127.0.0.1:"+etcdClient,
+		"--listen-peer-urls", "http://127.0.0.1:"+etcdPeer, "--initial-advertise-peer-urls", "http://127.0.0.1:"+etcdPeer,
+		"--initial-cluster", "default=http://127.0.0.1:"+etcdPeer, "--quota-backend-bytes", "1073741824")
+
+	token := randomHex(t)
+	writeFile(t, filepath.Join(dir, "tokens.csv"), token+",admin,admin-uid,system:masters\n")
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "sa.key"), string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})))
+	port := freePort(t)
+	c.run("kube-apiserver", "--etcd-servers", "http://127.0.0.1:"+etcdClient,
+		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", port,
+		// A loopback advertise address is refused by the endpoint reconciler, which no test
+		// needs (nothing uses the kubernetes Service).
+		"--endpoint-reconciler-type", "none",
+		"--token-auth-file", filepath.Join(dir, "tokens.csv"), "--authorization-mode", "RBAC",
+		"--service-account-key-file", filepath.Join(dir, "sa.key"), "--service-account-signing-key-file", filepath.Join(dir, "sa.key"),
+		"--service-account-issuer", "https://kubernetes.default.svc", "--api-audiences", "https://kubernetes.default.svc",
+		"--cert-dir", filepath.Join(dir, "certs"), "--service-cluster-ip-range", "10.96.0.0/16", "--profiling=false")
+	c.Server = "https://127.0.0.1:" + port
+	c.Kubeconfig = filepath.Join(dir, "admin.kubeconfig")
+	c.writeKubeconfig(c.Kubeconfig, "admin", token)
+	c.AdminRest = &rest.Config{Host: c.Server, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{Insecure: true}, QPS: 100, Burst: 200}
+	c.Admin = kubernetes.NewForConfigOrDie(c.AdminRest)
+	c.waitFor("the apiserver to be ready", 2*time.Minute, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, err := c.Admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil
+	})
+	// Without a controller-manager, no namespace gets its default service account, and pod
+	// admission refuses pods until it exists.
+	c.waitFor("the default namespace", time.Minute, func() bool {
+		_, err := c.Admin.CoreV1().Namespaces().Get(context.Background(), "default", metav1.GetOptions{})
+		return err == nil
+	})
+	c.Namespace("default")
+
+	c.run("kube-scheduler", "--kubeconfig", c.Kubeconfig, "--authentication-kubeconfig", c.Kubeconfig,
+		"--authorization-kubeconfig", c.Kubeconfig, "--bind-address", "127.0.0.1", "--secure-port", freePort(t), "--leader-elect=false")
+	stages, err := filepath.Glob(filepath.Join(bins, "stages", "*.yaml"))
+	if err != nil || len(stages) == 0 {
+		t.Fatalf("no kwok stages in %s/stages", bins)
+	}
+	kwokArgs := []string{"--kubeconfig", c.Kubeconfig, "--manage-all-nodes=false",
+		"--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake", "--cidr=" + o.PodCIDR,
+		"--node-ip=127.0.0.1", "--server-address=127.0.0.1:" + freePort(t)}
+	for _, s := range stages {
+		kwokArgs = append(kwokArgs, "--config", s)
+	}
+	c.run("kwok", kwokArgs...)
+	c.kubelet = startKubelet(t, c.Admin, filepath.Join(dir, "pods"), o.Path)
+	return c
+}
+
+// run starts one of the cluster's binaries, its output in <dir>/<name>.log.
+func (c *Cluster) run(name string, args ...string) {
+	c.t.Helper()
+	c.started = append(c.started, component{name, args})
+	c.spawn(name, args)
+}
+
+func (c *Cluster) spawn(name string, args []string) {
+	c.t.Helper()
+	f, err := os.OpenFile(filepath.Join(c.Dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command(filepath.Join(c.bins, "bin", name), args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("start %s: %v", name, err)
+	}
+	go func() { _ = cmd.Wait() }()
+	c.procs = append(c.procs, cmd)
+}
+
+// Log returns the tail of one component's log (etcd, kube-apiserver, kube-scheduler, kwok).
+func (c *Cluster) Log(name string) string {
+	b, _ := os.ReadFile(filepath.Join(c.Dir, name+".log"))
+	if len(b) > 6000 {
+		b = b[len(b)-6000:]
+	}
+	return string(b)
+}
+
+// Stop ends the whole cluster as if its machines were lost: the pods' processes, KWOK, the
+// scheduler, the apiserver and etcd. Idempotent.
+func (c *Cluster) Stop() {
+	if c.stopped {
+		return
+	}
+	c.stopped = true
+	if c.kubelet != nil {
+		c.kubelet.Stop()
+	}
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		p := c.procs[i]
+		_ = syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
+	}
+	for _, p := range c.procs {
+		for range 100 {
+			if syscall.Kill(p.Process.Pid, 0) != nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// Restart brings a stopped cluster back on its own data, as after an outage: the same
+// etcd, so its nodes and pods are as they were, and the pods' processes start again.
+func (c *Cluster) Restart() {
+	c.t.Helper()
+	if !c.stopped {
+		c.t.Fatal("Restart of a cluster that runs")
+	}
+	c.stopped, c.procs = false, nil
+	for _, comp := range c.started {
+		c.spawn(comp.name, comp.args)
+		if comp.name == "kube-apiserver" {
+			c.waitFor("the apiserver to be ready again", 2*time.Minute, func() bool {
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				defer cancel()
+				_, err := c.Admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+				return err == nil
+			})
+		}
+	}
+	c.kubelet = startKubelet(c.t, c.Admin, filepath.Join(c.Dir, "pods"), c.opts.Path)
+}
+
+// Processes lists the pod processes the kubelet stand-in runs now, by pod name.
+func (c *Cluster) Processes() map[string]int { return c.kubelet.Running() }
+
+func (c *Cluster) writeKubeconfig(path, user, token string) {
+	c.t.Helper()
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[c.Name] = &clientcmdapi.Cluster{Server: c.Server, InsecureSkipTLSVerify: true}
+	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.Contexts[c.Name] = &clientcmdapi.Context{Cluster: c.Name, AuthInfo: user}
+	cfg.CurrentContext = c.Name
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// Namespace creates a namespace (if missing) with its default service account.
+func (c *Cluster) Namespace(name string) {
+	c.t.Helper()
+	ctx := context.Background()
+	_, err := c.Admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		c.t.Fatal(err)
+	}
+	_, err = c.Admin.CoreV1().ServiceAccounts(name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		c.t.Fatal(err)
+	}
+}
+
+// ServiceAccountKubeconfig writes a kubeconfig (context Name) that acts as a service
+// account, with a token from the TokenRequest API: what a pod running as that account
+// would use, so that RBAC decides what it may do.
+func (c *Cluster) ServiceAccountKubeconfig(namespace, account string) string {
+	c.t.Helper()
+	secs := int64(24 * 3600)
+	tr, err := c.Admin.CoreV1().ServiceAccounts(namespace).CreateToken(context.Background(), account,
+		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &secs}}, metav1.CreateOptions{})
+	if err != nil {
+		c.t.Fatalf("token for %s/%s: %v", namespace, account, err)
+	}
+	path := filepath.Join(c.Dir, namespace+"-"+account+".kubeconfig")
+	c.writeKubeconfig(path, account, tr.Status.Token)
+	return path
+}
+
+// Kubectl runs the kubectl built with the cluster as the admin.
+func (c *Cluster) Kubectl(args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(c.bins, "bin", "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func (c *Cluster) waitFor(what string, timeout time.Duration, cond func() bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("cluster %s: timed out after %s waiting for %s\napiserver:\n%s\netcd:\n%s", c.Name, timeout, what, c.Log("kube-apiserver"), c.Log("etcd"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func freePort(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
+}
+
+func randomHex(t testing.TB) string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b[:])
+}
+
+func writeFile(t testing.TB, path, s string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Node is a fake GPU node.
+type Node struct {
+	Name   string
+	Labels map[string]string
+	GPUs   int
+	// ProviderID, e.g. gce://project/us-central1-a/name, says which cloud it is in.
+	ProviderID string
+	Taints     []corev1.Taint
+}
+
+// AddNode registers a KWOK node and waits until it is Ready and schedulable (the
+// not-ready taint that admission adds is removed: no node lifecycle controller runs).
+func (c *Cluster) AddNode(n Node) {
+	c.t.Helper()
+	ctx := context.Background()
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    mustQuantity("64"),
+		corev1.ResourceMemory: mustQuantity("512Gi"),
+		corev1.ResourcePods:   mustQuantity("110"),
+	}
+	if n.GPUs > 0 {
+		capacity["nvidia.com/gpu"] = mustQuantity(fmt.Sprint(n.GPUs))
+	}
+	labels := map[string]string{"kubernetes.io/hostname": n.Name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "type": "kwok"}
+	for k, v := range n.Labels {
+		labels[k] = v
+	}
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: labels, Annotations: map[string]string{"kwok.x-k8s.io/node": "fake"}},
+		Spec:       corev1.NodeSpec{ProviderID: n.ProviderID, Taints: n.Taints},
+		Status:     corev1.NodeStatus{Capacity: capacity, Allocatable: capacity},
+	}
+	if _, err := c.Admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		c.t.Fatalf("create node %s: %v", n.Name, err)
+	}
+	c.waitFor("node "+n.Name+" Ready", time.Minute, func() bool {
+		got, err := c.Admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		ready := false
+		for _, cond := range got.Status.Conditions {
+			ready = ready || cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue
+		}
+		if !ready {
+			return false
+		}
+		var keep []corev1.Taint
+		for _, t := range got.Spec.Taints {
+			if !strings.HasPrefix(t.Key, "node.kubernetes.io/not-ready") {
+				keep = append(keep, t)
+			}
+		}
+		if len(keep) == len(got.Spec.Taints) {
+			return true
+		}
+		got.Spec.Taints = keep
+		_, err = c.Admin.CoreV1().Nodes().Update(ctx, got, metav1.UpdateOptions{})
+		return false // check again: the update may have raced
+	})
+}
+
+// Taint adds a taint to a node.
+func (c *Cluster) Taint(node string, t corev1.Taint) {
+	c.t.Helper()
+	c.updateNode(node, func(n *corev1.Node) { n.Spec.Taints = append(n.Spec.Taints, t) })
+}
+
+// Untaint removes every taint with key from a node.
+func (c *Cluster) Untaint(node, key string) {
+	c.t.Helper()
+	c.updateNode(node, func(n *corev1.Node) {
+		var keep []corev1.Taint
+		for _, t := range n.Spec.Taints {
+			if t.Key != key {
+				keep = append(keep, t)
+			}
+		}
+		n.Spec.Taints = keep
+	})
+}
+
+func (c *Cluster) updateNode(name string, change func(*corev1.Node)) {
+	c.t.Helper()
+	ctx := context.Background()
+	for try := 0; ; try++ {
+		n, err := c.Admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		change(n)
+		_, err = c.Admin.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		if err == nil {
+			return
+		}
+		if !apierrors.IsConflict(err) || try > 20 {
+			c.t.Fatalf("update node %s: %v", name, err)
+		}
+	}
+}
+
+// DeleteNode removes a node, as a cloud reclaiming the machine does; the kubelet stand-in
+// kills the processes of its pods.
+func (c *Cluster) DeleteNode(name string) {
+	c.t.Helper()
+	if err := c.Admin.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+		c.t.Fatalf("delete node %s: %v", name, err)
+	}
+}
+
+// Pods lists the pods in a namespace that match a label selector.
+func (c *Cluster) Pods(namespace, selector string) []corev1.Pod {
+	c.t.Helper()
+	l, err := c.Admin.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		c.t.Fatalf("list pods: %v", err)
+	}
+	return l.Items
+}

@@ -1,0 +1,213 @@
+package kubetest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+func mustQuantity(s string) resource.Quantity { return resource.MustParse(s) }
+
+// Kubelet is a test-only stand-in for the kubelets of KWOK's fake nodes: KWOK marks a pod
+// Running and gives it an IP, and this runs the pod's first container's command as a local
+// process with the container's environment resolved as a kubelet would ($(VAR) references,
+// the downward API's status.podIP and metadata fields), so the pod really serves on its
+// IP. It stops the process when the pod is being deleted, is gone, or its node is gone.
+// It does not restart a process that exits (a real kubelet would, by restartPolicy).
+type Kubelet struct {
+	dir, path string
+	pods      cache.SharedIndexInformer
+	nodes     cache.SharedIndexInformer
+	stop      context.CancelFunc
+
+	mu    sync.Mutex
+	procs map[types.UID]*podProc
+	done  bool
+}
+
+type podProc struct {
+	name string
+	cmd  *exec.Cmd
+	exit chan struct{}
+}
+
+func startKubelet(t testing.TB, client kubernetes.Interface, dir, path string) *Kubelet {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f := informers.NewSharedInformerFactory(client, 0)
+	k := &Kubelet{dir: dir, path: path, pods: f.Core().V1().Pods().Informer(), nodes: f.Core().V1().Nodes().Informer(),
+		stop: cancel, procs: map[types.UID]*podProc{}}
+	sync := func(any) { k.sync() }
+	h := cache.ResourceEventHandlerFuncs{AddFunc: sync, UpdateFunc: func(_, o any) { sync(o) }, DeleteFunc: sync}
+	if _, err := k.pods.AddEventHandler(h); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.nodes.AddEventHandler(h); err != nil {
+		t.Fatal(err)
+	}
+	f.Start(ctx.Done())
+	return k
+}
+
+// sync starts what should run and stops what should not.
+func (k *Kubelet) sync() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.done {
+		return
+	}
+	want := map[types.UID]*corev1.Pod{}
+	for _, obj := range k.pods.GetStore().List() {
+		p, ok := obj.(*corev1.Pod)
+		if !ok || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" || p.Spec.NodeName == "" {
+			continue
+		}
+		if _, ok, _ := k.nodes.GetStore().GetByKey(p.Spec.NodeName); !ok {
+			continue
+		}
+		want[p.UID] = p
+	}
+	for uid, pp := range k.procs {
+		if want[uid] == nil {
+			go pp.kill()
+			delete(k.procs, uid)
+		}
+	}
+	for uid, p := range want {
+		if k.procs[uid] != nil {
+			continue
+		}
+		pp, err := k.start(p)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "kubetest kubelet: pod %s/%s: %v\n", p.Namespace, p.Name, err)
+			continue
+		}
+		k.procs[uid] = pp
+	}
+}
+
+var varRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+
+// expand replaces $(VAR) with VAR's value where VAR is defined, as the kubelet does for
+// env values, command and args.
+func expand(s string, vars map[string]string) string {
+	return varRef.ReplaceAllStringFunc(s, func(m string) string {
+		if v, ok := vars[m[2:len(m)-1]]; ok {
+			return v
+		}
+		return m
+	})
+}
+
+func (k *Kubelet) start(p *corev1.Pod) (*podProc, error) {
+	if len(p.Spec.Containers) == 0 {
+		return nil, fmt.Errorf("no container")
+	}
+	c := p.Spec.Containers[0]
+	vars := map[string]string{}
+	env := []string{"PATH=" + k.path + string(os.PathListSeparator) + os.Getenv("PATH"), "HOME=" + k.dir}
+	for _, e := range c.Env {
+		v := expand(e.Value, vars)
+		if f := e.ValueFrom; f != nil && f.FieldRef != nil {
+			switch f.FieldRef.FieldPath {
+			case "status.podIP":
+				v = p.Status.PodIP
+			case "status.hostIP":
+				v = p.Status.HostIP
+			case "metadata.name":
+				v = p.Name
+			case "metadata.namespace":
+				v = p.Namespace
+			case "spec.nodeName":
+				v = p.Spec.NodeName
+			default:
+				return nil, fmt.Errorf("env %s: field %s is not supported by the stand-in", e.Name, f.FieldRef.FieldPath)
+			}
+		} else if e.ValueFrom != nil {
+			return nil, fmt.Errorf("env %s: only fieldRef sources are supported by the stand-in", e.Name)
+		}
+		vars[e.Name] = v
+		env = append(env, e.Name+"="+v)
+	}
+	argv := append([]string{}, c.Command...)
+	argv = append(argv, c.Args...)
+	if len(argv) == 0 {
+		return nil, fmt.Errorf("container %s has no command (the stand-in cannot read an image's entrypoint)", c.Name)
+	}
+	for i := range argv {
+		argv[i] = expand(argv[i], vars)
+	}
+	f, err := os.OpenFile(filepath.Join(k.dir, p.Namespace+"_"+p.Name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, k.dir, f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	pp := &podProc{name: p.Name, cmd: cmd, exit: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(pp.exit) }()
+	return pp, nil
+}
+
+// kill stops a pod's process group: SIGTERM, then SIGKILL after 3 s.
+func (pp *podProc) kill() {
+	pgid := pp.cmd.Process.Pid
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	select {
+	case <-pp.exit:
+	case <-time.After(3 * time.Second):
+	}
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	<-pp.exit
+}
+
+// Running lists the pods whose process runs, by pod name, with the process ID.
+func (k *Kubelet) Running() map[string]int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := map[string]int{}
+	for _, pp := range k.procs {
+		select {
+		case <-pp.exit:
+		default:
+			out[pp.name] = pp.cmd.Process.Pid
+		}
+	}
+	return out
+}
+
+// Stop kills every pod process and stops watching.
+func (k *Kubelet) Stop() {
+	k.mu.Lock()
+	k.done = true
+	procs := k.procs
+	k.procs = map[types.UID]*podProc{}
+	k.mu.Unlock()
+	k.stop()
+	var wg sync.WaitGroup
+	for _, pp := range procs {
+		wg.Add(1)
+		go func() { defer wg.Done(); pp.kill() }()
+	}
+	wg.Wait()
+}

@@ -1,0 +1,230 @@
+package kubernetes
+
+import (
+	"regexp"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+// Node labels and taints the platforms set, and what Arbiter reads from them. Sources:
+//   - topology.kubernetes.io/zone, /region, node.kubernetes.io/instance-type: Kubernetes'
+//     well-known labels (kubernetes.io/docs/reference/labels-annotations-taints/).
+//   - cloud.google.com/gke-spot, gke-preemptible, gke-accelerator, gke-nodepool: GKE's
+//     Spot VMs, preemptible VMs and GPU docs (cloud.google.com/kubernetes-engine/docs).
+//   - eks.amazonaws.com/capacityType (SPOT | ON_DEMAND), eks.amazonaws.com/nodegroup: EKS
+//     managed node groups; topology.k8s.aws/zone-id: the AZ id EKS labels nodes with.
+//   - karpenter.sh/capacity-type (spot | on-demand | reserved), karpenter.sh/disrupted taint,
+//     karpenter.k8s.aws/instance-gpu-name: Karpenter's well-known labels and disruption docs.
+//   - kubernetes.azure.com/scalesetpriority=spot (label and NoSchedule taint): AKS spot pools.
+//   - nvidia.com/gpu.product: NVIDIA GPU feature discovery.
+//   - cloud.google.com/impending-node-termination: GKE's taint on a node about to be
+//     reclaimed (graceful node shutdown of Spot VMs).
+//   - aws-node-termination-handler/spot-itn (and its rebalance/ASG/maintenance siblings): the
+//     taints AWS Node Termination Handler puts on a node before it is reclaimed.
+//   - ToBeDeletedByClusterAutoscaler: cluster-autoscaler's taint on a node it is removing.
+const (
+	labelZone         = "topology.kubernetes.io/zone"
+	labelRegion       = "topology.kubernetes.io/region"
+	labelInstanceType = "node.kubernetes.io/instance-type"
+	labelAWSZoneID    = "topology.k8s.aws/zone-id"
+
+	labelGKESpot        = "cloud.google.com/gke-spot"
+	labelGKEPreemptible = "cloud.google.com/gke-preemptible"
+	labelGKEAccelerator = "cloud.google.com/gke-accelerator"
+	labelGKENodePool    = "cloud.google.com/gke-nodepool"
+	labelEKSCapacity    = "eks.amazonaws.com/capacityType"
+	labelEKSNodeGroup   = "eks.amazonaws.com/nodegroup"
+	labelKarpenterCap   = "karpenter.sh/capacity-type"
+	labelKarpenterPool  = "karpenter.sh/nodepool"
+	labelKarpenterGPU   = "karpenter.k8s.aws/instance-gpu-name"
+	labelAKSPriority    = "kubernetes.azure.com/scalesetpriority"
+	labelAKSAgentPool   = "kubernetes.azure.com/agentpool"
+	labelGFDProduct     = "nvidia.com/gpu.product"
+
+	taintGKETermination   = "cloud.google.com/impending-node-termination"
+	taintNTHPrefix        = "aws-node-termination-handler/"
+	taintKarpenterDisrupt = "karpenter.sh/disrupted"
+	taintUnschedulable    = "node.kubernetes.io/unschedulable"
+	taintCAToBeDeleted    = "ToBeDeletedByClusterAutoscaler"
+
+	resourceGPU = corev1.ResourceName("nvidia.com/gpu")
+)
+
+// spotLabels are the node labels (and values) that mark spot capacity, one per platform.
+// A spot replica's node affinity has one term per entry (any platform's spot pool); an
+// on-demand replica's excludes all of them.
+var spotLabels = []struct{ key, value string }{
+	{labelGKESpot, "true"},
+	{labelGKEPreemptible, "true"},
+	{labelEKSCapacity, "SPOT"},
+	{labelKarpenterCap, "spot"},
+	{labelAKSPriority, "spot"},
+}
+
+// acceleratorLabels are the node labels that name a node's GPU, most specific first.
+var acceleratorLabels = []string{labelGKEAccelerator, labelGFDProduct, labelKarpenterGPU}
+
+// nodeInfo is what placement needs to know of one node.
+type nodeInfo struct {
+	name         string
+	cloud        string // gcp, aws, azure; "" when nothing says
+	region, zone string
+	zoneID       string // the AWS AZ id, when labelled
+	instanceType string
+	capacity     fleet.Capacity
+	// accel is the GPU in SkyPilot's spelling (H100, A100-80GB); accelKey and accelValue
+	// are the label that said so, for the pod's node affinity.
+	accel, accelKey, accelValue string
+	gpus                        int64 // allocatable nvidia.com/gpu
+	pool                        string
+	schedulable                 bool
+}
+
+// describeNode reads a node. accelLabel, if set, is a label the user named as the one that
+// gives the GPU type (checked first); names maps its values (or any label's) to SkyPilot's
+// accelerator names.
+func describeNode(n *corev1.Node, accelLabel string, names map[string]string) nodeInfo {
+	l := n.Labels
+	ni := nodeInfo{name: n.Name, region: l[labelRegion], zone: l[labelZone], zoneID: l[labelAWSZoneID],
+		instanceType: l[labelInstanceType], cloud: cloudOf(n), capacity: fleet.OnDemand}
+	if isSpot(l) {
+		ni.capacity = fleet.Spot
+	} else if l[labelKarpenterCap] == "reserved" {
+		ni.capacity = fleet.Reserved
+	}
+	keys := acceleratorLabels
+	if accelLabel != "" {
+		keys = append([]string{accelLabel}, keys...)
+	}
+	for _, k := range keys {
+		if v := l[k]; v != "" {
+			ni.accelKey, ni.accelValue = k, v
+			if name, ok := names[v]; ok {
+				ni.accel = name
+			} else {
+				ni.accel = canonicalAccelerator(v)
+			}
+			break
+		}
+	}
+	if q, ok := n.Status.Allocatable[resourceGPU]; ok {
+		ni.gpus = q.Value()
+	}
+	for _, k := range []string{labelGKENodePool, labelEKSNodeGroup, labelKarpenterPool, labelAKSAgentPool} {
+		if v := l[k]; v != "" {
+			ni.pool = v
+			break
+		}
+	}
+	ni.schedulable = !n.Spec.Unschedulable && n.DeletionTimestamp == nil && nodeReady(n) && len(terminationTaints(n)) == 0
+	return ni
+}
+
+func isSpot(l map[string]string) bool {
+	for _, s := range spotLabels {
+		if l[s.key] == s.value {
+			return true
+		}
+	}
+	return false
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// cloudOf infers the cloud from the node's provider ID (gce://, aws://, azure://), else from
+// the platform's labels.
+func cloudOf(n *corev1.Node) string {
+	switch id := n.Spec.ProviderID; {
+	case strings.HasPrefix(id, "gce://"):
+		return "gcp"
+	case strings.HasPrefix(id, "aws://"):
+		return "aws"
+	case strings.HasPrefix(id, "azure://"):
+		return "azure"
+	}
+	for k := range n.Labels {
+		switch {
+		case strings.HasPrefix(k, "cloud.google.com/gke-"):
+			return "gcp"
+		case strings.HasPrefix(k, "eks.amazonaws.com/"), strings.HasPrefix(k, "karpenter.k8s.aws/"), strings.HasPrefix(k, "topology.k8s.aws/"):
+			return "aws"
+		case strings.HasPrefix(k, "kubernetes.azure.com/"):
+			return "azure"
+		}
+	}
+	return ""
+}
+
+var (
+	gpuModel  = regexp.MustCompile(`^(gb|gh|[abhklptv])\d+[a-z]*$`)
+	gpuMemory = regexp.MustCompile(`^\d+gb$`)
+)
+
+// canonicalAccelerator turns a platform's GPU label value into SkyPilot's accelerator name:
+// nvidia-h100-80gb (GKE) and NVIDIA-H100-80GB-HBM3 (GPU feature discovery) are H100,
+// nvidia-a100-80gb and NVIDIA-A100-SXM4-80GB are A100-80GB (SkyPilot's A100 is the 40 GB
+// card), nvidia-h100-mega-80gb is H100-MEGA, nvidia-tesla-t4 and Tesla-T4 are T4, h100
+// (Karpenter) is H100. A value it cannot read is returned upper-cased.
+func canonicalAccelerator(v string) string {
+	var model, memory string
+	mega := false
+	for _, t := range strings.FieldsFunc(strings.ToLower(v), func(r rune) bool { return r == '-' || r == '_' || r == ' ' }) {
+		switch {
+		case t == "mega":
+			mega = true
+		case gpuMemory.MatchString(t):
+			memory = t
+		case model == "" && gpuModel.MatchString(t):
+			model = t
+		}
+	}
+	if model == "" {
+		return strings.ToUpper(v)
+	}
+	name := strings.ToUpper(model)
+	if model == "a100" && memory == "80gb" || model == "v100" && memory == "32gb" {
+		name += "-" + strings.ToUpper(memory)
+	}
+	if mega {
+		name += "-MEGA"
+	}
+	return name
+}
+
+// terminationTaints lists the taints on a node that say it is about to be reclaimed or
+// removed. A cordon (node.kubernetes.io/unschedulable) counts only on a spot node: on
+// on-demand capacity it is usually maintenance, and the pod's own eviction says more.
+func terminationTaints(n *corev1.Node) []string {
+	var out []string
+	for _, t := range n.Spec.Taints {
+		switch {
+		case t.Key == taintGKETermination, strings.HasPrefix(t.Key, taintNTHPrefix), t.Key == taintKarpenterDisrupt, t.Key == taintCAToBeDeleted:
+			out = append(out, t.Key)
+		case t.Key == taintUnschedulable && isSpot(n.Labels):
+			out = append(out, t.Key)
+		}
+	}
+	return out
+}
+
+// noticeFor is how long a node with these termination taints has before it goes: the
+// platform's documented notice (GCE spot 30 s, EC2 spot 2 minutes), else 30 s.
+func noticeFor(taints []string) time.Duration {
+	for _, t := range taints {
+		if strings.HasPrefix(t, taintNTHPrefix) {
+			return 2 * time.Minute
+		}
+	}
+	return 30 * time.Second
+}

@@ -1,0 +1,287 @@
+package kubernetes
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/replicas"
+)
+
+// Labels and annotations on every pod Arbiter creates. The owner label is the only thing
+// that finds a control plane's pods after a crash (List selects on it); the rest say what
+// the pod is to someone reading `kubectl get pods --show-labels`.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelOwner     = "arbiter.dev/owner"
+	LabelService   = "arbiter.dev/service"
+	LabelVersion   = "arbiter.dev/version"
+	LabelReplica   = "arbiter.dev/replica"
+
+	annReplicaID = "arbiter.dev/replica-id" // the whole ID (a label value is capped at 63)
+	annCapacity  = "arbiter.dev/capacity"
+	annRegion    = "arbiter.dev/region"
+	annZone      = "arbiter.dev/zone"
+	annPrice     = "arbiter.dev/price-per-hour"
+	annPort      = "arbiter.dev/port"
+
+	containerName = "replica"
+	// DefaultPort is the replica port when the spec names none.
+	DefaultPort = 8000
+)
+
+// launcher runs the spec's setup, then execs its run, both as written (bash), from
+// environment variables so that no quoting of the user's commands is needed.
+const launcher = `if [ -n "$ARBITER_SETUP" ]; then bash -c "$ARBITER_SETUP" || { echo "arbiter: setup failed (exit $?)" >&2; exit 1; }; fi; exec bash -c "$ARBITER_RUN"`
+
+// podSpec is what buildPod needs besides the launch itself.
+type podSpec struct {
+	namespace, owner, image string
+	port                    int
+	grace                   int64
+	serviceAccount          string
+	pullSecrets             []string
+	// accelValues are the values of accelKey that name the wanted GPU on this cluster's
+	// nodes (nvidia-h100-80gb on GKE, NVIDIA-H100-80GB-HBM3 under GPU feature discovery).
+	accelKey    string
+	accelValues []string
+	// poolLabels, if set, select the node pool a configured price was given for: they
+	// replace the platform's capacity labels in the affinity.
+	poolLabels map[string]string
+}
+
+// PodName is the pod a replica runs as: its ID with a hash of the owner, so that two
+// control planes sharing a namespace never collide, cut to a DNS label.
+func PodName(owner, replicaID string) string {
+	h := strconv.FormatUint(xxhash.Sum64String(owner+"/"+replicaID), 36)[:6]
+	base := dnsLabel(replicaID)
+	if len(base) > 63-7 {
+		base = strings.TrimRight(base[:63-7], "-")
+	}
+	return base + "-" + h
+}
+
+// dnsLabel lower-cases s and replaces what a DNS label cannot hold with '-'.
+func dnsLabel(s string) string {
+	b := []byte(strings.ToLower(s))
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			b[i] = '-'
+		}
+	}
+	return strings.Trim(string(b), "-")
+}
+
+// labelValue returns s if it is a valid label value, else a hash of it.
+func labelValue(s string) string {
+	ok := len(s) <= 63
+	for i := 0; ok && i < len(s); i++ {
+		c := s[i]
+		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.'
+	}
+	if ok && s != "" && isAlnum(s[0]) && isAlnum(s[len(s)-1]) {
+		return s
+	}
+	return "h-" + strconv.FormatUint(xxhash.Sum64String(s), 36)
+}
+
+func isAlnum(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+}
+
+// buildPod is the pod for one replica: the image, the setup-then-run launcher with the
+// spec's envs, the GPU limit, and a required node affinity that admits only nodes of the
+// capacity kind, zone, GPU and instance type placement chose.
+func buildPod(ls replicas.LaunchSpec, ps podSpec, price float64) *corev1.Pod {
+	seq := ls.ReplicaID[strings.LastIndexByte(ls.ReplicaID, '-')+1:]
+	env := []corev1.EnvVar{
+		{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
+		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+		{Name: "PORT", Value: strconv.Itoa(ps.port)},
+		{Name: replicas.EnvReplicaID, Value: ls.ReplicaID},
+		{Name: "SKYPILOT_SERVE_REPLICA_ID", Value: seq},
+		{Name: "SKYPILOT_NUM_GPUS_PER_NODE", Value: strconv.Itoa(max(ls.AcceleratorCount, 0))},
+	}
+	keys := make([]string, 0, len(ls.Envs))
+	for k := range ls.Envs {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		env = append(env, corev1.EnvVar{Name: k, Value: ls.Envs[k]})
+	}
+	env = append(env, corev1.EnvVar{Name: "ARBITER_SETUP", Value: ls.Setup}, corev1.EnvVar{Name: "ARBITER_RUN", Value: ls.Run})
+
+	res := corev1.ResourceRequirements{}
+	var tolerations []corev1.Toleration
+	if ls.AcceleratorCount > 0 {
+		q := *resource.NewQuantity(int64(ls.AcceleratorCount), resource.DecimalSI)
+		res.Limits = corev1.ResourceList{resourceGPU: q}
+		// GKE and AKS taint GPU nodes so that only pods asking for GPUs land there.
+		tolerations = append(tolerations, corev1.Toleration{Key: string(resourceGPU), Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
+	}
+	if ls.Capacity == fleet.Spot {
+		for _, s := range spotLabels {
+			// GKE spot pools may be tainted with their label; AKS spot pools always are.
+			if s.key == labelGKESpot || s.key == labelGKEPreemptible || s.key == labelAKSPriority {
+				tolerations = append(tolerations, corev1.Toleration{Key: s.key, Operator: corev1.TolerationOpEqual, Value: s.value, Effect: corev1.TaintEffectNoSchedule})
+			}
+		}
+	}
+	noToken := false
+	shm := corev1.Volume{Name: "dshm", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: PodName(ps.owner, ls.ReplicaID), Namespace: ps.namespace,
+			Labels: map[string]string{LabelManagedBy: "arbiter", LabelOwner: labelValue(ps.owner), LabelService: labelValue(ls.Service),
+				LabelVersion: strconv.Itoa(ls.Version), LabelReplica: labelValue(ls.ReplicaID)},
+			Annotations: map[string]string{annReplicaID: ls.ReplicaID, annCapacity: string(ls.Capacity), annRegion: ls.Region, annZone: ls.Zone,
+				annPrice: strconv.FormatFloat(price, 'g', -1, 64), annPort: strconv.Itoa(ps.port)},
+		},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{
+				Name: containerName, Image: ps.image, Command: []string{"/bin/bash", "-c", launcher}, Env: env, Resources: res,
+				Ports:        []corev1.ContainerPort{{Name: "http", ContainerPort: int32(ps.port), Protocol: corev1.ProtocolTCP}},
+				VolumeMounts: []corev1.VolumeMount{{Name: shm.Name, MountPath: "/dev/shm"}},
+			}},
+			// A crash restarts in place (the node and the image are already there); a crash
+			// loop is reported as the replica's failure and the control plane replaces it.
+			RestartPolicy:                 corev1.RestartPolicyAlways,
+			TerminationGracePeriodSeconds: &ps.grace,
+			ServiceAccountName:            ps.serviceAccount,
+			// Replicas never call the Kubernetes API.
+			AutomountServiceAccountToken: &noToken,
+			Tolerations:                  tolerations,
+			Volumes:                      []corev1.Volume{shm},
+			Affinity:                     &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: nodeTerms(ls, ps)}}},
+		},
+	}
+	for _, s := range ps.pullSecrets {
+		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: s})
+	}
+	return pod
+}
+
+// nodeTerms is the required node affinity: any one term admits a node (terms are ORed,
+// expressions within one are ANDed). Spot gets one term per platform's spot label, so the
+// same pod spec works on GKE, EKS, Karpenter and AKS; on-demand excludes every spot label
+// (NotIn also admits a node without the label).
+func nodeTerms(ls replicas.LaunchSpec, ps podSpec) []corev1.NodeSelectorTerm {
+	var common []corev1.NodeSelectorRequirement
+	in := func(key string, values ...string) corev1.NodeSelectorRequirement {
+		return corev1.NodeSelectorRequirement{Key: key, Operator: corev1.NodeSelectorOpIn, Values: values}
+	}
+	if ls.Zone != "" {
+		common = append(common, in(labelZone, ls.Zone))
+	}
+	if ls.Region != "" {
+		common = append(common, in(labelRegion, ls.Region))
+	}
+	if ps.accelKey != "" && len(ps.accelValues) > 0 {
+		common = append(common, in(ps.accelKey, ps.accelValues...))
+	}
+	if ls.InstanceType != "" {
+		common = append(common, in(labelInstanceType, ls.InstanceType))
+	}
+	term := func(extra ...corev1.NodeSelectorRequirement) corev1.NodeSelectorTerm {
+		return corev1.NodeSelectorTerm{MatchExpressions: append(slices.Clone(common), extra...)}
+	}
+	if len(ps.poolLabels) > 0 {
+		keys := make([]string, 0, len(ps.poolLabels))
+		for k := range ps.poolLabels {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		var extra []corev1.NodeSelectorRequirement
+		for _, k := range keys {
+			extra = append(extra, in(k, ps.poolLabels[k]))
+		}
+		return []corev1.NodeSelectorTerm{term(extra...)}
+	}
+	switch ls.Capacity {
+	case fleet.Spot:
+		terms := make([]corev1.NodeSelectorTerm, 0, len(spotLabels))
+		for _, s := range spotLabels {
+			terms = append(terms, term(in(s.key, s.value)))
+		}
+		return terms
+	case fleet.Reserved:
+		return []corev1.NodeSelectorTerm{term(in(labelKarpenterCap, "reserved"))}
+	default:
+		var not []corev1.NodeSelectorRequirement
+		for _, s := range spotLabels {
+			not = append(not, corev1.NodeSelectorRequirement{Key: s.key, Operator: corev1.NodeSelectorOpNotIn, Values: []string{s.value}})
+		}
+		return []corev1.NodeSelectorTerm{term(not...)}
+	}
+}
+
+// podReason says why a pod cannot run: the waiting or terminated reason of its container
+// with the kubelet's message, or the pod's own; "" if nothing is wrong.
+func podReason(p *corev1.Pod) string {
+	for _, cs := range p.Status.ContainerStatuses {
+		if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" && w.Reason != "PodInitializing" {
+			return strings.TrimSpace(w.Reason + ": " + w.Message + lastExit(cs))
+		}
+		if t := cs.State.Terminated; t != nil {
+			return fmt.Sprintf("%s (exit %d): %s", t.Reason, t.ExitCode, t.Message)
+		}
+	}
+	if p.Status.Reason != "" {
+		return p.Status.Reason + ": " + p.Status.Message
+	}
+	return ""
+}
+
+func lastExit(cs corev1.ContainerStatus) string {
+	if t := cs.LastTerminationState.Terminated; t != nil {
+		return fmt.Sprintf(" (last exit %d, %s, %d restarts)", t.ExitCode, t.Reason, cs.RestartCount)
+	}
+	return ""
+}
+
+// fatalWaiting are container waiting reasons that end a replica: the kubelet would keep
+// trying, but the pod will not serve without someone changing the spec or the image.
+var fatalWaiting = []string{"CrashLoopBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+
+// pullWaiting are waiting reasons that may be transient (a registry hiccup): fatal only
+// once they last.
+var pullWaiting = []string{"ErrImagePull", "ImagePullBackOff"}
+
+// waitingReason returns the replica container's waiting reason, if any.
+func waitingReason(p *corev1.Pod) string {
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == containerName && cs.State.Waiting != nil {
+			return cs.State.Waiting.Reason
+		}
+	}
+	return ""
+}
+
+// unschedulable returns the scheduler's message when it has found no node for the pod.
+func unschedulable(p *corev1.Pod) (string, bool) {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return c.Message, true
+		}
+	}
+	return "", false
+}
+
+// disrupted reports whether the pod is marked for disruption (an eviction, the taint
+// manager, a preemption by a higher-priority pod).
+func disrupted(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,548 @@
+// Package kubernetes is the provider that runs replicas as pods in Kubernetes clusters
+// through client-go: one pod per replica, placed by node affinity on the capacity kind,
+// zone and GPU the control plane chose, watched through informers. Each configured
+// cluster is its own provider (kubernetes:<name>), so one service can spread across
+// clusters and a cluster that stops answering is skipped while the others serve.
+//
+// It lives in its own package so that only the binaries that run a control plane link
+// client-go.
+package kubernetes
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	k8s "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/pricing"
+	"github.com/arbiter-serve/arbiter/replicas"
+)
+
+// Provider runs replicas as pods in one cluster. It implements replicas.Provider.
+type Provider struct {
+	cfg     Config
+	client  k8s.Interface
+	pods    cache.SharedIndexInformer // this owner's pods in the namespace
+	nodes   cache.SharedIndexInformer
+	notices chan replicas.Notice
+	catalog func() (*pricing.Catalog, error)
+	prices  func() (priceIndex, error)
+
+	mu sync.Mutex
+	// changed is closed (and replaced) on every pod or node event, waking launches and
+	// terminations that wait for the cluster to move.
+	changed chan struct{}
+	// noticed: pods already given a preemption notice; deleting: pods this provider is
+	// deleting itself (their deletion is not a notice).
+	noticed, deleting map[string]bool
+	// healthErr is the last health check's error; nil when the apiserver answered.
+	healthErr error
+	checked   bool
+}
+
+const nodeIndex = "node"
+
+// New returns the provider for one cluster and starts watching it until ctx ends. It
+// does not wait for the cluster: one that cannot be reached is reported by every call
+// (and by Quote, so placement skips it) until it answers.
+func New(ctx context.Context, cfg Config) (*Provider, error) {
+	if cfg.Owner == "" {
+		return nil, errors.New("kubernetes provider: an owner is required")
+	}
+	cfg.defaults()
+	rc := cfg.Rest
+	if rc == nil {
+		var err error
+		if rc, err = cfg.restConfig(); err != nil {
+			return nil, err
+		}
+	}
+	rc.QPS, rc.Burst = max(rc.QPS, 50), max(rc.Burst, 100)
+	rc.UserAgent = "arbiter-control-plane"
+	client, err := k8s.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", cfg.ProviderName(), err)
+	}
+	owner := labelValue(cfg.Owner)
+	pf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelOwner + "=" + owner }))
+	nf := informers.NewSharedInformerFactory(client, 0)
+	p := &Provider{cfg: cfg, client: client, pods: pf.Core().V1().Pods().Informer(), nodes: nf.Core().V1().Nodes().Informer(),
+		notices: make(chan replicas.Notice, 64), changed: make(chan struct{}), noticed: map[string]bool{}, deleting: map[string]bool{},
+		catalog: cfg.Catalog}
+	if p.catalog == nil {
+		p.catalog = sync.OnceValues(pricing.Embedded)
+	}
+	p.prices = sync.OnceValues(func() (priceIndex, error) {
+		c, err := p.catalog()
+		if err != nil {
+			return priceIndex{}, err
+		}
+		return newPriceIndex(c), nil
+	})
+	if err := p.pods.AddIndexers(cache.Indexers{nodeIndex: func(obj any) ([]string, error) {
+		if pod, ok := obj.(*corev1.Pod); ok && pod.Spec.NodeName != "" {
+			return []string{pod.Spec.NodeName}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return nil, err
+	}
+	for _, inf := range []cache.SharedIndexInformer{p.pods, p.nodes} {
+		// A cluster that stops answering is the health check's to report; the reflector's
+		// retries would log every second.
+		_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+			cfg.Log.Debug("kubernetes watch error", "cluster", cfg.ProviderName(), "err", err)
+		})
+	}
+	if _, err := p.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.podEvent(obj) },
+		UpdateFunc: func(_, obj any) { p.podEvent(obj) },
+		DeleteFunc: func(obj any) { p.podGone(obj) },
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := p.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.nodeEvent(obj, false) },
+		UpdateFunc: func(_, obj any) { p.nodeEvent(obj, false) },
+		DeleteFunc: func(obj any) { p.nodeEvent(obj, true) },
+	}); err != nil {
+		return nil, err
+	}
+	pf.Start(ctx.Done())
+	nf.Start(ctx.Done())
+	go p.watchHealth(ctx)
+	return p, nil
+}
+
+// Name implements replicas.Provider.
+func (p *Provider) Name() string { return p.cfg.ProviderName() }
+
+// Namespace is where the provider's pods are.
+func (p *Provider) Namespace() string { return p.cfg.Namespace }
+
+// Setup implements replicas.Provider: nothing here, because each pod is a fresh container
+// that runs the spec's setup itself before its run (LaunchSpec.Setup).
+func (p *Provider) Setup(context.Context, string, int, string, string, map[string]string) error {
+	return nil
+}
+
+// Notices implements replicas.Provider.
+func (p *Provider) Notices() <-chan replicas.Notice { return p.notices }
+
+// broadcast wakes whoever waits on the cluster. Caller holds p.mu.
+func (p *Provider) broadcast() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+func (p *Provider) wakeup() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.changed
+}
+
+// usable says why the cluster cannot be used now, or nil.
+func (p *Provider) usable() error {
+	p.mu.Lock()
+	err, checked := p.healthErr, p.checked
+	p.mu.Unlock()
+	switch {
+	case err != nil:
+		return fmt.Errorf("cluster %s does not answer: %w", p.Name(), err)
+	case !checked || !p.pods.HasSynced() || !p.nodes.HasSynced():
+		return fmt.Errorf("cluster %s: not reached yet", p.Name())
+	}
+	return nil
+}
+
+// watchHealth asks the apiserver's /readyz every HealthEvery: an informer keeps serving its
+// last state when the cluster goes away, and placement must not take that for capacity.
+func (p *Provider) watchHealth(ctx context.Context) {
+	t := time.NewTicker(p.cfg.HealthEvery)
+	defer t.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, max(p.cfg.HealthEvery/2, 2*time.Second))
+		_, err := p.client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(cctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		p.mu.Lock()
+		was, first := p.healthErr, !p.checked
+		p.healthErr, p.checked = err, true
+		p.broadcast()
+		p.mu.Unlock()
+		switch {
+		case err != nil && (was == nil || first):
+			p.cfg.Log.Error("kubernetes cluster does not answer; skipping it until it does", "cluster", p.Name(), "err", err)
+		case err == nil && was != nil:
+			p.cfg.Log.Info("kubernetes cluster answers again", "cluster", p.Name())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func handleOf(pod *corev1.Pod) string { return pod.Namespace + "/" + pod.Name }
+
+func splitHandle(h string) (ns, name string, err error) {
+	ns, name, ok := strings.Cut(h, "/")
+	if !ok || ns == "" || name == "" {
+		return "", "", fmt.Errorf("kubernetes handle %q: want namespace/pod", h)
+	}
+	return ns, name, nil
+}
+
+func (p *Provider) podEvent(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.broadcast()
+	switch {
+	case pod.DeletionTimestamp != nil:
+		// Someone else is deleting it (an eviction, a drain, `kubectl delete`): the replica
+		// has until the deletion's deadline.
+		p.notice(pod, pod.DeletionTimestamp.Time, "the pod is being deleted")
+	case disrupted(pod):
+		p.notice(pod, p.cfg.Now().Add(secondsOf(p.cfg.GraceSeconds)), "the pod is marked for disruption (eviction or preemption)")
+	}
+}
+
+func (p *Provider) podGone(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.broadcast()
+	if pod, ok := obj.(*corev1.Pod); ok {
+		delete(p.noticed, handleOf(pod))
+		delete(p.deleting, handleOf(pod))
+	}
+}
+
+// nodeEvent turns a node about to be reclaimed (a termination taint) or gone into notices
+// for the replicas on it.
+func (p *Provider) nodeEvent(obj any, gone bool) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	node, ok := obj.(*corev1.Node)
+	if !ok {
+		return
+	}
+	taints := terminationTaints(node)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.broadcast()
+	var why string
+	deadline := p.cfg.Now()
+	switch {
+	case gone:
+		why = "its node " + node.Name + " is gone"
+	case len(taints) > 0:
+		why = fmt.Sprintf("its node %s is tainted %s", node.Name, strings.Join(taints, ", "))
+		deadline = deadline.Add(noticeFor(taints))
+	case node.DeletionTimestamp != nil:
+		why = "its node " + node.Name + " is being deleted"
+		deadline = deadline.Add(secondsOf(p.cfg.GraceSeconds))
+	default:
+		return
+	}
+	objs, _ := p.pods.GetIndexer().ByIndex(nodeIndex, node.Name)
+	for _, o := range objs {
+		if pod, ok := o.(*corev1.Pod); ok {
+			p.notice(pod, deadline, why)
+		}
+	}
+}
+
+// notice announces a pod's reclaim once. Caller holds p.mu.
+func (p *Provider) notice(pod *corev1.Pod, deadline time.Time, why string) {
+	h := handleOf(pod)
+	if p.noticed[h] || p.deleting[h] {
+		return
+	}
+	p.noticed[h] = true
+	id := pod.Annotations[annReplicaID]
+	p.cfg.Log.Info("kubernetes: replica will be reclaimed", "cluster", p.Name(), "replica", id, "pod", h, "why", why, "in", time.Until(deadline).Round(time.Second))
+	n := replicas.Notice{ReplicaID: id, Handle: h, Deadline: deadline}
+	// The informer's handler must not block on a control plane that reads slowly.
+	go func() { p.notices <- n }()
+}
+
+// instance describes one of the provider's pods.
+func (p *Provider) instance(pod *corev1.Pod) replicas.Instance {
+	a := pod.Annotations
+	in := replicas.Instance{ReplicaID: a[annReplicaID], Handle: handleOf(pod), Capacity: fleet.Capacity(a[annCapacity]),
+		Region: a[annRegion], Zone: a[annZone]}
+	in.PricePerHour, _ = strconv.ParseFloat(a[annPrice], 64)
+	if pod.Status.PodIP != "" {
+		in.Address = net.JoinHostPort(pod.Status.PodIP, cmp.Or(a[annPort], strconv.Itoa(DefaultPort)))
+	}
+	return in
+}
+
+func (p *Provider) cached(handle string) (*corev1.Pod, bool) {
+	obj, ok, _ := p.pods.GetIndexer().GetByKey(handle)
+	if !ok {
+		return nil, false
+	}
+	pod, ok := obj.(*corev1.Pod)
+	return pod, ok
+}
+
+// get reads a pod from the cache, and from the apiserver when the cache has not seen it
+// (yet): a pod just created may not have reached the informer.
+func (p *Provider) get(ctx context.Context, handle string) (*corev1.Pod, error) {
+	if pod, ok := p.cached(handle); ok {
+		return pod, nil
+	}
+	ns, name, err := splitHandle(handle)
+	if err != nil {
+		return nil, err
+	}
+	return p.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+}
+
+func (p *Provider) nodeExists(name string) bool {
+	_, ok, _ := p.nodes.GetIndexer().GetByKey(name)
+	return ok
+}
+
+// List implements replicas.Provider: every pod with this owner's label, running or not.
+func (p *Provider) List(context.Context) ([]replicas.Instance, error) {
+	if err := p.usable(); err != nil {
+		return nil, err
+	}
+	var out []replicas.Instance
+	for _, obj := range p.pods.GetStore().List() {
+		if pod, ok := obj.(*corev1.Pod); ok && pod.Annotations[annReplicaID] != "" {
+			out = append(out, p.instance(pod))
+		}
+	}
+	return out, nil
+}
+
+// Status implements replicas.Provider. A pod is gone when it was deleted, ended, sits on a
+// node that no longer exists (nothing collects those without a controller-manager, and a
+// real cluster's pod GC takes its time), or is stuck in a state it cannot leave by itself
+// (a crash loop, a bad image); the reason is the pod's own.
+func (p *Provider) Status(ctx context.Context, handle string) (replicas.Status, string, error) {
+	if err := p.usable(); err != nil {
+		return "", "", err
+	}
+	pod, err := p.get(ctx, handle)
+	switch {
+	case apierrors.IsNotFound(err):
+		return replicas.StatusGone, "its pod was deleted", nil
+	case err != nil:
+		return "", "", err
+	}
+	switch {
+	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
+		return replicas.StatusGone, fmt.Sprintf("its pod %s ended (%s): %s", pod.Name, pod.Status.Phase, podReason(pod)), nil
+	case pod.Spec.NodeName != "" && !p.nodeExists(pod.Spec.NodeName):
+		return replicas.StatusGone, fmt.Sprintf("its node %s is gone", pod.Spec.NodeName), nil
+	case containsStr(fatalWaiting, waitingReason(pod)):
+		return replicas.StatusGone, fmt.Sprintf("its pod %s cannot run: %s", pod.Name, podReason(pod)), nil
+	}
+	return replicas.StatusRunning, "", nil
+}
+
+func containsStr(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Launch implements replicas.Provider: creates the replica's pod and returns once it runs
+// with an IP. A pod the scheduler cannot place within UnschedulableSeconds is deleted and
+// the launch refused with replicas.ErrNoCapacity; one whose image cannot be pulled, whose
+// container crash-loops or that does not run within StartSeconds is deleted and the launch
+// fails with the pod's own reason. If ctx ends first the pod is left: the control plane
+// recorded the launch, and finds the pod by its labels when it comes back.
+func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas.Instance, error) {
+	if err := p.usable(); err != nil {
+		return replicas.Instance{}, fmt.Errorf("launch %s: %w: %v", ls.ReplicaID, replicas.ErrNoCapacity, err)
+	}
+	pool, ok := p.poolFor(ls)
+	if !ok {
+		return replicas.Instance{}, fmt.Errorf("launch %s: %w: cluster %s has no node of %s %s in %s/%s any more",
+			ls.ReplicaID, replicas.ErrNoCapacity, p.Name(), ls.Capacity, ls.Accelerator, ls.Region, ls.Zone)
+	}
+	price := 0.0
+	if ls.PricePerHour != nil {
+		price = *ls.PricePerHour
+	}
+	ps := podSpec{namespace: p.cfg.Namespace, owner: p.cfg.Owner, image: cmp.Or(ls.Image, p.cfg.Image), port: cmp.Or(ls.Port, DefaultPort),
+		grace: int64(p.cfg.GraceSeconds), serviceAccount: p.cfg.ServiceAccount, pullSecrets: p.cfg.ImagePullSecrets,
+		accelKey: pool.accelKey, accelValues: pool.accelValues, poolLabels: pool.poolLabels}
+	pod := buildPod(ls, ps, price)
+	created, err := p.client.CoreV1().Pods(ps.namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		// A launch of this replica already created it (the name is the replica's own).
+		created, err = p.client.CoreV1().Pods(ps.namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err == nil && created.Annotations[annReplicaID] != ls.ReplicaID {
+			err = fmt.Errorf("pod %s/%s exists and is not replica %s's", ps.namespace, pod.Name, ls.ReplicaID)
+		}
+	}
+	if err != nil {
+		return replicas.Instance{}, fmt.Errorf("launch %s on %s: create pod: %w", ls.ReplicaID, p.Name(), err)
+	}
+	p.cfg.Log.Info("kubernetes pod created", "cluster", p.Name(), "replica", ls.ReplicaID, "pod", handleOf(created),
+		"capacity", ls.Capacity, "zone", ls.Zone, "accelerator", ls.Accelerator, "image", ps.image)
+	return p.awaitRunning(ctx, handleOf(created), created.CreationTimestamp.Time)
+}
+
+// pullGrace is how long an image pull may keep failing before the launch gives up: a
+// registry hiccup heals, a wrong image name does not.
+const pullGrace = 2 * time.Minute
+
+func (p *Provider) awaitRunning(ctx context.Context, handle string, created time.Time) (replicas.Instance, error) {
+	if created.IsZero() {
+		created = p.cfg.Now()
+	}
+	var pullFailingSince time.Time
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		wake := p.wakeup()
+		pod, err := p.get(ctx, handle)
+		now := p.cfg.Now()
+		fail := ""
+		switch {
+		case apierrors.IsNotFound(err):
+			return replicas.Instance{}, fmt.Errorf("pod %s was deleted before it ran", handle)
+		case err != nil:
+			if ctx.Err() != nil {
+				return replicas.Instance{}, ctx.Err()
+			}
+			p.cfg.Log.Warn("kubernetes: reading a launching pod", "pod", handle, "err", err)
+		case pod.DeletionTimestamp != nil:
+			return replicas.Instance{}, fmt.Errorf("pod %s is being deleted before it ran", handle)
+		case pod.Status.Phase == corev1.PodRunning && pod.Status.PodIP != "":
+			return p.instance(pod), nil
+		case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
+			fail = fmt.Sprintf("pod %s ended before it served (%s): %s", handle, pod.Status.Phase, podReason(pod))
+		case containsStr(fatalWaiting, waitingReason(pod)):
+			fail = fmt.Sprintf("pod %s cannot run: %s", handle, podReason(pod))
+		case containsStr(pullWaiting, waitingReason(pod)):
+			if pullFailingSince.IsZero() {
+				pullFailingSince = now
+			} else if now.Sub(pullFailingSince) >= pullGrace {
+				fail = fmt.Sprintf("pod %s: its image cannot be pulled: %s", handle, podReason(pod))
+			}
+		default:
+			pullFailingSince = time.Time{}
+			if msg, ok := unschedulable(pod); ok && now.Sub(created) >= secondsOf(p.cfg.UnschedulableSeconds) {
+				p.deleteQuietly(handle)
+				return replicas.Instance{}, fmt.Errorf("%w on %s: pod %s unschedulable for %s: %s", replicas.ErrNoCapacity, p.Name(), handle,
+					secondsOf(p.cfg.UnschedulableSeconds), msg)
+			}
+			if pod.Spec.NodeName != "" && now.Sub(created) >= secondsOf(p.cfg.StartSeconds) {
+				fail = fmt.Sprintf("pod %s scheduled on %s but not running after %s (%s)", handle, pod.Spec.NodeName, secondsOf(p.cfg.StartSeconds), podReason(pod))
+			}
+		}
+		if fail != "" {
+			p.deleteQuietly(handle)
+			return replicas.Instance{}, errors.New(fail)
+		}
+		select {
+		case <-ctx.Done():
+			return replicas.Instance{}, ctx.Err()
+		case <-wake:
+		case <-tick.C:
+		}
+	}
+}
+
+// deleteQuietly deletes a pod a failed launch leaves behind; the control plane terminates
+// the replica by its ID anyway, so a failure here is only logged.
+func (p *Provider) deleteQuietly(handle string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.Terminate(ctx, handle); err != nil {
+		p.cfg.Log.Warn("kubernetes: deleting a pod whose launch failed", "pod", handle, "err", err)
+	}
+}
+
+// forceAfter is how long past its deletion deadline a pod may stay before it is deleted
+// with no grace: its kubelet is gone (a reclaimed node) and nothing else will finish it.
+const forceAfter = 30 * time.Second
+
+// Terminate implements replicas.Provider: deletes the pod with its grace period and returns
+// once the apiserver no longer has it. A pod whose node is gone, or that outlives its
+// deletion deadline by forceAfter, is deleted with no grace, as the pod garbage collector
+// of a full cluster would.
+func (p *Provider) Terminate(ctx context.Context, handle string) error {
+	ns, name, err := splitHandle(handle)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.deleting[handle] = true
+	p.mu.Unlock()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	asked := false
+	for {
+		wake := p.wakeup()
+		pod, err := p.get(ctx, handle)
+		if apierrors.IsNotFound(err) {
+			if _, still := p.cached(handle); !still {
+				return nil
+			}
+			// The apiserver has let it go; the cache will in a moment.
+		} else if err != nil {
+			return fmt.Errorf("terminate %s on %s: %w", handle, p.Name(), err)
+		} else {
+			var grace *int64
+			nodeGone := pod.Spec.NodeName != "" && !p.nodeExists(pod.Spec.NodeName)
+			late := pod.DeletionTimestamp != nil && p.cfg.Now().After(pod.DeletionTimestamp.Add(forceAfter))
+			if nodeGone || late || pod.Spec.NodeName == "" {
+				zero := int64(0)
+				grace = &zero
+			}
+			if !asked || grace != nil && pod.DeletionGracePeriodSeconds != nil && *pod.DeletionGracePeriodSeconds != 0 {
+				uid := pod.UID
+				err := p.client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: grace, Preconditions: &metav1.Preconditions{UID: &uid}})
+				switch {
+				case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+				case err != nil:
+					return fmt.Errorf("terminate %s on %s: %w", handle, p.Name(), err)
+				}
+				asked = true
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("terminate %s on %s: %w", handle, p.Name(), ctx.Err())
+		case <-wake:
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,281 @@
+package kubernetes
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/pricing"
+	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/spec"
+)
+
+// pool is a set of schedulable nodes that are one offer: the same capacity kind, place,
+// GPU and machine type.
+type pool struct {
+	key           poolKey
+	cloud         string
+	zoneID        string
+	gpusPerNode   int64
+	nodes         int
+	accelKey      string
+	accelValues   []string
+	poolLabels    map[string]string // the configured node pool that matched, if any
+	pricePerGPU   float64
+	priced        bool
+	priceSource   string
+	unpricedWhy   string
+	configuredCap bool
+}
+
+type poolKey struct {
+	region, zone, accel, instanceType string
+	capacity                          fleet.Capacity
+}
+
+// pools groups the schedulable nodes into offers, each priced.
+func (p *Provider) pools() []*pool {
+	byKey := map[poolKey]*pool{}
+	var prices priceIndex
+	var priceErr error
+	if idx, err := p.prices(); err == nil {
+		prices = idx
+	} else {
+		priceErr = err
+	}
+	for _, obj := range p.nodes.GetStore().List() {
+		n, ok := obj.(*corev1.Node)
+		if !ok {
+			continue
+		}
+		ni := describeNode(n, p.cfg.AcceleratorLabel, p.cfg.AcceleratorNames)
+		if !ni.schedulable {
+			continue
+		}
+		np := p.nodePool(n)
+		if np != nil && np.Capacity != "" {
+			ni.capacity = np.Capacity
+		}
+		k := poolKey{region: ni.region, zone: ni.zone, accel: ni.accel, instanceType: ni.instanceType, capacity: ni.capacity}
+		pl := byKey[k]
+		if pl == nil {
+			pl = &pool{key: k, cloud: ni.cloud, zoneID: ni.zoneID, accelKey: ni.accelKey}
+			if np != nil {
+				pl.poolLabels, pl.configuredCap = np.Selector, np.Capacity != ""
+			}
+			switch {
+			case np != nil && np.PricePerGPUHour != nil:
+				pl.pricePerGPU, pl.priced, pl.priceSource = *np.PricePerGPUHour, true, "node_pools"
+			case priceErr != nil:
+				pl.unpricedWhy = "the price catalogs did not load: " + priceErr.Error()
+			default:
+				pl.pricePerGPU, pl.priceSource, pl.unpricedWhy = prices.lookup(ni)
+				pl.priced = pl.unpricedWhy == ""
+			}
+			byKey[k] = pl
+		}
+		pl.nodes++
+		pl.gpusPerNode = max(pl.gpusPerNode, ni.gpus)
+		if ni.accelKey == pl.accelKey && ni.accelValue != "" && !slices.Contains(pl.accelValues, ni.accelValue) {
+			pl.accelValues = append(pl.accelValues, ni.accelValue)
+		}
+	}
+	out := slices.Collect(maps.Values(byKey))
+	slices.SortFunc(out, func(a, b *pool) int {
+		return cmp.Or(strings.Compare(a.key.region, b.key.region), strings.Compare(a.key.zone, b.key.zone), strings.Compare(string(a.key.capacity), string(b.key.capacity)),
+			strings.Compare(a.key.accel, b.key.accel), strings.Compare(a.key.instanceType, b.key.instanceType))
+	})
+	return out
+}
+
+// nodePool is the first configured node pool whose selector the node matches.
+func (p *Provider) nodePool(n *corev1.Node) *NodePool {
+	for i := range p.cfg.NodePools {
+		np := &p.cfg.NodePools[i]
+		match := true
+		for k, v := range np.Selector {
+			if n.Labels[k] != v {
+				match = false
+				break
+			}
+		}
+		if match {
+			return np
+		}
+	}
+	return nil
+}
+
+// poolFor finds the pool a launch's offer came from.
+func (p *Provider) poolFor(ls replicas.LaunchSpec) (*pool, bool) {
+	for _, pl := range p.pools() {
+		k := pl.key
+		if k.capacity == ls.Capacity && k.zone == ls.Zone && k.region == ls.Region && k.instanceType == ls.InstanceType &&
+			(ls.Accelerator == "" || strings.EqualFold(k.accel, ls.Accelerator)) {
+			return pl, true
+		}
+	}
+	return nil, false
+}
+
+// want is one accelerator a spec accepts, with where.
+type want struct {
+	accel               string
+	count               int
+	cloud, region, zone string
+}
+
+// wants lists what a spec's resources accept: each accelerator of the base or of each
+// any_of/ordered candidate (no accelerator: any node, no GPU).
+func wants(r spec.Resources) []want {
+	cands := append(slices.Clone(r.AnyOf), r.Ordered...)
+	if len(cands) == 0 {
+		cands = []spec.Resources{r}
+	}
+	var out []want
+	for _, c := range cands {
+		if len(c.Accelerators) == 0 {
+			out = append(out, want{cloud: c.Cloud, region: c.Region, zone: c.Zone})
+		}
+		for _, a := range c.Accelerators {
+			out = append(out, want{accel: a.Name, count: a.Count, cloud: c.Cloud, region: c.Region, zone: c.Zone})
+		}
+	}
+	return out
+}
+
+func (w want) admits(pl *pool) bool {
+	return (w.accel == "" || strings.EqualFold(w.accel, pl.key.accel)) && (w.count == 0 || pl.gpusPerNode >= int64(w.count)) &&
+		(w.cloud == "" || pl.cloud == "" || strings.EqualFold(w.cloud, pl.cloud)) &&
+		(w.region == "" || w.region == pl.key.region) && (w.zone == "" || w.zone == pl.key.zone)
+}
+
+// Quote implements replicas.Provider: one offer per pool of schedulable nodes that has a
+// GPU the spec accepts, in the place it asks for, of a capacity kind it may use (spot
+// only with use_spot; reserved and on-demand always, for the fallback), priced per
+// replica (the node's price per GPU × the GPUs one replica takes). Free GPUs are not
+// counted: other tenants' pods use them too, and a cluster autoscaler adds nodes for a
+// pending pod; the scheduler is the judge, and a pod it cannot place is a refusal.
+func (p *Provider) Quote(_ context.Context, service string, sp *spec.Service) ([]replicas.Quote, error) {
+	if err := p.usable(); err != nil {
+		return nil, err
+	}
+	ws := wants(sp.Resources)
+	var out []replicas.Quote
+	pools := p.pools()
+	for _, pl := range pools {
+		if pl.key.capacity == fleet.Spot && !sp.Resources.UseSpot && !anySpot(sp.Resources) {
+			continue
+		}
+		for _, w := range ws {
+			if !w.admits(pl) {
+				continue
+			}
+			q := replicas.Quote{Provider: p.Name(), Region: pl.key.region, Zone: pl.key.zone, Capacity: pl.key.capacity,
+				Accelerator: pl.key.accel, AcceleratorCount: w.count, InstanceType: pl.key.instanceType}
+			if pl.priced {
+				q.PricePerHour = pl.pricePerGPU * float64(max(w.count, 1))
+			} else {
+				q.Unpriced = fmt.Sprintf("%s: %s %s nodes (%s) in %s have no known price: %s", p.Name(), pl.key.capacity, cmp.Or(pl.key.accel, "CPU"),
+					cmp.Or(pl.key.instanceType, "no instance-type label"), pl.key.zone, pl.unpricedWhy)
+			}
+			out = append(out, q)
+			break
+		}
+	}
+	if len(out) == 0 {
+		seen := make([]string, 0, len(pools))
+		for _, pl := range pools {
+			seen = append(seen, fmt.Sprintf("%s %s×%d in %s", pl.key.capacity, cmp.Or(pl.key.accel, "CPU"), pl.gpusPerNode, pl.key.zone))
+		}
+		return nil, fmt.Errorf("%s: no schedulable node fits %s's resources (%s); the cluster has: %s", p.Name(), service, describeWants(ws),
+			cmp.Or(strings.Join(seen, ", "), "no schedulable node"))
+	}
+	return out, nil
+}
+
+func anySpot(r spec.Resources) bool {
+	for _, c := range append(slices.Clone(r.AnyOf), r.Ordered...) {
+		if c.UseSpot {
+			return true
+		}
+	}
+	return false
+}
+
+func describeWants(ws []want) string {
+	var parts []string
+	for _, w := range ws {
+		s := "no GPU"
+		if w.accel != "" {
+			s = fmt.Sprintf("%s:%d", w.accel, w.count)
+		}
+		if loc := strings.Trim(strings.Join([]string{w.cloud, w.region, w.zone}, "/"), "/"); loc != "" {
+			s += " in " + loc
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, " or ")
+}
+
+// priceIndex prices a node from the catalogs by its cloud, region, zone, machine type and
+// capacity kind, per GPU.
+type priceIndex struct {
+	byZone   map[string]pricing.Offer   // cloud|zone|type|capacity
+	byRegion map[string][]pricing.Offer // cloud|region|type|capacity
+}
+
+func newPriceIndex(c *pricing.Catalog) priceIndex {
+	idx := priceIndex{byZone: map[string]pricing.Offer{}, byRegion: map[string][]pricing.Offer{}}
+	for _, o := range c.Offers(time.Time{}) {
+		if o.InstanceType == "" || o.AcceleratorCount == 0 {
+			continue
+		}
+		if o.Zone != "" {
+			idx.byZone[o.Provider+"|"+o.Zone+"|"+o.InstanceType+"|"+string(o.Capacity)] = o
+		}
+		k := o.Provider + "|" + o.Region + "|" + o.InstanceType + "|" + string(o.Capacity)
+		idx.byRegion[k] = append(idx.byRegion[k], o)
+	}
+	return idx
+}
+
+// lookup returns the price per GPU-hour and its source, or why there is none. Reserved
+// capacity (a Karpenter capacity reservation) is billed at the on-demand rate whether used
+// or not. The zone's own price first (GKE labels zones by name, as the catalog does; EKS
+// nodes carry their AZ id, which is how the AWS catalog keys zones); else the region's
+// median, because EKS zone names map to AZ ids differently in every account.
+func (idx priceIndex) lookup(ni nodeInfo) (float64, string, string) {
+	switch {
+	case ni.instanceType == "":
+		return 0, "", "the node has no " + labelInstanceType + " label"
+	case ni.cloud == "":
+		return 0, "", "nothing on the node says which cloud it is in (provider ID or platform labels)"
+	}
+	capacity := ni.capacity
+	if capacity == fleet.Reserved {
+		capacity = fleet.OnDemand
+	}
+	tail := "|" + ni.instanceType + "|" + string(capacity)
+	for _, z := range []string{ni.zone, ni.zoneID} {
+		if o, ok := idx.byZone[ni.cloud+"|"+z+tail]; ok && z != "" {
+			return o.PricePerGPUHour, o.Source, ""
+		}
+	}
+	if os := idx.byRegion[ni.cloud+"|"+ni.region+tail]; len(os) > 0 {
+		ps := make([]float64, len(os))
+		for i, o := range os {
+			ps[i] = o.PricePerGPUHour
+		}
+		slices.Sort(ps)
+		return ps[len(ps)/2], os[0].Source + " (region median)", ""
+	}
+	return 0, "", fmt.Sprintf("no catalog lists %s %s in %s %s", ni.instanceType, capacity, ni.cloud, cmp.Or(ni.region, "(no region label)"))
+}
