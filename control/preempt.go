@@ -33,7 +33,11 @@ func (c *Controller) preemptionNotice(ctx context.Context, provider string, n re
 		}
 		left := n.Deadline.Sub(c.cfg.Now()).Round(time.Second)
 		c.metrics.preemptions.WithLabelValues(s.name, provider, r.row.Region, r.row.Zone, r.row.Capacity).Inc()
-		c.event(ctx, s.name, r.row.ID, "preemption", fmt.Sprintf("%s will reclaim it in %s", provider, left))
+		msg := fmt.Sprintf("%s will reclaim it in %s", provider, left)
+		if n.Reason != "" {
+			msg += ": " + n.Reason
+		}
+		c.event(ctx, s.name, r.row.ID, "preemption", msg)
 		if s.placer != nil {
 			s.placer.Preempted(r.row.Provider, r.row.Region, r.row.Zone, c.cfg.Now())
 		}

@@ -65,6 +65,9 @@ type Notice struct {
 	ReplicaID string
 	Handle    string
 	Deadline  time.Time
+	// Reason is what announced it, in the provider's words (a node's termination taint);
+	// "" if the provider cannot say.
+	Reason string
 }
 
 // Quote is a price the provider offers for one replica.

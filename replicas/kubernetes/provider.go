@@ -286,7 +286,7 @@ func (p *Provider) notice(pod *corev1.Pod, deadline time.Time, why string) {
 	p.noticed[h] = true
 	id := pod.Annotations[annReplicaID]
 	p.cfg.Log.Info("kubernetes: replica will be reclaimed", "cluster", p.Name(), "replica", id, "pod", h, "why", why, "in", time.Until(deadline).Round(time.Second))
-	n := replicas.Notice{ReplicaID: id, Handle: h, Deadline: deadline}
+	n := replicas.Notice{ReplicaID: id, Handle: h, Deadline: deadline, Reason: why}
 	// The informer's handler must not block on a control plane that reads slowly.
 	go func() { p.notices <- n }()
 }
