@@ -1,6 +1,7 @@
 package control
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -22,6 +23,12 @@ const maxBody = 4 << 20
 // LogSource is a provider that can show a replica's output (the local provider's files).
 type LogSource interface {
 	LogPath(replicaID string) string
+}
+
+// LogFetcher is a provider that reads a replica's output where it runs (a pod's logs
+// through the Kubernetes API), from a byte offset, at most 1 MiB at a time.
+type LogFetcher interface {
+	ReplicaLogs(ctx context.Context, replicaID string, offset int64) ([]byte, error)
 }
 
 // Handler is the control plane's HTTP API, for the CLI and for routers.
@@ -230,6 +237,19 @@ func (c *Controller) logs(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	off, _ := strconv.ParseInt(r.URL.Query().Get("offset"), 10, 64)
+	off = max(off, 0)
+	if lf, ok := p.(LogFetcher); ok {
+		b, err := lf.ReplicaLogs(r.Context(), id, off)
+		if err != nil {
+			writeErr(w, fmt.Errorf("replica %s log: %w", id, err))
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Log-Offset", strconv.FormatInt(off+int64(len(b)), 10))
+		_, _ = w.Write(b)
+		return
+	}
 	src, ok := p.(LogSource)
 	if !ok {
 		writeErr(w, fmt.Errorf("%w: provider %s keeps no logs here", errBadRequest, provider))
@@ -241,7 +261,6 @@ func (c *Controller) logs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer f.Close()
-	off, _ := strconv.ParseInt(r.URL.Query().Get("offset"), 10, 64)
 	if off > 0 {
 		if _, err := f.Seek(off, io.SeekStart); err != nil {
 			writeErr(w, err)

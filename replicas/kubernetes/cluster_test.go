@@ -13,15 +13,20 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 
+	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/pricing"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes/kubetest"
 	"github.com/arbiter-serve/arbiter/spec"
 )
+
+var _ control.LogFetcher = (*Provider)(nil)
 
 // buildReplicasim builds the replica simulator the pods run.
 func buildReplicasim(t *testing.T) string {
@@ -238,5 +243,127 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// bareNode is a Ready GPU node that no KWOK stage drives: its pods stay as the test writes
+// their status, standing in for a kubelet that pulls images and runs containers.
+func bareNode(t *testing.T, c *kubetest.Cluster, name, zone string) {
+	t.Helper()
+	ctx := context.Background()
+	n := gkeNode(name, zone, false, 1)
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: n.Labels}, Spec: corev1.NodeSpec{ProviderID: n.ProviderID}}
+	if _, err := c.Admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8"), corev1.ResourceMemory: resource.MustParse("64Gi"),
+		corev1.ResourcePods: resource.MustParse("10"), resourceGPU: resource.MustParse("1")}
+	got.Status = corev1.NodeStatus{Capacity: res, Allocatable: res, Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(), Reason: "KubeletReady"}}}
+	if _, err := c.Admin.CoreV1().Nodes().UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.Untaint(name, "node.kubernetes.io/not-ready")
+}
+
+// setContainer writes a pod's status as a kubelet would: phase, IP and the replica
+// container's state.
+func setContainer(t *testing.T, c *kubetest.Cluster, ns, name string, phase corev1.PodPhase, ip string, st corev1.ContainerState, restarts int32) {
+	t.Helper()
+	ctx := context.Background()
+	pod, err := c.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Phase, pod.Status.PodIP = phase, ip
+	if ip != "" {
+		pod.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+	}
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: containerName, Image: pod.Spec.Containers[0].Image, State: st, RestartCount: restarts,
+		LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error"}}}}
+	if _, err := c.Admin.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An image that cannot be pulled fails the launch once the pull has failed for
+// PullSeconds, and a container that crash-loops is a replica gone, each with the pod's own
+// reason; the failed launch's pod is deleted.
+func TestPodFailuresCarryThePodsReason(t *testing.T) {
+	c := kubetest.Start(t, kubetest.Options{Name: "bare", PodCIDR: "127.0.42.1/24"})
+	c.Namespace("arbiter")
+	bareNode(t, c, "bare-a", "us-central1-a")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p, err := New(ctx, Config{Cluster: Cluster{Name: "bare", Namespace: "arbiter", PullSeconds: 1, GraceSeconds: 1},
+		Owner: "arbiter-test", Rest: rest.CopyConfig(c.AdminRest), HealthEvery: time.Second, forceAfter: time.Second,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the provider to sync", func() bool { _, err := p.List(ctx); return err == nil })
+	launch := func(id string) chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := p.Launch(ctx, replicas.LaunchSpec{ReplicaID: id, Service: "svc", Version: 1, Run: "x", Capacity: fleet.OnDemand,
+				Region: "us-central1", Zone: "us-central1-a", Accelerator: "H100", AcceleratorCount: 1, InstanceType: "a3-highgpu-1g", Image: "nope/nope:0"})
+			done <- err
+		}()
+		waitFor(t, id+"'s pod to be scheduled", func() bool {
+			pods := c.Pods("arbiter", LabelReplica+"="+id)
+			return len(pods) == 1 && pods[0].Spec.NodeName == "bare-a"
+		})
+		return done
+	}
+
+	done := launch("svc-1")
+	name := PodName("arbiter-test", "svc-1")
+	setContainer(t, c, "arbiter", name, corev1.PodPending, "", corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff",
+		Message: `Back-off pulling image "nope/nope:0"`}}, 0)
+	select {
+	case err := <-done:
+		if err == nil || errors.Is(err, replicas.ErrNoCapacity) || !strings.Contains(err.Error(), "ImagePullBackOff") || !strings.Contains(err.Error(), "nope/nope:0") {
+			t.Fatalf("launch with an image that cannot be pulled: %v", err)
+		}
+		t.Logf("launch failed: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("a launch whose image cannot be pulled did not fail")
+	}
+	waitFor(t, "the failed launch's pod to be deleted", func() bool { return len(c.Pods("arbiter", LabelReplica+"=svc-1")) == 0 })
+
+	done = launch("svc-2")
+	name = PodName("arbiter-test", "svc-2")
+	setContainer(t, c, "arbiter", name, corev1.PodRunning, "127.0.42.200", corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}, 0)
+	if err := <-done; err != nil {
+		t.Fatalf("launch: %v", err)
+	}
+	setContainer(t, c, "arbiter", name, corev1.PodRunning, "127.0.42.200", corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff",
+		Message: "back-off 40s restarting failed container"}}, 3)
+	waitFor(t, "the crash loop to read as gone", func() bool {
+		st, why, err := p.Status(ctx, "arbiter/"+name)
+		if err == nil && st == replicas.StatusGone {
+			t.Logf("status: %s", why)
+		}
+		return err == nil && st == replicas.StatusGone && strings.Contains(why, "CrashLoopBackOff") && strings.Contains(why, "last exit 1")
+	})
+	if err := p.Terminate(ctx, "arbiter/"+name); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPodLogsFromAnOffset(t *testing.T) {
+	client := fake.NewClientset(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"}})
+	for _, c := range []struct {
+		offset int64
+		want   string
+	}{{0, "fake logs"}, {5, "logs"}, {9, ""}, {100, ""}} {
+		b, err := podLogs(context.Background(), client, "ns", "p", false, c.offset)
+		if err != nil || string(b) != c.want {
+			t.Errorf("from %d: %q %v, want %q", c.offset, b, err, c.want)
+		}
 	}
 }

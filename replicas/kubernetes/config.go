@@ -52,6 +52,10 @@ type Cluster struct {
 	// StartSeconds bounds how long a scheduled pod may take to run (pulling a vLLM image
 	// of 10 GB or more included). Default 1200.
 	StartSeconds float64 `yaml:"start_seconds"`
+	// PullSeconds is how long an image pull may keep failing (ErrImagePull,
+	// ImagePullBackOff) before the launch gives up: a registry hiccup heals, a wrong image
+	// name does not. Default 120.
+	PullSeconds float64 `yaml:"pull_seconds"`
 	// GraceSeconds is the pods' termination grace period (default 30).
 	GraceSeconds float64 `yaml:"grace_seconds"`
 	// AcceleratorLabel is a node label that names the GPU, read before the platforms' own
@@ -110,8 +114,8 @@ func (c *Cluster) check() error {
 	if c.InCluster && (c.Kubeconfig != "" || c.Context != "") {
 		return errors.New("in_cluster: true uses the pod's service account; drop kubeconfig and context")
 	}
-	if c.UnschedulableSeconds < 0 || c.StartSeconds < 0 || c.GraceSeconds < 0 {
-		return errors.New("unschedulable_seconds, start_seconds and grace_seconds must be ≥ 0")
+	if c.UnschedulableSeconds < 0 || c.StartSeconds < 0 || c.GraceSeconds < 0 || c.PullSeconds < 0 {
+		return errors.New("unschedulable_seconds, start_seconds, pull_seconds and grace_seconds must be ≥ 0")
 	}
 	if strings.ContainsAny(c.Name, " :/") {
 		return fmt.Errorf("name %q: use letters, digits, '-' and '.'", c.Name)
@@ -174,6 +178,8 @@ type Config struct {
 	HealthEvery time.Duration
 	Log         *slog.Logger
 	Now         func() time.Time
+	// forceAfter: see the constant; tests shorten it.
+	forceAfter time.Duration
 }
 
 func (c *Config) defaults() {
@@ -189,8 +195,14 @@ func (c *Config) defaults() {
 	if c.StartSeconds == 0 {
 		c.StartSeconds = 1200
 	}
+	if c.PullSeconds == 0 {
+		c.PullSeconds = 120
+	}
 	if c.GraceSeconds == 0 {
 		c.GraceSeconds = 30
+	}
+	if c.forceAfter <= 0 {
+		c.forceAfter = forceAfter
 	}
 	if c.HealthEvery <= 0 {
 		c.HealthEvery = 5 * time.Second

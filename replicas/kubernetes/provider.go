@@ -55,6 +55,8 @@ type Provider struct {
 
 const nodeIndex = "node"
 
+var _ replicas.Provider = (*Provider)(nil)
+
 // New returns the provider for one cluster and starts watching it until ctx ends. It
 // does not wait for the cluster: one that cannot be reached is reported by every call
 // (and by Quote, so placement skips it) until it answers.
@@ -418,10 +420,6 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 	return p.awaitRunning(ctx, handleOf(created), created.CreationTimestamp.Time)
 }
 
-// pullGrace is how long an image pull may keep failing before the launch gives up: a
-// registry hiccup heals, a wrong image name does not.
-const pullGrace = 2 * time.Minute
-
 func (p *Provider) awaitRunning(ctx context.Context, handle string, created time.Time) (replicas.Instance, error) {
 	if created.IsZero() {
 		created = p.cfg.Now()
@@ -453,7 +451,7 @@ func (p *Provider) awaitRunning(ctx context.Context, handle string, created time
 		case containsStr(pullWaiting, waitingReason(pod)):
 			if pullFailingSince.IsZero() {
 				pullFailingSince = now
-			} else if now.Sub(pullFailingSince) >= pullGrace {
+			} else if now.Sub(pullFailingSince) >= secondsOf(p.cfg.PullSeconds) {
 				fail = fmt.Sprintf("pod %s: its image cannot be pulled: %s", handle, podReason(pod))
 			}
 		default:
@@ -522,7 +520,7 @@ func (p *Provider) Terminate(ctx context.Context, handle string) error {
 		} else {
 			var grace *int64
 			nodeGone := pod.Spec.NodeName != "" && !p.nodeExists(pod.Spec.NodeName)
-			late := pod.DeletionTimestamp != nil && p.cfg.Now().After(pod.DeletionTimestamp.Add(forceAfter))
+			late := pod.DeletionTimestamp != nil && p.cfg.Now().After(pod.DeletionTimestamp.Add(p.cfg.forceAfter))
 			if nodeGone || late || pod.Spec.NodeName == "" {
 				zero := int64(0)
 				grace = &zero
@@ -545,4 +543,35 @@ func (p *Provider) Terminate(ctx context.Context, handle string) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// maxLogChunk bounds one ReplicaLogs answer.
+const maxLogChunk = 1 << 20
+
+// ReplicaLogs implements control.LogFetcher: the replica container's output from offset,
+// through the apiserver; while the container is restarting (a crash loop), its previous
+// run's output, which says why.
+func (p *Provider) ReplicaLogs(ctx context.Context, replicaID string, offset int64) ([]byte, error) {
+	name := PodName(p.cfg.Owner, replicaID)
+	pod, err := p.get(ctx, p.cfg.Namespace+"/"+name)
+	if err != nil {
+		return nil, fmt.Errorf("pod %s/%s: %w", p.cfg.Namespace, name, err)
+	}
+	previous := false
+	for _, cs := range pod.Status.ContainerStatuses {
+		previous = cs.Name == containerName && cs.State.Running == nil && cs.RestartCount > 0
+	}
+	return podLogs(ctx, p.client, pod.Namespace, pod.Name, previous, offset)
+}
+
+func podLogs(ctx context.Context, client k8s.Interface, ns, name string, previous bool, offset int64) ([]byte, error) {
+	limit := offset + maxLogChunk
+	b, err := client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: containerName, Previous: previous, LimitBytes: &limit}).DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if offset >= int64(len(b)) {
+		return nil, nil
+	}
+	return b[offset:], nil
 }
