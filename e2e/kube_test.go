@@ -123,6 +123,24 @@ func podNode(t *testing.T, k *kubetest.Cluster, id string) (pod, node string) {
 	return "", ""
 }
 
+// benchLine logs one row of bench/README.md's kube table: launch-to-ready seconds of the
+// replicas that got ready (min/median/max), the requests ok and failed through the fault,
+// how long until the service was whole again, and the pods left after the test.
+func benchLine(t *testing.T, test string, rows []state.Replica, l *load, whole time.Duration, podsLeft int) {
+	var secs []float64
+	for _, r := range rows {
+		if !r.ReadyAt.IsZero() {
+			secs = append(secs, r.ReadyAt.Sub(r.LaunchedAt).Seconds())
+		}
+	}
+	slices.Sort(secs)
+	spread := "-"
+	if len(secs) > 0 {
+		spread = fmt.Sprintf("%.1f / %.1f / %.1f", secs[0], secs[len(secs)/2], secs[len(secs)-1])
+	}
+	t.Logf("kube-bench | %s | %d | %s | %d | %d | %.1f | %d |", test, len(secs), spread, l.ok.Load(), l.failed.Load(), whole.Seconds(), podsLeft)
+}
+
 func launchToReady(rows []state.Replica) []string {
 	var out []string
 	for _, r := range rows {
@@ -248,9 +266,14 @@ func TestKubernetesSpotLifecycle(t *testing.T) {
 		t.Fatalf("wake from zero: %d %v %s", code, err, body)
 	}
 	c.serve("down", name, "--wait", "60s")
-	if left := ownerPods(k, c); len(left) != 0 {
+	left := ownerPods(k, c)
+	if len(left) != 0 {
 		t.Fatalf("serve down left %d pods", len(left))
 	}
+	both := &load{}
+	both.ok.Store(streams.ok.Load() + plain.ok.Load())
+	both.failed.Store(streams.failed.Load() + plain.failed.Load())
+	benchLine(t, "spot node reclaimed under load (streams + plain)", rows, both, recovered, len(left))
 }
 
 // kill -9 of the control plane while it launches pods: the restarted one adopts or ends
@@ -291,10 +314,13 @@ func TestKubernetesKill9DuringScaleUp(t *testing.T) {
 		return true
 	})
 	t.Logf("killed with %d pods; after the restart: %v", killedWith, describe(c.status(name).Replicas))
+	rows, _ := c.stateRows(name)
 	c.serve("down", name, "--wait", "60s")
-	if left := ownerPods(k, c); len(left) != 0 {
+	left := ownerPods(k, c)
+	if len(left) != 0 {
 		t.Fatalf("serve down after a kill -9 left %d pods", len(left))
 	}
+	benchLine(t, "kill -9 of the control plane during scale-up (load after)", rows, l, 0, len(left))
 }
 
 // One service across two clusters; one cluster is lost mid-run (its apiserver, scheduler
@@ -361,8 +387,11 @@ func TestKubernetesTwoClustersOneLost(t *testing.T) {
 	c.waitFor("the written-off pod in the returned cluster to be ended", 90*time.Second, func() bool {
 		return len(central.Pods("arbiter", kubernetes.LabelReplica+"="+lostID)) == 0
 	})
+	rows, _ := c.stateRows(name)
 	c.serve("down", name, "--wait", "60s")
-	if left := len(ownerPods(east, c)) + len(ownerPods(central, c)); left != 0 {
+	left := len(ownerPods(east, c)) + len(ownerPods(central, c))
+	if left != 0 {
 		t.Fatalf("serve down left %d pods", left)
 	}
+	benchLine(t, "one of two clusters lost under load", rows, l, recovered, left)
 }
