@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -123,6 +124,27 @@ func podNode(t *testing.T, k *kubetest.Cluster, id string) (pod, node string) {
 	return "", ""
 }
 
+// openAIClient runs compat/serve.test.mjs, the official OpenAI Node client, against the
+// endpoint. Without the client installed (cd compat && npm ci) it is skipped with a note,
+// or fails when $ARBITER_REQUIRE_OPENAI_CLIENT is set (CI installs it first).
+func openAIClient(t *testing.T, c *cluster, model string) error {
+	compat := filepath.Join("..", "compat")
+	if _, err := os.Stat(filepath.Join(compat, "node_modules", "openai")); err != nil {
+		if os.Getenv("ARBITER_REQUIRE_OPENAI_CLIENT") != "" {
+			return fmt.Errorf("the official OpenAI client is not installed in compat/ (ARBITER_REQUIRE_OPENAI_CLIENT is set): %w", err)
+		}
+		t.Log("the official OpenAI client is not installed (cd compat && npm ci): plain HTTP requests only")
+		return nil
+	}
+	cmd := exec.Command("node", "--test", "serve.test.mjs")
+	cmd.Dir = compat
+	cmd.Env = append(os.Environ(), "ARBITER_URL=http://"+c.listen+"/v1", "ARBITER_MODEL="+model)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("the OpenAI Node client against the kubernetes service: %v\n%s", err, out)
+	}
+	return nil
+}
+
 // benchLine logs one row of bench/README.md's kube table: launch-to-ready seconds of the
 // replicas that got ready (min/median/max), the requests ok and failed through the fault,
 // how long until the service was whole again, and the pods left after the test.
@@ -170,11 +192,14 @@ func TestKubernetesSpotLifecycle(t *testing.T) {
 		t.Fatalf("serve up did not park the service at zero pods:\n%s", out)
 	}
 
-	// Requests at zero are held, then answered: 0 failed.
+	// Requests at zero are held, then answered: 0 failed. The first comes from the official
+	// OpenAI Node client (compat/serve.test.mjs: held at zero, then streams, completions,
+	// models and an unknown model), with three plain ones beside it.
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	errs := make(chan error, 3)
+	errs := make(chan error, 4)
 	start := time.Now()
+	go func() { errs <- openAIClient(t, c, model) }()
 	for range 3 {
 		go func() {
 			code, body, err := c.request(ctx, model)
@@ -184,7 +209,7 @@ func TestKubernetesSpotLifecycle(t *testing.T) {
 			errs <- err
 		}()
 	}
-	for range 3 {
+	for range 4 {
 		if err := <-errs; err != nil {
 			t.Fatalf("a request held at zero replicas failed: %v\n%s", err, c.daemonLog())
 		}

@@ -245,3 +245,27 @@ func TestPriceLookup(t *testing.T) {
 		t.Error("an on-prem node got a price")
 	}
 }
+
+func TestWantsAdmitPools(t *testing.T) {
+	h100x8 := &pool{key: poolKey{accel: "H100", zone: "z1", region: "r"}, cloud: "gcp", gpusPerNode: 8}
+	h100x1 := &pool{key: poolKey{accel: "H100", zone: "z2", region: "r"}, cloud: "gcp", gpusPerNode: 1}
+	cpu := &pool{key: poolKey{zone: "z1", region: "r"}, cloud: "gcp"}
+	cases := []struct {
+		w    want
+		pl   *pool
+		want bool
+	}{
+		{want{accel: "H100", count: 2}, h100x8, true},
+		{want{accel: "h100", count: 2}, h100x1, false}, // two GPUs do not fit a one-GPU node
+		{want{accel: "A100", count: 1}, h100x8, false},
+		{want{accel: "H100", count: 1, zone: "z2"}, h100x8, false},
+		{want{accel: "H100", count: 1, cloud: "aws"}, h100x1, false},
+		{want{}, cpu, true},
+		{want{}, h100x8, false}, // a CPU replica never takes a GPU node
+	}
+	for _, c := range cases {
+		if got := c.w.admits(c.pl); got != c.want {
+			t.Errorf("%+v admits %+v = %v, want %v", c.w, c.pl.key, got, c.want)
+		}
+	}
+}

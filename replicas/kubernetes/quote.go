@@ -151,8 +151,14 @@ func wants(r spec.Resources) []want {
 	return out
 }
 
+// admits reports whether a pool can hold one replica of w. A replica that asks for no GPU
+// goes only to nodes without one: a GPU node would bill its GPU for nothing.
 func (w want) admits(pl *pool) bool {
-	return (w.accel == "" || strings.EqualFold(w.accel, pl.key.accel)) && (w.count == 0 || pl.gpusPerNode >= int64(w.count)) &&
+	gpuOK := strings.EqualFold(w.accel, pl.key.accel) && pl.gpusPerNode >= int64(w.count)
+	if w.accel == "" {
+		gpuOK = pl.key.accel == "" && pl.gpusPerNode == 0
+	}
+	return gpuOK &&
 		(w.cloud == "" || pl.cloud == "" || strings.EqualFold(w.cloud, pl.cloud)) &&
 		(w.region == "" || w.region == pl.key.region) && (w.zone == "" || w.zone == pl.key.zone)
 }
