@@ -27,3 +27,16 @@ func TestBill(t *testing.T) {
 		t.Fatal("$/M tokens before any token must be 0, not Inf")
 	}
 }
+
+func TestProviderOwnerIsRandomPerHomeAndKept(t *testing.T) {
+	a, b := t.TempDir(), t.TempDir()
+	oa, err := ProviderOwner(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := ProviderOwner(a)
+	ob, _ := ProviderOwner(b)
+	if oa != again || oa == ob || len(oa) != len("arbiter-")+12 {
+		t.Errorf("owners %q, %q (same home again), %q (another home)", oa, again, ob)
+	}
+}

@@ -69,7 +69,10 @@ type Controller struct {
 	routers  map[string]routerReport
 	// unswept: providers that could not list at recovery; the next audit that lists them
 	// terminates what no row wants.
-	unswept  map[string]bool
+	unswept map[string]bool
+	// suspects: instances (provider/handle) the last audit found with no live row; used
+	// only by audit, which runs in Run's goroutine.
+	suspects map[string]bool
 	revision uint64
 	changed  chan struct{} // closed when the ready set changes
 	kick     chan struct{}
@@ -118,8 +121,11 @@ type replica struct {
 	refused bool
 	// unansweredSince: when its provider began failing to say whether it runs.
 	unansweredSince time.Time
-	// terminateAfter: a failed termination is retried from then.
+	// terminateAfter: a failed termination is retried from then; terminateWait is the
+	// current back-off and terminateErr the last failure logged.
 	terminateAfter time.Time
+	terminateWait  time.Duration
+	terminateErr   string
 }
 
 type routerReport struct {
@@ -155,7 +161,7 @@ func New(ctx context.Context, cfg Config) (*Controller, error) {
 		cfg.ZoneCooldown = zoneCooldown
 	}
 	c := &Controller{cfg: cfg, store: cfg.Store, log: cfg.Log, probes: &http.Client{},
-		services: map[string]*service{}, routers: map[string]routerReport{}, unswept: map[string]bool{}, changed: make(chan struct{}), kick: make(chan struct{}, 1)}
+		services: map[string]*service{}, routers: map[string]routerReport{}, unswept: map[string]bool{}, suspects: map[string]bool{}, changed: make(chan struct{}), kick: make(chan struct{}, 1)}
 	c.metrics = newMetrics(cfg.Metrics, c)
 	if err := c.recover(ctx); err != nil {
 		return nil, err

@@ -47,7 +47,7 @@ type DaemonOptions struct {
 	// Admin, if set (and Metrics is not), is where /metrics and /health are served.
 	Admin string
 	// Providers, if set, builds providers beyond local and sim (the kubernetes clusters of
-	// the providers file) for this home's owner tag; the binaries that run a control plane
+	// the providers file) for this home's ProviderOwner; the binaries that run a control plane
 	// supply it, so that this package does not link their SDKs.
 	Providers func(ctx context.Context, owner string) ([]replicas.Provider, error)
 	// ZoneCooldown: see Config.ZoneCooldown.
@@ -67,6 +67,32 @@ func Owner(home string) string {
 	}
 	sum := sha256.Sum256([]byte(abs))
 	return "arbiter-" + hex.EncodeToString(sum[:6])
+}
+
+// ProviderOwner is the tag this home's replicas carry in shared infrastructure (the
+// owner label of its pods in a cluster): random, made once and kept in <home>/owner, so
+// that two control planes whose homes have the same path (every one deployed from
+// deploy/kubernetes has /var/lib/arbiter) never take each other's pods for their own. A
+// home that is wiped gets a new one; its old pods are then found by the label
+// app.kubernetes.io/managed-by=arbiter and the old owner's value.
+func ProviderOwner(home string) (string, error) {
+	path := filepath.Join(home, "owner")
+	if b, err := os.ReadFile(path); err == nil {
+		if o := strings.TrimSpace(string(b)); o != "" {
+			return o, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	var raw [6]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", err
+	}
+	o := "arbiter-" + hex.EncodeToString(raw[:])
+	if err := os.WriteFile(path, []byte(o+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write owner: %w", err)
+	}
+	return o, nil
 }
 
 // EnsureToken returns the home's API token, creating a random one (mode 0600) if missing.
@@ -138,7 +164,11 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	}
 	providers := map[string]replicas.Provider{"local": local, "sim": sim}
 	if o.Providers != nil {
-		more, err := o.Providers(ctx, Owner(o.Home))
+		owner, err := ProviderOwner(o.Home)
+		if err != nil {
+			return err
+		}
+		more, err := o.Providers(ctx, owner)
 		if err != nil {
 			return err
 		}

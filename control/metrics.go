@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -152,6 +153,20 @@ func scaleCause(from, to int, panic bool) (direction, cause string) {
 // audit counts instances the providers run under this control plane's tag that no replica
 // row names. Recovery terminates such leftovers at start; between starts this is how a
 // leak (a launch whose row was lost, a provider that ignored a terminate) becomes visible.
+// endUnknown terminates an instance no row wants, in the background; a failure is left to
+// the next audit, which finds it again.
+func (c *Controller) endUnknown(ctx context.Context, p replicas.Provider, in replicas.Instance) {
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		if err := p.Terminate(tctx, in.Handle); err != nil {
+			c.log.Error("terminate a replica no live row wants", "replica", in.ReplicaID, "err", err)
+		}
+	}()
+}
+
 func (c *Controller) audit(ctx context.Context) {
 	for name, p := range c.cfg.Providers {
 		insts, err := p.List(ctx)
@@ -174,28 +189,33 @@ func (c *Controller) audit(ctx context.Context) {
 		delete(c.unswept, name)
 		c.mu.Unlock()
 		n := 0
+		seen := map[string]bool{}
 		for _, in := range insts {
 			if known[in.ReplicaID] {
 				continue
 			}
 			n++
-			if !sweep {
-				c.log.Warn("audit: instance with no replica row", "provider", name, "replica", in.ReplicaID, "handle", in.Handle)
+			key := name + "/" + in.Handle
+			seen[key] = true
+			// A row is written before its launch and dropped only once its instance is
+			// confirmed gone, so an instance no live row names in two audits running is a
+			// leak (a launch whose answer was lost, a termination the provider took back):
+			// end it. After a recovery that could not list this provider, at once.
+			if !sweep && !c.suspects[key] {
+				c.log.Warn("audit: instance with no replica row; ending it if the next audit finds it still", "provider", name, "replica", in.ReplicaID, "handle", in.Handle)
 				continue
 			}
-			// The provider could not list when the control plane recovered, so this is what
-			// recovery would have ended: running, but wanted by no row.
-			c.log.Warn("terminating a replica this control plane does not recognise (found once its provider answered)", "provider", name, "replica", in.ReplicaID, "handle", in.Handle)
-			c.event(ctx, "", in.ReplicaID, "recover", "running on "+name+" but not recognised (no live row): terminated")
-			c.wg.Add(1)
-			go func() {
-				defer c.wg.Done()
-				tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
-				defer cancel()
-				if err := p.Terminate(tctx, in.Handle); err != nil {
-					c.log.Error("terminate unrecognised replica", "replica", in.ReplicaID, "err", err)
-				}
-			}()
+			c.log.Warn("terminating a replica no live row wants", "provider", name, "replica", in.ReplicaID, "handle", in.Handle)
+			c.event(ctx, "", in.ReplicaID, "recover", "running on "+name+" but wanted by no live row: terminated")
+			c.endUnknown(ctx, p, in)
+		}
+		for key := range c.suspects {
+			if strings.HasPrefix(key, name+"/") && !seen[key] {
+				delete(c.suspects, key)
+			}
+		}
+		for key := range seen {
+			c.suspects[key] = true
 		}
 		c.metrics.unknown.WithLabelValues(name).Set(float64(n))
 	}

@@ -589,6 +589,18 @@ const unansweredBudget = 30 * time.Second
 // terminateRetry spaces out attempts to terminate through a provider that failed.
 const terminateRetry = 10 * time.Second
 
+// terminateFailed schedules the next attempt to end a replica, backing off from
+// terminateRetry to 2 minutes (a cluster may stay lost for long), and logs a failure when
+// it is new or says something new. Caller holds c.mu.
+func (c *Controller) terminateFailed(r *replica, err error) {
+	r.terminateWait = min(max(r.terminateWait*2, terminateRetry), 2*time.Minute)
+	r.terminateAfter = c.cfg.Now().Add(r.terminateWait)
+	if msg := err.Error(); msg != r.terminateErr {
+		r.terminateErr = msg
+		c.log.Error("terminate failed; will retry", "replica", r.row.ID, "in", r.terminateWait, "err", err)
+	}
+}
+
 // addressOf finds the address of a replica adopted before it had one (a pod found
 // pending after a restart): the provider's list has it once it runs.
 func (c *Controller) addressOf(ctx context.Context, p replicas.Provider, row state.Replica) string {
@@ -669,7 +681,7 @@ func (c *Controller) terminate(ctx context.Context, s *service, r *replica, reas
 	}
 	p, err := c.provider(r.row.Provider)
 	if err != nil {
-		c.log.Error("cannot terminate", "replica", r.row.ID, "err", err)
+		c.terminateFailed(r, err)
 		return
 	}
 	r.busy = true
@@ -687,8 +699,7 @@ func (c *Controller) terminate(ctx context.Context, s *service, r *replica, reas
 		defer c.mu.Unlock()
 		r.busy = false
 		if err != nil {
-			r.terminateAfter = c.cfg.Now().Add(terminateRetry)
-			c.log.Error("terminate failed; will retry", "replica", row.ID, "in", terminateRetry, "err", err)
+			c.terminateFailed(r, err)
 			return
 		}
 		c.transition(ctx, s, r, replicas.Terminated, reason)

@@ -287,14 +287,9 @@ func (c *Controller) recover(ctx context.Context) error {
 		}
 	}
 	for id, inst := range running {
-		if ctx.Err() != nil {
-			break
-		}
 		c.log.Warn("terminating a replica this control plane does not recognise", "replica", id, "handle", inst.Handle)
 		c.event(ctx, "", id, "recover", "running but not recognised (no live row): terminated")
-		if err := owner[id].Terminate(ctx, inst.Handle); err != nil {
-			c.log.Error("terminate unrecognised replica", "replica", id, "err", err)
-		}
+		c.endUnknown(ctx, owner[id], inst)
 	}
 	for _, s := range c.services {
 		c.log.Info("recovered service", "service", s.name, "version", s.version, "replicas", len(s.replicas), "target", s.target, "deleting", s.deleting)

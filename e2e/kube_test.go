@@ -96,7 +96,11 @@ func useClusters(t *testing.T, c *cluster, ks ...*kubetest.Cluster) {
 }
 
 func ownerPods(k *kubetest.Cluster, c *cluster) []corev1.Pod {
-	return k.Pods("arbiter", kubernetes.LabelOwner+"="+control.Owner(c.home))
+	owner, err := control.ProviderOwner(c.home)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return k.Pods("arbiter", kubernetes.LabelOwner+"="+owner)
 }
 
 // kubeReplicas is the service's live replicas by capacity and zone.
@@ -178,6 +182,7 @@ func launchToReady(rows []state.Replica) []string {
 // pools refuse its replacement, which falls back to on-demand, and spot comes back when a
 // spot node does; then scale to zero and serve down, with no pod left after either.
 func TestKubernetesSpotLifecycle(t *testing.T) {
+	t.Parallel() // each has its own clusters, home and ports; most of their time is waiting
 	k := startKube(t, "gke", "127.0.51.1/24")
 	zones := []string{"us-central1-a", "us-central1-b", "us-central1-c"}
 	for i, z := range zones {
@@ -304,6 +309,7 @@ func TestKubernetesSpotLifecycle(t *testing.T) {
 // kill -9 of the control plane while it launches pods: the restarted one adopts or ends
 // every pod, none is orphaned, and serve down leaves none.
 func TestKubernetesKill9DuringScaleUp(t *testing.T) {
+	t.Parallel() // each has its own clusters, home and ports; most of their time is waiting
 	k := startKube(t, "gke-kill", "127.0.52.1/24")
 	for i, z := range []string{"us-central1-a", "us-central1-b"} {
 		k.AddNode(gkeNode(fmt.Sprintf("spot-%d", i), "us-central1", z, true, 2))
@@ -352,6 +358,7 @@ func TestKubernetesKill9DuringScaleUp(t *testing.T) {
 // and pods all stop). The other keeps serving (0 failed requests), the lost replica is
 // replaced there, and the lost cluster is reported in serve status.
 func TestKubernetesTwoClustersOneLost(t *testing.T) {
+	t.Parallel() // each has its own clusters, home and ports; most of their time is waiting
 	east := startKube(t, "east", "127.0.53.1/24")
 	central := startKube(t, "central", "127.0.54.1/24")
 	east.AddNode(gkeNode("east-spot", "us-east4", "us-east4-a", true, 1))

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -117,8 +118,8 @@ func (c *Cluster) check() error {
 	if c.UnschedulableSeconds < 0 || c.StartSeconds < 0 || c.GraceSeconds < 0 || c.PullSeconds < 0 {
 		return errors.New("unschedulable_seconds, start_seconds, pull_seconds and grace_seconds must be ≥ 0")
 	}
-	if strings.ContainsAny(c.Name, " :/") {
-		return fmt.Errorf("name %q: use letters, digits, '-' and '.'", c.Name)
+	if name := strings.TrimPrefix(c.ProviderName(), ProviderPrefix+":"); !clusterName.MatchString(name) {
+		return fmt.Errorf("the cluster's name %q cannot be written in a spec's arbiter.providers (kubernetes:NAME): give it a name: of letters, digits, '-', '_' and '.'", name)
 	}
 	for i, p := range c.NodePools {
 		if len(p.Selector) == 0 {
@@ -133,6 +134,9 @@ func (c *Cluster) check() error {
 	}
 	return nil
 }
+
+// clusterName is what spec accepts after "kubernetes:".
+var clusterName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // ProviderName is the name specs and `serve status` know the cluster by.
 func (c Cluster) ProviderName() string {

@@ -255,6 +255,27 @@ var fatalWaiting = []string{"CrashLoopBackOff", "InvalidImageName", "CreateConta
 // once they last.
 var pullWaiting = []string{"ErrImagePull", "ImagePullBackOff"}
 
+// crashLoopRestarts is how many restarts make a CrashLoopBackOff a crash loop: the kubelet
+// shows that reason in the back-off after the very first crash too, and one crash is
+// something a restart in place should heal.
+const crashLoopRestarts = 3
+
+// fatal reports whether the replica container is stuck where it cannot serve without a
+// change to the spec or the image.
+func fatal(p *corev1.Pod) bool {
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name != containerName || cs.State.Waiting == nil {
+			continue
+		}
+		r := cs.State.Waiting.Reason
+		if r == "CrashLoopBackOff" {
+			return cs.RestartCount >= crashLoopRestarts
+		}
+		return slices.Contains(fatalWaiting, r)
+	}
+	return false
+}
+
 // waitingReason returns the replica container's waiting reason, if any.
 func waitingReason(p *corev1.Pod) string {
 	for _, cs := range p.Status.ContainerStatuses {

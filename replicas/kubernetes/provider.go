@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,6 +52,9 @@ type Provider struct {
 	// healthErr is the last health check's error; nil when the apiserver answered.
 	healthErr error
 	checked   bool
+	// watchErr is the informers' last list or watch error (a 403 from a Role that does not
+	// grant what the provider needs), said by usable while the caches are not synced.
+	watchErr error
 }
 
 const nodeIndex = "node"
@@ -104,10 +108,18 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 		return nil, err
 	}
 	for _, inf := range []cache.SharedIndexInformer{p.pods, p.nodes} {
-		// A cluster that stops answering is the health check's to report; the reflector's
-		// retries would log every second.
+		// A cluster that stops answering is the health check's to report, and the
+		// reflector retries every second: a refusal (RBAC) is logged once per message.
 		_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
-			cfg.Log.Debug("kubernetes watch error", "cluster", cfg.ProviderName(), "err", err)
+			p.mu.Lock()
+			same := p.watchErr != nil && p.watchErr.Error() == err.Error()
+			p.watchErr = err
+			p.mu.Unlock()
+			if !same && (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)) {
+				cfg.Log.Error("kubernetes: the control plane's account may not watch what it needs (see deploy/kubernetes/rbac.yaml)", "cluster", cfg.ProviderName(), "err", err)
+			} else {
+				cfg.Log.Debug("kubernetes watch error", "cluster", cfg.ProviderName(), "err", err)
+			}
 		})
 	}
 	if _, err := p.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -160,12 +172,17 @@ func (p *Provider) wakeup() <-chan struct{} {
 // usable says why the cluster cannot be used now, or nil.
 func (p *Provider) usable() error {
 	p.mu.Lock()
-	err, checked := p.healthErr, p.checked
+	err, checked, watchErr := p.healthErr, p.checked, p.watchErr
 	p.mu.Unlock()
 	switch {
 	case err != nil:
 		return fmt.Errorf("cluster %s does not answer: %w", p.Name(), err)
-	case !checked || !p.pods.HasSynced() || !p.nodes.HasSynced():
+	case !p.pods.HasSynced() || !p.nodes.HasSynced():
+		if watchErr != nil {
+			return fmt.Errorf("cluster %s: cannot list pods and nodes yet: %w", p.Name(), watchErr)
+		}
+		return fmt.Errorf("cluster %s: not reached yet", p.Name())
+	case !checked:
 		return fmt.Errorf("cluster %s: not reached yet", p.Name())
 	}
 	return nil
@@ -227,6 +244,13 @@ func (p *Provider) podEvent(obj any) {
 		p.notice(pod, pod.DeletionTimestamp.Time, "the pod is being deleted")
 	case disrupted(pod):
 		p.notice(pod, p.cfg.Now().Add(secondsOf(p.cfg.GraceSeconds)), "the pod is marked for disruption (eviction or preemption)")
+	case pod.Spec.NodeName != "":
+		// Its node may have been tainted before this pod reached the cache (a restart).
+		if n, ok := p.cachedNode(pod.Spec.NodeName); ok {
+			if taints := terminationTaints(n); len(taints) > 0 {
+				p.notice(pod, p.cfg.Now().Add(noticeFor(taints)), fmt.Sprintf("its node %s is tainted %s", n.Name, strings.Join(taints, ", ")))
+			}
+		}
 	}
 }
 
@@ -327,9 +351,23 @@ func (p *Provider) get(ctx context.Context, handle string) (*corev1.Pod, error) 
 	return p.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 }
 
-func (p *Provider) nodeExists(name string) bool {
-	_, ok, _ := p.nodes.GetIndexer().GetByKey(name)
-	return ok
+// nodeGone reports whether a node no longer exists: missing from the cache and confirmed
+// by the apiserver (the cache may be catching up after a relist).
+func (p *Provider) nodeGone(ctx context.Context, name string) bool {
+	if _, ok, _ := p.nodes.GetIndexer().GetByKey(name); ok {
+		return false
+	}
+	_, err := p.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	return apierrors.IsNotFound(err)
+}
+
+func (p *Provider) cachedNode(name string) (*corev1.Node, bool) {
+	obj, ok, _ := p.nodes.GetIndexer().GetByKey(name)
+	if !ok {
+		return nil, false
+	}
+	n, ok := obj.(*corev1.Node)
+	return n, ok
 }
 
 // List implements replicas.Provider: every pod with this owner's label, running or not.
@@ -364,21 +402,12 @@ func (p *Provider) Status(ctx context.Context, handle string) (replicas.Status, 
 	switch {
 	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
 		return replicas.StatusGone, fmt.Sprintf("its pod %s ended (%s): %s", pod.Name, pod.Status.Phase, podReason(pod)), nil
-	case pod.Spec.NodeName != "" && !p.nodeExists(pod.Spec.NodeName):
+	case pod.Spec.NodeName != "" && p.nodeGone(ctx, pod.Spec.NodeName):
 		return replicas.StatusGone, fmt.Sprintf("its node %s is gone", pod.Spec.NodeName), nil
-	case containsStr(fatalWaiting, waitingReason(pod)):
+	case fatal(pod):
 		return replicas.StatusGone, fmt.Sprintf("its pod %s cannot run: %s", pod.Name, podReason(pod)), nil
 	}
 	return replicas.StatusRunning, "", nil
-}
-
-func containsStr(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // Launch implements replicas.Provider: creates the replica's pod and returns once it runs
@@ -405,32 +434,45 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 		accelKey: pool.accelKey, accelValues: pool.accelValues, poolLabels: pool.poolLabels}
 	pod := buildPod(ls, ps, price)
 	created, err := p.client.CoreV1().Pods(ps.namespace).Create(ctx, pod, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		// A launch of this replica already created it (the name is the replica's own).
-		created, err = p.client.CoreV1().Pods(ps.namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err == nil && created.Annotations[annReplicaID] != ls.ReplicaID {
-			err = fmt.Errorf("pod %s/%s exists and is not replica %s's", ps.namespace, pod.Name, ls.ReplicaID)
-		}
-	}
 	if err != nil {
+		if !apierrors.IsAlreadyExists(err) {
+			// The apiserver may have created it all the same (a timeout on the answer): the
+			// name is the replica's own, so delete by name rather than leave a GPU running.
+			p.deleteQuietly(ps.namespace + "/" + pod.Name)
+		}
+		// AlreadyExists: each replica is launched once, so the name is taken by something
+		// that is not this launch's; never adopt it.
 		return replicas.Instance{}, fmt.Errorf("launch %s on %s: create pod: %w", ls.ReplicaID, p.Name(), err)
 	}
 	p.cfg.Log.Info("kubernetes pod created", "cluster", p.Name(), "replica", ls.ReplicaID, "pod", handleOf(created),
 		"capacity", ls.Capacity, "zone", ls.Zone, "accelerator", ls.Accelerator, "image", ps.image)
-	return p.awaitRunning(ctx, handleOf(created), created.CreationTimestamp.Time)
+	// Budgets run on this machine's clock from now, not from the apiserver's timestamps:
+	// the two clocks need not agree.
+	return p.awaitRunning(ctx, handleOf(created), p.cfg.Now())
 }
 
+// lostAfter is how long a launch waits on a cluster that does not answer before giving up
+// on it (the pod is left to the control plane, which ends the replica by its ID once the
+// cluster answers).
+const lostAfter = 30 * time.Second
+
 func (p *Provider) awaitRunning(ctx context.Context, handle string, created time.Time) (replicas.Instance, error) {
-	if created.IsZero() {
-		created = p.cfg.Now()
-	}
-	var pullFailingSince time.Time
+	var pullFailingSince, unusableSince time.Time
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		wake := p.wakeup()
-		pod, err := p.get(ctx, handle)
 		now := p.cfg.Now()
+		if err := p.usable(); err != nil {
+			if unusableSince.IsZero() {
+				unusableSince = now
+			} else if now.Sub(unusableSince) >= lostAfter {
+				return replicas.Instance{}, fmt.Errorf("%w: launching pod %s: %v", replicas.ErrNoCapacity, handle, err)
+			}
+		} else {
+			unusableSince = time.Time{}
+		}
+		pod, err := p.get(ctx, handle)
 		fail := ""
 		switch {
 		case apierrors.IsNotFound(err):
@@ -439,16 +481,16 @@ func (p *Provider) awaitRunning(ctx context.Context, handle string, created time
 			if ctx.Err() != nil {
 				return replicas.Instance{}, ctx.Err()
 			}
-			p.cfg.Log.Warn("kubernetes: reading a launching pod", "pod", handle, "err", err)
+			p.cfg.Log.Debug("kubernetes: reading a launching pod", "pod", handle, "err", err)
 		case pod.DeletionTimestamp != nil:
 			return replicas.Instance{}, fmt.Errorf("pod %s is being deleted before it ran", handle)
 		case pod.Status.Phase == corev1.PodRunning && pod.Status.PodIP != "":
 			return p.instance(pod), nil
 		case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
 			fail = fmt.Sprintf("pod %s ended before it served (%s): %s", handle, pod.Status.Phase, podReason(pod))
-		case containsStr(fatalWaiting, waitingReason(pod)):
+		case fatal(pod):
 			fail = fmt.Sprintf("pod %s cannot run: %s", handle, podReason(pod))
-		case containsStr(pullWaiting, waitingReason(pod)):
+		case slices.Contains(pullWaiting, waitingReason(pod)):
 			if pullFailingSince.IsZero() {
 				pullFailingSince = now
 			} else if now.Sub(pullFailingSince) >= secondsOf(p.cfg.PullSeconds) {
@@ -456,10 +498,16 @@ func (p *Provider) awaitRunning(ctx context.Context, handle string, created time
 			}
 		default:
 			pullFailingSince = time.Time{}
-			if msg, ok := unschedulable(pod); ok && now.Sub(created) >= secondsOf(p.cfg.UnschedulableSeconds) {
+			msg, ok := unschedulable(pod)
+			if !ok && pod.Spec.NodeName == "" {
+				// Not even looked at: no scheduler runs, or it is far behind. Past a generous
+				// budget that is as good as no capacity here.
+				msg, ok = "no scheduler has placed or refused it", now.Sub(created) >= secondsOf(p.cfg.UnschedulableSeconds)+time.Minute
+			}
+			if ok && now.Sub(created) >= secondsOf(p.cfg.UnschedulableSeconds) {
 				p.deleteQuietly(handle)
 				return replicas.Instance{}, fmt.Errorf("%w on %s: pod %s unschedulable for %s: %s", replicas.ErrNoCapacity, p.Name(), handle,
-					secondsOf(p.cfg.UnschedulableSeconds), msg)
+					now.Sub(created).Round(time.Second), msg)
 			}
 			if pod.Spec.NodeName != "" && now.Sub(created) >= secondsOf(p.cfg.StartSeconds) {
 				fail = fmt.Sprintf("pod %s scheduled on %s but not running after %s (%s)", handle, pod.Spec.NodeName, secondsOf(p.cfg.StartSeconds), podReason(pod))
@@ -501,12 +549,17 @@ func (p *Provider) Terminate(ctx context.Context, handle string) error {
 	if err != nil {
 		return err
 	}
+	if err := p.usable(); err != nil {
+		// A cluster that does not answer cannot confirm anything; the caller retries.
+		return fmt.Errorf("terminate %s: %w", handle, err)
+	}
 	p.mu.Lock()
 	p.deleting[handle] = true
 	p.mu.Unlock()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	asked := false
+	asked, forced := false, false
+	var askedAt time.Time
 	for {
 		wake := p.wakeup()
 		pod, err := p.get(ctx, handle)
@@ -519,21 +572,28 @@ func (p *Provider) Terminate(ctx context.Context, handle string) error {
 			return fmt.Errorf("terminate %s on %s: %w", handle, p.Name(), err)
 		} else {
 			var grace *int64
-			nodeGone := pod.Spec.NodeName != "" && !p.nodeExists(pod.Spec.NodeName)
-			late := pod.DeletionTimestamp != nil && p.cfg.Now().After(pod.DeletionTimestamp.Add(p.cfg.forceAfter))
+			nodeGone := pod.Spec.NodeName != "" && p.nodeGone(ctx, pod.Spec.NodeName)
+			// Past the grace period and forceAfter, by this machine's clock from our own
+			// delete, its kubelet is not going to finish it.
+			late := asked && p.cfg.Now().After(askedAt.Add(secondsOf(p.cfg.GraceSeconds)+p.cfg.forceAfter))
 			if nodeGone || late || pod.Spec.NodeName == "" {
 				zero := int64(0)
 				grace = &zero
 			}
-			if !asked || grace != nil && pod.DeletionGracePeriodSeconds != nil && *pod.DeletionGracePeriodSeconds != 0 {
+			if !asked || grace != nil && !forced {
 				uid := pod.UID
 				err := p.client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: grace, Preconditions: &metav1.Preconditions{UID: &uid}})
 				switch {
-				case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
-				case err != nil:
+				case apierrors.IsConflict(err):
+					// The cached pod is stale (another UID now): read it again and ask again.
+				case err != nil && !apierrors.IsNotFound(err):
 					return fmt.Errorf("terminate %s on %s: %w", handle, p.Name(), err)
+				default:
+					if !asked {
+						askedAt = p.cfg.Now()
+					}
+					asked, forced = true, grace != nil
 				}
-				asked = true
 			}
 		}
 		select {

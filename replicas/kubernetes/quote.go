@@ -38,6 +38,9 @@ type pool struct {
 type poolKey struct {
 	region, zone, accel, instanceType string
 	capacity                          fleet.Capacity
+	// nodePool is the index of the configured node pool its nodes match (-1: none), so
+	// that nodes priced differently are never one offer.
+	nodePool int
 }
 
 // pools groups the schedulable nodes into offers, each priced.
@@ -59,11 +62,11 @@ func (p *Provider) pools() []*pool {
 		if !ni.schedulable {
 			continue
 		}
-		np := p.nodePool(n)
+		np, npIndex := p.nodePool(n)
 		if np != nil && np.Capacity != "" {
 			ni.capacity = np.Capacity
 		}
-		k := poolKey{region: ni.region, zone: ni.zone, accel: ni.accel, instanceType: ni.instanceType, capacity: ni.capacity}
+		k := poolKey{region: ni.region, zone: ni.zone, accel: ni.accel, instanceType: ni.instanceType, capacity: ni.capacity, nodePool: npIndex}
 		pl := byKey[k]
 		if pl == nil {
 			pl = &pool{key: k, cloud: ni.cloud, zoneID: ni.zoneID, accelKey: ni.accelKey}
@@ -90,13 +93,14 @@ func (p *Provider) pools() []*pool {
 	out := slices.Collect(maps.Values(byKey))
 	slices.SortFunc(out, func(a, b *pool) int {
 		return cmp.Or(strings.Compare(a.key.region, b.key.region), strings.Compare(a.key.zone, b.key.zone), strings.Compare(string(a.key.capacity), string(b.key.capacity)),
-			strings.Compare(a.key.accel, b.key.accel), strings.Compare(a.key.instanceType, b.key.instanceType))
+			strings.Compare(a.key.accel, b.key.accel), strings.Compare(a.key.instanceType, b.key.instanceType), a.key.nodePool-b.key.nodePool)
 	})
 	return out
 }
 
-// nodePool is the first configured node pool whose selector the node matches.
-func (p *Provider) nodePool(n *corev1.Node) *NodePool {
+// nodePool is the first configured node pool whose selector the node matches, and its
+// index (-1: none).
+func (p *Provider) nodePool(n *corev1.Node) (*NodePool, int) {
 	for i := range p.cfg.NodePools {
 		np := &p.cfg.NodePools[i]
 		match := true
@@ -107,10 +111,10 @@ func (p *Provider) nodePool(n *corev1.Node) *NodePool {
 			}
 		}
 		if match {
-			return np
+			return np, i
 		}
 	}
-	return nil
+	return nil, -1
 }
 
 // poolFor finds the pool a launch's offer came from.

@@ -33,7 +33,7 @@ import (
 )
 
 // Versions names the binaries scripts/kube-bins.sh builds; keep the two in step.
-const Versions = "k8s-v1.37.2-etcd-v3.6.16-kwok-v0.8.0"
+const Versions = "k8s-v1.37.2-etcd-v3.7.0-kwok-v0.8.0"
 
 // Bins returns the folder scripts/kube-bins.sh filled (bin/ and stages/): $ARBITER_KUBE_BIN,
 // else the script's default cache. Without it the test is skipped, or fails when
@@ -57,7 +57,7 @@ func Bins(t testing.TB) string {
 		if os.Getenv("ARBITER_REQUIRE_KUBE") != "" {
 			t.Fatalf("no Kubernetes binaries at %s (ARBITER_REQUIRE_KUBE is set): run `bash scripts/kube-bins.sh`", dir)
 		}
-		t.Skipf("no Kubernetes binaries at %s: run `bash scripts/kube-bins.sh` (about 7 minutes once) or set ARBITER_KUBE_BIN", dir)
+		t.Skipf("no Kubernetes binaries at %s: run `bash scripts/kube-bins.sh` (about 10 minutes once) or set ARBITER_KUBE_BIN", dir)
 	}
 	return dir
 }
