@@ -28,6 +28,7 @@ type marketMem struct {
 
 	mu       sync.Mutex
 	launched []string // zones asked for, in order
+	envs     []map[string]string
 	quoteErr error    // what Quote fails with, when set
 }
 
@@ -44,6 +45,7 @@ func (m *marketMem) CheckSpec(*spec.Service) error { return nil }
 func (m *marketMem) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas.Instance, error) {
 	m.mu.Lock()
 	m.launched = append(m.launched, ls.Zone)
+	m.envs = append(m.envs, ls.Envs)
 	m.mu.Unlock()
 	if ls.Capacity == fleet.Spot && m.empty[ls.Zone] {
 		return replicas.Instance{}, fmt.Errorf("launch %s in %s: %w", ls.ReplicaID, ls.Zone, replicas.ErrNoCapacity)
@@ -243,5 +245,27 @@ func TestFailingQuoteIsReportedOnce(t *testing.T) {
 	mkt.mu.Unlock()
 	if n != 2 {
 		t.Errorf("%d launches; want the 2 replicas, all after the quotes came back", n)
+	}
+}
+
+// A spec's secrets reach its replicas' environment beside its envs.
+func TestSecretsReachReplicas(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	mkt := threeSpotZones()
+	c, _ := newMarketController(t, mkt, &now)
+	if _, err := c.Update(context.Background(), "svc", marketSpec+"envs: {MODEL: m}\nsecrets: {HF_TOKEN: hf_abc}\n", nil); err != nil {
+		t.Fatal(err)
+	}
+	ticks(c, &now, 3)
+	mkt.mu.Lock()
+	defer mkt.mu.Unlock()
+	found := false
+	for _, e := range mkt.envs {
+		if e["HF_TOKEN"] == "hf_abc" && e["MODEL"] == "m" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no launch carried the secret beside the env: %v", mkt.envs)
 	}
 }

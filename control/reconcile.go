@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -420,7 +421,16 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 	s.replicas[row.ID] = r
 	c.transition(ctx, s, r, replicas.Provisioning, "launching on "+p.Name())
 	version, setupMu := s.version, s.setupLock(s.version)
-	ls := replicas.LaunchSpec{ReplicaID: row.ID, Service: s.name, Version: version, Run: sp.Run, Setup: sp.Setup, Workdir: sp.Workdir, Envs: sp.Envs,
+	// Secrets reach replicas as environment variables, as envs do (SkyPilot's rule); they
+	// differ only in being kept out of logs and status.
+	envs := maps.Clone(sp.Envs)
+	if len(sp.Secrets) > 0 {
+		if envs == nil {
+			envs = map[string]string{}
+		}
+		maps.Copy(envs, sp.Secrets)
+	}
+	ls := replicas.LaunchSpec{ReplicaID: row.ID, Service: s.name, Version: version, Run: sp.Run, Setup: sp.Setup, Workdir: sp.Workdir, Envs: envs,
 		Image: strings.TrimPrefix(sp.Resources.ImageID, "docker:"), Capacity: fleet.Capacity(row.Capacity), Region: row.Region, Zone: row.Zone,
 		PricePerHour: &price, Port: sp.Service.Port}
 	if at != nil {
@@ -429,7 +439,7 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		err := c.runSetup(ctx, s.name, version, setupMu, p, sp.Setup, sp.Workdir, sp.Envs)
+		err := c.runSetup(ctx, s.name, version, setupMu, p, sp.Setup, sp.Workdir, envs)
 		var inst replicas.Instance
 		if err == nil {
 			inst, err = p.Launch(ctx, ls)

@@ -103,6 +103,11 @@ func (d *decoder) crossCheck(s *Service) {
 
 	// What a container provider cannot do is refused here, not ignored at launch.
 	if slices.ContainsFunc(a.Providers, IsKubernetes) {
+		if len(s.Secrets) > 0 {
+			// In a pod spec an env value is readable by anyone who may read pods; the provider
+			// does not yet keep secrets in a Kubernetes Secret, so it refuses them.
+			d.errorAt("secrets", "secrets: the kubernetes provider does not pass secrets yet (in a pod's spec they would be readable by anyone who can read pods); put them in a Kubernetes Secret the image reads, or run this service on another provider")
+		}
 		if s.Workdir != "" {
 			d.errorAt("workdir", "workdir: the kubernetes provider cannot sync a local folder into pods; build it into the image (resources.image_id: docker:IMAGE) or fetch it in setup")
 		}

@@ -137,6 +137,7 @@ func TestErrors(t *testing.T) {
 		{"provider unknown", minimal + "arbiter: {providers: [local, gke]}\n", 4, 30, `arbiter.providers: want one of local, sim, kubernetes, aws, got "gke"`},
 		{"providers empty", minimal + "arbiter: {providers: []}\n", 4, 22, "want at least one of local"},
 		{"kubernetes cluster name", minimal + "arbiter: {providers: [\"kubernetes:gke prod\"]}\n", 4, 23, `after kubernetes: give a cluster name`},
+		{"kubernetes secrets", minimal + "secrets: {HF_TOKEN: x}\narbiter: {providers: [kubernetes]}\n", 4, 10, "secrets: the kubernetes provider does not pass secrets yet"},
 		{"kubernetes workdir", minimal + "workdir: ./app\narbiter: {providers: [kubernetes:gke]}\n", 4, 10, "workdir: the kubernetes provider cannot sync a local folder into pods"},
 		{"kubernetes image", minimal + "resources: {image_id: ami-0123}\narbiter: {providers: [local, kubernetes]}\n", 4, 23, `resources.image_id: "ami-0123": the kubernetes provider runs container images`},
 		{"routing policy", minimal + "arbiter: {routing_policy: cheapest}\n", 4, 27, "want one of slo_cheapest, least_load, round_robin"},
