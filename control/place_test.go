@@ -29,7 +29,7 @@ type marketMem struct {
 	mu       sync.Mutex
 	launched []string // zones asked for, in order
 	envs     []map[string]string
-	quoteErr error    // what Quote fails with, when set
+	quoteErr error // what Quote fails with, when set
 }
 
 func (m *marketMem) Name() string { return "sim" }
