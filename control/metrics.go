@@ -150,9 +150,6 @@ func scaleCause(from, to int, panic bool) (direction, cause string) {
 	return direction, "load"
 }
 
-// audit counts instances the providers run under this control plane's tag that no replica
-// row names. Recovery terminates such leftovers at start; between starts this is how a
-// leak (a launch whose row was lost, a provider that ignored a terminate) becomes visible.
 // endUnknown terminates an instance no row wants, in the background; a failure is left to
 // the next audit, which finds it again.
 func (c *Controller) endUnknown(ctx context.Context, p replicas.Provider, in replicas.Instance) {
@@ -167,6 +164,10 @@ func (c *Controller) endUnknown(ctx context.Context, p replicas.Provider, in rep
 	}()
 }
 
+// audit counts instances the providers run under this control plane's tag that no replica
+// row names, and ends those seen twice. Recovery terminates such leftovers at start;
+// between starts this is how a leak (a launch whose answer was lost, a provider that
+// ignored a terminate) becomes visible and is ended.
 func (c *Controller) audit(ctx context.Context) {
 	for name, p := range c.cfg.Providers {
 		insts, err := p.List(ctx)
@@ -183,8 +184,6 @@ func (c *Controller) audit(ctx context.Context) {
 				}
 			}
 		}
-		c.mu.Unlock()
-		c.mu.Lock()
 		sweep := c.unswept[name]
 		delete(c.unswept, name)
 		c.mu.Unlock()

@@ -211,10 +211,7 @@ func (c *Controller) recover(ctx context.Context) error {
 	// audit once it answers.
 	unlisted := map[string]error{}
 	for name, p := range c.cfg.Providers {
-		insts, err := p.List(ctx)
-		if err != nil && c.cfg.ListWait > 0 {
-			err = c.listWhenReady(ctx, p, &insts)
-		}
+		insts, err := c.listWhenReady(ctx, p)
 		if err != nil {
 			unlisted[name] = err
 			c.log.Error("recover: provider does not list; its replicas are kept as recorded until it does", "provider", name, "err", err)
@@ -298,21 +295,18 @@ func (c *Controller) recover(ctx context.Context) error {
 	return nil
 }
 
-// listWhenReady retries a provider's List until it answers or ListWait passes.
-func (c *Controller) listWhenReady(ctx context.Context, p replicas.Provider, out *[]replicas.Instance) error {
+// listWhenReady lists a provider's instances, retrying until it answers or ListWait
+// passes (a cluster's watches are still syncing at start).
+func (c *Controller) listWhenReady(ctx context.Context, p replicas.Provider) ([]replicas.Instance, error) {
 	deadline := time.Now().Add(c.cfg.ListWait)
 	for {
 		insts, err := p.List(ctx)
-		if err == nil {
-			*out = insts
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return err
+		if err == nil || time.Now().After(deadline) {
+			return insts, err
 		}
 		select {
 		case <-ctx.Done():
-			return err
+			return nil, err
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

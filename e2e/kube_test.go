@@ -45,19 +45,6 @@ arbiter:
 `
 }
 
-// gkeNode is a KWOK node as GKE labels an a3-highgpu-1g (one H100) in a spot or on-demand
-// pool.
-func gkeNode(name, region, zone string, spot bool, gpus int) kubetest.Node {
-	labels := map[string]string{"topology.kubernetes.io/zone": zone, "topology.kubernetes.io/region": region,
-		"node.kubernetes.io/instance-type": "a3-highgpu-1g", "cloud.google.com/gke-accelerator": "nvidia-h100-80gb",
-		"cloud.google.com/gke-nodepool": "h100"}
-	if spot {
-		labels["cloud.google.com/gke-spot"] = "true"
-		labels["cloud.google.com/gke-nodepool"] = "h100-spot"
-	}
-	return kubetest.Node{Name: name, Labels: labels, GPUs: gpus, ProviderID: "gce://arbiter-e2e/" + zone + "/" + name}
-}
-
 // startKube starts a cluster and installs deploy/kubernetes into it: every manifest passes
 // the apiserver's dry run, and the namespace, ServiceAccounts and RBAC are applied for real,
 // so the control plane below acts with exactly the rights the manifests grant.
@@ -186,9 +173,9 @@ func TestKubernetesSpotLifecycle(t *testing.T) {
 	k := startKube(t, "gke", "127.0.51.1/24")
 	zones := []string{"us-central1-a", "us-central1-b", "us-central1-c"}
 	for i, z := range zones {
-		k.AddNode(gkeNode(fmt.Sprintf("spot-%d", i), "us-central1", z, true, 1))
+		k.AddNode(kubetest.GKENode(fmt.Sprintf("spot-%d", i), "us-central1", z, true, 1))
 	}
-	k.AddNode(gkeNode("ondemand-a", "us-central1", "us-central1-a", false, 4))
+	k.AddNode(kubetest.GKENode("ondemand-a", "us-central1", "us-central1-a", false, 4))
 	c := newCluster(t)
 	useClusters(t, c, k)
 	const name, model = "kube", "kube-model"
@@ -276,7 +263,7 @@ func TestKubernetesSpotLifecycle(t *testing.T) {
 
 	// Spot capacity returns in the reclaimed zone: once the zone cools down placement
 	// moves the on-demand replica back to spot, the replacement first.
-	k.AddNode(gkeNode("spot-1b", "us-central1", "us-central1-b", true, 1))
+	k.AddNode(kubetest.GKENode("spot-1b", "us-central1", "us-central1-b", true, 1))
 	c.waitFor("3 ready spot replicas again, no on-demand", 120*time.Second, func() bool {
 		st := c.status(name)
 		ready, _ := kubeReplicas(st)
@@ -312,7 +299,7 @@ func TestKubernetesKill9DuringScaleUp(t *testing.T) {
 	t.Parallel() // each has its own clusters, home and ports; most of their time is waiting
 	k := startKube(t, "gke-kill", "127.0.52.1/24")
 	for i, z := range []string{"us-central1-a", "us-central1-b"} {
-		k.AddNode(gkeNode(fmt.Sprintf("spot-%d", i), "us-central1", z, true, 2))
+		k.AddNode(kubetest.GKENode(fmt.Sprintf("spot-%d", i), "us-central1", z, true, 2))
 	}
 	c := newCluster(t)
 	useClusters(t, c, k)
@@ -361,10 +348,10 @@ func TestKubernetesTwoClustersOneLost(t *testing.T) {
 	t.Parallel() // each has its own clusters, home and ports; most of their time is waiting
 	east := startKube(t, "east", "127.0.53.1/24")
 	central := startKube(t, "central", "127.0.54.1/24")
-	east.AddNode(gkeNode("east-spot", "us-east4", "us-east4-a", true, 1))
-	east.AddNode(gkeNode("east-od", "us-east4", "us-east4-a", false, 2))
-	central.AddNode(gkeNode("central-spot", "us-central1", "us-central1-a", true, 1))
-	central.AddNode(gkeNode("central-od", "us-central1", "us-central1-a", false, 2))
+	east.AddNode(kubetest.GKENode("east-spot", "us-east4", "us-east4-a", true, 1))
+	east.AddNode(kubetest.GKENode("east-od", "us-east4", "us-east4-a", false, 2))
+	central.AddNode(kubetest.GKENode("central-spot", "us-central1", "us-central1-a", true, 1))
+	central.AddNode(kubetest.GKENode("central-od", "us-central1", "us-central1-a", false, 2))
 	c := newCluster(t)
 	useClusters(t, c, east, central)
 	const name, model = "multi", "multi-model"

@@ -39,17 +39,6 @@ func buildReplicasim(t *testing.T) string {
 	return dir
 }
 
-// gkeNode is a fake GKE GPU node of one H100 (a3-highgpu-1g).
-func gkeNode(name, zone string, spot bool, gpus int) kubetest.Node {
-	labels := map[string]string{labelZone: zone, labelRegion: "us-central1", labelInstanceType: "a3-highgpu-1g",
-		labelGKEAccelerator: "nvidia-h100-80gb", labelGKENodePool: "h100"}
-	if spot {
-		labels[labelGKESpot] = "true"
-		labels[labelGKENodePool] = "h100-spot"
-	}
-	return kubetest.Node{Name: name, Labels: labels, GPUs: gpus, ProviderID: "gce://arbiter-test/" + zone + "/" + name}
-}
-
 func catalogPrice(t *testing.T, zone string, c fleet.Capacity) float64 {
 	t.Helper()
 	cat, err := pricing.Embedded()
@@ -79,9 +68,9 @@ func TestProviderOnARealCluster(t *testing.T) {
 	bins := buildReplicasim(t)
 	c := kubetest.Start(t, kubetest.Options{Name: "unit", PodCIDR: "127.0.41.1/24", Path: bins})
 	c.Namespace("arbiter")
-	c.AddNode(gkeNode("spot-a", "us-central1-a", true, 1))
-	c.AddNode(gkeNode("spot-b", "us-central1-b", true, 1))
-	c.AddNode(gkeNode("od-a", "us-central1-a", false, 2))
+	c.AddNode(kubetest.GKENode("spot-a", "us-central1", "us-central1-a", true, 1))
+	c.AddNode(kubetest.GKENode("spot-b", "us-central1", "us-central1-b", true, 1))
+	c.AddNode(kubetest.GKENode("od-a", "us-central1", "us-central1-a", false, 2))
 	c.AddNode(kubetest.Node{Name: "cpu", Labels: map[string]string{labelZone: "us-central1-a", labelRegion: "us-central1", labelInstanceType: "n2-standard-8", labelGKENodePool: "cpu"}})
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -251,7 +240,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func bareNode(t *testing.T, c *kubetest.Cluster, name, zone string) {
 	t.Helper()
 	ctx := context.Background()
-	n := gkeNode(name, zone, false, 1)
+	n := kubetest.GKENode(name, "us-central1", zone, false, 1)
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: n.Labels}, Spec: corev1.NodeSpec{ProviderID: n.ProviderID}}
 	if _, err := c.Admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

@@ -329,13 +329,18 @@ func (p *Provider) instance(pod *corev1.Pod) replicas.Instance {
 	return in
 }
 
-func (p *Provider) cached(handle string) (*corev1.Pod, bool) {
-	obj, ok, _ := p.pods.GetIndexer().GetByKey(handle)
+// fromCache reads one object of an informer's cache by key (namespace/name, or name).
+func fromCache[T any](inf cache.SharedIndexInformer, key string) (*T, bool) {
+	obj, ok, _ := inf.GetIndexer().GetByKey(key)
 	if !ok {
 		return nil, false
 	}
-	pod, ok := obj.(*corev1.Pod)
-	return pod, ok
+	t, ok := obj.(*T)
+	return t, ok
+}
+
+func (p *Provider) cached(handle string) (*corev1.Pod, bool) {
+	return fromCache[corev1.Pod](p.pods, handle)
 }
 
 // get reads a pod from the cache, and from the apiserver when the cache has not seen it
@@ -354,7 +359,7 @@ func (p *Provider) get(ctx context.Context, handle string) (*corev1.Pod, error) 
 // nodeGone reports whether a node no longer exists: missing from the cache and confirmed
 // by the apiserver (the cache may be catching up after a relist).
 func (p *Provider) nodeGone(ctx context.Context, name string) bool {
-	if _, ok, _ := p.nodes.GetIndexer().GetByKey(name); ok {
+	if _, ok := p.cachedNode(name); ok {
 		return false
 	}
 	_, err := p.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
@@ -362,12 +367,7 @@ func (p *Provider) nodeGone(ctx context.Context, name string) bool {
 }
 
 func (p *Provider) cachedNode(name string) (*corev1.Node, bool) {
-	obj, ok, _ := p.nodes.GetIndexer().GetByKey(name)
-	if !ok {
-		return nil, false
-	}
-	n, ok := obj.(*corev1.Node)
-	return n, ok
+	return fromCache[corev1.Node](p.nodes, name)
 }
 
 // List implements replicas.Provider: every pod with this owner's label, running or not.

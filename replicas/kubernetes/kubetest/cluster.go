@@ -454,3 +454,16 @@ func (c *Cluster) Pods(namespace, selector string) []corev1.Pod {
 	}
 	return l.Items
 }
+
+// GKENode is a node as GKE labels an a3-highgpu-1g (H100) in a spot or an on-demand pool:
+// zone, region, machine type, accelerator, node pool, Spot, and a gce:// provider ID.
+func GKENode(name, region, zone string, spot bool, gpus int) Node {
+	labels := map[string]string{"topology.kubernetes.io/zone": zone, "topology.kubernetes.io/region": region,
+		"node.kubernetes.io/instance-type": "a3-highgpu-1g", "cloud.google.com/gke-accelerator": "nvidia-h100-80gb",
+		"cloud.google.com/gke-nodepool": "h100"}
+	if spot {
+		labels["cloud.google.com/gke-spot"] = "true"
+		labels["cloud.google.com/gke-nodepool"] = "h100-spot"
+	}
+	return Node{Name: name, Labels: labels, GPUs: gpus, ProviderID: "gce://arbiter-test/" + zone + "/" + name}
+}
