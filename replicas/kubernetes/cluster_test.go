@@ -7,21 +7,25 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 
 	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/pricing"
 	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/replicas/kubernetes/coreclient"
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes/kubetest"
 	"github.com/arbiter-serve/arbiter/spec"
 )
@@ -184,7 +188,7 @@ func TestProviderOnARealCluster(t *testing.T) {
 	}
 
 	// Someone else deleting a pod is a notice too; a deletion the provider asked for is not.
-	if err := c.Admin.CoreV1().Pods("arbiter").Delete(ctx, PodName("arbiter-test", "svc-3"), metav1.DeleteOptions{}); err != nil {
+	if err := c.Admin.Delete(ctx, coreclient.Pods, "arbiter", PodName("arbiter-test", "svc-3"), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if n := nextNotice(t, p); n.ReplicaID != "svc-3" {
@@ -242,18 +246,15 @@ func bareNode(t *testing.T, c *kubetest.Cluster, name, zone string) {
 	ctx := context.Background()
 	n := kubetest.GKENode(name, "us-central1", zone, false, 1)
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: n.Labels}, Spec: corev1.NodeSpec{ProviderID: n.ProviderID}}
-	if _, err := c.Admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	got, err := c.Admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
+	got := &corev1.Node{}
+	if err := c.Admin.Create(ctx, coreclient.Nodes, "", node, got); err != nil {
 		t.Fatal(err)
 	}
 	res := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8"), corev1.ResourceMemory: resource.MustParse("64Gi"),
 		corev1.ResourcePods: resource.MustParse("10"), resourceGPU: resource.MustParse("1")}
 	got.Status = corev1.NodeStatus{Capacity: res, Allocatable: res, Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
 		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(), Reason: "KubeletReady"}}}
-	if _, err := c.Admin.CoreV1().Nodes().UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
+	if err := c.Admin.Update(ctx, coreclient.Nodes, "", name, "status", got, got); err != nil {
 		t.Fatal(err)
 	}
 	c.Untaint(name, "node.kubernetes.io/not-ready")
@@ -264,8 +265,8 @@ func bareNode(t *testing.T, c *kubetest.Cluster, name, zone string) {
 func setContainer(t *testing.T, c *kubetest.Cluster, ns, name string, phase corev1.PodPhase, ip string, st corev1.ContainerState, restarts int32) {
 	t.Helper()
 	ctx := context.Background()
-	pod, err := c.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
+	pod := &corev1.Pod{}
+	if err := c.Admin.Get(ctx, coreclient.Pods, ns, name, pod); err != nil {
 		t.Fatal(err)
 	}
 	pod.Status.Phase, pod.Status.PodIP = phase, ip
@@ -274,7 +275,7 @@ func setContainer(t *testing.T, c *kubetest.Cluster, ns, name string, phase core
 	}
 	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: containerName, Image: pod.Spec.Containers[0].Image, State: st, RestartCount: restarts,
 		LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error"}}}}
-	if _, err := c.Admin.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+	if err := c.Admin.Update(ctx, coreclient.Pods, ns, name, "status", pod, pod); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -344,15 +345,41 @@ func TestPodFailuresCarryThePodsReason(t *testing.T) {
 	}
 }
 
+// podLogs asks the apiserver for no more than it returns (offset plus one chunk) and
+// hands back what follows the offset; the apiserver here is an HTTP server on loopback
+// that answers the log subresource as a kubelet-backed apiserver does.
 func TestPodLogsFromAnOffset(t *testing.T) {
-	client := fake.NewClientset(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"}})
+	const logs = "fake logs"
+	var asked []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/v1/namespaces/ns/pods/p/log" {
+			http.NotFound(w, r)
+			return
+		}
+		q := r.URL.Query()
+		asked = append(asked, q.Get("container")+" "+q.Get("limitBytes")+" "+q.Get("previous"))
+		n, _ := strconv.Atoi(q.Get("limitBytes"))
+		_, _ = io.WriteString(w, logs[:min(n, len(logs))])
+	}))
+	defer srv.Close()
+	client, err := coreclient.New(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		offset int64
 		want   string
 	}{{0, "fake logs"}, {5, "logs"}, {9, ""}, {100, ""}} {
-		b, err := podLogs(context.Background(), client, "ns", "p", false, c.offset)
+		b, err := podLogs(context.Background(), client, "ns", "p", c.offset == 5, c.offset)
 		if err != nil || string(b) != c.want {
 			t.Errorf("from %d: %q %v, want %q", c.offset, b, err, c.want)
 		}
+	}
+	want := []string{"replica 1048576 ", "replica 1048581 true", "replica 1048585 ", "replica 1048676 "}
+	if !slices.Equal(asked, want) {
+		t.Errorf("asked %q, want %q", asked, want)
+	}
+	if _, err := podLogs(context.Background(), client, "ns", "gone", false, 0); !apierrors.IsNotFound(err) {
+		t.Errorf("a missing pod's logs: %v, want NotFound", err)
 	}
 }

@@ -23,19 +23,18 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
-	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/pricing"
 	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/replicas/kubernetes/coreclient"
 )
 
 // Provider runs replicas as pods in one cluster. It implements replicas.Provider.
 type Provider struct {
 	cfg     Config
-	client  k8s.Interface
+	client  *coreclient.Client
 	pods    cache.SharedIndexInformer // this owner's pods in the namespace
 	nodes   cache.SharedIndexInformer
 	notices chan replicas.Notice
@@ -78,15 +77,14 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 	}
 	rc.QPS, rc.Burst = max(rc.QPS, 50), max(rc.Burst, 100)
 	rc.UserAgent = "arbiter-control-plane"
-	client, err := k8s.NewForConfig(rc)
+	client, err := coreclient.New(rc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", cfg.ProviderName(), err)
 	}
 	owner := labelValue(cfg.Owner)
-	pf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelOwner + "=" + owner }))
-	nf := informers.NewSharedInformerFactory(client, 0)
-	p := &Provider{cfg: cfg, client: client, pods: pf.Core().V1().Pods().Informer(), nodes: nf.Core().V1().Nodes().Informer(),
+	pods := client.Informer(coreclient.Pods, cfg.Namespace, &corev1.Pod{}, func(o *metav1.ListOptions) { o.LabelSelector = LabelOwner + "=" + owner })
+	nodes := client.Informer(coreclient.Nodes, "", &corev1.Node{}, nil)
+	p := &Provider{cfg: cfg, client: client, pods: pods, nodes: nodes,
 		notices: make(chan replicas.Notice, 64), changed: make(chan struct{}), noticed: map[string]bool{}, deleting: map[string]bool{},
 		catalog: cfg.Catalog}
 	if p.catalog == nil {
@@ -136,8 +134,8 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 	}); err != nil {
 		return nil, err
 	}
-	pf.Start(ctx.Done())
-	nf.Start(ctx.Done())
+	go p.pods.RunWithContext(ctx)
+	go p.nodes.RunWithContext(ctx)
 	go p.watchHealth(ctx)
 	return p, nil
 }
@@ -195,7 +193,7 @@ func (p *Provider) watchHealth(ctx context.Context) {
 	defer t.Stop()
 	for {
 		cctx, cancel := context.WithTimeout(ctx, max(p.cfg.HealthEvery/2, 2*time.Second))
-		_, err := p.client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(cctx)
+		err := p.client.Ready(cctx)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -353,7 +351,11 @@ func (p *Provider) get(ctx context.Context, handle string) (*corev1.Pod, error) 
 	if err != nil {
 		return nil, err
 	}
-	return p.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	pod := &corev1.Pod{}
+	if err := p.client.Get(ctx, coreclient.Pods, ns, name, pod); err != nil {
+		return nil, err
+	}
+	return pod, nil
 }
 
 // nodeGone reports whether a node no longer exists: missing from the cache and confirmed
@@ -362,8 +364,7 @@ func (p *Provider) nodeGone(ctx context.Context, name string) bool {
 	if _, ok := p.cachedNode(name); ok {
 		return false
 	}
-	_, err := p.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	return apierrors.IsNotFound(err)
+	return apierrors.IsNotFound(p.client.Get(ctx, coreclient.Nodes, "", name, &corev1.Node{}))
 }
 
 func (p *Provider) cachedNode(name string) (*corev1.Node, bool) {
@@ -433,8 +434,8 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 		grace: int64(p.cfg.GraceSeconds), serviceAccount: p.cfg.ServiceAccount, pullSecrets: p.cfg.ImagePullSecrets,
 		accelKey: pool.accelKey, accelValues: pool.accelValues, poolLabels: pool.poolLabels}
 	pod := buildPod(ls, ps, price)
-	created, err := p.client.CoreV1().Pods(ps.namespace).Create(ctx, pod, metav1.CreateOptions{})
-	if err != nil {
+	created := &corev1.Pod{}
+	if err := p.client.Create(ctx, coreclient.Pods, ps.namespace, pod, created); err != nil {
 		if !apierrors.IsAlreadyExists(err) {
 			// The apiserver may have created it all the same (a timeout on the answer): the
 			// name is the replica's own, so delete by name rather than leave a GPU running.
@@ -582,7 +583,7 @@ func (p *Provider) Terminate(ctx context.Context, handle string) error {
 			}
 			if !asked || grace != nil && !forced {
 				uid := pod.UID
-				err := p.client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: grace, Preconditions: &metav1.Preconditions{UID: &uid}})
+				err := p.client.Delete(ctx, coreclient.Pods, ns, name, metav1.DeleteOptions{GracePeriodSeconds: grace, Preconditions: &metav1.Preconditions{UID: &uid}})
 				switch {
 				case apierrors.IsConflict(err):
 					// The cached pod is stale (another UID now): read it again and ask again.
@@ -624,9 +625,9 @@ func (p *Provider) ReplicaLogs(ctx context.Context, replicaID string, offset int
 	return podLogs(ctx, p.client, pod.Namespace, pod.Name, previous, offset)
 }
 
-func podLogs(ctx context.Context, client k8s.Interface, ns, name string, previous bool, offset int64) ([]byte, error) {
+func podLogs(ctx context.Context, client *coreclient.Client, ns, name string, previous bool, offset int64) ([]byte, error) {
 	limit := offset + maxLogChunk
-	b, err := client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: containerName, Previous: previous, LimitBytes: &limit}).DoRaw(ctx)
+	b, err := client.Logs(ctx, ns, name, &corev1.PodLogOptions{Container: containerName, Previous: previous, LimitBytes: &limit})
 	if err != nil {
 		return nil, err
 	}

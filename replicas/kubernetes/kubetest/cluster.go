@@ -12,6 +12,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -26,9 +27,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/arbiter-serve/arbiter/replicas/kubernetes/coreclient"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
@@ -80,7 +82,7 @@ type Cluster struct {
 	// Server is the apiserver's URL; Kubeconfig a file whose context Name reaches it as
 	// the admin (system:masters).
 	Server, Kubeconfig string
-	Admin              *kubernetes.Clientset
+	Admin              *coreclient.Client
 	AdminRest          *rest.Config
 
 	t       testing.TB
@@ -136,18 +138,16 @@ func Start(t testing.TB, o Options) *Cluster {
 	c.Kubeconfig = filepath.Join(dir, "admin.kubeconfig")
 	c.writeKubeconfig(c.Kubeconfig, "admin", token)
 	c.AdminRest = &rest.Config{Host: c.Server, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{Insecure: true}, QPS: 100, Burst: 200}
-	c.Admin = kubernetes.NewForConfigOrDie(c.AdminRest)
-	c.waitFor("the apiserver to be ready", 2*time.Minute, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		defer cancel()
-		_, err := c.Admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		return err == nil
-	})
+	admin, err := coreclient.New(c.AdminRest, authv1.AddToScheme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Admin = admin
+	c.waitFor("the apiserver to be ready", 2*time.Minute, c.ready)
 	// Without a controller-manager, no namespace gets its default service account, and pod
 	// admission refuses pods until it exists.
-	c.waitFor("the default namespace", time.Minute, func() bool {
-		_, err := c.Admin.CoreV1().Namespaces().Get(context.Background(), "default", metav1.GetOptions{})
-		return err == nil
+	c.waitFor("the default namespace", time.Minute, func() error {
+		return c.Admin.Get(context.Background(), coreclient.Namespaces, "", "default", &corev1.Namespace{})
 	})
 	c.Namespace("default")
 
@@ -236,12 +236,7 @@ func (c *Cluster) Restart() {
 	for _, comp := range c.started {
 		c.spawn(comp.name, comp.args)
 		if comp.name == "kube-apiserver" {
-			c.waitFor("the apiserver to be ready again", 2*time.Minute, func() bool {
-				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-				defer cancel()
-				_, err := c.Admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-				return err == nil
-			})
+			c.waitFor("the apiserver to be ready again", 2*time.Minute, c.ready)
 		}
 	}
 	c.kubelet = startKubelet(c.t, c.Admin, filepath.Join(c.Dir, "pods"), c.opts.Path)
@@ -266,11 +261,11 @@ func (c *Cluster) writeKubeconfig(path, user, token string) {
 func (c *Cluster) Namespace(name string) {
 	c.t.Helper()
 	ctx := context.Background()
-	_, err := c.Admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	err := c.Admin.Create(ctx, coreclient.Namespaces, "", &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, &corev1.Namespace{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		c.t.Fatal(err)
 	}
-	_, err = c.Admin.CoreV1().ServiceAccounts(name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
+	err = c.Admin.Create(ctx, coreclient.ServiceAccounts, name, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, &corev1.ServiceAccount{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		c.t.Fatal(err)
 	}
@@ -282,9 +277,9 @@ func (c *Cluster) Namespace(name string) {
 func (c *Cluster) ServiceAccountKubeconfig(namespace, account string) string {
 	c.t.Helper()
 	secs := int64(24 * 3600)
-	tr, err := c.Admin.CoreV1().ServiceAccounts(namespace).CreateToken(context.Background(), account,
-		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &secs}}, metav1.CreateOptions{})
-	if err != nil {
+	tr := &authv1.TokenRequest{}
+	if err := c.Admin.CreateSub(context.Background(), coreclient.ServiceAccounts, namespace, account, "token",
+		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &secs}}, tr); err != nil {
 		c.t.Fatalf("token for %s/%s: %v", namespace, account, err)
 	}
 	path := filepath.Join(c.Dir, namespace+"-"+account+".kubeconfig")
@@ -299,15 +294,23 @@ func (c *Cluster) Kubectl(args ...string) (string, error) {
 	return string(out), err
 }
 
-func (c *Cluster) waitFor(what string, timeout time.Duration, cond func() bool) {
+// waitFor polls cond until it returns nil; past timeout it fails the test with cond's last
+// error and the control plane's logs.
+func (c *Cluster) waitFor(what string, timeout time.Duration, cond func() error) {
 	c.t.Helper()
 	deadline := time.Now().Add(timeout)
-	for !cond() {
+	for err := cond(); err != nil; err = cond() {
 		if time.Now().After(deadline) {
-			c.t.Fatalf("cluster %s: timed out after %s waiting for %s\napiserver:\n%s\netcd:\n%s", c.Name, timeout, what, c.Log("kube-apiserver"), c.Log("etcd"))
+			c.t.Fatalf("cluster %s: timed out after %s waiting for %s: %v\napiserver:\n%s\netcd:\n%s", c.Name, timeout, what, err, c.Log("kube-apiserver"), c.Log("etcd"))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+func (c *Cluster) ready() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	return c.Admin.Ready(ctx)
 }
 
 func freePort(t testing.TB) string {
@@ -367,20 +370,20 @@ func (c *Cluster) AddNode(n Node) {
 		Spec:       corev1.NodeSpec{ProviderID: n.ProviderID, Taints: n.Taints},
 		Status:     corev1.NodeStatus{Capacity: capacity, Allocatable: capacity},
 	}
-	if _, err := c.Admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+	if err := c.Admin.Create(ctx, coreclient.Nodes, "", node, &corev1.Node{}); err != nil {
 		c.t.Fatalf("create node %s: %v", n.Name, err)
 	}
-	c.waitFor("node "+n.Name+" Ready", time.Minute, func() bool {
-		got, err := c.Admin.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-		if err != nil {
-			return false
+	c.waitFor("node "+n.Name+" Ready", time.Minute, func() error {
+		got := &corev1.Node{}
+		if err := c.Admin.Get(ctx, coreclient.Nodes, "", n.Name, got); err != nil {
+			return err
 		}
 		ready := false
 		for _, cond := range got.Status.Conditions {
 			ready = ready || cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue
 		}
 		if !ready {
-			return false
+			return errors.New("not Ready yet")
 		}
 		var keep []corev1.Taint
 		for _, t := range got.Spec.Taints {
@@ -389,11 +392,13 @@ func (c *Cluster) AddNode(n Node) {
 			}
 		}
 		if len(keep) == len(got.Spec.Taints) {
-			return true
+			return nil
 		}
 		got.Spec.Taints = keep
-		_, err = c.Admin.CoreV1().Nodes().Update(ctx, got, metav1.UpdateOptions{})
-		return false // check again: the update may have raced
+		if err := c.Admin.Update(ctx, coreclient.Nodes, "", got.Name, "", got, got); err != nil {
+			return fmt.Errorf("remove the not-ready taint: %w", err)
+		}
+		return errors.New("the not-ready taint was just removed") // check again: the update may have raced
 	})
 }
 
@@ -421,12 +426,12 @@ func (c *Cluster) updateNode(name string, change func(*corev1.Node)) {
 	c.t.Helper()
 	ctx := context.Background()
 	for try := 0; ; try++ {
-		n, err := c.Admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
+		n := &corev1.Node{}
+		if err := c.Admin.Get(ctx, coreclient.Nodes, "", name, n); err != nil {
 			c.t.Fatal(err)
 		}
 		change(n)
-		_, err = c.Admin.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		err := c.Admin.Update(ctx, coreclient.Nodes, "", name, "", n, n)
 		if err == nil {
 			return
 		}
@@ -440,7 +445,7 @@ func (c *Cluster) updateNode(name string, change func(*corev1.Node)) {
 // kills the processes of its pods.
 func (c *Cluster) DeleteNode(name string) {
 	c.t.Helper()
-	if err := c.Admin.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+	if err := c.Admin.Delete(context.Background(), coreclient.Nodes, "", name, metav1.DeleteOptions{}); err != nil {
 		c.t.Fatalf("delete node %s: %v", name, err)
 	}
 }
@@ -448,8 +453,8 @@ func (c *Cluster) DeleteNode(name string) {
 // Pods lists the pods in a namespace that match a label selector.
 func (c *Cluster) Pods(namespace, selector string) []corev1.Pod {
 	c.t.Helper()
-	l, err := c.Admin.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{LabelSelector: selector})
-	if err != nil {
+	l := &corev1.PodList{}
+	if err := c.Admin.List(context.Background(), coreclient.Pods, namespace, metav1.ListOptions{LabelSelector: selector}, l); err != nil {
 		c.t.Fatalf("list pods: %v", err)
 	}
 	return l.Items

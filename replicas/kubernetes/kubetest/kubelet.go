@@ -15,9 +15,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/arbiter-serve/arbiter/replicas/kubernetes/coreclient"
 )
 
 func mustQuantity(s string) resource.Quantity { return resource.MustParse(s) }
@@ -45,13 +45,12 @@ type podProc struct {
 	exit chan struct{}
 }
 
-func startKubelet(t testing.TB, client kubernetes.Interface, dir, path string) *Kubelet {
+func startKubelet(t testing.TB, client *coreclient.Client, dir, path string) *Kubelet {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	f := informers.NewSharedInformerFactory(client, 0)
-	k := &Kubelet{dir: dir, path: path, pods: f.Core().V1().Pods().Informer(), nodes: f.Core().V1().Nodes().Informer(),
+	k := &Kubelet{dir: dir, path: path, pods: client.Informer(coreclient.Pods, "", &corev1.Pod{}, nil), nodes: client.Informer(coreclient.Nodes, "", &corev1.Node{}, nil),
 		stop: cancel, procs: map[types.UID]*podProc{}}
 	sync := func(any) { k.sync() }
 	h := cache.ResourceEventHandlerFuncs{AddFunc: sync, UpdateFunc: func(_, o any) { sync(o) }, DeleteFunc: sync}
@@ -61,7 +60,8 @@ func startKubelet(t testing.TB, client kubernetes.Interface, dir, path string) *
 	if _, err := k.nodes.AddEventHandler(h); err != nil {
 		t.Fatal(err)
 	}
-	f.Start(ctx.Done())
+	go k.pods.RunWithContext(ctx)
+	go k.nodes.RunWithContext(ctx)
 	return k
 }
 
