@@ -81,6 +81,7 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 		return
 	}
 	if res.streamed {
+		ms.predicted.Observe(res.pred.TTFT)
 		ms.predErr.Observe(ttft - res.pred.TTFT)
 	}
 	r.Completed(&c.route, res.pred, ttft, e2e, out, res.streamed)

@@ -26,7 +26,7 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 	handedOff := false // the stream writer releases the in-flight count when it ends
 	defer func() {
 		if !handedOff {
-			r.End(&c.route, false)
+			r.End(pred, false, px.Now())
 		}
 	}()
 

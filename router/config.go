@@ -48,6 +48,10 @@ type Config struct {
 	DefaultOutputTokens int `yaml:"default_output_tokens"`
 	// AffinitySize is the number of prefix blocks remembered; 0 disables prefix affinity.
 	AffinitySize int `yaml:"affinity_size"`
+	// ResampleEvery: slo_cheapest sends one request this often to a replica cheaper than
+	// its choice that is predicted to miss the SLO, so a replica that recovers is used
+	// again (0 disables).
+	ResampleEvery time.Duration `yaml:"resample_every"`
 	// APIKeysFile lists client API keys (see KeySpec), reloaded when it changes. With
 	// neither it nor ARBITER_API_KEYS, the router takes requests without a key.
 	APIKeysFile string `yaml:"api_keys_file"`
@@ -98,6 +102,7 @@ func Defaults() Config {
 		Tokenizer:              "approx",
 		DefaultOutputTokens:    256,
 		AffinitySize:           100_000,
+		ResampleEvery:          10 * time.Second,
 		MaxHeaderBytes:         8 << 10,
 		ReadTimeout:            30 * time.Second,
 		IdleTimeout:            90 * time.Second,
@@ -161,6 +166,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Tokenizer != "approx" && c.Tokenizer != "bpe" {
 		return fmt.Errorf("tokenizer %q: want approx or bpe", c.Tokenizer)
+	}
+	if c.ResampleEvery < 0 {
+		return fmt.Errorf("resample_every %v: must be >= 0 (0 disables re-sampling)", c.ResampleEvery)
 	}
 	if c.AffinitySize < 0 {
 		return fmt.Errorf("affinity_size %d: must be >= 0 (0 disables prefix affinity)", c.AffinitySize)

@@ -18,23 +18,32 @@ func NewDetachedReplica(info fleet.Replica) *Replica { return newReplica(info, n
 // SetInfo replaces the replica's description (e.g. it started draining).
 func (r *Replica) SetInfo(info fleet.Replica) { r.info.Store(&info) }
 
-// Begin counts a request as in flight on the replica and returns what the replica is
-// expected to do with it, as the proxy's attempt does before sending.
+// Begin counts a request as in flight on the replica (sent at req.Now) and returns what the
+// replica is expected to do with it: the same prediction the pick saw, made before the
+// request counts itself.
 func (r *Replica) Begin(req *Request, staleAfter time.Duration) Prediction {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pred := r.predictLocked(req.Now, req.uncachedOn(r), req.OutTokens, staleAfter)
+	start := req.Now
+	if r.prefillUntil.After(start) {
+		start = r.prefillUntil
+	}
+	pred.prefillEnd = start.Add(time.Duration(pred.prefillWork * float64(time.Second)))
+	r.prefillUntil = pred.prefillEnd
+	r.lastSent = req.Now
 	r.inflight.Add(1)
-	pred := r.Predict(req.Now, req.PromptTokens, req.OutTokens, staleAfter)
-	r.prefilling.Add(int64(req.PromptTokens))
 	return pred
 }
 
-// FirstToken says the request's prefill is done: it no longer delays later prompts.
-func (r *Replica) FirstToken(req *Request) { r.prefilling.Add(-int64(req.PromptTokens)) }
+// FirstToken says the request's prefill is done at now: it no longer delays later prompts.
+func (r *Replica) FirstToken(pred Prediction, now time.Time) { r.prefillDone(pred, now) }
 
-// End releases what Begin took; firstToken says whether FirstToken was called.
-func (r *Replica) End(req *Request, firstToken bool) {
+// End releases what Begin took at now; firstToken says whether FirstToken was called.
+func (r *Replica) End(pred Prediction, firstToken bool, now time.Time) {
 	r.inflight.Add(-1)
 	if !firstToken {
-		r.FirstToken(req)
+		r.prefillDone(pred, now)
 	}
 }
 
@@ -49,7 +58,7 @@ func (r *Replica) ObserveRTT(rtt time.Duration) { r.probed(true, rtt, 1) }
 // Completed feeds a successful request's latencies (seconds) to the predictor; pred is what
 // Begin returned. outTokens is the completion length; streamed says ttft is a real first token.
 func (r *Replica) Completed(req *Request, pred Prediction, ttft, e2e float64, outTokens int, streamed bool) {
-	r.learn(measurement{uncached: req.PromptTokens, outTokens: outTokens, ttft: ttft, e2e: e2e, loadAtStart: pred.Load,
+	r.learn(req.Now.Add(time.Duration(e2e*float64(time.Second))), measurement{uncached: pred.Uncached, outTokens: outTokens, ttft: ttft, e2e: e2e, loadAtStart: pred.Load,
 		predictedTTFT: pred.TTFT, queueWait: pred.QueueWait, prefillWait: pred.PrefillWait, streamed: streamed})
 }
 

@@ -229,8 +229,11 @@ func readEvents(t *testing.T, body io.Reader) (events []string, at []time.Time) 
 }
 
 // settled reports whether nothing of this router's is left on the replica: no request in
-// flight and no prompt tokens counted as waiting for prefill.
+// flight and no prefill work counted as queued.
 func (r *rig) settled(id string) bool {
 	rep := r.pool.Get(id)
-	return rep.InFlight() == 0 && rep.prefilling.Load() == 0
+	rep.mu.Lock()
+	queued := rep.prefillUntil.After(time.Now())
+	rep.mu.Unlock()
+	return rep.InFlight() == 0 && !queued
 }

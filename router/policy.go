@@ -34,6 +34,20 @@ type Request struct {
 	Prefix []uint64
 	SLO    SLO
 	Now    time.Time
+
+	// holder is the replica that affinity says holds the prompt's first matched blocks
+	// (set by a policy that follows prefixes); those tokens are not computed again there.
+	holder  *Replica
+	matched int
+}
+
+// uncachedOn is the prompt tokens r would have to compute: all of them, except on the
+// known holder of the prompt's prefix.
+func (req *Request) uncachedOn(r *Replica) int {
+	if r != nil && r == req.holder {
+		return max(req.PromptTokens-req.matched, 1)
+	}
+	return req.PromptTokens
 }
 
 // Policy picks one replica among available candidates (never empty).
@@ -89,35 +103,59 @@ type SLOCheapest struct {
 	// CostTolerance treats costs within this fraction of the cheapest as equal (default
 	// 0.05), so near-equal prices spread load by prefix and latency instead of one winner.
 	CostTolerance float64
-	// OnPredict, if set, receives the chosen replica's prediction (for error metrics).
-	OnPredict func(r *Replica, p Prediction, uncached int)
+	// ResampleEvery is how often a replica cheaper than the choice but predicted to miss
+	// the SLO still gets one request (default 10 s; negative: never). Only traffic corrects
+	// what the predictor learned from a replica's slow answers, and a replica the SLO
+	// filter keeps out gets none: without this, one that recovers stays unused for good.
+	ResampleEvery time.Duration
+	// OnResample, if set, hears of each re-sampling pick (for metrics).
+	OnResample func(r *Replica)
 }
 
 type scored struct {
-	r        *Replica
-	p        Prediction
-	cost     float64
-	uncached int
+	r    *Replica
+	p    Prediction
+	cost float64
 }
 
 // Pick implements Policy.
 func (p *SLOCheapest) Pick(req *Request, cands []*Replica, _ *rand.Rand) *Replica {
-	holder, matched := p.Affinity.lookup(req.Prefix)
+	req.holder, req.matched = p.Affinity.lookup(req.Prefix)
 	var buf [16]scored
 	all := buf[:0]
 	for _, r := range cands {
-		uncached := req.PromptTokens
-		if r == holder {
-			uncached = max(req.PromptTokens-matched, 1)
+		all = append(all, scored{r: r, p: r.Predict(req.Now, req.uncachedOn(r), req.OutTokens, p.StaleAfter), cost: r.MarginalCost()})
+	}
+	choice := p.choose(req, all, req.holder)
+	if s, ok := p.resample(req, all, choice); ok {
+		if p.OnResample != nil {
+			p.OnResample(s.r)
 		}
-		all = append(all, scored{r: r, p: r.Predict(req.Now, uncached, req.OutTokens, p.StaleAfter), cost: r.MarginalCost(), uncached: uncached})
+		return s.r // not recorded as the prefix's holder: one request proves little
 	}
-	choice := p.choose(req, all, holder)
 	p.Affinity.record(req.Prefix, choice.r)
-	if p.OnPredict != nil {
-		p.OnPredict(choice.r, choice.p, choice.uncached)
-	}
 	return choice.r
+}
+
+const defaultResampleEvery = 10 * time.Second
+
+// resample finds a replica cheaper than the choice that is predicted to miss the SLO only
+// because of what it was seen to do (not queued work, which the scrapes keep current) and
+// that has had no request for ResampleEvery.
+func (p *SLOCheapest) resample(req *Request, all []scored, choice scored) (scored, bool) {
+	every := p.ResampleEvery
+	if every == 0 {
+		every = defaultResampleEvery
+	}
+	if every < 0 {
+		return scored{}, false
+	}
+	for _, s := range all {
+		if s.cost < choice.cost && !req.SLO.Meets(s.p) && s.p.QueueWait == 0 && s.p.PrefillWait == 0 && s.r.claimResample(req.Now, every) {
+			return s, true
+		}
+	}
+	return scored{}, false
 }
 
 func (p *SLOCheapest) choose(req *Request, all []scored, holder *Replica) scored {

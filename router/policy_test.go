@@ -1,6 +1,7 @@
 package router
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -161,7 +162,7 @@ func TestSLOCheapestSpreadsOverEquallyPricedReplicas(t *testing.T) {
 	}
 	// "a" has learned that it is fast and serves a lot: it must not look cheaper for it.
 	for range 50 {
-		rs[0].learn(measurement{uncached: 2000, outTokens: 30, ttft: 0.05, e2e: 0.3, loadAtStart: 20, streamed: true})
+		rs[0].learn(now, measurement{uncached: 2000, outTokens: 30, ttft: 0.05, e2e: 0.3, loadAtStart: 20, streamed: true})
 	}
 	if rs[0].MarginalCost() != rs[1].MarginalCost() {
 		t.Fatalf("marginal cost %v vs %v: same price and no described throughput must cost the same", rs[0].MarginalCost(), rs[1].MarginalCost())
@@ -181,28 +182,51 @@ func TestSLOCheapestSpreadsOverEquallyPricedReplicas(t *testing.T) {
 	}
 }
 
-// Prompts sent ahead and not yet prefilled delay a new request's first token.
+// Prompts sent ahead and not yet prefilled delay a new request's first token, for as long
+// as their prefill should take: a first token ends the wait at once, and a request whose
+// first token the router never sees (not streamed) stops delaying others when its prefill
+// should be over, not when its whole answer arrives.
 func TestPredictionCountsPrefillAhead(t *testing.T) {
 	now := time.Unix(1000, 0)
 	r := testReplica("r", fleet.OnDemand, 4)
 	idle := r.Predict(now, 1000, 10, time.Second)
 	big := &Request{Model: "m", PromptTokens: 30000, OutTokens: 10, Now: now}
-	r.Begin(big, time.Second)
-	busy := r.Predict(now, 1000, 10, time.Second)
-	if busy.PrefillWait <= 0 || busy.TTFT < idle.TTFT+busy.PrefillWait-1e-9 {
-		t.Fatalf("with 30k tokens ahead: %+v, idle %+v", busy, idle)
+	pred := r.Begin(big, time.Second)
+	if math.Abs(pred.TTFT-(idle.TTFT-idle.prefillWork+pred.prefillWork)) > 1e-9 || pred.PrefillWait != 0 {
+		t.Fatalf("Begin on an idle replica predicted %+v; the same replica predicted %+v for 1000 tokens", pred, idle)
 	}
-	r.FirstToken(big)
-	if after := r.Predict(now, 1000, 10, time.Second); after.PrefillWait != 0 {
+	busy := r.Predict(now, 1000, 10, time.Second)
+	work := pred.prefillWork
+	if work <= 0 || math.Abs(busy.PrefillWait-work) > 1e-9 || math.Abs(busy.TTFT-(idle.TTFT+work)) > 1e-9 {
+		t.Fatalf("with 30k tokens ahead (%.3fs of prefill): %+v, idle %+v", work, busy, idle)
+	}
+	half := now.Add(time.Duration(work / 2 * float64(time.Second)))
+	if got := r.Predict(half, 1000, 10, time.Second).PrefillWait; math.Abs(got-work/2) > 1e-6 {
+		t.Fatalf("halfway through its prefill, %.4fs still ahead, want %.4f", got, work/2)
+	}
+	r.FirstToken(pred, half)
+	if after := r.Predict(half, 1000, 10, time.Second); after.PrefillWait != 0 {
 		t.Fatalf("prefill done, still waiting %v", after.PrefillWait)
 	}
-	r.End(big, true)
-	if r.prefilling.Load() != 0 || r.InFlight() != 0 {
-		t.Fatalf("after End: prefilling %d, in flight %d", r.prefilling.Load(), r.InFlight())
+	r.End(pred, true, half)
+	if r.InFlight() != 0 {
+		t.Fatalf("after End: in flight %d", r.InFlight())
 	}
+
+	// Not streamed: no first token, yet the wait is over once its prefill should be.
+	later := now.Add(time.Minute)
+	big.Now = later
+	pred = r.Begin(big, time.Second)
+	if got := r.Predict(later.Add(time.Duration(pred.prefillWork*float64(time.Second))+time.Millisecond), 1000, 10, time.Second).PrefillWait; got != 0 {
+		t.Fatalf("past its prefill a non-streamed request still delays others by %v", got)
+	}
+	// Two queued, the first ends before its first token (failed): the second's work stays.
+	later = later.Add(time.Minute)
+	big.Now = later
+	first := r.Begin(big, time.Second)
 	r.Begin(big, time.Second)
-	r.End(big, false) // failed before its first token
-	if r.prefilling.Load() != 0 {
-		t.Fatalf("a request ended before its first token left %d tokens", r.prefilling.Load())
+	r.End(first, false, later)
+	if got := r.Predict(later, 1000, 10, time.Second).PrefillWait; math.Abs(got-first.prefillWork) > 1e-6 {
+		t.Fatalf("after the first of two queued prompts ended, %.4fs ahead, want the second's %.4fs", got, first.prefillWork)
 	}
 }

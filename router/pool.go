@@ -28,11 +28,15 @@ type Pool struct {
 	// changed is closed and replaced whenever the set or a replica's readiness changes:
 	// requests held at zero replicas wait on it.
 	changed chan struct{}
+	// added wakes the probe loop when a replica joins, so its round trip is measured before
+	// its first requests rather than up to a probe interval later (a far replica's first
+	// answers would otherwise be taken for slow prefill).
+	added chan struct{}
 }
 
 // NewPool returns an empty pool.
 func NewPool(cfg *Config, log *slog.Logger, met *Metrics, aff *Affinity) *Pool {
-	return &Pool{cfg: cfg, log: log, met: met, aff: aff, byID: map[string]*Replica{}, models: map[string]bool{}, changed: make(chan struct{})}
+	return &Pool{cfg: cfg, log: log, met: met, aff: aff, byID: map[string]*Replica{}, models: map[string]bool{}, changed: make(chan struct{}), added: make(chan struct{}, 1)}
 }
 
 // Changed returns a channel closed at the next change of the set or of a replica's readiness.
@@ -53,6 +57,7 @@ func (p *Pool) SetReplicas(set []fleet.Replica) {
 	p.mu.Lock()
 	next := make(map[string]*Replica, len(set))
 	models := map[string]bool{}
+	joined := false
 	for _, info := range set {
 		r := p.byID[info.ID]
 		if r == nil || r.Info().Address != info.Address {
@@ -60,6 +65,7 @@ func (p *Pool) SetReplicas(set []fleet.Replica) {
 				p.retire(r) // same ID, new address: a new process; start fresh
 			}
 			r = newReplica(info, newConnPool(info.Address, p.cfg.ConnectTimeout, p.cfg.UpstreamIdleTimeout, p.cfg.MaxIdleConnsPerReplica))
+			joined = true
 			p.log.Info("replica added", "id", info.ID, "addr", info.Address, "capacity", info.Capacity, "price_per_hour", info.PricePerHour)
 		} else {
 			r.info.Store(&info)
@@ -82,6 +88,12 @@ func (p *Pool) SetReplicas(set []fleet.Replica) {
 	p.notify()
 	p.mu.Unlock()
 	p.met.setReplicas(p.Snapshot())
+	if joined {
+		select {
+		case p.added <- struct{}{}:
+		default: // a round is already due
+		}
+	}
 }
 
 // retire marks a replica removed: requests already on it finish (they hold it), new ones
@@ -154,12 +166,13 @@ next:
 func (p *Pool) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); p.loop(ctx, p.cfg.Probe.Interval, p.probe) }()
-	go func() { defer wg.Done(); p.loop(ctx, p.cfg.ScrapeInterval, p.scrape) }()
+	go func() { defer wg.Done(); p.loop(ctx, p.cfg.Probe.Interval, p.added, p.probe) }()
+	go func() { defer wg.Done(); p.loop(ctx, p.cfg.ScrapeInterval, nil, p.scrape) }()
 	wg.Wait()
 }
 
-func (p *Pool) loop(ctx context.Context, every time.Duration, f func(context.Context, *Replica, *fasthttp.Client)) {
+// loop runs f on every replica at once, now and then every interval or when wake fires.
+func (p *Pool) loop(ctx context.Context, every time.Duration, wake <-chan struct{}, f func(context.Context, *Replica, *fasthttp.Client)) {
 	client := &fasthttp.Client{
 		ReadTimeout: p.cfg.Probe.Timeout, WriteTimeout: p.cfg.Probe.Timeout,
 		MaxIdleConnDuration: p.cfg.UpstreamIdleTimeout, NoDefaultUserAgentHeader: true,
@@ -168,11 +181,14 @@ func (p *Pool) loop(ctx context.Context, every time.Duration, f func(context.Con
 	defer t.Stop()
 	inProgress := map[*Replica]bool{}
 	var mu sync.Mutex
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			case <-wake:
+			}
 		}
 		for _, r := range p.Snapshot() {
 			mu.Lock()
@@ -199,6 +215,13 @@ func (p *Pool) probe(_ context.Context, r *Replica, c *fasthttp.Client) {
 	req.SetRequestURI("http://" + r.Info().Address + p.cfg.Probe.Path)
 	start := time.Now()
 	err := c.DoTimeout(req, resp, p.cfg.Probe.Timeout)
+	if err == nil && !r.rttKnown() {
+		// That probe also opened the connection (a second round trip): the predictor's first
+		// round trip, which it takes as is, comes from a probe on the open connection.
+		start = time.Now()
+		resp.Reset()
+		err = c.DoTimeout(req, resp, p.cfg.Probe.Timeout)
+	}
 	ok := err == nil && resp.StatusCode() == fasthttp.StatusOK
 	was := r.Available(start)
 	ready := r.probed(ok, time.Since(start), p.cfg.Probe.FailureThreshold)

@@ -1,8 +1,14 @@
 package router
 
-import "math"
+import (
+	"math"
+	"time"
+)
 
-// ewma is an exponentially weighted mean that starts from a prior.
+// ewma is an exponentially weighted mean that starts from a prior. The first observation
+// replaces the prior outright: a guess should not outweigh the one measurement there is
+// (a far replica's round trip learned over ten probes would be booked as prefill time by
+// the requests in between).
 type ewma struct {
 	v     float64
 	alpha float64
@@ -13,8 +19,12 @@ func (e *ewma) observe(x float64) {
 	if math.IsNaN(x) || math.IsInf(x, 0) {
 		return
 	}
+	if e.n == 0 {
+		e.v = x
+	} else {
+		e.v += e.alpha * (x - e.v)
+	}
 	e.n++
-	e.v += e.alpha * (x - e.v)
 }
 
 // linfit is an online least-squares line y = a + b·x with exponential forgetting. Until it
@@ -26,11 +36,14 @@ type linfit struct {
 	priorA, priorB, minB float64
 }
 
-func (l *linfit) observe(x, y float64) {
+func (l *linfit) observe(x, y float64) { l.observeWeighted(x, y, l.alpha) }
+
+// observeWeighted gives this observation weight a (at least the line's alpha).
+func (l *linfit) observeWeighted(x, y, a float64) {
 	if math.IsNaN(y) || math.IsInf(y, 0) || y < 0 {
 		return
 	}
-	a := l.alpha
+	a = math.Max(a, l.alpha)
 	if l.n == 0 {
 		l.mx, l.my, l.mxx, l.mxy = x, y, x*x, x*y
 	} else {
@@ -69,6 +82,23 @@ type predictor struct {
 	slots   maxHold // engine batch capacity, learned when a queue is seen
 	// lastErr is the latest TTFT prediction error (measured − predicted), for metrics.
 	lastErr float64
+	// learnedAt is when the prefill and decode lines last learned from a request.
+	learnedAt time.Time
+}
+
+// memory is how long what a replica's requests taught its predictor stays worth more than
+// a new request's lesson: an observation after a silence of d weighs 1 − e^(−d/memory)
+// against everything before it (at least the lines' own alpha). Under steady traffic the
+// lines average over many requests; a replica that was seen slow (a congested link, a
+// noisy neighbour) and then left alone is judged by its next answer, not by its old ones.
+const memory = 10 * time.Second
+
+// weight is a new observation's weight at now.
+func (p *predictor) weight(now time.Time) float64 {
+	if p.learnedAt.IsZero() || !now.After(p.learnedAt) {
+		return 0
+	}
+	return -math.Expm1(-float64(now.Sub(p.learnedAt)) / float64(memory))
 }
 
 // maxHold tracks a maximum that slowly decays towards new observations.
@@ -114,29 +144,34 @@ func (p *predictor) queueWait(load float64) float64 {
 	return (load + 1 - slots) / slots * p.e2e.v
 }
 
-func (p *predictor) predict(load float64, uncached, ahead, outTokens int) Prediction {
+// predict is the one prediction of a request's latency on the replica: load is the requests
+// in its engine besides this one, aheadWait the prefill work (seconds) queued ahead of it.
+func (p *predictor) predict(load float64, uncached int, aheadWait float64, outTokens int) Prediction {
 	qw := p.queueWait(load)
-	ttft := p.rtt.v + qw + p.prefill.predict(float64(uncached))
-	aheadWait := 0.0
-	if ahead > 0 {
-		// The chunked-prefill scheduler computes prompts ahead of ours first: their tokens
-		// cost the marginal prefill rate (the line's slope), not another fixed step cost.
-		_, b := p.prefill.coeffs()
-		aheadWait = b * float64(ahead)
-		ttft += aheadWait
-	}
+	ttft := p.rtt.v + qw + aheadWait + p.prefill.predict(float64(uncached))
 	batch := math.Min(load+1, math.Max(p.slots.v, 1))
 	tpot := p.tpot.predict(batch)
-	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, QueueWait: qw, PrefillWait: aheadWait, Load: load}
+	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, QueueWait: qw, PrefillWait: aheadWait, Load: load,
+		Uncached: uncached, prefillWork: p.prefillWork(uncached)}
 }
 
-func (p *predictor) learn(m measurement) {
+// prefillWork is the time a prompt's uncached tokens keep the replica's prefill busy. The
+// chunked-prefill scheduler computes prompts in order, so this is what each delays the
+// next by: the marginal rate (the line's slope), not the fixed cost of a step.
+func (p *predictor) prefillWork(uncached int) float64 {
+	_, b := p.prefill.coeffs()
+	return b * float64(uncached)
+}
+
+func (p *predictor) learn(now time.Time, m measurement) {
 	p.e2e.observe(m.e2e)
 	if m.streamed {
+		w := p.weight(now)
 		p.lastErr = m.ttft - m.predictedTTFT
-		p.prefill.observe(float64(m.uncached), m.ttft-p.rtt.v-m.queueWait-m.prefillWait)
+		p.prefill.observeWeighted(float64(m.uncached), m.ttft-p.rtt.v-m.queueWait-m.prefillWait, w)
 		if m.outTokens > 1 {
-			p.tpot.observe(m.loadAtStart+1, (m.e2e-m.ttft)/float64(m.outTokens-1))
+			p.tpot.observeWeighted(m.loadAtStart+1, (m.e2e-m.ttft)/float64(m.outTokens-1), w)
 		}
+		p.learnedAt = now
 	}
 }

@@ -15,7 +15,7 @@ func TestPredictorLearnsTheReplicasSpeed(t *testing.T) {
 	truth := func(n int) float64 { return 0.02 + 60e-6*float64(n) }
 	for i := range 200 {
 		n := 200 + (i%10)*400
-		p.learn(measurement{uncached: n, outTokens: 1, ttft: truth(n) + p.rtt.v, e2e: truth(n) + p.rtt.v, streamed: true})
+		p.learn(time.Time{}, measurement{uncached: n, outTokens: 1, ttft: truth(n) + p.rtt.v, e2e: truth(n) + p.rtt.v, streamed: true})
 	}
 	for _, n := range []int{500, 3000} {
 		got := p.predict(0, n, 0, 1).TTFT - p.rtt.v

@@ -63,9 +63,11 @@ func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, 
 			return nil, err
 		}
 		if sc, ok := p.(*SLOCheapest); ok {
-			sc.OnPredict = func(r *Replica, pr Prediction, _ int) {
-				met.model(r.Info().Model).predicted.Observe(pr.TTFT)
+			sc.ResampleEvery = cfg.ResampleEvery
+			if sc.ResampleEvery == 0 {
+				sc.ResampleEvery = -1 // off
 			}
+			sc.OnResample = func(r *Replica) { met.resamples.WithLabelValues(r.Info().Model).Inc() }
 		}
 		px.policies[name] = p
 	}

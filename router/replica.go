@@ -17,13 +17,8 @@ type Replica struct {
 	info     atomic.Pointer[fleet.Replica]
 	idHash   uint64 // for rendezvous hashing
 	inflight atomic.Int64
-	// prefilling is the prompt tokens of this router's requests on the replica that have
-	// not produced a first token: the prefill work queued ahead of a new request, which the
-	// request count alone does not show (one 8k-token prompt delays the next TTFT as much
-	// as many short ones).
-	prefilling atomic.Int64
-	conns      *connPool
-	series     atomic.Pointer[replicaSeries]
+	conns    *connPool
+	series   atomic.Pointer[replicaSeries]
 
 	mu sync.Mutex // guards everything below
 	// ready is the active probe's verdict; a new replica starts ready because whoever
@@ -36,6 +31,15 @@ type Replica struct {
 	removed      bool // no longer in the set: drain, then drop
 	scrape       scrapeState
 	pred         predictor
+	// prefillUntil is when the prefill work this router has queued on the replica should
+	// be done: the wait ahead of a new prompt, which the request count alone does not show
+	// (one 8k-token prompt delays the next TTFT as much as many short ones). It drains with
+	// time, so a request whose first token the router never sees (not streamed) stops
+	// counting once its prefill should be over, not when its whole answer is.
+	prefillUntil time.Time
+	// lastSent is when this router last sent the replica a request (or claimed one to
+	// re-sample it).
+	lastSent time.Time
 }
 
 type scrapeState struct {
@@ -72,10 +76,14 @@ func (r *Replica) Available(now time.Time) bool {
 // the last scrape, moved by what this router started or finished since. Between scrapes
 // other routers' changes are unknown, so a stale scrape falls back to our own count.
 func (r *Replica) Load(now time.Time, staleAfter time.Duration) float64 {
-	in := float64(r.inflight.Load())
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.loadLocked(now, staleAfter)
+}
+
+func (r *Replica) loadLocked(now time.Time, staleAfter time.Duration) float64 {
+	in := float64(r.inflight.Load())
 	s := r.scrape
-	r.mu.Unlock()
 	if s.at.IsZero() || now.Sub(s.at) > staleAfter {
 		return in
 	}
@@ -138,23 +146,50 @@ func (r *Replica) probed(ok bool, rtt time.Duration, failThreshold int) bool {
 	return r.ready
 }
 
+// rttKnown reports whether a probe has measured the replica's round trip yet.
+func (r *Replica) rttKnown() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pred.rtt.n > 0
+}
+
 // Prediction is what the router expects a request to see on a replica.
 type Prediction struct {
 	TTFT, TPOT, E2E float64 // seconds
 	QueueWait       float64 // seconds of TTFT spent queued
 	PrefillWait     float64 // seconds of TTFT spent on prompts sent ahead of it
-	Load            float64
+	Load            float64 // requests in the engine besides this one
+	Uncached        int     // prompt tokens the replica must compute (not in its prefix cache)
+
+	prefillWork float64   // seconds of prefill this request adds to the replica's queue
+	prefillEnd  time.Time // when Begin expects its prefill to be done
 }
 
-// Predict estimates TTFT = RTT + queue wait + prefill of the prompt tokens queued ahead and
-// of the request's own uncached ones, and
-// time per output token from the batch the request would join.
+// Predict estimates TTFT = RTT + queue wait + prefill of the prompts queued ahead and of the
+// request's own uncached tokens, and time per output token from the batch the request would
+// join. The pick and the request's own accounting (Begin) both come here, with the same
+// inputs, so the prediction that chose a replica is the one its error is measured against.
 func (r *Replica) Predict(now time.Time, uncached, outTokens int, staleAfter time.Duration) Prediction {
-	load := r.Load(now, staleAfter)
-	ahead := max(int(r.prefilling.Load()), 0)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.pred.predict(load, uncached, ahead, outTokens)
+	return r.predictLocked(now, uncached, outTokens, staleAfter)
+}
+
+func (r *Replica) predictLocked(now time.Time, uncached, outTokens int, staleAfter time.Duration) Prediction {
+	ahead := max(r.prefillUntil.Sub(now).Seconds(), 0)
+	return r.pred.predict(r.loadLocked(now, staleAfter), uncached, ahead, outTokens)
+}
+
+// claimResample reserves the replica for one re-sampling request if the router has sent it
+// nothing for every; it reports whether the claim was taken.
+func (r *Replica) claimResample(now time.Time, every time.Duration) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if now.Sub(r.lastSent) < every {
+		return false
+	}
+	r.lastSent = now
+	return true
 }
 
 // defaultTokensPerSecond stands in for a replica whose description gives no throughput: the
@@ -179,8 +214,20 @@ func (r *Replica) MarginalCost() float64 {
 }
 
 // learn feeds a finished request's measurements to the predictor.
-func (r *Replica) learn(m measurement) {
+func (r *Replica) learn(now time.Time, m measurement) {
 	r.mu.Lock()
-	r.pred.learn(m)
+	r.pred.learn(now, m)
 	r.mu.Unlock()
+}
+
+// prefillDone says a request's prefill is over (its first token came, or it ended): the
+// work queued before it is done too, and what was queued after it starts now.
+func (r *Replica) prefillDone(pred Prediction, now time.Time) {
+	if pred.prefillEnd.IsZero() {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	after := max(r.prefillUntil.Sub(pred.prefillEnd), 0)
+	r.prefillUntil = now.Add(after)
 }

@@ -138,7 +138,7 @@ func (s *streamer) keep(ev []byte) bool {
 	}
 	if s.res.firstAt.IsZero() {
 		s.res.firstAt = s.px.Now()
-		s.r.FirstToken(&s.c.route)
+		s.r.FirstToken(s.res.pred, s.res.firstAt)
 	}
 	s.res.events++
 	return true
@@ -153,7 +153,7 @@ func (s *streamer) CloseWithError(wErr error) error {
 	}
 	s.closed = true
 	px, r := s.px, s.r
-	defer r.End(&s.c.route, !s.res.firstAt.IsZero())
+	defer r.End(s.res.pred, !s.res.firstAt.IsZero(), px.Now())
 	switch {
 	case !s.finished:
 		// The client hung up (or fasthttp gave up on it): closing the replica socket

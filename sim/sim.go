@@ -353,7 +353,7 @@ func (s *simulation) stepped(r *replica) {
 		}
 		if em.Index == 0 {
 			req.firstAt = s.now
-			r.view.FirstToken(&req.route)
+			r.view.FirstToken(req.pred, s.clock())
 		}
 		if em.Done {
 			s.complete(r, req)
@@ -364,7 +364,7 @@ func (s *simulation) stepped(r *replica) {
 
 func (s *simulation) complete(r *replica, req *request) {
 	delete(r.reqs, req.id)
-	r.view.End(&req.route, true)
+	r.view.End(req.pred, true, s.clock())
 	out := req.route.OutTokens
 	ttft := (req.firstAt - req.tr.At).Seconds()
 	e2e := (s.now - req.tr.At).Seconds()
@@ -563,7 +563,7 @@ func (s *simulation) terminate(r *replica) {
 func (s *simulation) failOpen(r *replica, why string) {
 	for _, req := range r.reqs {
 		s.fail(why)
-		r.view.End(&req.route, req.firstAt >= 0)
+		r.view.End(req.pred, req.firstAt >= 0, s.clock())
 	}
 	clear(r.reqs)
 }
