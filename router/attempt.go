@@ -117,6 +117,8 @@ func (px *Proxy) send(ctx *fasthttp.RequestCtx, c *call, r *Replica) (*upConn, t
 	out.Header.ResetConnectionClose()
 	out.Header.Del("X-Arbiter-Policy")
 	out.Header.Del("X-Arbiter-Deadline-Ms")
+	out.Header.Del("X-Slo-Ttft-Ms")
+	out.Header.Del("X-Slo-Tpot-Ms")
 	out.SetBodyRaw(c.body)
 
 	sentAt := c.route.Now // microseconds before the write: the pick's time

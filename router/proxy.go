@@ -8,6 +8,7 @@ package router
 
 import (
 	"fmt"
+	"math"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
@@ -360,6 +361,16 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) 
 			}
 		}
 	}
+	for _, h := range []struct {
+		name   string
+		target *float64
+	}{{"X-Slo-Ttft-Ms", &c.slo.TTFT}, {"X-Slo-Tpot-Ms", &c.slo.TPOT}} {
+		if err := tightenSLO(h.target, ctx.Request.Header.Peek(h.name)); err != nil {
+			px.met.errors.WithLabelValues("bad_request").Inc()
+			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, fmt.Sprintf("%s: %v", h.name, err))
+			return nil, false
+		}
+	}
 	c.deadline = now.Add(px.cfg.RequestTimeout)
 	if h := ctx.Request.Header.Peek("X-Arbiter-Deadline-Ms"); len(h) > 0 {
 		if ms, err := strconv.Atoi(string(h)); err == nil && ms > 0 {
@@ -382,6 +393,25 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) 
 	c.route = Request{Model: req.Model, PromptTokens: px.counter.Count(req.Prompt) + 5*req.Messages + 5, OutTokens: out,
 		Prefix: prefixBlocks(req.Prompt), SLO: c.slo}
 	return c, true
+}
+
+// tightenSLO applies a client's per-request target (llm-d's x-slo-ttft-ms and
+// x-slo-tpot-ms: milliseconds) to one of the service's SLO targets in seconds. A client may
+// tighten its own request's target, never loosen the service's: the SLO is what the
+// operator pays to meet, and a looser one would let the request onto cheaper replicas at
+// other clients' expense.
+func tightenSLO(target *float64, h []byte) error {
+	if len(h) == 0 {
+		return nil
+	}
+	ms, err := strconv.ParseFloat(string(h), 64)
+	if err != nil || !(ms > 0) || math.IsInf(ms, 0) {
+		return fmt.Errorf("%q: want a positive number of milliseconds", h)
+	}
+	if s := ms / 1000; *target <= 0 || s < *target {
+		*target = s
+	}
+	return nil
 }
 
 // prefixBlockBytes is the prefix-affinity block: about 64 tokens of text.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"io"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -90,11 +91,17 @@ func (r *relay) handle(c net.Conn) {
 // servedBy sends one streamed chat request and says which replica answered it.
 func servedBy(t *testing.T, rg *rig, ids ...string) string {
 	t.Helper()
+	return servedWith(t, rg, nil, ids...)
+}
+
+// servedWith is servedBy with request headers (name, value, …).
+func servedWith(t *testing.T, rg *rig, hdr []string, ids ...string) string {
+	t.Helper()
 	before := map[string]float64{}
 	for _, id := range ids {
 		before[id] = rg.counter(t, "arbiter_router_requests_total", "replica", id)
 	}
-	if resp, body := post(t, rg.url+"/v1/chat/completions", chatBody(true, "")); resp.StatusCode != 200 {
+	if resp, body := post(t, rg.url+"/v1/chat/completions", chatBody(true, ""), hdr...); resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
 	for _, id := range ids {
@@ -189,4 +196,36 @@ func TestFarLinkIsMeasuredBeforeFirstUse(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("chosen again %v after the link got near", time.Since(near).Round(100*time.Millisecond))
+}
+
+// A client tightens its own request's SLO with llm-d's headers (milliseconds), and the pick
+// honours it; it cannot loosen the service's, and a malformed value is a 400 that names
+// the header.
+func TestPerRequestSLOHeaders(t *testing.T) {
+	cheapSim, dearSim := startSim(t, simOpts{}), startSim(t, simOpts{})
+	rl := startRelay(t, cheapSim.addr, false)
+	rl.delay.Store(int64(60 * time.Millisecond))
+	slo := SLO{TTFT: 1}
+	rg := startRouter(t, func(c *Config) { c.SLOs = map[string]SLO{"*": slo} },
+		replica("cheap", &sim{addr: rl.addr}, fleet.OnDemand, 1), replica("dear", dearSim, fleet.OnDemand, 4))
+	waitFor(t, "the first probe of the far replica", rg.pool.Get("cheap").rttKnown)
+	if id := servedBy(t, rg, "cheap", "dear"); id != "cheap" {
+		t.Fatalf("with a 1 s TTFT SLO the request went to %s, want the cheap replica", id)
+	}
+	for _, h := range [][]string{{"X-Slo-Ttft-Ms", "40"}, {"x-slo-ttft-ms", "40", "x-slo-tpot-ms", "50"}} {
+		if id := servedWith(t, rg, h, "cheap", "dear"); id != "dear" {
+			t.Fatalf("with %v the request went to %s, want the near (dear) replica", h, id)
+		}
+	}
+	for _, bad := range []string{"abc", "-5", "0", "NaN", "Inf"} {
+		resp, body := post(t, rg.url+"/v1/chat/completions", chatBody(false, ""), "X-Slo-Ttft-Ms", bad)
+		if resp.StatusCode != 400 || !strings.Contains(body, "X-Slo-Ttft-Ms") {
+			t.Errorf("X-Slo-Ttft-Ms %q: %d %s, want a 400 naming the header", bad, resp.StatusCode, body)
+		}
+	}
+	// Looser than the service's: ignored.
+	rg.cfg.SLOs = map[string]SLO{"*": {TTFT: 0.04}}
+	if id := servedWith(t, rg, []string{"X-Slo-Ttft-Ms", "5000"}, "cheap", "dear"); id != "dear" {
+		t.Fatalf("a client loosened the service's 40 ms TTFT SLO to 5 s: its request went to %s", id)
+	}
 }
