@@ -8,8 +8,8 @@ package router
 
 import (
 	"fmt"
-	"math"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
