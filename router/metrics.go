@@ -23,7 +23,7 @@ type Metrics struct {
 	e2e         *prometheus.HistogramVec // model
 	predicted   *prometheus.HistogramVec // model: predicted TTFT
 	predErr     *prometheus.HistogramVec // model: measured − predicted TTFT
-	resamples   *prometheus.CounterVec   // model
+	picks       *prometheus.CounterVec   // model, reason
 	keyRequests *prometheus.CounterVec   // key, code
 	keyTokens   *prometheus.CounterVec   // key, type
 	held        prometheus.Gauge
@@ -58,7 +58,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ttft:        hv("time_to_first_token_seconds", "Time to first token as the router saw it.", latencyBuckets, "model"),
 		itl:         hv("inter_token_latency_seconds", "Mean gap between streamed tokens of a request.", latencyBuckets, "model"),
 		e2e:         hv("e2e_request_latency_seconds", "Request latency as the router saw it.", latencyBuckets, "model"),
-		resamples:   cv("resamples_total", "Requests sent to a replica cheaper than the policy's choice but predicted to miss the SLO, so that what was learned of it is tested again.", "model"),
+		picks:       cv("picks_total", "slo_cheapest's picks by reason: cheapest (predicted to meet the SLO), prefix_holder (its cache saves more than it costs over the cheapest), fastest (none predicted to meet it), resample (a cheaper replica predicted to miss, tried again).", "model", "reason"),
 		predicted:   hv("predicted_ttft_seconds", "TTFT predicted for streamed requests, on the replica that served them (compare with ttft_seconds).", latencyBuckets, "model"),
 		predErr: hv("ttft_prediction_error_seconds", "Measured minus predicted TTFT of streamed requests.",
 			[]float64{-5, -1, -0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 5}, "model"),

@@ -108,8 +108,8 @@ type SLOCheapest struct {
 	// what the predictor learned from a replica's slow answers, and a replica the SLO
 	// filter keeps out gets none: without this, one that recovers stays unused for good.
 	ResampleEvery time.Duration
-	// OnResample, if set, hears of each re-sampling pick (for metrics).
-	OnResample func(r *Replica)
+	// OnPick, if set, hears of each pick and its reason (Reason…), for metrics.
+	OnPick func(r *Replica, reason string)
 }
 
 type scored struct {
@@ -126,14 +126,15 @@ func (p *SLOCheapest) Pick(req *Request, cands []*Replica, _ *rand.Rand) *Replic
 	for _, r := range cands {
 		all = append(all, scored{r: r, p: r.Predict(req.Now, req.uncachedOn(r), req.OutTokens, p.StaleAfter), cost: r.MarginalCost()})
 	}
-	choice := p.choose(req, all, req.holder)
+	choice, reason := p.choose(req, all, req.holder)
 	if s, ok := p.resample(req, all, choice); ok {
-		if p.OnResample != nil {
-			p.OnResample(s.r)
-		}
-		return s.r // not recorded as the prefix's holder: one request proves little
+		choice, reason = s, ReasonResample
+	} else {
+		p.Affinity.record(req.Prefix, choice.r) // not a re-sample's: one request proves little
 	}
-	p.Affinity.record(req.Prefix, choice.r)
+	if p.OnPick != nil {
+		p.OnPick(choice.r, reason)
+	}
 	return choice.r
 }
 
@@ -158,45 +159,72 @@ func (p *SLOCheapest) resample(req *Request, all []scored, choice scored) (score
 	return scored{}, false
 }
 
-func (p *SLOCheapest) choose(req *Request, all []scored, holder *Replica) scored {
+// Pick reasons, as arbiter_router_picks_total{reason} counts them.
+const (
+	ReasonCheapest     = "cheapest"      // the cheapest replica predicted to meet the SLO
+	ReasonPrefixHolder = "prefix_holder" // the prompt's prefix holder: its cache saves more than it costs over the cheapest
+	ReasonFastest      = "fastest"       // none predicted to meet the SLO: the fastest prediction
+	ReasonResample     = "resample"      // re-sampling a cheaper replica predicted to miss
+)
+
+func (p *SLOCheapest) choose(req *Request, all []scored, holder *Replica) (scored, string) {
 	// Phase 1: keep the replicas predicted to meet the SLO.
-	ok := all[:0:0]
+	var buf [16]scored
+	ok := buf[:0]
 	for _, s := range all {
 		if req.SLO.Meets(s.p) {
 			ok = append(ok, s)
 		}
 	}
 	if len(ok) == 0 {
-		return fastest(all)
+		return fastest(all), ReasonFastest
 	}
-	// Phase 2: the prefix holder, while it meets the SLO, keeps its prefix.
-	for _, s := range ok {
-		if s.r == holder {
-			return s
-		}
-	}
-	// Phase 3: the cheapest tier; within it a rendezvous choice by prefix, so every router
+	// Phase 2: the cheapest tier; within it a rendezvous choice by prefix, so every router
 	// sends a new prefix to the same replica without talking to the others, else the
 	// least loaded. Not the fastest prediction: predictions are noisy, and whichever
 	// replica looks fastest would take every request until the SLO filter caught up.
 	minCost := math.Inf(1)
+	var held scored // the holder, if it meets the SLO
 	for _, s := range ok {
 		minCost = math.Min(minCost, s.cost)
+		if s.r == holder {
+			held = s
+		}
 	}
 	tol := p.CostTolerance
 	if tol <= 0 {
 		tol = 0.05
 	}
-	tier := ok[:0]
+	tier := ok[:0] // filtered in place
 	for _, s := range ok {
 		if s.cost <= minCost*(1+tol) {
 			tier = append(tier, s)
 		}
 	}
+	var cheapest scored
 	if len(req.Prefix) > 0 {
-		return rendezvous(req.Prefix[0], tier)
+		cheapest = rendezvous(req.Prefix[0], tier)
+	} else {
+		cheapest = leastLoaded(tier)
 	}
-	return leastLoaded(tier)
+	// Phase 3: the prefix holder, predicted to meet the SLO, keeps the prompt when the
+	// prefill its cache saves is worth at least the price gap: what the request costs
+	// there (its uncached prompt and its output, at the holder's marginal cost) against
+	// what it costs on the cheapest replica, which must compute the whole prompt. A dear
+	// holder does not keep a prompt that a cheap replica serves within the SLO anyway.
+	switch {
+	case held.r == nil:
+	case held.r == cheapest.r:
+		return cheapest, ReasonPrefixHolder
+	default:
+		out := float64(max(req.OutTokens, 0))
+		there := held.cost * (float64(held.p.Uncached) + out)
+		here := cheapest.cost * (float64(cheapest.p.Uncached) + out)
+		if there <= here*(1+tol) {
+			return held, ReasonPrefixHolder
+		}
+	}
+	return cheapest, ReasonCheapest
 }
 
 // leastLoaded returns the lowest projected load, ties going to the fastest prediction.

@@ -230,3 +230,58 @@ func TestPredictionCountsPrefillAhead(t *testing.T) {
 		t.Fatalf("after the first of two queued prompts ended, %.4fs ahead, want the second's %.4fs", got, first.prefillWork)
 	}
 }
+
+// A repeated prompt's holder keeps it only when the prefill its cache saves is worth the
+// price gap, or when the cheapest replica cannot meet the SLO without the cache; each pick
+// says which.
+func TestPrefixHolderKeepsAPromptOnlyWhenItPays(t *testing.T) {
+	now := time.Unix(1000, 0)
+	aff, err := NewAffinity(100, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	p := &SLOCheapest{Affinity: aff, StaleAfter: time.Second, ResampleEvery: -1,
+		OnPick: func(_ *Replica, reason string) { reasons = append(reasons, reason) }}
+	pick := func(prompt string, tokens, out int, ttft float64, rs ...*Replica) (*Replica, string) {
+		t.Helper()
+		req := &Request{Model: "m", PromptTokens: tokens, OutTokens: out, Prefix: prefixBlocks(prompt), SLO: SLO{TTFT: ttft}, Now: now}
+		got := p.Pick(req, rs, rand.New(rand.NewPCG(1, 1)))
+		return got, reasons[len(reasons)-1]
+	}
+	// A short prompt, output-heavy: the cache saves little, the dear holder costs 2x.
+	cheap, dear := testReplica("cheap", fleet.OnDemand, 1), testReplica("dear", fleet.OnDemand, 2)
+	short := string(make([]byte, 4*prefixBlockBytes))
+	if got, why := pick(short, 300, 1000, 1, dear); got != dear || why != ReasonCheapest {
+		t.Fatalf("setup: %s %s", got.Info().ID, why)
+	}
+	if got, why := pick(short, 300, 1000, 1, cheap, dear); got != cheap || why != ReasonCheapest {
+		t.Fatalf("a 2x dearer holder kept a prompt the cheap replica serves within the SLO: %s (%s)", got.Info().ID, why)
+	}
+	// The cheap replica now holds it, and keeps it.
+	if got, why := pick(short, 300, 1000, 1, cheap, dear); got != cheap || why != ReasonPrefixHolder {
+		t.Fatalf("the new holder did not keep the prompt: %s (%s)", got.Info().ID, why)
+	}
+
+	// A long prompt, short output, a holder 20 % dearer: its cache saves more than the gap.
+	cheap, near := testReplica("cheap2", fleet.OnDemand, 1), testReplica("near", fleet.OnDemand, 1.2)
+	long := "x" + string(make([]byte, 32*prefixBlockBytes))
+	if got, _ := pick(long, 8000, 20, 5, near); got != near {
+		t.Fatalf("setup: %s", got.Info().ID)
+	}
+	if got, why := pick(long, 8000, 20, 5, cheap, near); got != near || why != ReasonPrefixHolder {
+		t.Fatalf("a holder 20%% dearer that saves 8,000 tokens of prefill lost the prompt: %s (%s)", got.Info().ID, why)
+	}
+
+	// Needed for the SLO: without the cache no replica computes the 2,100-token prompt
+	// within 40 ms; the 2x dearer holder, with 2,048 of them cached, does.
+	cheap, dear = testReplica("cheap3", fleet.OnDemand, 1), testReplica("dear3", fleet.OnDemand, 2)
+	other := "y" + string(make([]byte, 32*prefixBlockBytes))
+	pick(other, 2100, 200, 5, dear)
+	if pc := cheap.Predict(now, 2100, 200, time.Second); pc.TTFT <= 0.04 {
+		t.Fatalf("setup: 2,100 uncached tokens predicted in %.3fs, want > 40 ms", pc.TTFT)
+	}
+	if got, why := pick(other, 2100, 200, 0.04, cheap, dear); got != dear || why != ReasonPrefixHolder {
+		t.Fatalf("only the holder meets the SLO, yet the pick was %s (%s)", got.Info().ID, why)
+	}
+}

@@ -68,7 +68,7 @@ func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, 
 			if sc.ResampleEvery == 0 {
 				sc.ResampleEvery = -1 // off
 			}
-			sc.OnResample = func(r *Replica) { met.resamples.WithLabelValues(r.Info().Model).Inc() }
+			sc.OnPick = func(r *Replica, reason string) { met.picks.WithLabelValues(r.Info().Model, reason).Inc() }
 		}
 		px.policies[name] = p
 	}

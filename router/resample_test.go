@@ -159,7 +159,7 @@ func TestRecoveredReplicaIsUsedAgain(t *testing.T) {
 	if n < 3 || last[n-1] != "cheap" || last[n-2] != "cheap" || last[n-3] != "cheap" {
 		t.Fatalf("a minute after the cheap replica recovered it is still not chosen (served at %v)", cheapAt)
 	}
-	resamples := rg.counter(t, "arbiter_router_resamples_total")
+	resamples := rg.counter(t, "arbiter_router_picks_total", "reason", ReasonResample)
 	if resamples < 1 {
 		t.Fatal("recovered without a re-sampling pick: the test no longer shows what it is for")
 	}
