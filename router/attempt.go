@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -40,6 +41,11 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		return false
 	}
 	hdr := &ctx.Response.Header
+	if px.cfg.RoutingHeaders {
+		hdr.Set("X-Arbiter-Replica", r.Info().ID)
+		hdr.Set("X-Arbiter-Predicted-Ttft-Ms", strconv.FormatFloat(pred.TTFT*1000, 'f', 3, 64))
+		hdr.Set("X-Arbiter-Predicted-Tpot-Ms", strconv.FormatFloat(pred.TPOT*1000, 'f', 3, 64))
+	}
 	upstreamClose := hdr.ConnectionClose()
 	hdr.ResetConnectionClose() // the client's connection is ours to manage, not the replica's
 	status := hdr.StatusCode()

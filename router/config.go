@@ -52,6 +52,11 @@ type Config struct {
 	// its choice that is predicted to miss the SLO, so a replica that recovers is used
 	// again (0 disables).
 	ResampleEvery time.Duration `yaml:"resample_every"`
+	// RoutingHeaders adds X-Arbiter-Replica and the prediction that chose it
+	// (X-Arbiter-Predicted-Ttft-Ms, X-Arbiter-Predicted-Tpot-Ms) to every response: for
+	// checking predictions against what clients see. Off by default: it tells clients
+	// which replica served them.
+	RoutingHeaders bool `yaml:"routing_headers"`
 	// APIKeysFile lists client API keys (see KeySpec), reloaded when it changes. With
 	// neither it nor ARBITER_API_KEYS, the router takes requests without a key.
 	APIKeysFile string `yaml:"api_keys_file"`

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -227,5 +228,31 @@ func TestPerRequestSLOHeaders(t *testing.T) {
 	rg.cfg.SLOs = map[string]SLO{"*": {TTFT: 0.04}}
 	if id := servedWith(t, rg, []string{"X-Slo-Ttft-Ms", "5000"}, "cheap", "dear"); id != "dear" {
 		t.Fatalf("a client loosened the service's 40 ms TTFT SLO to 5 s: its request went to %s", id)
+	}
+}
+
+// With routing_headers on, a response names its replica and the prediction that chose it;
+// off (the default), it does not.
+func TestRoutingHeaders(t *testing.T) {
+	s := startSim(t, simOpts{})
+	for _, on := range []bool{false, true} {
+		rg := startRouter(t, func(c *Config) { c.RoutingHeaders = on }, replica("only", s, fleet.OnDemand, 1))
+		for _, stream := range []bool{false, true} {
+			resp, body := post(t, rg.url+"/v1/chat/completions", chatBody(stream, ""))
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			id, ttft, tpot := resp.Header.Get("X-Arbiter-Replica"), resp.Header.Get("X-Arbiter-Predicted-Ttft-Ms"), resp.Header.Get("X-Arbiter-Predicted-Tpot-Ms")
+			if !on {
+				if id != "" || ttft != "" || tpot != "" {
+					t.Fatalf("routing headers off, yet the response says %q %q %q", id, ttft, tpot)
+				}
+				continue
+			}
+			ms, err := strconv.ParseFloat(ttft, 64)
+			if id != "only" || err != nil || ms <= 0 || tpot == "" {
+				t.Fatalf("stream %v: replica %q, predicted TTFT %q ms, TPOT %q ms", stream, id, ttft, tpot)
+			}
+		}
 	}
 }
