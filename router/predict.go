@@ -148,7 +148,9 @@ func (p *predictor) queueWait(load float64) float64 {
 // in its engine besides this one, aheadWait the prefill work (seconds) queued ahead of it.
 func (p *predictor) predict(load float64, uncached int, aheadWait float64, outTokens int) Prediction {
 	qw := p.queueWait(load)
-	ttft := p.rtt.v + qw + aheadWait + p.prefill.predict(float64(uncached))
+	// Waiting for a batch slot and waiting for the prompts ahead to be prefilled overlap:
+	// the prompts ahead are the ones taking the slots. The longer wait is the bottleneck.
+	ttft := p.rtt.v + math.Max(qw, aheadWait) + p.prefill.predict(float64(uncached))
 	batch := math.Min(load+1, math.Max(p.slots.v, 1))
 	tpot := p.tpot.predict(batch)
 	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, QueueWait: qw, PrefillWait: aheadWait, Load: load,
@@ -168,7 +170,12 @@ func (p *predictor) learn(now time.Time, m measurement) {
 	if m.streamed {
 		w := p.weight(now)
 		p.lastErr = m.ttft - m.predictedTTFT
-		p.prefill.observeWeighted(float64(m.uncached), m.ttft-p.rtt.v-m.queueWait-m.prefillWait, w)
+		// What the waits predicted for this request did not explain is its own prefill. When
+		// they over-explain it, its prefill was quick, not unobserved: a lesson dropped for
+		// being negative would leave only the slow ones, and the line (which also prices the
+		// prefill queued ahead of later requests) would climb with every overestimate.
+		own := max(m.ttft-p.rtt.v-math.Max(m.queueWait, m.prefillWait), 0)
+		p.prefill.observeWeighted(float64(m.uncached), own, w)
 		if m.outTokens > 1 {
 			p.tpot.observeWeighted(m.loadAtStart+1, (m.e2e-m.ttft)/float64(m.outTokens-1), w)
 		}
