@@ -600,10 +600,13 @@ const unansweredBudget = 30 * time.Second
 const terminateRetry = 10 * time.Second
 
 // terminateFailed schedules the next attempt to end a replica, backing off from
-// terminateRetry to 2 minutes (a cluster may stay lost for long), and logs a failure when
-// it is new or says something new. Caller holds c.mu.
+// terminateRetry to 30 s, and logs a failure when it is new or says something new. The cap
+// is low because an attempt on a provider that does not answer fails at once without a
+// call (the provider knows it is unreachable), and a cluster that comes back should see its
+// written-off replicas ended within seconds, not at the end of a long backoff. Caller holds
+// c.mu.
 func (c *Controller) terminateFailed(r *replica, err error) {
-	r.terminateWait = min(max(r.terminateWait*2, terminateRetry), 2*time.Minute)
+	r.terminateWait = min(max(r.terminateWait*2, terminateRetry), 30*time.Second)
 	r.terminateAfter = c.cfg.Now().Add(r.terminateWait)
 	if msg := err.Error(); msg != r.terminateErr {
 		r.terminateErr = msg

@@ -563,12 +563,13 @@ func (p *Provider) Terminate(ctx context.Context, handle string) error {
 	var askedAt time.Time
 	for {
 		wake := p.wakeup()
-		pod, err := p.get(ctx, handle)
+		// From the apiserver, not the cache: after the cluster was lost and came back, the
+		// informer may take its reflector's backoff (up to a minute) to drop a deleted pod,
+		// and the replica is gone once the apiserver says so.
+		pod := &corev1.Pod{}
+		err := p.client.Get(ctx, coreclient.Pods, ns, name, pod)
 		if apierrors.IsNotFound(err) {
-			if _, still := p.cached(handle); !still {
-				return nil
-			}
-			// The apiserver has let it go; the cache will in a moment.
+			return nil
 		} else if err != nil {
 			return fmt.Errorf("terminate %s on %s: %w", handle, p.Name(), err)
 		} else {
