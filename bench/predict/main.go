@@ -54,6 +54,7 @@ type options struct {
 	sloTTFT     time.Duration
 	maxPrompt   int
 	maxOutput   int
+	tokenizer   string
 }
 
 func main() {
@@ -67,6 +68,7 @@ func main() {
 	flag.DurationVar(&o.sloTTFT, "slo-ttft", time.Second, "the TTFT SLO whose verdicts are scored")
 	flag.IntVar(&o.maxPrompt, "max-prompt", 16000, "prompts longer than this are cut (tokens)")
 	flag.IntVar(&o.maxOutput, "max-output", 400, "outputs longer than this are cut (tokens), to bound the run")
+	flag.StringVar(&o.tokenizer, "tokenizer", "approx", "the router's prompt token counter: approx (its default) or bpe (what replicasim counts with)")
 	flag.Parse()
 	o.profiles = strings.Split(profiles, ",")
 	for _, l := range strings.Split(levels, ",") {
@@ -129,12 +131,12 @@ func run(o options) error {
 		set = append(set, fleet.Replica{ID: id, Address: addr, Model: model, Capacity: fleet.OnDemand, PricePerHour: 4})
 		fmt.Fprintf(os.Stderr, "replica %s at %s: %.2f req/s of this trace at capacity\n", id, addr, c)
 	}
-	url, err := startRouter(ctx, set, o.sloTTFT)
+	url, err := startRouter(ctx, set, o.sloTTFT, o.tokenizer)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("trace %s, replicas %s, TTFT SLO %v, pool capacity %.2f req/s (virtual-time engine replay)\n\n",
-		o.trace, strings.Join(o.profiles, " + "), o.sloTTFT, capacity)
+	fmt.Printf("trace %s, replicas %s, TTFT SLO %v, router tokenizer %s, pool capacity %.2f req/s (virtual-time engine replay)\n\n",
+		o.trace, strings.Join(o.profiles, " + "), o.sloTTFT, o.tokenizer, capacity)
 	fmt.Println("| load (of capacity) | replica profile | requests | observed TTFT p50 / p90 | predicted TTFT p50 / p90 | TTFT MAPE | TTFT APE p90 | TPOT MAPE | SLO verdicts right |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	next := 0
@@ -212,8 +214,9 @@ func startReplica(ctx context.Context, p *engine.Profile) (string, error) {
 	return ln.Addr().String(), nil
 }
 
-func startRouter(ctx context.Context, set []fleet.Replica, slo time.Duration) (string, error) {
+func startRouter(ctx context.Context, set []fleet.Replica, slo time.Duration, tokenizer string) (string, error) {
 	cfg := router.Defaults()
+	cfg.Tokenizer = tokenizer
 	cfg.SLOs = map[string]router.SLO{"*": {TTFT: slo.Seconds()}}
 	cfg.RoutingHeaders = true
 	if err := cfg.Validate(); err != nil {
@@ -297,9 +300,10 @@ func prompt(r traces.Request) string {
 			id = r.PrefixBlocks[i]
 		}
 		for j := 0; j < traces.MooncakeBlockTokens && words < r.InputTokens; j++ {
-			// Short lowercase words: about one token each for the BPE tokenizer replicasim
-			// counts with, and about four bytes each for the router's approximate count.
-			fmt.Fprintf(&b, "w%x ", (id*2654435761+uint64(j))%4096)
+			// Common English words: one token each for the BPE tokenizer replicasim counts
+			// with, as a real prompt's words mostly are.
+			b.WriteString(vocabulary[(id*2654435761+uint64(j)*40503)%uint64(len(vocabulary))])
+			b.WriteByte(' ')
 			words++
 		}
 	}
@@ -433,3 +437,19 @@ func pct(x float64) string {
 	}
 	return strconv.FormatFloat(x*100, 'f', 1, 64) + " %"
 }
+
+// vocabulary is common English words, each a single BPE token.
+var vocabulary = strings.Fields(`the of and to in is was for on that with as by at from his her they
+have had not are but this which were one all their there been has when who will more would no out
+time so can about said what up its into than them only other some could new these two may first
+then do any like my now over such our man me even most made after also did many before must
+through back years where much your way well down should because each just those people how too
+little state good very make world still own see men work long get here between both life being
+under never day same another know while last might us great old year off come since against go
+came right used take three house use during without again place around however home small found
+thought went say part once general high upon school every does got left number course war until
+always away something fact water though less public put think almost hand enough far took head
+yet government system better set told nothing night end why called didn look find going asked
+later point knew city next program business give group toward days young let room president side
+social given present several order national second possible rather per face among form important
+often things early`)
