@@ -126,7 +126,7 @@ func (p *SLOCheapest) Pick(req *Request, cands []*Replica, _ *rand.Rand) *Replic
 	for _, r := range cands {
 		all = append(all, scored{r: r, p: r.Predict(req.Now, req.uncachedOn(r), req.OutTokens, p.StaleAfter), cost: r.MarginalCost()})
 	}
-	choice, reason := p.choose(req, all, req.holder)
+	choice, reason := p.choose(req, all)
 	if s, ok := p.resample(req, all, choice); ok {
 		choice, reason = s, ReasonResample
 	} else {
@@ -167,7 +167,7 @@ const (
 	ReasonResample     = "resample"      // re-sampling a cheaper replica predicted to miss
 )
 
-func (p *SLOCheapest) choose(req *Request, all []scored, holder *Replica) (scored, string) {
+func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 	// Phase 1: keep the replicas predicted to meet the SLO.
 	var buf [16]scored
 	ok := buf[:0]
@@ -187,7 +187,7 @@ func (p *SLOCheapest) choose(req *Request, all []scored, holder *Replica) (score
 	var held scored // the holder, if it meets the SLO
 	for _, s := range ok {
 		minCost = math.Min(minCost, s.cost)
-		if s.r == holder {
+		if s.r == req.holder {
 			held = s
 		}
 	}

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -149,13 +150,7 @@ func run(o options) error {
 		for _, s := range samples {
 			byProfile[profileOf[s.replica]] = append(byProfile[profileOf[s.replica]], s)
 		}
-		names := slices.Sorted(func(yield func(string) bool) {
-			for k := range byProfile {
-				if !yield(k) {
-					return
-				}
-			}
-		})
+		names := slices.Sorted(maps.Keys(byProfile))
 		for _, name := range append(names, "all") {
 			ss := byProfile[name]
 			if name == "all" {

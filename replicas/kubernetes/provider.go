@@ -351,6 +351,11 @@ func (p *Provider) get(ctx context.Context, handle string) (*corev1.Pod, error) 
 	if err != nil {
 		return nil, err
 	}
+	return p.fetch(ctx, ns, name)
+}
+
+// fetch reads a pod from the apiserver, bypassing the cache.
+func (p *Provider) fetch(ctx context.Context, ns, name string) (*corev1.Pod, error) {
 	pod := &corev1.Pod{}
 	if err := p.client.Get(ctx, coreclient.Pods, ns, name, pod); err != nil {
 		return nil, err
@@ -566,8 +571,7 @@ func (p *Provider) Terminate(ctx context.Context, handle string) error {
 		// From the apiserver, not the cache: after the cluster was lost and came back, the
 		// informer may take its reflector's backoff (up to a minute) to drop a deleted pod,
 		// and the replica is gone once the apiserver says so.
-		pod := &corev1.Pod{}
-		err := p.client.Get(ctx, coreclient.Pods, ns, name, pod)
+		pod, err := p.fetch(ctx, ns, name)
 		if apierrors.IsNotFound(err) {
 			return nil
 		} else if err != nil {
@@ -587,7 +591,7 @@ func (p *Provider) Terminate(ctx context.Context, handle string) error {
 				err := p.client.Delete(ctx, coreclient.Pods, ns, name, metav1.DeleteOptions{GracePeriodSeconds: grace, Preconditions: &metav1.Preconditions{UID: &uid}})
 				switch {
 				case apierrors.IsConflict(err):
-					// The cached pod is stale (another UID now): read it again and ask again.
+					// The pod was replaced since we read it (another UID): read it again and ask again.
 				case err != nil && !apierrors.IsNotFound(err):
 					return fmt.Errorf("terminate %s on %s: %w", handle, p.Name(), err)
 				default:

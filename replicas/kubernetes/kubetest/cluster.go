@@ -29,9 +29,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes/coreclient"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // Versions names the binaries scripts/kube-bins.sh builds; keep the two in step.
