@@ -1,7 +1,8 @@
 // Package engine is the performance model of a GPU serving engine (vLLM-like): continuous
 // batching under a max batch size and a KV-cache token budget, a FIFO waiting queue, chunked
 // prefill whose cost grows with uncached prompt tokens, decode steps whose cost grows with
-// the batch and its context, and prefix caching by prompt block with LRU eviction.
+// the batch and its context, and prefix caching by prompt block as vLLM v1 does it (see
+// blockPool).
 //
 // It is pure and clock-free: Step says how long the next forward pass takes and what it
 // produced; the caller decides how time passes (replicasim sleeps, the simulator advances
@@ -11,8 +12,6 @@ package engine
 import (
 	"fmt"
 	"time"
-
-	lru "github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 // Request is one generation request as the engine sees it.
@@ -56,9 +55,11 @@ type seq struct {
 	req       Request
 	computed  int // tokens whose KV is computed (prompt, then generated)
 	generated int
-	cached    int // prompt tokens that came from the prefix cache on admission
-	blocks    int // KV blocks held
-	emitted   int // tokens already handed to the caller (survives preemption)
+	cached    int     // prompt tokens that came from the prefix cache on admission
+	blocks    []int32 // KV blocks held, in token order
+	published int     // leading prompt blocks published to the prefix cache
+	emitted   int     // tokens already handed to the caller (survives preemption)
+	admitted  bool    // admitted once: a preempted sequence is not a new prefix query
 }
 
 // total is the number of tokens the sequence must have in cache to generate the next token.
@@ -68,14 +69,11 @@ func (s *seq) total() int { return s.req.PromptTokens + s.generated }
 type Engine struct {
 	p          Profile
 	totalBlock int
-	usedBlocks int
+	kv         *blockPool
 	waiting    []*seq
 	running    []*seq
-	// prefix holds block hashes whose KV is kept after their sequence ended, LRU-evicted
-	// as running sequences need the memory.
-	prefix *lru.LRU[uint64, struct{}]
-	stats  Stats
-	emits  []Emit
+	stats      Stats
+	emits      []Emit
 }
 
 // New returns an engine for the profile.
@@ -84,11 +82,7 @@ func New(p Profile) (*Engine, error) {
 		return nil, err
 	}
 	total := p.KVTokens / p.BlockSize
-	cache, err := lru.NewLRU[uint64, struct{}](total, nil)
-	if err != nil {
-		return nil, fmt.Errorf("prefix cache: %w", err)
-	}
-	return &Engine{p: p, totalBlock: total, prefix: cache}, nil
+	return &Engine{p: p, totalBlock: total, kv: newBlockPool(total)}, nil
 }
 
 // Profile returns the engine's profile.
@@ -135,30 +129,16 @@ func (e *Engine) Idle() bool { return len(e.waiting) == 0 && len(e.running) == 0
 func (e *Engine) Stats() Stats {
 	s := e.stats
 	s.Running, s.Waiting = len(e.running), len(e.waiting)
-	s.KVUsage = float64(e.usedBlocks) / float64(e.totalBlock)
+	s.KVUsage = float64(e.kv.used()) / float64(e.totalBlock)
 	return s
 }
 
 func (e *Engine) blocksFor(tokens int) int { return (tokens + e.p.BlockSize - 1) / e.p.BlockSize }
 
-// freeBlocks is what running sequences may still claim; cached prefix blocks give way.
-func (e *Engine) freeBlocks() int { return e.totalBlock - e.usedBlocks }
-
-func (e *Engine) claim(n int) bool {
-	if n > e.freeBlocks() {
-		return false
-	}
-	e.usedBlocks += n
-	// Prefix blocks live in memory not held by running sequences.
-	for e.prefix.Len() > e.totalBlock-e.usedBlocks {
-		e.prefix.RemoveOldest()
-	}
-	return true
-}
-
 func (e *Engine) release(s *seq) {
-	e.usedBlocks -= s.blocks
-	s.blocks = 0
+	e.kv.release(s.blocks)
+	s.blocks = s.blocks[:0]
+	s.published = 0
 }
 
 // Step runs one forward pass: admits waiting requests while the batch, the KV cache and the
@@ -178,9 +158,9 @@ func (e *Engine) Step() StepResult {
 		if s.generated == 0 || s.total()-s.computed != 1 {
 			continue // prefilling (or recomputing after preemption)
 		}
-		for e.blocksFor(s.total()) > s.blocks {
-			if e.claim(1) {
-				s.blocks++
+		for e.blocksFor(s.total()) > len(s.blocks) {
+			var ok bool
+			if s.blocks, ok = e.kv.allocate(s.blocks, 1); ok {
 				continue
 			}
 			victim := e.running[len(e.running)-1]
@@ -190,7 +170,7 @@ func (e *Engine) Step() StepResult {
 				break
 			}
 		}
-		if s.blocks == 0 {
+		if len(s.blocks) == 0 {
 			break // s itself was preempted: it was last, so the loop ends here
 		}
 		decodeB++
@@ -207,13 +187,10 @@ func (e *Engine) Step() StepResult {
 	admit := budget - pending
 	for len(e.waiting) > 0 && len(e.running) < e.p.MaxBatch && admit > 0 {
 		s := e.waiting[0]
-		need := e.blocksFor(s.total())
-		if !e.claim(need) {
+		if !e.admit(s) {
 			break
 		}
-		s.blocks = need
 		e.waiting = e.waiting[1:]
-		e.lookupPrefix(s)
 		e.running = append(e.running, s)
 		admit -= s.total() - s.computed
 	}
@@ -232,6 +209,7 @@ func (e *Engine) Step() StepResult {
 		prefCached += N * float64(s.computed)
 		prefRead += float64(s.computed)
 		s.computed += n
+		e.publish(s)
 	}
 
 	ms := 0.0
@@ -276,28 +254,35 @@ func (e *Engine) Step() StepResult {
 	return res
 }
 
-// lookupPrefix marks the longest cached run of the prompt's leading blocks as computed and
-// records the prompt's blocks as cached from now on (vLLM caches a block once computed).
-func (e *Engine) lookupPrefix(s *seq) {
-	if s.computed > 0 || s.generated > 0 {
-		return // a preempted sequence recomputes; its prefix was counted the first time
+// admit gives a waiting sequence its KV blocks: the longest run of its prompt's leading
+// blocks already cached is shared and counts as computed, the rest are allocated. As in
+// vLLM (KVCacheManager.get_computed_blocks), a prompt that is entirely cached still computes
+// its last token, so at most (tokens-1)/BlockSize blocks hit. It reports false, changing
+// nothing, when the free blocks do not suffice.
+func (e *Engine) admit(s *seq) bool {
+	hashes := s.req.BlockHashes
+	hit := e.kv.hits(hashes, (s.total()-1)/e.p.BlockSize)
+	need := e.blocksFor(s.total()) - hit
+	if need > e.kv.nfree-e.kv.evictableHits(hashes, hit) {
+		return false
 	}
-	hits := 0
-	for _, h := range s.req.BlockHashes {
-		if _, ok := e.prefix.Get(h); !ok {
-			break
-		}
-		hits++
+	s.blocks = e.kv.touch(s.blocks[:0], hashes, hit)
+	s.blocks, _ = e.kv.allocate(s.blocks, need)
+	s.computed, s.published = hit*e.p.BlockSize, hit
+	if !s.admitted {
+		s.admitted = true
+		s.cached = s.computed
+		e.stats.PrefixQueries += int64(s.req.PromptTokens)
+		e.stats.PrefixHits += int64(s.cached)
 	}
-	cached := min(hits*e.p.BlockSize, s.req.PromptTokens-1)
-	s.computed, s.cached = cached, cached
-	e.stats.PrefixQueries += int64(s.req.PromptTokens)
-	e.stats.PrefixHits += int64(cached)
-	for _, h := range s.req.BlockHashes {
-		if e.prefix.Len() >= e.totalBlock-e.usedBlocks {
-			break
-		}
-		e.prefix.Add(h, struct{}{})
+	return true
+}
+
+// publish makes the sequence's computed full prompt blocks findable by later prompts.
+func (e *Engine) publish(s *seq) {
+	full := min(s.computed, s.req.PromptTokens) / e.p.BlockSize
+	for ; s.published < min(full, len(s.req.BlockHashes)); s.published++ {
+		e.kv.publish(s.blocks[s.published], s.req.BlockHashes[s.published])
 	}
 }
 
