@@ -30,7 +30,7 @@ func newBlockPool(n int) *blockPool {
 	return p
 }
 
-func (p *blockPool) total() int    { return len(p.blocks) - 1 }
+func (p *blockPool) total() int      { return len(p.blocks) - 1 }
 func (p *blockPool) sentinel() int32 { return int32(len(p.blocks) - 1) }
 
 // used is the number of blocks held by some request; a cached block nobody holds is free.
