@@ -34,6 +34,10 @@ type Request struct {
 	// MaxTokens is max_completion_tokens or max_tokens; 0 when absent.
 	MaxTokens int
 	Prompt    string
+	// TokenIDs is the prompt when a client sent token ids instead of text (completions and
+	// embeddings accept both, never mixed in one array); the arrays of a batch are
+	// concatenated in order. Prompt is then empty.
+	TokenIDs []int
 	// Messages is the number of chat messages (chat templates add tokens per message).
 	Messages int
 }
@@ -56,11 +60,14 @@ func Parse(p *fastjson.Parser, body []byte, kind Kind) (Request, error) {
 	if v.Type() != fastjson.TypeObject {
 		return r, bad("body must be a JSON object")
 	}
-	mv := v.Get("model")
-	if mv == nil || mv.Type() != fastjson.TypeString {
-		return r, bad("'model' is required and must be a string")
+	// A missing model is left empty: vLLM serves its only model then, and the router does
+	// the same when it serves one model.
+	if mv := v.Get("model"); mv != nil && mv.Type() != fastjson.TypeNull {
+		if mv.Type() != fastjson.TypeString {
+			return r, bad("'model' must be a string")
+		}
+		r.Model = string(mv.GetStringBytes())
 	}
-	r.Model = string(mv.GetStringBytes())
 	if sv := v.Get("stream"); sv != nil && sv.Type() != fastjson.TypeNull {
 		b, err := sv.Bool()
 		if err != nil {
@@ -115,11 +122,11 @@ func Parse(p *fastjson.Parser, body []byte, kind Kind) (Request, error) {
 			}
 		}
 	case Completion:
-		if err := appendPrompt(&sb, v.Get("prompt"), "prompt"); err != nil {
+		if err := appendPrompt(&sb, &r.TokenIDs, v.Get("prompt"), "prompt"); err != nil {
 			return r, err
 		}
 	case Embedding:
-		if err := appendPrompt(&sb, v.Get("input"), "input"); err != nil {
+		if err := appendPrompt(&sb, &r.TokenIDs, v.Get("input"), "input"); err != nil {
 			return r, err
 		}
 	}
@@ -154,10 +161,10 @@ func appendContent(sb *strings.Builder, c *fastjson.Value, i int) error {
 	return bad("'messages[%d].content' must be a string or an array of parts", i)
 }
 
-// appendPrompt accepts a string, an array of strings, or token arrays (counted as text of
-// their length, which is all routing needs from them).
-func appendPrompt(sb *strings.Builder, p *fastjson.Value, field string) error {
-	if p == nil {
+// appendPrompt accepts what OpenAI's prompt and input accept: a string, an array of strings,
+// an array of token ids, or an array of such arrays. Text goes to sb, ids to ids.
+func appendPrompt(sb *strings.Builder, ids *[]int, p *fastjson.Value, field string) error {
+	if p == nil || p.Type() == fastjson.TypeNull {
 		return bad("'%s' is required", field)
 	}
 	switch p.Type() {
@@ -169,25 +176,50 @@ func appendPrompt(sb *strings.Builder, p *fastjson.Value, field string) error {
 		if len(items) == 0 {
 			return bad("'%s' must not be empty", field)
 		}
-		for i, it := range items {
-			if i > 0 {
-				sb.WriteByte('\n')
-			}
-			switch it.Type() {
-			case fastjson.TypeString:
-				sb.Write(it.GetStringBytes())
-			case fastjson.TypeNumber:
-				sb.WriteString("tok ") // one token id: four bytes of text for the approximate counter
-			case fastjson.TypeArray:
-				ids, _ := it.Array()
-				for range ids {
-					sb.WriteString("tok ")
+		switch items[0].Type() {
+		case fastjson.TypeString:
+			for i, it := range items {
+				if it.Type() != fastjson.TypeString {
+					return bad("'%s[%d]' must be a string like the items before it", field, i)
 				}
-			default:
-				return bad("'%s[%d]' must be a string or token ids", field, i)
+				if i > 0 {
+					sb.WriteByte('\n')
+				}
+				sb.Write(it.GetStringBytes())
 			}
+			return nil
+		case fastjson.TypeNumber:
+			return appendIDs(ids, items, field)
+		case fastjson.TypeArray:
+			for i, it := range items {
+				inner, err := it.Array()
+				if err != nil {
+					return bad("'%s[%d]' must be an array of token ids like the items before it", field, i)
+				}
+				if len(inner) == 0 {
+					return bad("'%s[%d]' must not be empty", field, i)
+				}
+				if err := appendIDs(ids, inner, fmt.Sprintf("%s[%d]", field, i)); err != nil {
+					return err
+				}
+			}
+			return nil
 		}
-		return nil
+		return bad("'%s[0]' must be a string or token ids", field)
 	}
 	return bad("'%s' must be a string or an array", field)
+}
+
+// maxTokenID bounds token ids to what a 32-bit vocabulary index can hold.
+const maxTokenID = 1<<31 - 1
+
+func appendIDs(ids *[]int, items []*fastjson.Value, field string) error {
+	for i, it := range items {
+		n, err := it.Int64()
+		if err != nil || n < 0 || n > maxTokenID {
+			return bad("'%s[%d]' must be a token id (an integer from 0 to %d)", field, i, maxTokenID)
+		}
+		*ids = append(*ids, int(n))
+	}
+	return nil
 }

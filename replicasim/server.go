@@ -223,7 +223,13 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 // chained hashes of its full KV blocks for prefix caching.
 func (s *Server) promptTokens(r *oai.Request) (int, []uint64) {
 	ids := s.cfg.Tokenizer.Encode(nil, r.Prompt)
-	n := len(ids) + 1
+	n := len(ids)
+	if len(r.TokenIDs) > 0 {
+		ids = append(ids, r.TokenIDs...) // ids are the prompt as is: no BOS is added
+	} else {
+		n++ // BOS
+	}
+	n += len(r.TokenIDs)
 	if r.Kind == oai.Chat {
 		n += 5*r.Messages + 4
 	}
@@ -259,6 +265,9 @@ func (s *Server) parse(ctx *fasthttp.RequestCtx, kind oai.Kind) (oai.Request, bo
 	if err != nil {
 		oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, err.Error())
 		return req, false
+	}
+	if req.Model == "" {
+		req.Model = s.cfg.Model // vLLM serves its model to a request that names none
 	}
 	if req.Model != s.cfg.Model {
 		oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -135,5 +136,31 @@ func TestErrorsAndFaults(t *testing.T) {
 	}
 	if _, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body)); err == nil {
 		t.Fatal("reset fault answered")
+	}
+}
+
+func TestTokenIDPromptsAreCountedAndCachedByTheirIDs(t *testing.T) {
+	s, url := start(t, false)
+	ids := func(first, n int) string {
+		var b strings.Builder
+		for i := range n {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.Itoa(first + i))
+		}
+		return `{"model":"m","prompt":[` + b.String() + `],"max_tokens":1}`
+	}
+	if code, out := post(t, url+"/v1/completions", ids(1000, 320)); code != 200 || !strings.Contains(out, `"prompt_tokens":320,`) {
+		t.Fatalf("320 token ids: %d %s; want prompt_tokens 320 (ids are the prompt, no BOS added)", code, out)
+	}
+	// Other ids of the same length share no block with the first prompt.
+	post(t, url+"/v1/completions", ids(9000, 320))
+	if st := s.engineStats(); st.PrefixHits != 0 {
+		t.Fatalf("two different token-id prompts hit the prefix cache: %+v", st)
+	}
+	post(t, url+"/v1/completions", ids(1000, 320))
+	if st := s.engineStats(); st.PrefixHits != 304 {
+		t.Fatalf("the repeated token-id prompt hit %d cached tokens, want 304 (19 of its 20 blocks)", st.PrefixHits)
 	}
 }

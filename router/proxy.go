@@ -7,6 +7,7 @@
 package router
 
 import (
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"math"
@@ -334,6 +335,16 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) 
 		oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, err.Error())
 		return nil, false
 	}
+	if req.Model == "" {
+		// vLLM serves its only model to a request that names none; so does a router of one.
+		models := px.pool.Models()
+		if len(models) != 1 {
+			px.met.errors.WithLabelValues("bad_request").Inc()
+			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, fmt.Sprintf("'model' is required: this endpoint serves %v", models))
+			return nil, false
+		}
+		req.Model = models[0]
+	}
 	if !px.pool.HasModel(req.Model) && (px.ControlPlane == nil || !px.ControlPlane.Knows(req.Model)) {
 		if len(px.pool.Models()) == 0 {
 			px.met.errors.WithLabelValues("no_replica").Inc()
@@ -390,8 +401,8 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) 
 	if kind == oai.Embedding {
 		out = 0
 	}
-	c.route = Request{Model: req.Model, PromptTokens: px.counter.Count(req.Prompt) + 5*req.Messages + 5, OutTokens: out,
-		Prefix: prefixBlocks(req.Prompt), SLO: c.slo}
+	c.route = Request{Model: req.Model, PromptTokens: px.counter.Count(req.Prompt) + len(req.TokenIDs) + 5*req.Messages + 5,
+		OutTokens: out, Prefix: prefixBlocks(promptKey(req)), SLO: c.slo}
 	return c, true
 }
 
@@ -419,6 +430,20 @@ const prefixBlockBytes = 256
 
 // maxPrefixBlocks bounds the hashing work per request (8 KiB of prompt).
 const maxPrefixBlocks = 32
+
+// promptKey is what prefix affinity hashes: the prompt's text, or its token ids as bytes
+// (four per id, so a block of ids covers about as many tokens as a block of text).
+func promptKey(req oai.Request) string {
+	if len(req.TokenIDs) == 0 {
+		return req.Prompt
+	}
+	n := min(len(req.TokenIDs), maxPrefixBlocks*prefixBlockBytes/4)
+	b := make([]byte, 0, 4*n)
+	for _, id := range req.TokenIDs[:n] {
+		b = binary.LittleEndian.AppendUint32(b, uint32(id))
+	}
+	return string(b)
+}
 
 // prefixBlocks returns chained hashes of the prompt's full leading blocks.
 func prefixBlocks(prompt string) []uint64 {

@@ -1,16 +1,21 @@
 package router
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/valyala/fastjson"
+
 	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/oai"
 	"github.com/arbiter-serve/arbiter/replicasim"
 )
 
@@ -238,6 +243,38 @@ func TestBadInputGetsOpenAIErrors(t *testing.T) {
 				t.Fatalf("status %d body %s; want %d containing %q in OpenAI's error shape", resp.StatusCode, out, c.code, c.want)
 			}
 		})
+	}
+	// Like vLLM, a router serving one model serves it to a request that names none.
+	if resp, out := post(t, r.url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`); resp.StatusCode != 200 || !strings.Contains(out, `"model":"test-model"`) {
+		t.Fatalf("request without a model: %d %s", resp.StatusCode, out)
+	}
+}
+
+func TestTokenIDPromptsGetTheirOwnPrefixes(t *testing.T) {
+	var p fastjson.Parser
+	key := func(body string) []uint64 {
+		req, err := oai.Parse(&p, []byte(body), oai.Completion)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return prefixBlocks(promptKey(req))
+	}
+	ids := func(first int) string {
+		var b strings.Builder
+		for i := range 200 {
+			fmt.Fprintf(&b, ",%d", first+i)
+		}
+		return `{"model":"m","prompt":[` + b.String()[1:] + `]}`
+	}
+	a, b := key(ids(1000)), key(ids(5000))
+	if len(a) != 3 || len(b) != 3 {
+		t.Fatalf("200 ids gave %d and %d blocks, want 3 (64 ids each)", len(a), len(b))
+	}
+	if a[0] == b[0] {
+		t.Error("different token-id prompts share a prefix hash")
+	}
+	if c := key(ids(1000)); !slices.Equal(a, c) {
+		t.Error("the same token-id prompt hashed differently")
 	}
 }
 
