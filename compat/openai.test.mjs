@@ -60,6 +60,51 @@ test('completions and embeddings', async () => {
   assert.ok(e.data[0].embedding.length > 0);
 });
 
+// The SDK asks for base64 by default and decodes it; a server that ignored encoding_format
+// would decode to garbage or zeros.
+test('embeddings: one real unit vector per input, base64 decoded by the SDK', async () => {
+  const input = ['first text', 'second text', 'first text'];
+  const e = await client.embeddings.create({ model, input });
+  assert.equal(e.data.length, 3);
+  e.data.forEach((d, i) => assert.equal(d.index, i));
+  for (const d of e.data) {
+    const norm = Math.sqrt(d.embedding.reduce((a, x) => a + x * x, 0));
+    assert.ok(Math.abs(norm - 1) < 1e-3, `norm ${norm}, want a unit vector`);
+  }
+  assert.deepEqual(e.data[0].embedding, e.data[2].embedding, 'equal inputs embed equally');
+  assert.notDeepEqual(e.data[0].embedding, e.data[1].embedding);
+  const asFloats = await client.embeddings.create({ model, input: 'first text', encoding_format: 'float' });
+  const a = asFloats.data[0].embedding, b = e.data[0].embedding;
+  assert.equal(a.length, b.length);
+  assert.ok(a.every((x, i) => Math.abs(x - b[i]) < 1e-6), 'base64 and float answers agree');
+});
+
+test('n choices and logprobs come back as the SDK types them', async () => {
+  const r = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'Hello' }], max_tokens: 3, n: 2, logprobs: true, top_logprobs: 2,
+  });
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1]);
+  assert.equal(r.usage.completion_tokens, 6);
+  const lp = r.choices[1].logprobs.content;
+  assert.equal(lp.length, 3);
+  assert.equal(lp[0].top_logprobs.length, 2);
+  assert.ok(lp[0].logprob <= 0 && Array.isArray(lp[0].bytes));
+  const c = await client.completions.create({ model, prompt: 'Once upon', max_tokens: 2, logprobs: 1, echo: true });
+  assert.ok(c.choices[0].text.startsWith('Once upon'));
+  assert.equal(c.choices[0].logprobs.tokens.length, 2);
+});
+
+test('out-of-range sampling parameters raise BadRequestError with vLLM\'s message', async () => {
+  await assert.rejects(
+    client.chat.completions.create({ model, messages: [{ role: 'user', content: 'x' }], temperature: -1 }),
+    (err) => err instanceof OpenAI.BadRequestError && /temperature must be non-negative, got -1.0/.test(err.message),
+  );
+  await assert.rejects(
+    client.completions.create({ model, prompt: 'x', max_tokens: 2 ** 40 }),
+    (err) => err instanceof OpenAI.BadRequestError && /maximum context length is 131072 tokens/.test(err.message),
+  );
+});
+
 test('unknown model raises NotFoundError', async () => {
   await assert.rejects(
     client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] }),

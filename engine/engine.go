@@ -34,12 +34,14 @@ type Emit struct {
 	CachedTokens int
 }
 
-// StepResult is what one forward pass did. Emits is reused by the next Step.
+// StepResult is what one forward pass did. Emits and Scheduled are reused by the next Step.
 type StepResult struct {
 	Duration time.Duration
 	Emits    []Emit
 	// Preempted counts sequences evicted back to the queue for lack of KV cache.
 	Preempted int
+	// Scheduled lists the requests that left the queue for the first time in this step.
+	Scheduled []uint64
 }
 
 // Stats is the engine's state in vLLM's metric terms.
@@ -59,7 +61,7 @@ type seq struct {
 	blocks    []int32 // KV blocks held, in token order
 	published int     // leading prompt blocks published to the prefix cache
 	emitted   int     // tokens already handed to the caller (survives preemption)
-	admitted  bool    // admitted once: a preempted sequence is not a new prefix query
+	admitted  bool    // left the queue once (a preempted sequence returns to it)
 }
 
 // total is the number of tokens the sequence must have in cache to generate the next token.
@@ -74,6 +76,7 @@ type Engine struct {
 	running    []*seq
 	stats      Stats
 	emits      []Emit
+	scheduled  []uint64
 }
 
 // New returns an engine for the profile.
@@ -93,16 +96,23 @@ func (e *Engine) Profile() Profile { return e.p }
 func (e *Engine) Add(r Request) error {
 	r.MaxTokens = max(r.MaxTokens, 1)
 	r.PromptTokens = max(r.PromptTokens, 1)
-	if e.blocksFor(r.PromptTokens+r.MaxTokens) > e.totalBlock {
-		return fmt.Errorf("prompt (%d tokens) plus max_tokens (%d) exceeds the KV cache (%d tokens)",
-			r.PromptTokens, r.MaxTokens, e.totalBlock*e.p.BlockSize)
+	if r.MaxTokens > e.MaxContext()-r.PromptTokens {
+		return fmt.Errorf("prompt (%d tokens) plus max_tokens (%d) exceeds the context (%d tokens)",
+			r.PromptTokens, r.MaxTokens, e.MaxContext())
 	}
 	e.waiting = append(e.waiting, &seq{req: r})
 	return nil
 }
 
-// MaxContext is the largest prompt plus output the engine accepts.
-func (e *Engine) MaxContext() int { return e.totalBlock * e.p.BlockSize }
+// MaxContext is the largest prompt plus output the engine accepts: the model's context,
+// bounded by what the KV cache can hold.
+func (e *Engine) MaxContext() int {
+	kv := e.totalBlock * e.p.BlockSize
+	if e.p.MaxModelLen > 0 {
+		return min(e.p.MaxModelLen, kv)
+	}
+	return kv
+}
 
 // Cancel drops a request wherever it is; it reports whether it was found.
 func (e *Engine) Cancel(id uint64) bool {
@@ -146,7 +156,7 @@ func (e *Engine) release(s *seq) {
 // token per running one, and returns its duration and the tokens it produced.
 // On an idle engine it returns a zero result.
 func (e *Engine) Step() StepResult {
-	e.emits = e.emits[:0]
+	e.emits, e.scheduled = e.emits[:0], e.scheduled[:0]
 	res := StepResult{}
 	budget := e.p.MaxBatchedTokens
 
@@ -197,6 +207,7 @@ func (e *Engine) Step() StepResult {
 
 	// One prefill chunk per sequence not yet fully computed, within the token budget.
 	var prefT, prefQuad, prefCached, prefRead float64
+	cachedSeqs := 0
 	for _, s := range e.running {
 		if s.computed >= s.total() || budget <= 0 {
 			continue
@@ -208,13 +219,16 @@ func (e *Engine) Step() StepResult {
 		prefQuad += N * N
 		prefCached += N * float64(s.computed)
 		prefRead += float64(s.computed)
+		if s.computed > 0 {
+			cachedSeqs++
+		}
 		s.computed += n
 		e.publish(s)
 	}
 
 	ms := 0.0
 	if prefT > 0 {
-		ms += e.p.PrefillBaseMs + e.p.PrefillPerTokenMs*prefT + e.p.PrefillQuadMs*prefQuad + e.p.PrefillCachedMs*prefCached + e.p.PrefillReadMs*prefRead
+		ms += e.p.prefillStepMs(prefT, prefQuad, prefCached, prefRead, cachedSeqs)
 	}
 	if decodeB > 0 {
 		d := e.p.DecodeMs(decodeB, decodeCtx)
@@ -250,7 +264,7 @@ func (e *Engine) Step() StepResult {
 	}
 	clear(e.running[len(kept):])
 	e.running = kept
-	res.Emits = e.emits
+	res.Emits, res.Scheduled = e.emits, e.scheduled
 	return res
 }
 
@@ -269,11 +283,14 @@ func (e *Engine) admit(s *seq) bool {
 	s.blocks = e.kv.touch(s.blocks[:0], hashes, hit)
 	s.blocks, _ = e.kv.allocate(s.blocks, need)
 	s.computed, s.published = hit*e.p.BlockSize, hit
+	// vLLM 0.11 counts every lookup, a preempted request's again, over all its tokens
+	// (KVCacheManager.get_computed_blocks).
+	e.stats.PrefixQueries += int64(s.total())
+	e.stats.PrefixHits += int64(s.computed)
 	if !s.admitted {
 		s.admitted = true
 		s.cached = s.computed
-		e.stats.PrefixQueries += int64(s.req.PromptTokens)
-		e.stats.PrefixHits += int64(s.cached)
+		e.scheduled = append(e.scheduled, s.req.ID)
 	}
 	return true
 }

@@ -1,8 +1,12 @@
 package engine
 
 import (
+	"bytes"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -19,8 +23,8 @@ func mustProfile(t *testing.T, name string) Profile {
 func TestBuiltinProfilesFitTheMeasurements(t *testing.T) {
 	for _, name := range ProfileNames() {
 		p := mustProfile(t, name)
-		if p.MaxFitError > 0.35 {
-			t.Errorf("%s: max fit error %.2f, want <= 0.35", name, p.MaxFitError)
+		if p.MaxFitError > 0.10 {
+			t.Errorf("%s: max fit error %.3f, want <= 0.10", name, p.MaxFitError)
 		}
 		if p.KVTokens < 100_000 {
 			t.Errorf("%s: kv tokens %d, implausibly small", name, p.KVTokens)
@@ -217,5 +221,49 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEveryMeasuredRowWithinTenPercent checks each built-in profile against every row of the
+// GPU measurements it was fitted to (engine/profiles, copied from shared/data/gpu_profiles):
+// prefill, prefill after a cached prefix, and decode, as the engine composes a step.
+func TestEveryMeasuredRowWithinTenPercent(t *testing.T) {
+	for _, name := range ProfileNames() {
+		card, model, _ := strings.Cut(name, "-")
+		data, err := measured.ReadFile("profiles/" + measuredCards[card] + ".csv")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if shared, err := os.ReadFile(filepath.Join("..", "..", "shared", "data", "gpu_profiles", measuredCards[card]+".csv")); err == nil && !bytes.Equal(shared, data) {
+			t.Errorf("engine/profiles/%s.csv differs from shared/data/gpu_profiles: copy it again", measuredCards[card])
+		}
+		rows, err := parseMeasurements(bytes.NewReader(data), model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := mustProfile(t, name)
+		checked := map[string]int{}
+		for _, m := range rows {
+			var got float64
+			if m.phase == "decode" {
+				got = p.DecodeMs(m.batch, m.batch*m.tokens)
+			} else {
+				// One step of m.batch prompts of m.tokens tokens, each after m.cached cached ones.
+				B, N, P := float64(m.batch), float64(m.tokens), float64(m.cached)
+				seqs := 0
+				if m.cached > 0 {
+					seqs = m.batch
+				}
+				got = p.prefillStepMs(B*N, B*N*N, B*N*P, B*P, seqs)
+			}
+			checked[m.phase]++
+			if e := (got - m.ms) / m.ms; math.Abs(e) > 0.10 {
+				t.Errorf("%s %s batch %d, %d tokens after %d cached: model %.2f ms, measured %.2f ms (%+.1f%%)",
+					name, m.phase, m.batch, m.tokens, m.cached, got, m.ms, 100*e)
+			}
+		}
+		if checked["prefill"] == 0 || checked["prefill_after"] == 0 || checked["decode"] == 0 {
+			t.Errorf("%s: rows checked %v, want every phase", name, checked)
+		}
 	}
 }

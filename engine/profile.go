@@ -18,14 +18,18 @@ import (
 // Profile is the performance model of one model shape on one GPU: step times as linear
 // forms fitted to measurements, and the engine limits vLLM would run with.
 //
-// prefill ms = PrefillBaseMs + PrefillPerTokenMs·T + PrefillQuadMs·ΣN² + PrefillCachedMs·Σ(N·P)
-//   - PrefillReadMs·ΣP
+// prefill ms = PrefillBaseMs + PrefillPerTokenMs·T + PrefillPastKneeMs·max(0, T − PrefillKneeTokens)
+//   - PrefillQuadMs·ΣN² + PrefillCachedMs·Σ(N·P) + PrefillReadMs·ΣP + PrefillCachedSeqMs·#(P > 0)
 //
-// decode ms  = DecodeBaseMs + DecodePerSeqMs·B + DecodePerCtxMs·Σctx
+// decode ms  = DecodeBaseMs + DecodePerSeqMs·B + DecodePerCtxMs·Σctx + DecodeLogBatchMs·ln B
 //
 // T is the number of prompt tokens computed in the step, N each request's computed tokens,
 // P the tokens already in its KV cache (prefix hit or earlier chunk), B the decode batch and
-// Σctx the cached tokens read by that batch.
+// Σctx the cached tokens read by that batch. The knee is where a prefill stops being bound by
+// reading the weights and becomes bound by compute; #(P > 0) counts the sequences that attend
+// to cached tokens (a masked attention path with its own fixed cost); ln B is the decode
+// kernels' growing overhead at small batches. Each fitted term keeps every measured row within
+// ±10 % (TestEveryMeasuredRowWithinTenPercent).
 type Profile struct {
 	Name              string  `json:"name"`
 	GPU               string  `json:"gpu"`
@@ -35,18 +39,27 @@ type Profile struct {
 	PrefillQuadMs     float64 `json:"prefill_quad_ms"`
 	PrefillCachedMs   float64 `json:"prefill_cached_ms"`
 	// PrefillReadMs is the cost of reading one cached token's KV during a prefill chunk.
-	PrefillReadMs  float64 `json:"prefill_read_ms"`
-	DecodeBaseMs   float64 `json:"decode_base_ms"`
-	DecodePerSeqMs float64 `json:"decode_per_seq_ms"`
-	DecodePerCtxMs float64 `json:"decode_per_ctx_ms"`
+	PrefillReadMs float64 `json:"prefill_read_ms"`
+	// PrefillKneeTokens and PrefillPastKneeMs: the extra cost per step token beyond the knee.
+	PrefillKneeTokens int     `json:"prefill_knee_tokens,omitempty"`
+	PrefillPastKneeMs float64 `json:"prefill_past_knee_ms,omitempty"`
+	// PrefillCachedSeqMs is the fixed cost of one sequence's chunk that follows cached tokens.
+	PrefillCachedSeqMs float64 `json:"prefill_cached_seq_ms,omitempty"`
+	DecodeBaseMs       float64 `json:"decode_base_ms"`
+	DecodePerSeqMs     float64 `json:"decode_per_seq_ms"`
+	DecodePerCtxMs     float64 `json:"decode_per_ctx_ms"`
+	DecodeLogBatchMs   float64 `json:"decode_log_batch_ms,omitempty"`
 	// KVTokens is the KV-cache capacity in tokens.
 	KVTokens int `json:"kv_tokens"`
 	// BlockSize is the KV block (and prefix-cache block) size in tokens; vLLM uses 16.
 	BlockSize int `json:"block_size"`
-	// MaxBatch is vLLM's max_num_seqs (default 256).
+	// MaxBatch is vLLM's max_num_seqs (1024 for the built-in H100 and H200 profiles).
 	MaxBatch int `json:"max_batch"`
 	// MaxBatchedTokens is the per-step token budget (chunked prefill).
 	MaxBatchedTokens int `json:"max_batched_tokens"`
+	// MaxModelLen is the model's context, vLLM's max_model_len: the most prompt plus output
+	// tokens one request may have. 0 means the KV capacity.
+	MaxModelLen int `json:"max_model_len,omitempty"`
 	// Source says where the numbers came from.
 	Source string `json:"source"`
 	// MaxFitError is the largest relative error of the fit over the rows it was fitted to.
@@ -63,7 +76,7 @@ func (p *Profile) Validate() error {
 	case p.BlockSize <= 0:
 		return fmt.Errorf("profile %s: block_size %d: must be > 0 (vLLM uses 16)", p.Name, p.BlockSize)
 	case p.MaxBatch <= 0:
-		return fmt.Errorf("profile %s: max_batch %d: must be > 0 (vLLM's default is 256)", p.Name, p.MaxBatch)
+		return fmt.Errorf("profile %s: max_batch %d: must be > 0 (vLLM's default on an H100 is 1024)", p.Name, p.MaxBatch)
 	case p.MaxBatchedTokens < p.BlockSize:
 		return fmt.Errorf("profile %s: max_batched_tokens %d: must be >= block_size", p.Name, p.MaxBatchedTokens)
 	case p.PrefillPerTokenMs <= 0 || p.DecodeBaseMs <= 0:
@@ -74,14 +87,25 @@ func (p *Profile) Validate() error {
 
 // PrefillMs is the time of a prefill of n new tokens after p cached ones, alone in a step.
 func (p *Profile) PrefillMs(n, cached int) float64 {
-	N := float64(n)
-	P := float64(cached)
-	return p.PrefillBaseMs + p.PrefillPerTokenMs*N + p.PrefillQuadMs*N*N + p.PrefillCachedMs*N*P + p.PrefillReadMs*P
+	seqs := 0
+	if cached > 0 {
+		seqs = 1
+	}
+	N, P := float64(n), float64(cached)
+	return p.prefillStepMs(N, N*N, N*P, P, seqs)
+}
+
+// prefillStepMs is the prefill part of a step that computes T tokens in all, with the sums
+// the Profile's form names.
+func (p *Profile) prefillStepMs(T, sumN2, sumNP, sumP float64, cachedSeqs int) float64 {
+	return p.PrefillBaseMs + p.PrefillPerTokenMs*T + p.PrefillPastKneeMs*max(0, T-float64(p.PrefillKneeTokens)) +
+		p.PrefillQuadMs*sumN2 + p.PrefillCachedMs*sumNP + p.PrefillReadMs*sumP + p.PrefillCachedSeqMs*float64(cachedSeqs)
 }
 
 // DecodeMs is the time of one decode step for batch sequences holding ctx tokens in total.
 func (p *Profile) DecodeMs(batch, ctx int) float64 {
-	return p.DecodeBaseMs + p.DecodePerSeqMs*float64(batch) + p.DecodePerCtxMs*float64(ctx)
+	B := float64(batch)
+	return p.DecodeBaseMs + p.DecodePerSeqMs*B + p.DecodePerCtxMs*float64(ctx) + p.DecodeLogBatchMs*math.Log(max(B, 1))
 }
 
 //go:embed profiles/*.csv profiles/*.json
@@ -155,7 +179,11 @@ func LoadProfile(name string) (*Profile, error) {
 	const gib = 1 << 30
 	kvBytes := (0.9*info.MemGiB - rows[0].weightGiB - 4) * gib
 	p.KVTokens = int(kvBytes / float64(rows[0].kvBytesPerToken))
-	p.BlockSize, p.MaxBatch, p.MaxBatchedTokens = 16, 256, 8192
+	// vLLM 0.11's defaults for the OpenAI server on a GPU of 70 GiB or more other than an
+	// A100 (vllm/engine/arg_utils.py, EngineArgs._set_default_args): max_num_seqs 1024,
+	// max_num_batched_tokens 8192; block size 16 on CUDA. Both Llama shapes have a
+	// 131,072-token context (max_position_embeddings in their config.json).
+	p.BlockSize, p.MaxBatch, p.MaxBatchedTokens, p.MaxModelLen = 16, 1024, 8192, 131072
 	p.Source = "fitted to shared/data/gpu_profiles/" + file + ".csv (measured on a real " + info.GPU + ", 2026-11-23)"
 	return p, p.Validate()
 }
@@ -207,41 +235,66 @@ func parseMeasurements(r io.Reader, model string) ([]measurement, error) {
 	return out, nil
 }
 
-// fitProfile fits the linear forms by least squares on relative error, so short prompts
-// (where the step is near the weight-read floor) weigh as much as long ones.
+// fitProfile fits the forms by least squares on relative error, so short prompts (where the
+// step is near the weight-read floor) weigh as much as long ones. The prefill knee is chosen
+// by search: the one whose fit has the smallest worst-row error.
 func fitProfile(rows []measurement) (*Profile, error) {
-	var px, dx [][]float64
-	var py, dy []float64
+	var dx [][]float64
+	var dy []float64
 	for _, m := range rows {
-		B, N, P := float64(m.batch), float64(m.tokens), float64(m.cached)
-		switch m.phase {
-		case "prefill", "prefill_after":
-			px = append(px, []float64{1, B * N, B * N * N, B * N * P, B * P})
-			py = append(py, m.ms)
-		case "decode":
-			dx = append(dx, []float64{1, B, B * N})
+		if m.phase == "decode" {
+			B, N := float64(m.batch), float64(m.tokens)
+			dx = append(dx, []float64{1, B, B * N, math.Log(B)})
 			dy = append(dy, m.ms)
 		}
-	}
-	pc, err := relativeLeastSquares(px, py)
-	if err != nil {
-		return nil, fmt.Errorf("prefill fit: %w", err)
 	}
 	dc, err := relativeLeastSquares(dx, dy)
 	if err != nil {
 		return nil, fmt.Errorf("decode fit: %w", err)
 	}
-	p := &Profile{
-		PrefillBaseMs: pc[0], PrefillPerTokenMs: pc[1], PrefillQuadMs: pc[2], PrefillCachedMs: pc[3], PrefillReadMs: pc[4],
-		DecodeBaseMs: dc[0], DecodePerSeqMs: dc[1], DecodePerCtxMs: dc[2],
+	best := &Profile{MaxFitError: math.Inf(1)}
+	for knee := 64; knee <= 4096; knee += 32 {
+		var px [][]float64
+		var py []float64
+		for _, m := range rows {
+			if m.phase == "decode" {
+				continue
+			}
+			B, N, P := float64(m.batch), float64(m.tokens), float64(m.cached)
+			cachedSeq := 0.0
+			if m.cached > 0 {
+				cachedSeq = B
+			}
+			px = append(px, []float64{1, B * N, max(0, B*N-float64(knee)), B * N * N, B * N * P, B * P, cachedSeq})
+			py = append(py, m.ms)
+		}
+		pc, err := relativeLeastSquares(px, py)
+		if err != nil {
+			return nil, fmt.Errorf("prefill fit: %w", err)
+		}
+		if pc[1] <= 0 || pc[1]+pc[2] <= 0 {
+			continue // a prefill that got cheaper with more tokens would be no model
+		}
+		worst := 0.0
+		for i := range px {
+			worst = math.Max(worst, math.Abs(dot(px[i], pc)-py[i])/py[i])
+		}
+		if worst < best.MaxFitError {
+			best = &Profile{
+				PrefillBaseMs: pc[0], PrefillPerTokenMs: pc[1], PrefillKneeTokens: knee, PrefillPastKneeMs: pc[2],
+				PrefillQuadMs: pc[3], PrefillCachedMs: pc[4], PrefillReadMs: pc[5], PrefillCachedSeqMs: pc[6],
+				MaxFitError: worst,
+			}
+		}
 	}
-	for i := range px {
-		p.MaxFitError = math.Max(p.MaxFitError, math.Abs(dot(px[i], pc)-py[i])/py[i])
+	if math.IsInf(best.MaxFitError, 1) {
+		return nil, errors.New("prefill fit: no knee gives a prefill time that grows with its tokens")
 	}
+	best.DecodeBaseMs, best.DecodePerSeqMs, best.DecodePerCtxMs, best.DecodeLogBatchMs = dc[0], dc[1], dc[2], dc[3]
 	for i := range dx {
-		p.MaxFitError = math.Max(p.MaxFitError, math.Abs(dot(dx[i], dc)-dy[i])/dy[i])
+		best.MaxFitError = math.Max(best.MaxFitError, math.Abs(dot(dx[i], dc)-dy[i])/dy[i])
 	}
-	return p, nil
+	return best, nil
 }
 
 func dot(a, b []float64) float64 {

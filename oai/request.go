@@ -31,9 +31,10 @@ type Request struct {
 	IncludeUsage bool
 	// HasStreamOptions is true when the body has a stream_options object.
 	HasStreamOptions bool
-	// MaxTokens is max_completion_tokens or max_tokens; 0 when absent.
-	MaxTokens int
-	Prompt    string
+	// MaxTokens is max_completion_tokens or max_tokens; 0 when absent (MaxTokensSet false).
+	MaxTokens    int
+	MaxTokensSet bool
+	Prompt       string
 	// TokenIDs is the prompt when a client sent token ids instead of text (completions and
 	// embeddings accept both, never mixed in one array); the arrays of a batch are
 	// concatenated in order. Prompt is then empty.
@@ -94,7 +95,7 @@ func Parse(p *fastjson.Parser, body []byte, kind Kind) (Request, error) {
 			if err != nil || n < 0 {
 				return r, bad("'%s' must be a non-negative integer", key)
 			}
-			r.MaxTokens = n
+			r.MaxTokens, r.MaxTokensSet = n, true
 			break
 		}
 	}

@@ -18,21 +18,21 @@ type driver struct {
 	wake    chan struct{} // one slot: coalesces "work arrived" signals
 	// slowdown multiplies step times (the "slow tokens" fault); read under mu.
 	slowdown float64
+	met      *metrics
 }
 
 // pending is one request's progress, written by the driver and read by its handler.
 type pending struct {
-	notify    chan struct{} // one slot
-	produced  int           // tokens generated so far; guarded by driver.mu
-	cached    int
-	done      bool
-	firstAt   time.Time
-	last      time.Time // when the latest token was produced
-	enqueueAt time.Time
+	notify   chan struct{} // one slot
+	produced int           // tokens generated so far; guarded by driver.mu
+	cached   int
+	prompt   int
+	done     bool
+	times    requestTimes // arrival, first scheduled, first and latest token
 }
 
-func newDriver(eng *engine.Engine) *driver {
-	return &driver{eng: eng, pending: map[uint64]*pending{}, wake: make(chan struct{}, 1), slowdown: 1}
+func newDriver(eng *engine.Engine, met *metrics) *driver {
+	return &driver{eng: eng, met: met, pending: map[uint64]*pending{}, wake: make(chan struct{}, 1), slowdown: 1}
 }
 
 // submit queues a request and returns its id and progress record.
@@ -44,7 +44,7 @@ func (d *driver) submit(req engine.Request) (uint64, *pending, error) {
 		d.mu.Unlock()
 		return 0, nil, err
 	}
-	p := &pending{notify: make(chan struct{}, 1), enqueueAt: time.Now()}
+	p := &pending{notify: make(chan struct{}, 1), prompt: req.PromptTokens, times: requestTimes{arrival: time.Now()}}
 	d.pending[req.ID] = p
 	d.mu.Unlock()
 	select {
@@ -82,8 +82,10 @@ func (d *driver) setSlowdown(f float64) {
 }
 
 // run steps the engine until ctx ends. Sleeping to an absolute deadline keeps the modelled
-// time from drifting by the loop's own overhead.
-func (d *driver) run(ctx context.Context, onToken func(p *pending, index int, now time.Time)) {
+// time from drifting by the loop's own overhead. Token and step metrics are recorded as
+// vLLM records them: TTFT and the prompt's tokens at the first token, each generated token
+// and inter-token latency as it comes, and the step's tokens once per step.
+func (d *driver) run(ctx context.Context) {
 	next := time.Now()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -99,9 +101,15 @@ func (d *driver) run(ctx context.Context, onToken func(p *pending, index int, no
 			next = time.Now()
 			continue
 		}
+		stepStart := time.Now()
 		st := d.eng.Step()
 		dur := time.Duration(float64(st.Duration) * d.slowdown)
 		emits := append([]engine.Emit(nil), st.Emits...)
+		for _, id := range st.Scheduled {
+			if p := d.pending[id]; p != nil {
+				p.times.scheduled = stepStart
+			}
+		}
 		d.mu.Unlock()
 
 		next = next.Add(dur)
@@ -116,6 +124,7 @@ func (d *driver) run(ctx context.Context, onToken func(p *pending, index int, no
 			next = time.Now() // fell behind (e.g. a loaded machine): do not try to catch up
 		}
 		now := time.Now()
+		stepTokens := 0
 		d.mu.Lock()
 		for _, em := range emits {
 			p := d.pending[em.ID]
@@ -124,18 +133,28 @@ func (d *driver) run(ctx context.Context, onToken func(p *pending, index int, no
 			}
 			p.produced = em.Index + 1
 			if em.Index == 0 {
-				p.firstAt, p.cached = now, em.CachedTokens
+				p.times.first, p.cached = now, em.CachedTokens
+				d.met.ttft.Observe(now.Sub(p.times.arrival).Seconds())
+				d.met.promptTokens.Add(float64(p.prompt))
+				stepTokens += p.prompt
+			} else {
+				d.met.itl.Observe(now.Sub(p.times.last).Seconds())
 			}
+			p.times.last = now
+			d.met.genTokens.Inc()
+			stepTokens++
 			if em.Done {
 				p.done = true
 				delete(d.pending, em.ID)
 			}
-			onToken(p, em.Index, now)
 			select {
 			case p.notify <- struct{}{}:
 			default:
 			}
 		}
 		d.mu.Unlock()
+		if stepTokens > 0 {
+			d.met.iterTok.Observe(float64(stepTokens))
+		}
 	}
 }

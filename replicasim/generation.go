@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/arbiter-serve/arbiter/oai"
 )
 
@@ -26,8 +24,17 @@ type generation struct {
 	fault    Fault
 	start    time.Time
 	conn     net.Conn
-	engineID uint64
-	p        *pending // nil in echo mode
+	sp       sampling
+	maxSet   bool   // the client set max_tokens
+	echoText string // the prompt, for a completion with echo
+	// seqs are the engine requests, one per choice (vLLM runs n > 1 as n child requests
+	// that share the prompt's cached blocks); empty in echo mode.
+	seqs []seqRef
+}
+
+type seqRef struct {
+	id uint64
+	p  *pending
 }
 
 // words are the simulated output, one token each.
@@ -36,7 +43,7 @@ var words = [...]string{" The", " replica", " is", " simulated", ",", " and", " 
 // wait blocks until n tokens exist (or the request is done) and returns how many there are;
 // ok is false when the client went away, in which case the engine request is cancelled.
 func (g *generation) waitFor(n int) (have int, ok bool) {
-	if g.p == nil { // echo mode
+	if len(g.seqs) == 0 { // echo mode
 		if g.srv.cfg.EchoTokenInterval <= 0 {
 			return g.max, true
 		}
@@ -48,15 +55,21 @@ func (g *generation) waitFor(n int) (have int, ok bool) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		produced, done := g.srv.drv.progress(g.p)
+		// Choices are streamed in step: token i of every choice, then token i+1.
+		produced, done := g.max, true
+		for _, sq := range g.seqs {
+			pr, d := g.srv.drv.progress(sq.p)
+			produced, done = min(produced, pr), done && d
+		}
 		if produced >= n || done {
 			return produced, true
 		}
 		select {
-		case <-g.p.notify:
+		case <-g.seqs[0].p.notify:
 		case <-tick.C:
 			if clientGone(g.conn) {
-				g.srv.drv.cancel(g.engineID)
+				g.abandon()
+				g.record("abort")
 				return produced, false
 			}
 		}
@@ -80,7 +93,9 @@ func (g *generation) stream(w *bufio.Writer) {
 		buf = buf[:0]
 		if sent == 0 && g.kind == oai.Chat {
 			// vLLM sends the role chunk with the first token, not before it.
-			buf = g.appendChunk(buf, -1)
+			for c := range g.sp.n {
+				buf = g.appendChunk(buf, c, -1)
+			}
 		}
 		for ; sent < have; sent++ {
 			if (g.fault.Kind == FaultDieMidStream || g.fault.Kind == FaultCrash) && sent >= g.fault.AfterTokens {
@@ -89,10 +104,13 @@ func (g *generation) stream(w *bufio.Writer) {
 				g.abandon()
 				return
 			}
-			buf = g.appendChunk(buf, sent)
+			for c := range g.sp.n {
+				buf = g.appendChunk(buf, c, sent)
+			}
 		}
 		if _, err := w.Write(buf); err != nil || w.Flush() != nil {
 			g.abandon()
+			g.record("abort")
 			return
 		}
 	}
@@ -113,8 +131,8 @@ func (g *generation) stream(w *bufio.Writer) {
 
 // abandon cancels the engine request of a stream that cannot continue.
 func (g *generation) abandon() {
-	if g.p != nil {
-		g.srv.drv.cancel(g.engineID)
+	for _, sq := range g.seqs {
+		g.srv.drv.cancel(sq.id)
 	}
 }
 
@@ -146,38 +164,55 @@ func (g *generation) appendUsage(b []byte) []byte {
 	b = append(b, `"usage":{"prompt_tokens":`...)
 	b = strconv.AppendInt(b, int64(g.prompt), 10)
 	b = append(b, `,"total_tokens":`...)
-	b = strconv.AppendInt(b, int64(g.prompt+g.max), 10)
+	b = strconv.AppendInt(b, int64(g.prompt+g.completion()), 10)
 	b = append(b, `,"completion_tokens":`...)
-	b = strconv.AppendInt(b, int64(g.max), 10)
+	b = strconv.AppendInt(b, int64(g.completion()), 10)
 	return append(b, '}')
 }
 
-// appendChunk appends one SSE event for token i (i = -1: the chat role preamble).
-func (g *generation) appendChunk(b []byte, i int) []byte {
+// completion is the tokens generated over all choices.
+func (g *generation) completion() int { return g.sp.n * g.max }
+
+// appendChunk appends one SSE event for token i of a choice (i = -1: the chat role preamble).
+func (g *generation) appendChunk(b []byte, choice, i int) []byte {
 	b = append(b, "data: "...)
 	b = g.appendHead(b, true)
-	b = append(b, `"choices":[{"index":0,`...)
+	b = append(b, `"choices":[{"index":`...)
+	b = strconv.AppendInt(b, int64(choice), 10)
+	b = append(b, ',')
+	text := ""
+	if i >= 0 {
+		text = words[i%len(words)]
+	}
+	if i == 0 && g.sp.echo {
+		text = g.echoText + text // vLLM sends the echoed prompt with the first token
+	}
 	if g.kind == oai.Chat {
 		b = append(b, `"delta":{`...)
 		if i < 0 {
 			b = append(b, `"role":"assistant","content":""`...)
 		} else {
 			b = append(b, `"content":`...)
-			b = strconv.AppendQuote(b, words[i%len(words)])
+			b = strconv.AppendQuote(b, text)
 		}
 		b = append(b, '}')
 	} else {
 		b = append(b, `"text":`...)
-		b = strconv.AppendQuote(b, words[i%len(words)])
+		b = strconv.AppendQuote(b, text)
 	}
-	b = append(b, `,"logprobs":null,"finish_reason":`...)
+	b = append(b, `,"logprobs":`...)
+	if i >= 0 {
+		b = g.appendLogprobs(b, i, i+1, 0)
+	} else {
+		b = append(b, "null"...)
+	}
 	if g.srv.cfg.Echo && g.srv.cfg.EchoTokenInterval > 0 {
 		// Paced echo streams carry their send time so a benchmark can measure the latency
 		// a proxy adds to each chunk (same host, same clock). Clients ignore unknown fields.
-		b = append(b[:len(b)-len(`,"finish_reason":`)], `,"sent_unix_nano":`...)
+		b = append(b, `,"sent_unix_nano":`...)
 		b = strconv.AppendInt(b, time.Now().UnixNano(), 10)
-		b = append(b, `,"finish_reason":`...)
 	}
+	b = append(b, `,"finish_reason":`...)
 	if i == g.max-1 {
 		b = strconv.AppendQuote(b, g.finish)
 	} else {
@@ -189,40 +224,148 @@ func (g *generation) appendChunk(b []byte, i int) []byte {
 // appendResponse appends the non-streaming response body.
 func (g *generation) appendResponse(b []byte) []byte {
 	b = g.appendHead(b, false)
-	b = append(b, `"choices":[{"index":0,`...)
-	var text []byte
+	b = append(b, `"choices":[`...)
+	text := []byte(g.echoText)
 	for i := range g.max {
 		text = append(text, words[i%len(words)]...)
 	}
-	if g.kind == oai.Chat {
-		b = append(b, `"message":{"role":"assistant","content":`...)
-		b = strconv.AppendQuote(b, string(text))
+	for c := range g.sp.n {
+		if c > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"index":`...)
+		b = strconv.AppendInt(b, int64(c), 10)
+		if g.kind == oai.Chat {
+			b = append(b, `,"message":{"role":"assistant","content":`...)
+			b = strconv.AppendQuote(b, string(text))
+			b = append(b, '}')
+		} else {
+			b = append(b, `,"text":`...)
+			b = strconv.AppendQuote(b, string(text))
+		}
+		b = append(b, `,"logprobs":`...)
+		b = g.appendLogprobs(b, 0, g.max, len(g.echoText))
+		b = append(b, `,"finish_reason":`...)
+		b = strconv.AppendQuote(b, g.finish)
 		b = append(b, '}')
-	} else {
-		b = append(b, `"text":`...)
-		b = strconv.AppendQuote(b, string(text))
 	}
-	b = append(b, `,"logprobs":null,"finish_reason":`...)
-	b = strconv.AppendQuote(b, g.finish)
-	b = append(b, "}],"...)
+	b = append(b, "],"...)
 	b = g.appendUsage(b)
 	return append(b, '}')
 }
 
-// account records a finished request in vLLM's metrics.
-func (g *generation) account() {
-	s := g.srv
-	lbl := prometheus.Labels{"model_name": s.cfg.Model, "engine": "0"}
-	s.met.promptTokens.With(lbl).Add(float64(g.prompt))
-	s.met.genTokens.With(lbl).Add(float64(g.max))
-	now := time.Now()
-	s.met.e2e.With(lbl).Observe(now.Sub(g.start).Seconds())
-	first := now
-	if g.p != nil {
-		s.drv.mu.Lock()
-		first = g.p.firstAt
-		s.drv.mu.Unlock()
+// appendLogprobs appends the log-probabilities of tokens [from, to), or null when the request
+// asked for none. The values are made up (there is no model) but shaped as vLLM's:
+// completions' CompletionLogProbs and chat's ChatCompletionLogProbs
+// (vllm/entrypoints/openai/protocol.py). offset is where the tokens' text starts.
+func (g *generation) appendLogprobs(b []byte, from, to, offset int) []byte {
+	k := g.sp.logprobs
+	if k < 0 {
+		return append(b, "null"...)
 	}
-	s.met.ttft.With(lbl).Observe(first.Sub(g.start).Seconds())
-	s.met.requestSuccess.With(prometheus.Labels{"model_name": s.cfg.Model, "engine": "0", "finished_reason": g.finish}).Inc()
+	alt := func(b []byte, i, rank int) (string, []byte) {
+		tok := words[(i+rank)%len(words)]
+		return tok, strconv.AppendFloat(b, -0.05-0.7*float64(rank), 'f', 4, 64)
+	}
+	if g.kind == oai.Chat {
+		b = append(b, `{"content":[`...)
+		for i := from; i < to; i++ {
+			if i > from {
+				b = append(b, ',')
+			}
+			b = appendChatLogprob(b, alt, i, 0)
+			b = append(b, `,"top_logprobs":[`...)
+			for r := range k {
+				if r > 0 {
+					b = append(b, ',')
+				}
+				b = appendChatLogprob(b, alt, i, r)
+				b = append(b, '}')
+			}
+			b = append(b, "]}"...)
+		}
+		return append(b, "]}"...)
+	}
+	b = append(b, `{"text_offset":[`...)
+	for i := from; i < to; i++ {
+		if i > from {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(offset), 10)
+		offset += len(words[i%len(words)])
+	}
+	b = append(b, `],"token_logprobs":[`...)
+	for i := from; i < to; i++ {
+		if i > from {
+			b = append(b, ',')
+		}
+		_, b = alt(b, i, 0)
+	}
+	b = append(b, `],"tokens":[`...)
+	for i := from; i < to; i++ {
+		if i > from {
+			b = append(b, ',')
+		}
+		b = strconv.AppendQuote(b, words[i%len(words)])
+	}
+	b = append(b, `],"top_logprobs":[`...)
+	for i := from; i < to; i++ {
+		if i > from {
+			b = append(b, ',')
+		}
+		b = append(b, '{')
+		for r := range max(k, 1) {
+			if r > 0 {
+				b = append(b, ',')
+			}
+			tok, _ := alt(nil, i, r)
+			b = strconv.AppendQuote(b, tok)
+			b = append(b, ':')
+			_, b = alt(b, i, r)
+		}
+		b = append(b, '}')
+	}
+	return append(b, "]}"...)
+}
+
+// appendChatLogprob appends one {"token","logprob","bytes" of a chat logprob entry, left
+// open for the caller to add fields and close.
+func appendChatLogprob(b []byte, alt func([]byte, int, int) (string, []byte), i, rank int) []byte {
+	tok, _ := alt(nil, i, rank)
+	b = append(b, `{"token":`...)
+	b = strconv.AppendQuote(b, tok)
+	b = append(b, `,"logprob":`...)
+	_, b = alt(b, i, rank)
+	b = append(b, `,"bytes":[`...)
+	for j := range len(tok) {
+		if j > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(tok[j]), 10)
+	}
+	return append(b, ']')
+}
+
+// account records a request that ran to its end in vLLM's metrics.
+func (g *generation) account() { g.record(g.finish) }
+
+// record puts each of the request's engine requests in vLLM's per-request metrics, with
+// the reason it finished ("abort" for a client that went away). In echo mode there is no
+// engine to count tokens as they come, so the counters and TTFT are recorded here.
+func (g *generation) record(reason string) {
+	m, now := g.srv.met, time.Now()
+	if len(g.seqs) == 0 {
+		m.promptTokens.Add(float64(g.prompt))
+		m.genTokens.Add(float64(g.completion()))
+		m.ttft.Observe(now.Sub(g.start).Seconds())
+		m.finished(requestTimes{arrival: g.start}, g.prompt, g.completion(), g.max, g.maxSet, reason, now)
+		return
+	}
+	d := g.srv.drv
+	for _, sq := range g.seqs {
+		d.mu.Lock()
+		t, produced := sq.p.times, sq.p.produced
+		d.mu.Unlock()
+		m.finished(t, g.prompt, produced, g.max, g.maxSet, reason, now)
+	}
 }

@@ -4,6 +4,7 @@ package replicasim
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,8 +42,10 @@ type Config struct {
 	Echo bool
 	// EchoTokenInterval paces echo-mode streams (0: back to back).
 	EchoTokenInterval time.Duration
-	// DefaultMaxTokens is used when a request sets no max_tokens (default 64).
-	DefaultMaxTokens int
+	// StopAfter is where the simulated model's output ends (finish_reason "stop", as at an
+	// end-of-sequence token) when a request sets no max_tokens (default 64). vLLM's limit
+	// then is the rest of the context, which the simulator also enforces.
+	StopAfter int
 	// Tokenizer counts prompt tokens (default: BPE, or approx in echo mode).
 	Tokenizer tokens.Counter
 	// MaxBodyBytes bounds request bodies (default 32 MiB).
@@ -79,8 +83,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Profile == nil && !cfg.Echo {
 		return nil, errors.New("profile: required unless echo mode")
 	}
-	if cfg.DefaultMaxTokens <= 0 {
-		cfg.DefaultMaxTokens = 64
+	if cfg.StopAfter <= 0 {
+		cfg.StopAfter = 64
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 32 << 20
@@ -106,14 +110,25 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s := &Server{cfg: cfg, reg: prometheus.NewRegistry(), created: time.Now().Unix()}
+	var eng *engine.Engine
 	if !cfg.Echo {
-		eng, err := engine.New(*cfg.Profile)
-		if err != nil {
+		var err error
+		if eng, err = engine.New(*cfg.Profile); err != nil {
 			return nil, err
 		}
-		s.drv = newDriver(eng)
 	}
-	s.met = newMetrics(s.reg, cfg.Model, s.engineStats)
+	maxLen := echoMaxModelLen
+	if eng != nil {
+		maxLen = eng.MaxContext()
+	}
+	var prof *engine.Profile
+	if !cfg.Echo {
+		prof = cfg.Profile
+	}
+	s.met = newMetrics(s.reg, cfg.Model, maxLen, cacheInfo(prof), s.engineStats)
+	if eng != nil {
+		s.drv = newDriver(eng, s.met)
+	}
 	s.metricsH = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	return s, nil
 }
@@ -138,14 +153,7 @@ func (s *Server) Run(ctx context.Context) {
 		<-ctx.Done()
 		return
 	}
-	lbl := prometheus.Labels{"model_name": s.cfg.Model, "engine": "0"}
-	itl := s.met.itl.With(lbl)
-	s.drv.run(ctx, func(p *pending, index int, now time.Time) {
-		if index > 0 {
-			itl.Observe(now.Sub(p.last).Seconds())
-		}
-		p.last = now
-	})
+	s.drv.run(ctx)
 }
 
 // Serve answers HTTP on ln until ctx ends. Like vLLM's server it closes connections idle
@@ -178,8 +186,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
 	switch path {
-	case "/health":
+	case "/health", "/ping": // vLLM's /ping (GET or POST) is its /health, for SageMaker
 		s.health(ctx)
+	case "/version":
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"version":"` + vllmVersion + `"}`)
+	case "/tokenize":
+		s.tokenize(ctx)
+	case "/detokenize":
+		s.detokenize(ctx)
 	case "/metrics":
 		s.metricsH(ctx)
 	case "/v1/models":
@@ -218,23 +233,43 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 		s.cfg.Model, s.created, s.cfg.Model, maxLen)
 }
 
-// promptTokens counts what the engine will prefill: the text plus the chat template's
-// framing (Llama 3: BOS, a header per message, the assistant header), and returns the
-// chained hashes of its full KV blocks for prefix caching.
-func (s *Server) promptTokens(r *oai.Request) (int, []uint64) {
-	ids := s.cfg.Tokenizer.Encode(nil, r.Prompt)
-	n := len(ids)
-	if len(r.TokenIDs) > 0 {
-		ids = append(ids, r.TokenIDs...) // ids are the prompt as is: no BOS is added
-	} else {
-		n++ // BOS
+// Llama 3's special tokens, as its tokenizer numbers them.
+const (
+	bosID         = 128000 // <|begin_of_text|>
+	startHeaderID = 128006 // <|start_header_id|>
+	endHeaderID   = 128007 // <|end_header_id|>
+	eotID         = 128009 // <|eot_id|>
+	doubleNLID    = 271    // "\n\n" after each header
+)
+
+// promptIDs is the prompt the engine prefills, as token ids: BOS and the text's tokens, or the
+// client's ids as they are (vLLM adds nothing to a token prompt). A chat adds Llama 3's
+// template framing: a header per message, an end-of-turn after each and the assistant header.
+// The simulator keeps the message texts joined, so the framing comes after them; the count
+// is the template's, and a conversation's earlier turns still form a shared prefix.
+func (s *Server) promptIDs(r *oai.Request) []int {
+	if len(r.TokenIDs) > 0 && r.Prompt == "" {
+		return append([]int(nil), r.TokenIDs...)
 	}
-	n += len(r.TokenIDs)
+	ids := append(make([]int, 0, len(r.Prompt)/3+8), bosID)
+	ids = s.cfg.Tokenizer.Encode(ids, r.Prompt)
+	ids = append(ids, r.TokenIDs...)
 	if r.Kind == oai.Chat {
-		n += 5*r.Messages + 4
+		for range r.Messages {
+			ids = append(ids, startHeaderID, 882 /* "user" */, endHeaderID, doubleNLID, eotID)
+		}
+		ids = append(ids, startHeaderID, 78191 /* "assistant" */, endHeaderID, doubleNLID)
 	}
+	return ids
+}
+
+// promptTokens counts what the engine will prefill and returns the chained hashes of its
+// full KV blocks, by which the engine finds cached prefixes (vLLM hashes each full block
+// with its parent's hash: vllm/v1/core/kv_cache_utils.py hash_block_tokens).
+func (s *Server) promptTokens(r *oai.Request) (int, []uint64) {
+	ids := s.promptIDs(r)
 	if s.drv == nil {
-		return n, nil
+		return len(ids), nil
 	}
 	bs := s.drv.eng.Profile().BlockSize
 	hashes := make([]uint64, 0, len(ids)/bs)
@@ -251,7 +286,123 @@ func (s *Server) promptTokens(r *oai.Request) (int, []uint64) {
 		prev = d.Sum64()
 		hashes = append(hashes, prev)
 	}
-	return n, hashes
+	return len(ids), hashes
+}
+
+// tokenize answers vLLM's /tokenize (vllm/entrypoints/openai/serving_tokenization.py): a
+// completion-style {"prompt"} or chat-style {"messages"} body, counted exactly as a
+// generation request with the same prompt is.
+func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsPost() {
+		vllmError(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed")
+		return
+	}
+	kind := oai.Completion
+	if fastjson.Exists(ctx.PostBody(), "messages") {
+		kind = oai.Chat
+	}
+	req, ok := s.parse(ctx, kind)
+	if !ok {
+		return
+	}
+	jp := s.parsers.Get()
+	v, _ := jp.ParseBytes(ctx.PostBody())
+	addSpecial := v.Get("add_special_tokens") == nil || v.GetBool("add_special_tokens")
+	withStrs := v.GetBool("return_token_strs")
+	s.parsers.Put(jp)
+	ids := s.promptIDs(&req)
+	if !addSpecial && len(ids) > 0 && ids[0] == bosID && len(req.TokenIDs) == 0 {
+		ids = ids[1:]
+	}
+	b := fmt.Appendf(nil, `{"count":%d,"max_model_len":%d,"tokens":[`, len(ids), s.maxModelLen())
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(id), 10)
+	}
+	b = append(b, `],"token_strs":`...)
+	dec, canDecode := s.cfg.Tokenizer.(interface{ Decode([]int) string })
+	if withStrs && canDecode {
+		b = append(b, '[')
+		for i, id := range ids {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendQuote(b, dec.Decode([]int{id}))
+		}
+		b = append(b, ']')
+	} else {
+		b = append(b, "null"...)
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(append(b, '}'))
+}
+
+// detokenize answers vLLM's /detokenize: {"tokens":[ids]} to {"prompt": text}.
+func (s *Server) detokenize(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsPost() {
+		vllmError(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed")
+		return
+	}
+	jp := s.parsers.Get()
+	defer s.parsers.Put(jp)
+	v, err := jp.ParseBytes(ctx.PostBody())
+	if err != nil {
+		vllmError(ctx, fasthttp.StatusBadRequest, "body is not valid JSON: "+err.Error())
+		return
+	}
+	var ids []int
+	if err := appendTokenList(&ids, v.Get("tokens")); err != nil {
+		vllmError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	dec, ok := s.cfg.Tokenizer.(interface{ Decode([]int) string })
+	if !ok {
+		vllmError(ctx, fasthttp.StatusNotImplemented, "this replica counts tokens approximately (-tokenizer approx) and cannot detokenize")
+		return
+	}
+	b := append([]byte(`{"prompt":`), strconv.Quote(dec.Decode(ids))...)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(append(b, '}'))
+}
+
+func appendTokenList(ids *[]int, v *fastjson.Value) error {
+	arr, err := v.Array()
+	if err != nil {
+		return errors.New("'tokens' is required and must be an array of token ids")
+	}
+	for i, x := range arr {
+		n, err := x.Int()
+		if err != nil || n < 0 || n >= vocabSize {
+			return fmt.Errorf("'tokens[%d]' must be a token id from 0 to %d", i, vocabSize-1)
+		}
+		*ids = append(*ids, n)
+	}
+	return nil
+}
+
+// maxModelLen is vLLM's max_model_len: the profile's context bounded by the KV cache, or in
+// echo mode (no profile) the 131,072 tokens of the Llama 3 models.
+func (s *Server) maxModelLen() int {
+	if s.drv != nil {
+		return s.drv.eng.MaxContext()
+	}
+	return echoMaxModelLen
+}
+
+// echoMaxModelLen is the context of the Llama 3 models, for echo mode (no profile).
+const echoMaxModelLen = 131072
+
+// promptText is the prompt as text: what the client sent, or its token ids decoded.
+func (s *Server) promptText(r *oai.Request) string {
+	if len(r.TokenIDs) == 0 {
+		return r.Prompt
+	}
+	if d, ok := s.cfg.Tokenizer.(interface{ Decode([]int) string }); ok {
+		return d.Decode(r.TokenIDs)
+	}
+	return strings.Repeat("<tok>", len(r.TokenIDs)) // the approx counter has no vocabulary
 }
 
 func (s *Server) parse(ctx *fasthttp.RequestCtx, kind oai.Kind) (oai.Request, bool) {
@@ -263,14 +414,14 @@ func (s *Server) parse(ctx *fasthttp.RequestCtx, kind oai.Kind) (oai.Request, bo
 	req, err := oai.Parse(p, ctx.PostBody(), kind)
 	s.parsers.Put(p)
 	if err != nil {
-		oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, err.Error())
+		vllmError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return req, false
 	}
 	if req.Model == "" {
 		req.Model = s.cfg.Model // vLLM serves its model to a request that names none
 	}
 	if req.Model != s.cfg.Model {
-		oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+		vllmError(ctx, fasthttp.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
 		return req, false
 	}
 	return req, true
@@ -281,29 +432,64 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 	if !ok {
 		return
 	}
+	jp := s.parsers.Get()
+	sp, err := parseSampling(jp, ctx.PostBody(), kind)
+	s.parsers.Put(jp)
+	if err != nil {
+		vllmError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	if req.MaxTokensSet && req.MaxTokens < 1 {
+		vllmError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("max_tokens must be at least 1, got %d.", req.MaxTokens))
+		return
+	}
 	f := s.faults.take()
 	if s.preFault(ctx, f) {
 		return
 	}
 	promptN, hashes := s.promptTokens(&req)
-	maxTokens := req.MaxTokens
-	finish := "length"
-	if maxTokens == 0 {
-		maxTokens, finish = s.cfg.DefaultMaxTokens, "stop"
+	// vLLM's checks and default (vllm/entrypoints/openai/serving_engine.py _validate_input;
+	// vllm/entrypoints/utils.py get_max_tokens): the prompt must leave room for one token,
+	// max_tokens must fit in what is left, and without max_tokens the limit is the rest of
+	// the context. The simulated model has no end-of-sequence token, so without max_tokens
+	// it stops after StopAfter tokens, as a real model stops at its own.
+	maxLen := s.maxModelLen()
+	if promptN >= maxLen {
+		vllmError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", maxLen, promptN))
+		return
+	}
+	room := maxLen - promptN
+	maxTokens, finish := req.MaxTokens, "length"
+	switch {
+	case !req.MaxTokensSet:
+		maxTokens = room
+		if s.cfg.StopAfter < room {
+			maxTokens, finish = s.cfg.StopAfter, "stop"
+		}
+	case maxTokens > room:
+		vllmError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).",
+			maxTokens, maxLen, promptN, maxTokens, maxLen, promptN))
+		return
 	}
 	g := &generation{
 		srv: s, kind: kind, model: req.Model, id: s.reqSeq.Add(1), created: time.Now().Unix(),
 		prompt: promptN, max: maxTokens, finish: finish, usage: req.IncludeUsage, fault: f,
-		start: time.Now(), conn: ctx.Conn(),
+		start: time.Now(), conn: ctx.Conn(), sp: sp, maxSet: req.MaxTokensSet,
 	}
+	if sp.echo {
+		g.echoText = s.promptText(&req)
+	}
+	s.met.paramsN.Observe(float64(sp.n))
 	if s.drv != nil {
-		id, p, err := s.drv.submit(engine.Request{PromptTokens: promptN, MaxTokens: maxTokens, BlockHashes: hashes})
-		if err != nil {
-			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest,
-				fmt.Sprintf("This model's maximum context length is %d tokens: %v", s.drv.eng.MaxContext(), err))
-			return
+		for range sp.n {
+			id, p, err := s.drv.submit(engine.Request{PromptTokens: promptN, MaxTokens: maxTokens, BlockHashes: hashes})
+			if err != nil {
+				g.abandon()
+				vllmError(ctx, fasthttp.StatusBadRequest, err.Error())
+				return
+			}
+			g.seqs = append(g.seqs, seqRef{id: id, p: p})
 		}
-		g.engineID, g.p = id, p
 	}
 	if req.Stream {
 		ctx.SetContentType("text/event-stream; charset=utf-8")
@@ -323,36 +509,147 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 	g.account()
 }
 
-// embed answers /v1/embeddings with deterministic unit vectors derived from the input.
+// embed answers /v1/embeddings with one deterministic unit vector per input, as floats or,
+// with encoding_format "base64", as base64 of little-endian float32s (what the official
+// OpenAI SDKs ask for by default and decode). Shaped as vLLM's EmbeddingResponse
+// (vllm/entrypoints/openai/protocol.py).
 func (s *Server) embed(ctx *fasthttp.RequestCtx) {
 	req, ok := s.parse(ctx, oai.Embedding)
 	if !ok {
 		return
 	}
+	jp := s.parsers.Get()
+	inputs, base64Out, err := embeddingInputs(jp, ctx.PostBody())
+	s.parsers.Put(jp)
+	if err != nil {
+		vllmError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
 	if s.preFault(ctx, s.faults.take()) {
 		return
 	}
-	n, _ := s.promptTokens(&req)
-	if s.cfg.Profile != nil && !s.cfg.Echo {
-		time.Sleep(time.Duration(s.cfg.Profile.PrefillMs(n, 0) * float64(time.Millisecond)))
+	total := 0
+	counts := make([]int, len(inputs))
+	for i, in := range inputs {
+		one := oai.Request{Kind: oai.Embedding, Prompt: in.text, TokenIDs: in.ids}
+		counts[i], _ = s.promptTokens(&one)
+		if counts[i] > s.maxModelLen() {
+			vllmError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens in the input for embedding generation. Please reduce the length of the input.", s.maxModelLen(), counts[i]))
+			return
+		}
+		total += counts[i]
 	}
-	b := make([]byte, 0, 64+s.cfg.EmbeddingDim*12)
-	b = append(b, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[`...)
-	seed := xxhash.Sum64String(req.Prompt)
-	norm := math.Sqrt(float64(s.cfg.EmbeddingDim))
-	for i := range s.cfg.EmbeddingDim {
+	if s.cfg.Profile != nil && !s.cfg.Echo {
+		var ms float64
+		for _, n := range counts {
+			ms += s.cfg.Profile.PrefillMs(n, 0)
+		}
+		time.Sleep(time.Duration(ms * float64(time.Millisecond)))
+	}
+	b := make([]byte, 0, 128+len(inputs)*s.cfg.EmbeddingDim*12)
+	b = fmt.Appendf(b, `{"id":"embd-%d","object":"list","created":%d,"model":%q,"data":[`, s.reqSeq.Add(1), time.Now().Unix(), req.Model)
+	vec := make([]float32, s.cfg.EmbeddingDim)
+	raw := make([]byte, 4*len(vec))
+	for i, in := range inputs {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		x := xxhash.Sum64(binary.LittleEndian.AppendUint64(nil, seed+uint64(i)))
-		v := (float64(x%2000)/1000 - 1) / norm
-		b = strconv.AppendFloat(b, v, 'f', 6, 64)
+		s.embedding(vec, in)
+		b = fmt.Appendf(b, `{"index":%d,"object":"embedding","embedding":`, i)
+		if base64Out {
+			for j, x := range vec {
+				binary.LittleEndian.PutUint32(raw[4*j:], math.Float32bits(x))
+			}
+			b = append(b, '"')
+			b = base64.StdEncoding.AppendEncode(b, raw)
+			b = append(b, '"')
+		} else {
+			b = append(b, '[')
+			for j, x := range vec {
+				if j > 0 {
+					b = append(b, ',')
+				}
+				b = strconv.AppendFloat(b, float64(x), 'g', -1, 32)
+			}
+			b = append(b, ']')
+		}
+		b = append(b, '}')
 	}
-	b = fmt.Appendf(b, `]}],"model":%q,"usage":{"prompt_tokens":%d,"total_tokens":%d}}`, req.Model, n, n)
+	b = fmt.Appendf(b, `],"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":0,"prompt_tokens_details":null}}`, total, total)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
-	lbl := prometheus.Labels{"model_name": s.cfg.Model, "engine": "0"}
-	s.met.promptTokens.With(lbl).Add(float64(n))
+	s.met.promptTokens.Add(float64(total))
+}
+
+// embeddingInput is one item of an embeddings request: text or token ids.
+type embeddingInput struct {
+	text string
+	ids  []int
+}
+
+// embeddingInputs splits an embeddings body's input into its items (oai.Parse has checked
+// its shape) and reads encoding_format.
+func embeddingInputs(p *fastjson.Parser, body []byte) ([]embeddingInput, bool, error) {
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return nil, false, err
+	}
+	base64Out := false
+	if f := v.Get("encoding_format"); f != nil && f.Type() != fastjson.TypeNull {
+		switch string(f.GetStringBytes()) {
+		case "float":
+		case "base64":
+			base64Out = true
+		default:
+			return nil, false, fmt.Errorf("'encoding_format' must be \"float\" or \"base64\", got %s", f)
+		}
+	}
+	in := v.Get("input")
+	ids := func(arr []*fastjson.Value) []int {
+		out := make([]int, len(arr))
+		for i, x := range arr {
+			out[i] = x.GetInt()
+		}
+		return out
+	}
+	if in.Type() == fastjson.TypeString {
+		return []embeddingInput{{text: string(in.GetStringBytes())}}, base64Out, nil
+	}
+	items, _ := in.Array()
+	if items[0].Type() == fastjson.TypeNumber {
+		return []embeddingInput{{ids: ids(items)}}, base64Out, nil
+	}
+	out := make([]embeddingInput, len(items))
+	for i, it := range items {
+		if it.Type() == fastjson.TypeString {
+			out[i].text = string(it.GetStringBytes())
+		} else {
+			arr, _ := it.Array()
+			out[i].ids = ids(arr)
+		}
+	}
+	return out, base64Out, nil
+}
+
+// embedding fills vec with a unit vector determined by the input, so equal inputs embed
+// equally and different ones differently.
+func (s *Server) embedding(vec []float32, in embeddingInput) {
+	d := xxhash.New()
+	_, _ = d.WriteString(in.text)
+	for _, id := range in.ids {
+		_, _ = d.Write(binary.LittleEndian.AppendUint32(nil, uint32(id)))
+	}
+	seed := d.Sum64()
+	var norm float64
+	for i := range vec {
+		x := xxhash.Sum64(binary.LittleEndian.AppendUint64(nil, seed+uint64(i)))
+		vec[i] = float32(x%2000)/1000 - 1
+		norm += float64(vec[i]) * float64(vec[i])
+	}
+	norm = math.Sqrt(norm)
+	for i := range vec {
+		vec[i] = float32(float64(vec[i]) / norm)
+	}
 }
 
 // clientGone reports whether the connection's peer hung up.

@@ -36,7 +36,7 @@ type simOpts struct {
 
 func startSim(t *testing.T, o simOpts) *sim {
 	t.Helper()
-	cfg := replicasim.Config{Model: testModel, Echo: o.echo, EchoTokenInterval: o.interval, DefaultMaxTokens: 8,
+	cfg := replicasim.Config{Model: testModel, Echo: o.echo, EchoTokenInterval: o.interval, StopAfter: 8,
 		Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}}
 	if !o.echo {
 		name := o.profile

@@ -55,6 +55,9 @@ func (b *BPE) Encode(dst []int, text string) []int {
 // Count implements Counter.
 func (b *BPE) Count(text string) int { return len(b.enc.EncodeOrdinary(text)) }
 
+// Decode returns the text of token ids; ids outside the vocabulary decode to nothing.
+func (b *BPE) Decode(ids []int) string { return b.enc.Decode(ids) }
+
 // Approx estimates tokens as one per BytesPerToken bytes (4 is typical of English for BPE
 // vocabularies of 100k+ entries); its "ids" are hashes of those byte runs, stable enough for
 // prefix hashing.

@@ -33,7 +33,6 @@ func run() error {
 		profile     = flag.String("profile", "h100-llama-3.1-8b", fmt.Sprintf("GPU profile: one of %v, or a .json file", engine.ProfileNames()))
 		echo        = flag.Bool("echo", false, "answer at once with no model delay (proxy benchmarks)")
 		echoEvery   = flag.Duration("echo-token-interval", 0, "pace echo-mode stream tokens")
-		maxTokens   = flag.Int("default-max-tokens", 64, "tokens to generate when a request sets no max_tokens")
 		tokenizer   = flag.String("tokenizer", "", "prompt token counter: bpe or approx (default bpe; approx in echo mode)")
 		listenDelay = flag.Duration("listen-delay", 0, "refuse connections for this long after start (a loading vLLM)")
 		readyDelay  = flag.Duration("ready-delay", 0, "answer /health with 503 for this long after listening")
@@ -44,6 +43,9 @@ func run() error {
 		slowdown    = flag.Float64("fault-slowdown", 4, "step-time multiplier for the slow fault")
 		logLevel    = flag.String("log-level", "info", "debug, info, warn or error")
 	)
+	var stopAfter int
+	flag.IntVar(&stopAfter, "stop-after", 64, "output tokens before the simulated model stops when a request sets no max_tokens")
+	flag.IntVar(&stopAfter, "default-max-tokens", 64, "the old name of -stop-after")
 	flag.Parse()
 	log, err := httplog.NewLogger(*logLevel)
 	if err != nil {
@@ -58,7 +60,7 @@ func run() error {
 		}
 		addr = net.JoinHostPort(host, port)
 	}
-	cfg := replicasim.Config{Model: *model, Echo: *echo, EchoTokenInterval: *echoEvery, DefaultMaxTokens: *maxTokens, Logger: log}
+	cfg := replicasim.Config{Model: *model, Echo: *echo, EchoTokenInterval: *echoEvery, StopAfter: stopAfter, Logger: log}
 	if !*echo {
 		p, err := engine.LoadProfile(*profile)
 		if err != nil {
