@@ -197,7 +197,7 @@ func (e *Engine) Step() StepResult {
 	admit := budget - pending
 	for len(e.waiting) > 0 && len(e.running) < e.p.MaxBatch && admit > 0 {
 		s := e.waiting[0]
-		if !e.admit(s) {
+		if !e.admit(s, admit) {
 			break
 		}
 		e.waiting = e.waiting[1:]
@@ -212,7 +212,10 @@ func (e *Engine) Step() StepResult {
 		if s.computed >= s.total() || budget <= 0 {
 			continue
 		}
-		n := min(s.total()-s.computed, budget)
+		n := e.growForChunk(s, min(s.total()-s.computed, budget))
+		if n <= 0 {
+			continue // no KV block free for its next chunk: it waits for decodes to end
+		}
 		budget -= n
 		N := float64(n)
 		prefT += N
@@ -224,6 +227,14 @@ func (e *Engine) Step() StepResult {
 		}
 		s.computed += n
 		e.publish(s)
+	}
+
+	if prefT == 0 && decodeB == 0 && len(e.running) > 0 {
+		// Every running sequence is mid-prompt and none can get a block for its next
+		// chunk: give the newest one's blocks to the others, as vLLM preempts when an
+		// allocation fails, or nothing would ever move.
+		e.preempt(e.running[len(e.running)-1])
+		res.Preempted++
 	}
 
 	ms := 0.0
@@ -268,21 +279,27 @@ func (e *Engine) Step() StepResult {
 	return res
 }
 
-// admit gives a waiting sequence its KV blocks: the longest run of its prompt's leading
-// blocks already cached is shared and counts as computed, the rest are allocated. As in
-// vLLM (KVCacheManager.get_computed_blocks), a prompt that is entirely cached still computes
-// its last token, so at most (tokens-1)/BlockSize blocks hit. It reports false, changing
+// admit gives a waiting sequence the KV blocks of its first chunk (at most budget tokens):
+// the longest run of its prompt's leading blocks already cached is shared and counts as
+// computed, the rest of the chunk's blocks are allocated; later chunks get theirs as they
+// are computed (growForChunk). vLLM's scheduler allocates the same way, for the tokens
+// scheduled in a step (vllm/v1/core/sched/scheduler.py, kv_cache_manager.allocate_slots),
+// so a long prompt does not wait for room for all of itself. As in vLLM
+// (KVCacheManager.get_computed_blocks), a prompt that is entirely cached still computes its
+// last token, so at most (tokens-1)/BlockSize blocks hit. It reports false, changing
 // nothing, when the free blocks do not suffice.
-func (e *Engine) admit(s *seq) bool {
+func (e *Engine) admit(s *seq, budget int) bool {
 	hashes := s.req.BlockHashes
 	hit := e.kv.hits(hashes, (s.total()-1)/e.p.BlockSize)
-	need := e.blocksFor(s.total()) - hit
+	computed := hit * e.p.BlockSize
+	chunk := min(s.total()-computed, budget)
+	need := e.blocksFor(computed+chunk) - hit
 	if need > e.kv.nfree-e.kv.evictableHits(hashes, hit) {
 		return false
 	}
 	s.blocks = e.kv.touch(s.blocks[:0], hashes, hit)
 	s.blocks, _ = e.kv.allocate(s.blocks, need)
-	s.computed, s.published = hit*e.p.BlockSize, hit
+	s.computed, s.published = computed, hit
 	// vLLM 0.11 counts every lookup, a preempted request's again, over all its tokens
 	// (KVCacheManager.get_computed_blocks).
 	e.stats.PrefixQueries += int64(s.total())
@@ -293,6 +310,16 @@ func (e *Engine) admit(s *seq) bool {
 		e.scheduled = append(e.scheduled, s.req.ID)
 	}
 	return true
+}
+
+// growForChunk gives a prefilling sequence the blocks for its next n tokens, or for as many
+// of them as the free blocks allow, and returns how many tokens it may compute.
+func (e *Engine) growForChunk(s *seq, n int) int {
+	want := e.blocksFor(s.computed+n) - len(s.blocks)
+	if want > 0 {
+		s.blocks, _ = e.kv.allocate(s.blocks, min(want, e.kv.nfree))
+	}
+	return min(n, len(s.blocks)*e.p.BlockSize-s.computed)
 }
 
 // publish makes the sequence's computed full prompt blocks findable by later prompts.

@@ -175,6 +175,26 @@ func TestKVExhaustionPreemptsAndStillFinishesEverything(t *testing.T) {
 	}
 }
 
+func TestLongPromptsTakeBlocksChunkByChunkAndNeverDeadlock(t *testing.T) {
+	// 4,096 tokens of cache, 512-token chunks: three 2,000-token prompts are admitted on
+	// their first chunk's blocks and run out of memory mid-prompt together.
+	e := newEngine(t, func(p *Profile) { p.KVTokens = 4096; p.MaxBatchedTokens = 512 })
+	for i := range 3 {
+		must(t, e.Add(Request{ID: uint64(i), PromptTokens: 2000, MaxTokens: 50}))
+	}
+	e.Step()
+	if st := e.Stats(); st.Running == 0 || e.kv.used() > e.blocksFor(512)+1 {
+		t.Fatalf("first step: %d running holding %d blocks; want the first chunk's blocks only", st.Running, e.kv.used())
+	}
+	_, done := drive(t, e)
+	if len(done) != 3 {
+		t.Fatalf("%d of 3 finished", len(done))
+	}
+	if e.Stats().Preemptions == 0 {
+		t.Error("three 2,050-token requests fit a 4,096-token cache without a preemption")
+	}
+}
+
 func TestCancelFreesKV(t *testing.T) {
 	e := newEngine(t, nil)
 	must(t, e.Add(Request{ID: 1, PromptTokens: 1000, MaxTokens: 1000}))

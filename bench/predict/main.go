@@ -16,13 +16,9 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"math"
@@ -32,11 +28,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/arbiter-serve/arbiter/bench/workload"
 	"github.com/arbiter-serve/arbiter/engine"
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicasim"
@@ -45,6 +41,9 @@ import (
 )
 
 const model = "predict-model"
+
+// sample is one streamed request as the client saw it and as the router predicted it.
+type sample = workload.Result
 
 type options struct {
 	trace       string
@@ -89,23 +88,10 @@ func fail(err error) {
 	os.Exit(1)
 }
 
-// sample is one streamed request as the client saw it and as the router predicted it.
-type sample struct {
-	replica                  string
-	predTTFT, predTPOT       float64 // seconds
-	ttft, tpot               float64 // seconds
-	promptTokens, outputToks int
-}
-
 func run(o options) error {
-	tr, err := traces.NamedRequests(o.trace)
+	reqs, err := workload.Load(o.trace, o.maxPrompt, o.maxOutput)
 	if err != nil {
 		return err
-	}
-	reqs := tr.Tile(24 * time.Hour)
-	for i := range reqs {
-		reqs[i].InputTokens = min(max(reqs[i].InputTokens, 1), o.maxPrompt)
-		reqs[i].OutputTokens = min(max(reqs[i].OutputTokens, 2), o.maxOutput)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -118,7 +104,7 @@ func run(o options) error {
 		if err != nil {
 			return err
 		}
-		c, err := capacityOf(*p, reqs[:min(len(reqs), 200)])
+		c, err := workload.Capacity(*p, reqs[:min(len(reqs), 200)])
 		if err != nil {
 			return err
 		}
@@ -140,15 +126,28 @@ func run(o options) error {
 		o.trace, strings.Join(o.profiles, " + "), o.sloTTFT, o.tokenizer, capacity)
 	fmt.Println("| load (of capacity) | replica profile | requests | observed TTFT p50 / p90 | predicted TTFT p50 / p90 | TTFT MAPE | TTFT APE p90 | TPOT MAPE | SLO verdicts right |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}, Timeout: 10 * time.Minute}
 	next := 0
 	for _, level := range o.levels {
 		rate := level * capacity
 		batch := reqs[next : next+o.perLevel]
 		next += o.perLevel
-		samples, failed := replay(url, batch, rate, o.maxDuration)
+		var samples []sample
+		failed := 0
+		for _, res := range workload.Replay(client, url, model, batch, rate, o.maxDuration) {
+			if res.Err == nil && res.Replica == "" {
+				res.Err = fmt.Errorf("no routing header")
+			}
+			if res.Err != nil {
+				failed++
+				fmt.Fprintln(os.Stderr, "request:", res.Err)
+				continue
+			}
+			samples = append(samples, res)
+		}
 		byProfile := map[string][]sample{}
 		for _, s := range samples {
-			byProfile[profileOf[s.replica]] = append(byProfile[profileOf[s.replica]], s)
+			byProfile[profileOf[s.Replica]] = append(byProfile[profileOf[s.Replica]], s)
 		}
 		names := slices.Sorted(maps.Keys(byProfile))
 		for _, name := range append(names, "all") {
@@ -157,11 +156,11 @@ func run(o options) error {
 				ss = samples
 			}
 			fmt.Printf("| %.2f (%.2f req/s) | %s | %d%s | %s | %s | %s | %s | %s | %s |\n", level, rate, name, len(ss), failedNote(name, failed),
-				pair(ss, func(s sample) float64 { return s.ttft }), pair(ss, func(s sample) float64 { return s.predTTFT }),
-				pct(mape(ss, func(s sample) (float64, float64) { return s.predTTFT, s.ttft })),
-				pct(apeQuantile(ss, 0.9, func(s sample) (float64, float64) { return s.predTTFT, s.ttft })),
-				pct(mape(ss, func(s sample) (float64, float64) { return s.predTPOT, s.tpot })),
-				pct(verdicts(ss, o.sloTTFT.Seconds())))
+				pair(ss, func(s sample) float64 { return s.TTFT }), pair(ss, func(s sample) float64 { return s.PredTTFT }),
+				workload.Pct(mape(ss, func(s sample) (float64, float64) { return s.PredTTFT, s.TTFT })),
+				workload.Pct(apeQuantile(ss, 0.9, func(s sample) (float64, float64) { return s.PredTTFT, s.TTFT })),
+				workload.Pct(mape(ss, func(s sample) (float64, float64) { return s.PredTPOT, s.TPOT })),
+				workload.Pct(verdicts(ss, o.sloTTFT.Seconds())))
 		}
 		// Let the replicas drain before the next level.
 		time.Sleep(2 * time.Second)
@@ -174,25 +173,6 @@ func failedNote(name string, failed int) string {
 		return ""
 	}
 	return fmt.Sprintf(" (+%d failed)", failed)
-}
-
-// capacityOf is the profile's throughput (requests per second) for these requests: all of
-// them queued at once and run to the end in virtual time.
-func capacityOf(p engine.Profile, reqs []traces.Request) (float64, error) {
-	eng, err := engine.New(p)
-	if err != nil {
-		return 0, err
-	}
-	for i, r := range reqs {
-		if err := eng.Add(engine.Request{ID: uint64(i + 1), PromptTokens: r.InputTokens, MaxTokens: r.OutputTokens}); err != nil {
-			return 0, fmt.Errorf("capacity of %s: %w", p.Name, err)
-		}
-	}
-	var total time.Duration
-	for !eng.Idle() {
-		total += eng.Step().Duration
-	}
-	return float64(len(reqs)) / total.Seconds(), nil
 }
 
 func startReplica(ctx context.Context, p *engine.Profile) (string, error) {
@@ -245,146 +225,12 @@ func startRouter(ctx context.Context, set []fleet.Replica, slo time.Duration, to
 	return "http://" + ln.Addr().String(), nil
 }
 
-// replay sends the requests open-loop: the trace's own arrival pattern, scaled to rate.
-func replay(url string, reqs []traces.Request, rate float64, maxDuration time.Duration) ([]sample, int) {
-	span := (reqs[len(reqs)-1].At - reqs[0].At).Seconds()
-	scale := 1.0
-	if span > 0 {
-		scale = float64(len(reqs)-1) / rate / span
-	}
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}, Timeout: 10 * time.Minute}
-	var (
-		mu      sync.Mutex
-		samples []sample
-		failed  int
-		wg      sync.WaitGroup
-	)
-	start := time.Now()
-	for _, r := range reqs {
-		at := time.Duration(float64(r.At-reqs[0].At) * scale)
-		if at > maxDuration {
-			break
-		}
-		time.Sleep(time.Until(start.Add(at)))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s, err := send(client, url, r)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				failed++
-				fmt.Fprintln(os.Stderr, "request:", err)
-				return
-			}
-			samples = append(samples, s)
-		}()
-	}
-	wg.Wait()
-	return samples, failed
-}
-
-// prompt builds a text of about n tokens whose leading 512-token blocks follow the trace's
-// hash ids, so requests that share ids share a prompt prefix (for the prefix caches).
-func prompt(r traces.Request) string {
-	var b strings.Builder
-	words := 0
-	for i := 0; words < r.InputTokens; i++ {
-		id := uint64(i)<<32 | uint64(r.At)
-		if i < len(r.PrefixBlocks) {
-			id = r.PrefixBlocks[i]
-		}
-		for j := 0; j < traces.MooncakeBlockTokens && words < r.InputTokens; j++ {
-			// Common English words: one token each for the BPE tokenizer replicasim counts
-			// with, as a real prompt's words mostly are.
-			b.WriteString(vocabulary[(id*2654435761+uint64(j)*40503)%uint64(len(vocabulary))])
-			b.WriteByte(' ')
-			words++
-		}
-	}
-	return b.String()
-}
-
-func send(client *http.Client, url string, r traces.Request) (sample, error) {
-	body, _ := json.Marshal(map[string]any{
-		"model": model, "stream": true, "stream_options": map[string]bool{"include_usage": true},
-		"max_tokens": r.OutputTokens, "messages": []map[string]string{{"role": "user", "content": prompt(r)}},
-	})
-	start := time.Now()
-	resp, err := client.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
-	if err != nil {
-		return sample{}, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		b, _ := io.ReadAll(resp.Body)
-		return sample{}, fmt.Errorf("status %d: %s", resp.StatusCode, b)
-	}
-	s := sample{replica: resp.Header.Get("X-Arbiter-Replica")}
-	s.predTTFT, _ = strconv.ParseFloat(resp.Header.Get("X-Arbiter-Predicted-Ttft-Ms"), 64)
-	s.predTPOT, _ = strconv.ParseFloat(resp.Header.Get("X-Arbiter-Predicted-Tpot-Ms"), 64)
-	s.predTTFT, s.predTPOT = s.predTTFT/1000, s.predTPOT/1000
-	var first time.Time
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Bytes()
-		if !bytes.HasPrefix(line, []byte("data: ")) || bytes.Equal(line, []byte("data: [DONE]")) {
-			continue
-		}
-		var ev struct {
-			Choices []json.RawMessage `json:"choices"`
-			Usage   *struct {
-				Prompt     int `json:"prompt_tokens"`
-				Completion int `json:"completion_tokens"`
-			} `json:"usage"`
-		}
-		if err := json.Unmarshal(line[len("data: "):], &ev); err != nil {
-			return sample{}, fmt.Errorf("bad event %q: %w", line, err)
-		}
-		if len(ev.Choices) > 0 && first.IsZero() {
-			first = time.Now()
-		}
-		if ev.Usage != nil {
-			s.promptTokens, s.outputToks = ev.Usage.Prompt, ev.Usage.Completion
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return sample{}, err
-	}
-	end := time.Now()
-	if first.IsZero() || s.replica == "" {
-		return sample{}, fmt.Errorf("no first token or no routing header")
-	}
-	s.ttft = first.Sub(start).Seconds()
-	if s.outputToks > 1 {
-		s.tpot = end.Sub(first).Seconds() / float64(s.outputToks-1)
-	}
-	return s, nil
-}
-
-func quantile(xs []float64, q float64) float64 {
-	if len(xs) == 0 {
-		return math.NaN()
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[min(int(q*float64(len(s))), len(s)-1)]
-}
-
 func pair(ss []sample, f func(sample) float64) string {
 	var xs []float64
 	for _, s := range ss {
 		xs = append(xs, f(s))
 	}
-	return fmt.Sprintf("%s / %s", secs(quantile(xs, 0.5)), secs(quantile(xs, 0.9)))
-}
-
-func secs(x float64) string {
-	if math.IsNaN(x) {
-		return "—"
-	}
-	return strconv.FormatFloat(x*1000, 'f', 0, 64) + " ms"
+	return fmt.Sprintf("%s / %s", workload.Ms(workload.Quantile(xs, 0.5)), workload.Ms(workload.Quantile(xs, 0.9)))
 }
 
 func apes(ss []sample, f func(sample) (pred, obs float64)) []float64 {
@@ -410,7 +256,7 @@ func mape(ss []sample, f func(sample) (float64, float64)) float64 {
 }
 
 func apeQuantile(ss []sample, q float64, f func(sample) (float64, float64)) float64 {
-	return quantile(apes(ss, f), q)
+	return workload.Quantile(apes(ss, f), q)
 }
 
 func verdicts(ss []sample, slo float64) float64 {
@@ -419,32 +265,9 @@ func verdicts(ss []sample, slo float64) float64 {
 	}
 	right := 0
 	for _, s := range ss {
-		if (s.predTTFT <= slo) == (s.ttft <= slo) {
+		if (s.PredTTFT <= slo) == (s.TTFT <= slo) {
 			right++
 		}
 	}
 	return float64(right) / float64(len(ss))
 }
-
-func pct(x float64) string {
-	if math.IsNaN(x) {
-		return "—"
-	}
-	return strconv.FormatFloat(x*100, 'f', 1, 64) + " %"
-}
-
-// vocabulary is common English words, each a single BPE token.
-var vocabulary = strings.Fields(`the of and to in is was for on that with as by at from his her they
-have had not are but this which were one all their there been has when who will more would no out
-time so can about said what up its into than them only other some could new these two may first
-then do any like my now over such our man me even most made after also did many before must
-through back years where much your way well down should because each just those people how too
-little state good very make world still own see men work long get here between both life being
-under never day same another know while last might us great old year off come since against go
-came right used take three house use during without again place around however home small found
-thought went say part once general high upon school every does got left number course war until
-always away something fact water though less public put think almost hand enough far took head
-yet government system better set told nothing night end why called didn look find going asked
-later point knew city next program business give group toward days young let room president side
-social given present several order national second possible rather per face among form important
-often things early`)

@@ -40,6 +40,7 @@ func run(args []string, out io.Writer) error {
 	seed := fs.Uint64("seed", 1, "random seed")
 	verbose := fs.Bool("v", false, "print every target change to stderr")
 	calibrate := fs.Bool("calibrate", true, "set target_qps_per_replica and target_concurrency_per_replica per request trace from a fixed-fleet calibration run (see sim.Calibrate)")
+	calMax := fs.Int("calibrate-max", 32, "largest fixed fleet the calibration tries")
 	isoSLO := fs.Bool("iso-slo", true, "when SkyServe misses Arbiter's SLO attainment, also show SkyServe with target_qps_per_replica lowered until it does not")
 	cold0 := fs.Bool("from-zero", false, "start with no replica instead of min_replicas ready")
 	if err := fs.Parse(args); err != nil {
@@ -79,7 +80,7 @@ func run(args []string, out io.Writer) error {
 			if err != nil {
 				return err
 			}
-			c, err := sim.Calibrate(base, 2*time.Hour, 16)
+			c, err := sim.Calibrate(base, 2*time.Hour, *calMax)
 			if err != nil {
 				return err
 			}

@@ -1,0 +1,328 @@
+// Command policies compares the router's policies on the same replicas and the same traffic:
+// real `replicasim` processes of two GPU profiles at two price tiers, the real `router`
+// process in front of them, and open-loop arrivals from a shared trace, all over HTTP on
+// loopback. Each policy gets fresh replicas (empty prefix caches) and a fresh router, and the
+// same requests at the same times.
+//
+// Per policy it reports the share of requests that succeeded, SLO attainment (succeeded with
+// TTFT and TPOT within the SLO, over all requests), goodput (such requests per second of
+// the run), TTFT p50/p90, TPOT p90, what the tokens cost, and each replica's share of requests.
+//
+// Cost is "busy-time" cost: each replica's hourly price times the time it had at least one
+// request in flight, over the tokens answered. The replica set is the same for every policy,
+// so what the whole set costs for the run is the same too; busy time is what a policy
+// changes, and what an autoscaler turns into money by scaling idle replicas away.
+//
+//	go build -o bin/ ./cmd/router ./cmd/replicasim && go run ./bench/policies -bin bin
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/arbiter-serve/arbiter/bench/workload"
+	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/traces"
+)
+
+const model = "policies-model"
+
+type replicaSpec struct {
+	profile string
+	price   float64
+}
+
+type options struct {
+	bin         string
+	trace       string
+	replicas    []replicaSpec
+	policies    []string
+	level       float64
+	requests    int
+	maxDuration time.Duration
+	sloTTFT     time.Duration
+	sloTPOT     time.Duration
+	maxPrompt   int
+	maxOutput   int
+}
+
+// defaultReplicas: two profiles at two price tiers, prices from the shared catalogs
+// (pricing.Embedded, 2026-11): an H100 on Azure eastus as spot ($2.19/h) and on-demand
+// ($6.98/h, Standard_NC40ads_H100_v5), an H200 on Vast ($2.35/h, 1x-H200), and a second
+// on-demand H100, so the cheap tier holds both profiles and the dear tier half the pool.
+const defaultReplicas = "h100-llama-3.1-8b@2.192,h200-llama-3.1-8b@2.35,h100-llama-3.1-8b@6.98,h100-llama-3.1-8b@6.98"
+
+func main() {
+	var o options
+	var reps, pols string
+	flag.StringVar(&o.bin, "bin", "bin", "folder holding the router and replicasim binaries")
+	flag.StringVar(&o.trace, "trace", "mooncake-conversation-30min", "request trace: "+strings.Join(traces.RequestNames(), ", "))
+	flag.StringVar(&reps, "replicas", defaultReplicas, "replicas as profile@USD-per-hour, comma-separated")
+	flag.StringVar(&pols, "policies", "slo_cheapest,slo_cheapest/no-prefix,least_load,round_robin", "policies to compare; /no-prefix turns prefix affinity off")
+	flag.Float64Var(&o.level, "level", 0.6, "load as a fraction of the pool's capacity for the trace")
+	flag.IntVar(&o.requests, "requests", 300, "requests per policy")
+	flag.DurationVar(&o.maxDuration, "max-duration", 90*time.Second, "bound on each run's arrivals")
+	flag.DurationVar(&o.sloTTFT, "slo-ttft", time.Second, "TTFT SLO")
+	flag.DurationVar(&o.sloTPOT, "slo-tpot", 100*time.Millisecond, "TPOT SLO")
+	flag.IntVar(&o.maxPrompt, "max-prompt", 16000, "prompts longer than this are cut (tokens)")
+	flag.IntVar(&o.maxOutput, "max-output", 300, "outputs longer than this are cut (tokens), to bound the run")
+	flag.Parse()
+	for _, r := range strings.Split(reps, ",") {
+		name, price, ok := strings.Cut(r, "@")
+		p, err := strconv.ParseFloat(price, 64)
+		if !ok || err != nil || p <= 0 {
+			fail(fmt.Errorf("-replicas %q: want profile@price", r))
+		}
+		o.replicas = append(o.replicas, replicaSpec{profile: name, price: p})
+	}
+	o.policies = strings.Split(pols, ",")
+	if err := run(o); err != nil {
+		fail(err)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "policies:", err)
+	os.Exit(1)
+}
+
+func run(o options) error {
+	reqs, err := workload.Load(o.trace, o.maxPrompt, o.maxOutput)
+	if err != nil {
+		return err
+	}
+	reqs = reqs[:min(o.requests, len(reqs))]
+	capacity, tps := 0.0, map[string]float64{}
+	meanTokens := 0.0
+	for _, r := range reqs {
+		meanTokens += float64(r.InputTokens+r.OutputTokens) / float64(len(reqs))
+	}
+	for _, rs := range o.replicas {
+		p, err := engine.LoadProfile(rs.profile)
+		if err != nil {
+			return err
+		}
+		c, err := workload.Capacity(*p, reqs[:min(len(reqs), 200)])
+		if err != nil {
+			return err
+		}
+		capacity += c
+		tps[rs.profile] = c * meanTokens // what the control plane would publish as tokens_per_second
+	}
+	rate := o.level * capacity
+	fmt.Printf("trace %s, %d requests at %.2f req/s (%.2f of the pool's %.2f req/s), SLO TTFT %v TPOT %v, replicas %v\n\n",
+		o.trace, len(reqs), rate, o.level, capacity, o.sloTTFT, o.sloTPOT, describe(o.replicas))
+	fmt.Println("| policy | prefix affinity | succeeded | SLO attainment | goodput | TTFT p50 / p90 | TPOT p90 | $/M tokens (busy time) | requests per replica |")
+	fmt.Println("|---|---|---:|---:|---:|---|---:|---:|---|")
+	for _, pol := range o.policies {
+		res, ids, err := runPolicy(o, pol, reqs, rate, tps)
+		if err != nil {
+			return fmt.Errorf("%s: %w", pol, err)
+		}
+		fmt.Println(row(o, pol, res, ids))
+	}
+	return nil
+}
+
+func describe(rs []replicaSpec) string {
+	var parts []string
+	for i, r := range rs {
+		parts = append(parts, fmt.Sprintf("r%d %s $%.2f/h", i, r.profile, r.price))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// runPolicy starts fresh replicas and a router for one policy, replays the requests and
+// stops everything. It returns the results and the replica set.
+func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps map[string]float64) ([]workload.Result, []fleet.Replica, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dir, err := os.MkdirTemp("", "policies-")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer os.RemoveAll(dir)
+	var procs []*exec.Cmd
+	defer func() {
+		for _, p := range procs {
+			_ = p.Process.Kill()
+			_ = p.Wait()
+		}
+	}()
+	start := func(name string, args ...string) error {
+		cmd := exec.CommandContext(ctx, filepath.Join(o.bin, name), args...)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start %s: %w", name, err)
+		}
+		procs = append(procs, cmd)
+		return nil
+	}
+	var set []fleet.Replica
+	for i, rs := range o.replicas {
+		addr, err := freeAddr()
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := start("replicasim", "-listen", addr, "-model", model, "-profile", rs.profile, "-log-level", "warn"); err != nil {
+			return nil, nil, err
+		}
+		set = append(set, fleet.Replica{ID: fmt.Sprintf("r%d", i), Address: addr, Model: model, Capacity: fleet.OnDemand,
+			PricePerHour: rs.price, TokensPerSecond: math.Round(tps[rs.profile])})
+	}
+	policy, noPrefix := strings.CutSuffix(pol, "/no-prefix")
+	cfg := map[string]any{
+		"policy":          policy,
+		"slos":            map[string]any{model: map[string]float64{"ttft_seconds": o.sloTTFT.Seconds(), "tpot_seconds": o.sloTPOT.Seconds()}},
+		"routing_headers": true,
+	}
+	if noPrefix {
+		cfg["affinity_size"] = 0
+	}
+	for name, v := range map[string]any{"router.yaml": cfg, "replicas.yaml": map[string]any{"replicas": set}} {
+		b, err := yaml.Marshal(v)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			return nil, nil, err
+		}
+	}
+	listen, err := freeAddr()
+	if err != nil {
+		return nil, nil, err
+	}
+	admin, err := freeAddr()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := start("router", "-listen", listen, "-admin", admin, "-config", filepath.Join(dir, "router.yaml"),
+		"-replicas", filepath.Join(dir, "replicas.yaml"), "-log-level", "warn"); err != nil {
+		return nil, nil, err
+	}
+	if err := waitReady(admin, len(set)); err != nil {
+		return nil, nil, err
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}, Timeout: 10 * time.Minute}
+	return workload.Replay(client, "http://"+listen, model, reqs, rate, o.maxDuration), set, nil
+}
+
+// waitReady waits until the router's admin view shows every replica available.
+func waitReady(admin string, n int) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get("http://" + admin + "/replicas")
+		if err == nil {
+			var view []struct {
+				Available bool `json:"available"`
+			}
+			err = jsonDecode(resp, &view)
+			up := 0
+			for _, v := range view {
+				if v.Available {
+					up++
+				}
+			}
+			if err == nil && up == n {
+				return nil
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return errors.New("replicas not all available to the router within 60 s")
+}
+
+func row(o options, pol string, res []workload.Result, set []fleet.Replica) string {
+	var (
+		ok, good, tokens int
+		ttft, tpot       []float64
+		first, last      time.Time
+		perReplica       = map[string][]workload.Result{}
+	)
+	for _, r := range res {
+		if first.IsZero() || r.Start.Before(first) {
+			first = r.Start
+		}
+		if r.End.After(last) {
+			last = r.End
+		}
+		if r.Err != nil {
+			continue
+		}
+		ok++
+		tokens += r.Prompt + r.Output
+		ttft, tpot = append(ttft, r.TTFT), append(tpot, r.TPOT)
+		if r.TTFT <= o.sloTTFT.Seconds() && r.TPOT <= o.sloTPOT.Seconds() {
+			good++
+		}
+		perReplica[r.Replica] = append(perReplica[r.Replica], r)
+	}
+	cost := 0.0
+	var shares []string
+	for _, rep := range set {
+		cost += rep.PricePerHour * busy(perReplica[rep.ID]).Hours()
+		shares = append(shares, fmt.Sprintf("%s %.0f%%", rep.ID, 100*float64(len(perReplica[rep.ID]))/float64(max(ok, 1))))
+	}
+	n := float64(len(res))
+	policy, noPrefix := strings.CutSuffix(pol, "/no-prefix")
+	prefix := "on"
+	if noPrefix || policy != "slo_cheapest" {
+		prefix = "off"
+	}
+	return fmt.Sprintf("| %s | %s | %.1f %% | %.1f %% | %.2f req/s | %s / %s | %s | %.3f | %s |", policy, prefix,
+		100*float64(ok)/n, 100*float64(good)/n, float64(good)/last.Sub(first).Seconds(),
+		workload.Ms(workload.Quantile(ttft, 0.5)), workload.Ms(workload.Quantile(ttft, 0.9)), workload.Ms(workload.Quantile(tpot, 0.9)),
+		cost/float64(max(tokens, 1))*1e6, strings.Join(shares, ", "))
+}
+
+// busy is the length of the union of the requests' [start, end] intervals.
+func busy(rs []workload.Result) time.Duration {
+	sort.Slice(rs, func(i, j int) bool { return rs[i].Start.Before(rs[j].Start) })
+	var total time.Duration
+	var curStart, curEnd time.Time
+	for i, r := range rs {
+		switch {
+		case i == 0:
+			curStart, curEnd = r.Start, r.End
+		case r.Start.After(curEnd):
+			total += curEnd.Sub(curStart)
+			curStart, curEnd = r.Start, r.End
+		case r.End.After(curEnd):
+			curEnd = r.End
+		}
+	}
+	if len(rs) > 0 {
+		total += curEnd.Sub(curStart)
+	}
+	return total
+}
+
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func jsonDecode(resp *http.Response, v any) error {
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
+}

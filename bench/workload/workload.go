@@ -1,0 +1,233 @@
+// Package workload replays the shared LLM request traces against an OpenAI endpoint the way
+// the benchmarks in bench/ need it: prompts whose shared prefixes follow the trace, open-loop
+// arrivals time-scaled to a rate, and per-request timings of streamed answers as the client
+// sees them (with the router's routing headers when it sends them).
+package workload
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/traces"
+)
+
+// Load returns a named trace tiled over a day, prompts and outputs clamped to the bounds
+// (outputs of at least 2 tokens, so every request has a time per output token).
+func Load(name string, maxPrompt, maxOutput int) ([]traces.Request, error) {
+	tr, err := traces.NamedRequests(name)
+	if err != nil {
+		return nil, err
+	}
+	reqs := tr.Tile(24 * time.Hour)
+	for i := range reqs {
+		reqs[i].InputTokens = min(max(reqs[i].InputTokens, 1), maxPrompt)
+		reqs[i].OutputTokens = min(max(reqs[i].OutputTokens, 2), maxOutput)
+	}
+	return reqs, nil
+}
+
+// Capacity is a profile's throughput (requests per second) for these requests: all of them
+// queued at once and run to the end in virtual time, through the engine replicasim serves with.
+func Capacity(p engine.Profile, reqs []traces.Request) (float64, error) {
+	eng, err := engine.New(p)
+	if err != nil {
+		return 0, err
+	}
+	for i, r := range reqs {
+		if err := eng.Add(engine.Request{ID: uint64(i + 1), PromptTokens: r.InputTokens, MaxTokens: r.OutputTokens}); err != nil {
+			return 0, fmt.Errorf("capacity of %s: %w", p.Name, err)
+		}
+	}
+	var total time.Duration
+	for !eng.Idle() {
+		total += eng.Step().Duration
+	}
+	return float64(len(reqs)) / total.Seconds(), nil
+}
+
+// Prompt builds a text of about r.InputTokens tokens whose leading blocks (traces'
+// MooncakeBlockTokens each) follow the trace's hash ids, so requests that share ids share a
+// prompt prefix, as the trace's conversations do. Words are common English ones, one BPE
+// token each, as replicasim counts.
+func Prompt(r traces.Request) string {
+	var b strings.Builder
+	words := 0
+	for i := 0; words < r.InputTokens; i++ {
+		id := uint64(i)<<32 | uint64(r.At)
+		if i < len(r.PrefixBlocks) {
+			id = r.PrefixBlocks[i]
+		}
+		for j := 0; j < traces.MooncakeBlockTokens && words < r.InputTokens; j++ {
+			b.WriteString(vocabulary[(id*2654435761+uint64(j)*40503)%uint64(len(vocabulary))])
+			b.WriteByte(' ')
+			words++
+		}
+	}
+	return b.String()
+}
+
+// Result is one streamed request as the client saw it.
+type Result struct {
+	Start, End time.Time
+	// Replica and the predictions come from the router's routing headers (empty and 0 if
+	// it sent none).
+	Replica            string
+	PredTTFT, PredTPOT float64 // seconds
+	TTFT, TPOT         float64 // seconds
+	Prompt, Output     int     // tokens, from the usage chunk
+	Err                error
+}
+
+// Replay sends the requests open-loop to url (an OpenAI base such as http://host:port): the
+// trace's own arrival pattern, time-scaled to rate requests per second, arrivals bounded by
+// maxDuration. It returns one result per request sent, failures included.
+func Replay(client *http.Client, url, model string, reqs []traces.Request, rate float64, maxDuration time.Duration) []Result {
+	span := (reqs[len(reqs)-1].At - reqs[0].At).Seconds()
+	scale := 1.0
+	if span > 0 {
+		scale = float64(len(reqs)-1) / rate / span
+	}
+	var (
+		mu  sync.Mutex
+		out []Result
+		wg  sync.WaitGroup
+	)
+	start := time.Now()
+	for _, r := range reqs {
+		at := time.Duration(float64(r.At-reqs[0].At) * scale)
+		if at > maxDuration {
+			break
+		}
+		time.Sleep(time.Until(start.Add(at)))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res := Stream(client, url, model, r)
+			mu.Lock()
+			out = append(out, res)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// Stream sends one chat request, streamed with usage, and times it.
+func Stream(client *http.Client, url, model string, r traces.Request) Result {
+	body, _ := json.Marshal(map[string]any{
+		"model": model, "stream": true, "stream_options": map[string]bool{"include_usage": true},
+		"max_tokens": r.OutputTokens, "messages": []map[string]string{{"role": "user", "content": Prompt(r)}},
+	})
+	res := Result{Start: time.Now()}
+	fail := func(err error) Result {
+		res.End, res.Err = time.Now(), err
+		return res
+	}
+	resp, err := client.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return fail(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		return fail(fmt.Errorf("status %d: %s", resp.StatusCode, b))
+	}
+	res.Replica = resp.Header.Get("X-Arbiter-Replica")
+	res.PredTTFT, _ = strconv.ParseFloat(resp.Header.Get("X-Arbiter-Predicted-Ttft-Ms"), 64)
+	res.PredTPOT, _ = strconv.ParseFloat(resp.Header.Get("X-Arbiter-Predicted-Tpot-Ms"), 64)
+	res.PredTTFT, res.PredTPOT = res.PredTTFT/1000, res.PredTPOT/1000
+	var first time.Time
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if !bytes.HasPrefix(line, []byte("data: ")) || bytes.Equal(line, []byte("data: [DONE]")) {
+			continue
+		}
+		var ev struct {
+			Choices []json.RawMessage `json:"choices"`
+			Usage   *struct {
+				Prompt     int `json:"prompt_tokens"`
+				Completion int `json:"completion_tokens"`
+			} `json:"usage"`
+			Error json.RawMessage `json:"error"`
+		}
+		if err := json.Unmarshal(line[len("data: "):], &ev); err != nil {
+			return fail(fmt.Errorf("bad event %q: %w", line, err))
+		}
+		if ev.Error != nil {
+			return fail(fmt.Errorf("stream failed: %s", ev.Error))
+		}
+		if len(ev.Choices) > 0 && first.IsZero() {
+			first = time.Now()
+		}
+		if ev.Usage != nil {
+			res.Prompt, res.Output = ev.Usage.Prompt, ev.Usage.Completion
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fail(err)
+	}
+	res.End = time.Now()
+	if first.IsZero() || res.Output == 0 {
+		return fail(fmt.Errorf("no first token or no usage"))
+	}
+	res.TTFT = first.Sub(res.Start).Seconds()
+	if res.Output > 1 {
+		res.TPOT = res.End.Sub(first).Seconds() / float64(res.Output-1)
+	}
+	return res
+}
+
+// Quantile is the q-quantile of xs (NaN when empty); xs is not changed.
+func Quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[min(int(q*float64(len(s))), len(s)-1)]
+}
+
+// Ms formats seconds as whole milliseconds ("—" for NaN).
+func Ms(x float64) string {
+	if math.IsNaN(x) {
+		return "—"
+	}
+	return strconv.FormatFloat(x*1000, 'f', 0, 64) + " ms"
+}
+
+// Pct formats a fraction as a percentage ("—" for NaN).
+func Pct(x float64) string {
+	if math.IsNaN(x) {
+		return "—"
+	}
+	return strconv.FormatFloat(x*100, 'f', 1, 64) + " %"
+}
+
+// vocabulary is common English words, each a single BPE token.
+var vocabulary = strings.Fields(`the of and to in is was for on that with as by at from his her they
+have had not are but this which were one all their there been has when who will more would no out
+time so can about said what up its into than them only other some could new these two may first
+then do any like my now over such our man me even most made after also did many before must
+through back years where much your way well down should because each just those people how too
+little state good very make world still own see men work long get here between both life being
+under never day same another know while last might us great old year off come since against go
+came right used take three house use during without again place around however home small found
+thought went say part once general high upon school every does got left number course war until
+always away something fact water though less public put think almost hand enough far took head
+yet government system better set told nothing night end why called didn look find going asked
+later point knew city next program business give group toward days young let room president side
+social given present several order national second possible rather per face among form important
+often things early`)
