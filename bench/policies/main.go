@@ -60,6 +60,8 @@ type options struct {
 	sloTPOT     time.Duration
 	maxPrompt   int
 	maxOutput   int
+	// conversations samples whole conversations instead of a time window.
+	conversations bool
 }
 
 // defaultReplicas: two profiles at two price tiers, prices from the shared catalogs
@@ -82,6 +84,7 @@ func main() {
 	flag.DurationVar(&o.sloTPOT, "slo-tpot", 100*time.Millisecond, "TPOT SLO")
 	flag.IntVar(&o.maxPrompt, "max-prompt", 16000, "prompts longer than this are cut (tokens)")
 	flag.IntVar(&o.maxOutput, "max-output", 300, "outputs longer than this are cut (tokens), to bound the run")
+	flag.BoolVar(&o.conversations, "conversations", true, "sample whole conversations (requests grouped by their conversation's prefix block) rather than the trace's first requests, so follow-up turns fall within the run; each turn is sent after the answer to the one before")
 	flag.Parse()
 	for _, r := range strings.Split(reps, ",") {
 		name, price, ok := strings.Cut(r, "@")
@@ -107,7 +110,11 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	reqs = reqs[:min(o.requests, len(reqs))]
+	if o.conversations {
+		reqs = workload.Conversations(reqs[:min(len(reqs), 20*o.requests)], o.requests)
+	} else {
+		reqs = reqs[:min(o.requests, len(reqs))]
+	}
 	capacity, tps := 0.0, map[string]float64{}
 	meanTokens := 0.0
 	for _, r := range reqs {
@@ -126,8 +133,8 @@ func run(o options) error {
 		tps[rs.profile] = c * meanTokens // what the control plane would publish as tokens_per_second
 	}
 	rate := o.level * capacity
-	fmt.Printf("trace %s, %d requests at %.2f req/s (%.2f of the pool's %.2f req/s), SLO TTFT %v TPOT %v, replicas %v\n\n",
-		o.trace, len(reqs), rate, o.level, capacity, o.sloTTFT, o.sloTPOT, describe(o.replicas))
+	fmt.Printf("trace %s (conversations: %v), %d requests at %.2f req/s (%.2f of the pool's %.2f req/s), SLO TTFT %v TPOT %v, replicas %v\n\n",
+		o.trace, o.conversations, len(reqs), rate, o.level, capacity, o.sloTTFT, o.sloTPOT, describe(o.replicas))
 	fmt.Println("| policy | prefix affinity | succeeded | SLO attainment | goodput | TTFT p50 / p90 | TPOT p90 | $/M tokens (busy time) | requests per replica |")
 	fmt.Println("|---|---|---:|---:|---:|---|---:|---:|---|")
 	for _, pol := range o.policies {
@@ -186,6 +193,13 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 		set = append(set, fleet.Replica{ID: fmt.Sprintf("r%d", i), Address: addr, Model: model, Capacity: fleet.OnDemand,
 			PricePerHour: rs.price, TokensPerSecond: math.Round(tps[rs.profile])})
 	}
+	// The router counts a listed replica available before its first probe, so start it
+	// only once every replica answers /health (replicasim loads its vocabulary first).
+	for _, rep := range set {
+		if err := waitHealthy(rep.Address); err != nil {
+			return nil, nil, err
+		}
+	}
 	policy, noPrefix := strings.CutSuffix(pol, "/no-prefix")
 	cfg := map[string]any{
 		"policy":          policy,
@@ -220,7 +234,25 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 		return nil, nil, err
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}, Timeout: 10 * time.Minute}
+	if o.conversations {
+		return workload.ReplaySessions(client, "http://"+listen, model, reqs, rate, o.maxDuration), set, nil
+	}
 	return workload.Replay(client, "http://"+listen, model, reqs, rate, o.maxDuration), set, nil
+}
+
+// waitHealthy waits until a replica answers /health with 200.
+func waitHealthy(addr string) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get("http://" + addr + "/health"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("replica %s not healthy within 60 s", addr)
 }
 
 // waitReady waits until the router's admin view shows every replica available.
@@ -251,6 +283,7 @@ func waitReady(admin string, n int) error {
 func row(o options, pol string, res []workload.Result, set []fleet.Replica) string {
 	var (
 		ok, good, tokens int
+		fails            int
 		ttft, tpot       []float64
 		first, last      time.Time
 		perReplica       = map[string][]workload.Result{}
@@ -263,6 +296,9 @@ func row(o options, pol string, res []workload.Result, set []fleet.Replica) stri
 			last = r.End
 		}
 		if r.Err != nil {
+			if fails++; fails <= 3 {
+				fmt.Fprintf(os.Stderr, "%s: request failed: %v\n", pol, r.Err)
+			}
 			continue
 		}
 		ok++

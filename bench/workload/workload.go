@@ -93,11 +93,7 @@ type Result struct {
 // trace's own arrival pattern, time-scaled to rate requests per second, arrivals bounded by
 // maxDuration. It returns one result per request sent, failures included.
 func Replay(client *http.Client, url, model string, reqs []traces.Request, rate float64, maxDuration time.Duration) []Result {
-	span := (reqs[len(reqs)-1].At - reqs[0].At).Seconds()
-	scale := 1.0
-	if span > 0 {
-		scale = float64(len(reqs)-1) / rate / span
-	}
+	scale := timeScale(reqs, rate)
 	var (
 		mu  sync.Mutex
 		out []Result
@@ -121,6 +117,68 @@ func Replay(client *http.Client, url, model string, reqs []traces.Request, rate 
 	}
 	wg.Wait()
 	return out
+}
+
+// timeScale is the factor that turns the requests' trace times into times at which they
+// arrive at rate per second on average.
+func timeScale(reqs []traces.Request, rate float64) float64 {
+	span := (reqs[len(reqs)-1].At - reqs[0].At).Seconds()
+	if span <= 0 {
+		return 1
+	}
+	return float64(len(reqs)-1) / rate / span
+}
+
+// ReplaySessions is Replay for conversations: requests that share a conversation key (see
+// Conversations) are one user's turns, each sent only after the answer to the one before
+// it, at its time-scaled trace time or, if the previous answer came later, right then, as a
+// user does. First turns follow the trace's pattern scaled to rate, as Replay's do.
+func ReplaySessions(client *http.Client, url, model string, reqs []traces.Request, rate float64, maxDuration time.Duration) []Result {
+	scale := timeScale(reqs, rate)
+	sessions := map[uint64][]traces.Request{}
+	var order []uint64
+	for _, r := range reqs {
+		k := conversationKey(r, len(order))
+		if _, ok := sessions[k]; !ok {
+			order = append(order, k)
+		}
+		sessions[k] = append(sessions[k], r)
+	}
+	var (
+		mu  sync.Mutex
+		out []Result
+		wg  sync.WaitGroup
+	)
+	start := time.Now()
+	for _, k := range order {
+		turns := sessions[k]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, r := range turns {
+				at := time.Duration(float64(r.At-reqs[0].At) * scale)
+				if at > maxDuration {
+					return
+				}
+				time.Sleep(time.Until(start.Add(at)))
+				res := Stream(client, url, model, r)
+				mu.Lock()
+				out = append(out, res)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// conversationKey names a request's conversation: its second prefix block (Mooncake's
+// prompts all start with the same system block), or a key of its own without prefix ids.
+func conversationKey(r traces.Request, i int) uint64 {
+	if len(r.PrefixBlocks) == 0 {
+		return uint64(1)<<63 | uint64(i)
+	}
+	return r.PrefixBlocks[min(1, len(r.PrefixBlocks)-1)]
 }
 
 // Stream sends one chat request, streamed with usage, and times it.
@@ -231,3 +289,48 @@ yet government system better set told nothing night end why called didn look fin
 later point knew city next program business give group toward days young let room president side
 social given present several order national second possible rather per face among form important
 often things early`)
+
+// Conversations picks n requests that keep the trace's multi-turn structure within a short
+// run: requests are grouped by their second prefix block (in Mooncake's traces every prompt
+// starts with the same system block; the next one names the conversation), whole groups are taken in order of first appearance
+// until n requests, and the result keeps the trace's order. A time window of the same size
+// would hold few follow-up turns, which come minutes apart. Requests without prefix ids
+// (Azure's traces) are taken as they come.
+func Conversations(reqs []traces.Request, n int) []traces.Request {
+	groups := map[uint64][]int{}
+	var order []uint64
+	var plain []int
+	for i, r := range reqs {
+		if len(r.PrefixBlocks) == 0 {
+			if len(plain) < n {
+				plain = append(plain, i)
+			}
+			continue
+		}
+		k := conversationKey(r, i)
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], i)
+	}
+	if len(order) == 0 {
+		return pick(reqs, plain)
+	}
+	var idx []int
+	for _, k := range order {
+		if len(idx) >= n {
+			break
+		}
+		idx = append(idx, groups[k]...)
+	}
+	slices.Sort(idx)
+	return pick(reqs, idx[:min(n, len(idx))])
+}
+
+func pick(reqs []traces.Request, idx []int) []traces.Request {
+	out := make([]traces.Request, len(idx))
+	for i, j := range idx {
+		out[i] = reqs[j]
+	}
+	return out
+}
