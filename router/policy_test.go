@@ -49,11 +49,34 @@ func TestSLOCheapestTakesTheFasterWhenTheCheaperCannotMeetTheSLO(t *testing.T) {
 	if got := p.Pick(req, []*Replica{cheap, fast}, rand.New(rand.NewPCG(1, 1))); got != fast {
 		t.Fatalf("picked %s, want fast (cheap cannot meet the TTFT SLO)", got.Info().ID)
 	}
-	// With no replica meeting the SLO, the fastest predicted wins.
+	// With no replica meeting the SLO, the least loaded wins (here also the faster).
 	setLoad(fast, now, 256, 1024)
 	fast.pred.slots.observe(256)
 	if got := p.Pick(req, []*Replica{cheap, fast}, rand.New(rand.NewPCG(1, 1))); got != cheap {
-		t.Fatalf("picked %s, want cheap (now the faster of two that both miss)", got.Info().ID)
+		t.Fatalf("picked %s, want cheap (now the less loaded of two that both miss)", got.Info().ID)
+	}
+}
+
+// When no replica is predicted to meet the SLO, requests spread by load instead of all going
+// to the fastest prediction: a replica that learned it was slow during a burst, and is idle
+// now, takes the next request rather than the busy one whose line looks faster.
+func TestNoneMeetingTheSLOSpreadsByLoad(t *testing.T) {
+	now := time.Unix(1000, 0)
+	learnedSlow := testReplica("learned-slow", fleet.OnDemand, 4)
+	busy := testReplica("busy", fleet.OnDemand, 4)
+	for range 20 {
+		learnedSlow.learn(now, measurement{uncached: 500, outTokens: 2, ttft: 5, e2e: 5.1, streamed: true})
+	}
+	setLoad(learnedSlow, now, 0, 0)
+	setLoad(busy, now, 10, 0)
+	p := &SLOCheapest{StaleAfter: time.Second}
+	req := &Request{Model: "m", PromptTokens: 500, OutTokens: 2, SLO: SLO{TTFT: 0.001}, Now: now}
+	slow, fast := learnedSlow.Predict(now, 500, 2, time.Second), busy.Predict(now, 500, 2, time.Second)
+	if !(slow.E2E > fast.E2E) || (SLO{TTFT: 0.001}).Meets(slow) || (SLO{TTFT: 0.001}).Meets(fast) {
+		t.Fatalf("test setup: predictions %+v and %+v, want both missing and the idle one slower", slow, fast)
+	}
+	if got := p.Pick(req, []*Replica{busy, learnedSlow}, rand.New(rand.NewPCG(1, 1))); got != learnedSlow {
+		t.Fatalf("picked %s, want the idle replica (none meets the SLO: spread by load)", got.Info().ID)
 	}
 }
 

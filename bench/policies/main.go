@@ -18,6 +18,7 @@ package main
 
 import (
 	"context"
+	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -62,6 +63,8 @@ type options struct {
 	maxOutput   int
 	// conversations samples whole conversations instead of a time window.
 	conversations bool
+	// dump, if set, is a CSV file that gets every request's routing and timings.
+	dump string
 }
 
 // defaultReplicas: two profiles at two price tiers, prices from the shared catalogs
@@ -85,6 +88,7 @@ func main() {
 	flag.IntVar(&o.maxPrompt, "max-prompt", 16000, "prompts longer than this are cut (tokens)")
 	flag.IntVar(&o.maxOutput, "max-output", 300, "outputs longer than this are cut (tokens), to bound the run")
 	flag.BoolVar(&o.conversations, "conversations", true, "sample whole conversations (requests grouped by their conversation's prefix block) rather than the trace's first requests, so follow-up turns fall within the run; each turn is sent after the answer to the one before")
+	flag.StringVar(&o.dump, "dump", "", "write every request (policy, replica, predicted and observed TTFT, tokens) to this CSV file")
 	flag.Parse()
 	for _, r := range strings.Split(reps, ",") {
 		name, price, ok := strings.Cut(r, "@")
@@ -137,14 +141,47 @@ func run(o options) error {
 		o.trace, o.conversations, len(reqs), rate, o.level, capacity, o.sloTTFT, o.sloTPOT, describe(o.replicas))
 	fmt.Println("| policy | prefix affinity | succeeded | SLO attainment | goodput | TTFT p50 / p90 | TPOT p90 | $/M tokens (busy time) | requests per replica |")
 	fmt.Println("|---|---|---:|---:|---:|---|---:|---:|---|")
+	var dump *csv.Writer
+	if o.dump != "" {
+		f, err := os.Create(o.dump)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		dump = csv.NewWriter(f)
+		defer dump.Flush()
+		_ = dump.Write([]string{"policy", "start_s", "replica", "predicted_ttft_s", "ttft_s", "predicted_tpot_s", "tpot_s", "prompt_tokens", "output_tokens", "error"})
+	}
 	for _, pol := range o.policies {
 		res, ids, err := runPolicy(o, pol, reqs, rate, tps)
 		if err != nil {
 			return fmt.Errorf("%s: %w", pol, err)
 		}
 		fmt.Println(row(o, pol, res, ids))
+		if dump != nil {
+			t0 := res[0].Start
+			for _, r := range res {
+				t0 = minTime(t0, r.Start)
+			}
+			for _, r := range res {
+				errText := ""
+				if r.Err != nil {
+					errText = r.Err.Error()
+				}
+				f := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
+				_ = dump.Write([]string{pol, f(r.Start.Sub(t0).Seconds()), r.Replica, f(r.PredTTFT), f(r.TTFT), f(r.PredTPOT), f(r.TPOT),
+					strconv.Itoa(r.Prompt), strconv.Itoa(r.Output), errText})
+			}
+		}
 	}
 	return nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func describe(rs []replicaSpec) string {
