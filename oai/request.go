@@ -53,14 +53,30 @@ func bad(format string, args ...any) error {
 // Parse reads an OpenAI request body for the given endpoint kind. p is reused across calls
 // by the caller (fastjson parsers are not safe for concurrent use).
 func Parse(p *fastjson.Parser, body []byte, kind Kind) (Request, error) {
-	r := Request{Kind: kind}
+	v, err := ParseJSON(p, body)
+	if err != nil {
+		return Request{Kind: kind}, err
+	}
+	return FromValue(v, kind)
+}
+
+// ParseJSON parses a body into a JSON object, for callers that read more fields than
+// Request holds (FromValue then reads Request's from the same value). v lives until p's
+// next parse.
+func ParseJSON(p *fastjson.Parser, body []byte) (*fastjson.Value, error) {
 	v, err := p.ParseBytes(body)
 	if err != nil {
-		return r, bad("body is not valid JSON: %v", err)
+		return nil, bad("body is not valid JSON: %v", err)
 	}
 	if v.Type() != fastjson.TypeObject {
-		return r, bad("body must be a JSON object")
+		return nil, bad("body must be a JSON object")
 	}
+	return v, nil
+}
+
+// FromValue reads a request for the given endpoint kind from a parsed JSON object.
+func FromValue(v *fastjson.Value, kind Kind) (Request, error) {
+	r := Request{Kind: kind}
 	// A missing model is left empty: vLLM serves its only model then, and the router does
 	// the same when it serves one model.
 	if mv := v.Get("model"); mv != nil && mv.Type() != fastjson.TypeNull {

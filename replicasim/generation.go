@@ -263,23 +263,19 @@ func (g *generation) appendLogprobs(b []byte, from, to, offset int) []byte {
 	if k < 0 {
 		return append(b, "null"...)
 	}
-	alt := func(b []byte, i, rank int) (string, []byte) {
-		tok := words[(i+rank)%len(words)]
-		return tok, strconv.AppendFloat(b, -0.05-0.7*float64(rank), 'f', 4, 64)
-	}
 	if g.kind == oai.Chat {
 		b = append(b, `{"content":[`...)
 		for i := from; i < to; i++ {
 			if i > from {
 				b = append(b, ',')
 			}
-			b = appendChatLogprob(b, alt, i, 0)
+			b = appendChatLogprob(b, i, 0)
 			b = append(b, `,"top_logprobs":[`...)
 			for r := range k {
 				if r > 0 {
 					b = append(b, ',')
 				}
-				b = appendChatLogprob(b, alt, i, r)
+				b = appendChatLogprob(b, i, r)
 				b = append(b, '}')
 			}
 			b = append(b, "]}"...)
@@ -299,7 +295,7 @@ func (g *generation) appendLogprobs(b []byte, from, to, offset int) []byte {
 		if i > from {
 			b = append(b, ',')
 		}
-		_, b = alt(b, i, 0)
+		b = appendLogprob(b, 0)
 	}
 	b = append(b, `],"tokens":[`...)
 	for i := from; i < to; i++ {
@@ -318,24 +314,31 @@ func (g *generation) appendLogprobs(b []byte, from, to, offset int) []byte {
 			if r > 0 {
 				b = append(b, ',')
 			}
-			tok, _ := alt(nil, i, r)
-			b = strconv.AppendQuote(b, tok)
+			b = strconv.AppendQuote(b, altToken(i, r))
 			b = append(b, ':')
-			_, b = alt(b, i, r)
+			b = appendLogprob(b, r)
 		}
 		b = append(b, '}')
 	}
 	return append(b, "]}"...)
 }
 
+// altToken is the rank-th most likely token at position i (rank 0: the one generated).
+func altToken(i, rank int) string { return words[(i+rank)%len(words)] }
+
+// appendLogprob appends the made-up log-probability of the rank-th most likely token.
+func appendLogprob(b []byte, rank int) []byte {
+	return strconv.AppendFloat(b, -0.05-0.7*float64(rank), 'f', 4, 64)
+}
+
 // appendChatLogprob appends one {"token","logprob","bytes" of a chat logprob entry, left
 // open for the caller to add fields and close.
-func appendChatLogprob(b []byte, alt func([]byte, int, int) (string, []byte), i, rank int) []byte {
-	tok, _ := alt(nil, i, rank)
+func appendChatLogprob(b []byte, i, rank int) []byte {
+	tok := altToken(i, rank)
 	b = append(b, `{"token":`...)
 	b = strconv.AppendQuote(b, tok)
 	b = append(b, `,"logprob":`...)
-	_, b = alt(b, i, rank)
+	b = appendLogprob(b, rank)
 	b = append(b, `,"bytes":[`...)
 	for j := range len(tok) {
 		if j > 0 {

@@ -37,12 +37,8 @@ type sampling struct {
 // rules and messages (vllm/sampling_params.py SamplingParams._verify_args;
 // vllm/entrypoints/openai/protocol.py ChatCompletionRequest.check_logprobs; the max_logprobs
 // check in vllm/v1/engine/processor.py).
-func parseSampling(p *fastjson.Parser, body []byte, kind oai.Kind) (sampling, error) {
+func parseSampling(v *fastjson.Value, kind oai.Kind) (sampling, error) {
 	sp := sampling{n: 1, logprobs: -1}
-	v, err := p.ParseBytes(body)
-	if err != nil {
-		return sp, err // oai.Parse has already refused it with a better message
-	}
 	num := func(key string) (*fastjson.Value, bool) {
 		x := v.Get(key)
 		return x, x != nil && x.Type() != fastjson.TypeNull

@@ -117,13 +117,9 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
-	maxLen := echoMaxModelLen
+	maxLen, prof := echoMaxModelLen, (*engine.Profile)(nil)
 	if eng != nil {
-		maxLen = eng.MaxContext()
-	}
-	var prof *engine.Profile
-	if !cfg.Echo {
-		prof = cfg.Profile
+		maxLen, prof = eng.MaxContext(), cfg.Profile
 	}
 	s.met = newMetrics(s.reg, cfg.Model, maxLen, cacheInfo(prof), s.engineStats)
 	if eng != nil {
@@ -297,19 +293,23 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 		vllmError(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed")
 		return
 	}
+	jp := s.parsers.Get()
+	defer s.parsers.Put(jp)
+	v, err := oai.ParseJSON(jp, ctx.PostBody())
+	if err != nil {
+		vllmError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
 	kind := oai.Completion
-	if fastjson.Exists(ctx.PostBody(), "messages") {
+	if v.Exists("messages") {
 		kind = oai.Chat
 	}
-	req, ok := s.parse(ctx, kind)
+	req, ok := s.request(ctx, v, kind)
 	if !ok {
 		return
 	}
-	jp := s.parsers.Get()
-	v, _ := jp.ParseBytes(ctx.PostBody())
 	addSpecial := v.Get("add_special_tokens") == nil || v.GetBool("add_special_tokens")
 	withStrs := v.GetBool("return_token_strs")
-	s.parsers.Put(jp)
 	ids := s.promptIDs(&req)
 	if !addSpecial && len(ids) > 0 && ids[0] == bosID && len(req.TokenIDs) == 0 {
 		ids = ids[1:]
@@ -322,7 +322,7 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 		b = strconv.AppendInt(b, int64(id), 10)
 	}
 	b = append(b, `],"token_strs":`...)
-	dec, canDecode := s.cfg.Tokenizer.(interface{ Decode([]int) string })
+	dec, canDecode := s.cfg.Tokenizer.(decoder)
 	if withStrs && canDecode {
 		b = append(b, '[')
 		for i, id := range ids {
@@ -357,7 +357,7 @@ func (s *Server) detokenize(ctx *fasthttp.RequestCtx) {
 		vllmError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
-	dec, ok := s.cfg.Tokenizer.(interface{ Decode([]int) string })
+	dec, ok := s.cfg.Tokenizer.(decoder)
 	if !ok {
 		vllmError(ctx, fasthttp.StatusNotImplemented, "this replica counts tokens approximately (-tokenizer approx) and cannot detokenize")
 		return
@@ -394,25 +394,41 @@ func (s *Server) maxModelLen() int {
 // echoMaxModelLen is the context of the Llama 3 models, for echo mode (no profile).
 const echoMaxModelLen = 131072
 
+// decoder is a token counter that can also turn ids back into text (tokens.BPE; the approx
+// counter has no vocabulary).
+type decoder interface{ Decode([]int) string }
+
 // promptText is the prompt as text: what the client sent, or its token ids decoded.
 func (s *Server) promptText(r *oai.Request) string {
 	if len(r.TokenIDs) == 0 {
 		return r.Prompt
 	}
-	if d, ok := s.cfg.Tokenizer.(interface{ Decode([]int) string }); ok {
+	if d, ok := s.cfg.Tokenizer.(decoder); ok {
 		return d.Decode(r.TokenIDs)
 	}
 	return strings.Repeat("<tok>", len(r.TokenIDs)) // the approx counter has no vocabulary
 }
 
-func (s *Server) parse(ctx *fasthttp.RequestCtx, kind oai.Kind) (oai.Request, bool) {
+// parse reads a request body with p, which the caller holds while it uses the returned JSON
+// value (for the fields oai.Request does not keep); on failure it has answered the client.
+func (s *Server) parse(ctx *fasthttp.RequestCtx, p *fastjson.Parser, kind oai.Kind) (oai.Request, *fastjson.Value, bool) {
 	if !ctx.IsPost() {
 		oai.WriteError(ctx, fasthttp.StatusMethodNotAllowed, oai.InvalidRequest, "Method Not Allowed")
-		return oai.Request{}, false
+		return oai.Request{}, nil, false
 	}
-	p := s.parsers.Get()
-	req, err := oai.Parse(p, ctx.PostBody(), kind)
-	s.parsers.Put(p)
+	v, err := oai.ParseJSON(p, ctx.PostBody())
+	if err != nil {
+		vllmError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return oai.Request{}, nil, false
+	}
+	req, ok := s.request(ctx, v, kind)
+	return req, v, ok
+}
+
+// request reads the request for kind from a parsed body and checks its model; on failure it
+// has answered the client.
+func (s *Server) request(ctx *fasthttp.RequestCtx, v *fastjson.Value, kind oai.Kind) (oai.Request, bool) {
+	req, err := oai.FromValue(v, kind)
 	if err != nil {
 		vllmError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return req, false
@@ -428,13 +444,13 @@ func (s *Server) parse(ctx *fasthttp.RequestCtx, kind oai.Kind) (oai.Request, bo
 }
 
 func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
-	req, ok := s.parse(ctx, kind)
+	jp := s.parsers.Get()
+	defer s.parsers.Put(jp)
+	req, v, ok := s.parse(ctx, jp, kind)
 	if !ok {
 		return
 	}
-	jp := s.parsers.Get()
-	sp, err := parseSampling(jp, ctx.PostBody(), kind)
-	s.parsers.Put(jp)
+	sp, err := parseSampling(v, kind)
 	if err != nil {
 		vllmError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
@@ -514,13 +530,13 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 // OpenAI SDKs ask for by default and decode). Shaped as vLLM's EmbeddingResponse
 // (vllm/entrypoints/openai/protocol.py).
 func (s *Server) embed(ctx *fasthttp.RequestCtx) {
-	req, ok := s.parse(ctx, oai.Embedding)
+	jp := s.parsers.Get()
+	defer s.parsers.Put(jp)
+	req, v, ok := s.parse(ctx, jp, oai.Embedding)
 	if !ok {
 		return
 	}
-	jp := s.parsers.Get()
-	inputs, base64Out, err := embeddingInputs(jp, ctx.PostBody())
-	s.parsers.Put(jp)
+	inputs, base64Out, err := embeddingInputs(v)
 	if err != nil {
 		vllmError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
@@ -589,11 +605,7 @@ type embeddingInput struct {
 
 // embeddingInputs splits an embeddings body's input into its items (oai.Parse has checked
 // its shape) and reads encoding_format.
-func embeddingInputs(p *fastjson.Parser, body []byte) ([]embeddingInput, bool, error) {
-	v, err := p.ParseBytes(body)
-	if err != nil {
-		return nil, false, err
-	}
+func embeddingInputs(v *fastjson.Value) ([]embeddingInput, bool, error) {
 	base64Out := false
 	if f := v.Get("encoding_format"); f != nil && f.Type() != fastjson.TypeNull {
 		switch string(f.GetStringBytes()) {

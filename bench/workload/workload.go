@@ -93,30 +93,7 @@ type Result struct {
 // trace's own arrival pattern, time-scaled to rate requests per second, arrivals bounded by
 // maxDuration. It returns one result per request sent, failures included.
 func Replay(client *http.Client, url, model string, reqs []traces.Request, rate float64, maxDuration time.Duration) []Result {
-	scale := timeScale(reqs, rate)
-	var (
-		mu  sync.Mutex
-		out []Result
-		wg  sync.WaitGroup
-	)
-	start := time.Now()
-	for _, r := range reqs {
-		at := time.Duration(float64(r.At-reqs[0].At) * scale)
-		if at > maxDuration {
-			break
-		}
-		time.Sleep(time.Until(start.Add(at)))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res := Stream(client, url, model, r)
-			mu.Lock()
-			out = append(out, res)
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	return out
+	return replay(client, url, model, reqs, rate, maxDuration, func(_ traces.Request, i int) uint64 { return uint64(i) })
 }
 
 // timeScale is the factor that turns the requests' trace times into times at which they
@@ -134,11 +111,18 @@ func timeScale(reqs []traces.Request, rate float64) float64 {
 // it, at its time-scaled trace time or, if the previous answer came later, right then, as a
 // user does. First turns follow the trace's pattern scaled to rate, as Replay's do.
 func ReplaySessions(client *http.Client, url, model string, reqs []traces.Request, rate float64, maxDuration time.Duration) []Result {
+	return replay(client, url, model, reqs, rate, maxDuration, conversationKey)
+}
+
+// replay sends the requests at their time-scaled trace times, those with the same key one
+// after the other (each after the answer to the one before it, never before its time).
+func replay(client *http.Client, url, model string, reqs []traces.Request, rate float64, maxDuration time.Duration,
+	key func(r traces.Request, i int) uint64) []Result {
 	scale := timeScale(reqs, rate)
 	sessions := map[uint64][]traces.Request{}
 	var order []uint64
-	for _, r := range reqs {
-		k := conversationKey(r, len(order))
+	for i, r := range reqs {
+		k := key(r, i)
 		if _, ok := sessions[k]; !ok {
 			order = append(order, k)
 		}
@@ -173,7 +157,8 @@ func ReplaySessions(client *http.Client, url, model string, reqs []traces.Reques
 }
 
 // conversationKey names a request's conversation: its second prefix block (Mooncake's
-// prompts all start with the same system block), or a key of its own without prefix ids.
+// prompts all start with the same system block), or, without prefix ids, one of its own
+// from i, its index.
 func conversationKey(r traces.Request, i int) uint64 {
 	if len(r.PrefixBlocks) == 0 {
 		return uint64(1)<<63 | uint64(i)
