@@ -2,39 +2,64 @@ package router
 
 import (
 	"fmt"
+	"io"
+	"log/slog"
 	"math/rand/v2"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/arbiter-serve/arbiter/fleet"
 )
 
-// BenchmarkSLOCheapestPick measures one pick over n candidates of mixed prices, with a
-// prompt prefix and prefix affinity on, as the proxy calls it (issue 22 §4 wants it nearly
-// flat in n and free of allocations).
+// benchPick measures finding a model's candidates and picking one, as the proxy does it,
+// with a prompt prefix and prefix affinity on: issue 22 §4 wants it nearly flat in the
+// fleet's size and free of allocations.
+func benchPick(b *testing.B, models, perModel int, scanAll int) {
+	now := time.Unix(1000, 0)
+	var set []fleet.Replica
+	for m := range models {
+		for i := range perModel {
+			set = append(set, fleet.Replica{ID: fmt.Sprintf("m%03d-r%04d", m, i), Address: "127.0.0.1:1", Model: fmt.Sprintf("m%03d", m),
+				Capacity: fleet.OnDemand, PricePerHour: float64(1 + i%4), TokensPerSecond: 5000})
+		}
+	}
+	pool := NewPool(&Config{}, slog.New(slog.NewTextHandler(io.Discard, nil)), NewMetrics(prometheus.NewRegistry()), nil)
+	pool.SetReplicas(set)
+	for i, r := range pool.Snapshot() {
+		r.observeScrape(now, float64(i%8), 0, 0.3)
+	}
+	aff, err := NewAffinity(100_000, 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := &SLOCheapest{Affinity: aff, StaleAfter: time.Second, ResampleEvery: -1, ScanAll: scanAll}
+	prefix := prefixBlocks(string(make([]byte, 8*prefixBlockBytes)))
+	req := &Request{Model: "m000", PromptTokens: 2000, OutTokens: 200, Prefix: prefix, SLO: SLO{TTFT: 1, TPOT: 0.1}}
+	rng := rand.New(rand.NewPCG(1, 1))
+	b.ReportAllocs()
+	for b.Loop() {
+		req.Now = now
+		if p.Pick(req, pool.candidates(req.Model), rng) == nil {
+			b.Fatal("no pick")
+		}
+	}
+}
+
+// BenchmarkSLOCheapestPick: one model of n replicas in four price tiers; "scan" predicts
+// every candidate (what every pick did before sampling), "sample" is the default.
 func BenchmarkSLOCheapestPick(b *testing.B) {
 	for _, n := range []int{4, 16, 64, 512, 4096} {
-		b.Run(fmt.Sprintf("candidates=%d", n), func(b *testing.B) {
-			now := time.Unix(1000, 0)
-			rs := make([]*Replica, n)
-			for i := range rs {
-				rs[i] = newReplica(fleet.Replica{ID: fmt.Sprintf("r%04d", i), Address: "127.0.0.1:1", Model: "m",
-					Capacity: fleet.OnDemand, PricePerHour: float64(1 + i%4), TokensPerSecond: 5000}, nil)
-				rs[i].observeScrape(now, float64(i%8), 0, 0.3)
-			}
-			aff, err := NewAffinity(100_000, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			p := &SLOCheapest{Affinity: aff, StaleAfter: time.Second, ResampleEvery: -1}
-			prefix := prefixBlocks(string(make([]byte, 8*prefixBlockBytes)))
-			req := &Request{Model: "m", PromptTokens: 2000, OutTokens: 200, Prefix: prefix, SLO: SLO{TTFT: 1, TPOT: 0.1}}
-			rng := rand.New(rand.NewPCG(1, 1))
-			b.ReportAllocs()
-			for b.Loop() {
-				req.Now = now
-				p.Pick(req, rs, rng)
-			}
-		})
+		b.Run(fmt.Sprintf("candidates=%d/sample", n), func(b *testing.B) { benchPick(b, 1, n, 0) })
+		b.Run(fmt.Sprintf("candidates=%d/scan", n), func(b *testing.B) { benchPick(b, 1, n, n) })
+	}
+}
+
+// BenchmarkPickAmongModels: a router holding many models routes one model's request as
+// cheaply as a router holding that model alone.
+func BenchmarkPickAmongModels(b *testing.B) {
+	for _, models := range []int{1, 10, 100} {
+		b.Run(fmt.Sprintf("models=%d×40", models), func(b *testing.B) { benchPick(b, models, 40, 0) })
 	}
 }

@@ -3,7 +3,10 @@ package router
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
+	"slices"
+	"sort"
 	"sync/atomic"
 	"time"
 
@@ -32,13 +35,34 @@ type Request struct {
 	OutTokens int
 	// Prefix holds chained hashes of the prompt's leading blocks (nil: too short to matter).
 	Prefix []uint64
-	SLO    SLO
-	Now    time.Time
+	// BlockTokens is the prompt's tokens per Prefix block (0: the affinity table's default).
+	BlockTokens float64
+	SLO         SLO
+	Now         time.Time
+
+	// Tried are replicas this request already failed on: a retry skips them.
+	Tried []*Replica
 
 	// holder is the replica that affinity says holds the prompt's first matched blocks
 	// (set by a policy that follows prefixes); those tokens are not computed again there.
 	holder  *Replica
 	matched int
+}
+
+// anyUsable reports whether req may use one of cands.
+func anyUsable(req *Request, cands []*Replica) bool {
+	for _, r := range cands {
+		if req.usable(r) {
+			return true
+		}
+	}
+	return false
+}
+
+// usable reports whether a candidate may take the request: not ejected by passive health
+// and not already tried by it.
+func (req *Request) usable(r *Replica) bool {
+	return !r.ejected(req.Now) && !slices.Contains(req.Tried, r)
 }
 
 // uncachedOn is the prompt tokens r would have to compute: all of them, except on the
@@ -50,7 +74,9 @@ func (req *Request) uncachedOn(r *Replica) int {
 	return req.PromptTokens
 }
 
-// Policy picks one replica among available candidates (never empty).
+// Policy picks one replica among candidates, or nil when none is usable. Candidates come
+// cheapest first (SortByCost) and are shared: a policy reads them, never changes them, and
+// skips those its request cannot use (Request.usable).
 type Policy interface {
 	Pick(req *Request, cands []*Replica, rng *rand.Rand) *Replica
 }
@@ -65,8 +91,17 @@ var (
 type RoundRobin struct{ n atomic.Uint64 }
 
 // Pick implements Policy.
-func (p *RoundRobin) Pick(_ *Request, cands []*Replica, _ *rand.Rand) *Replica {
-	return cands[(p.n.Add(1)-1)%uint64(len(cands))]
+func (p *RoundRobin) Pick(req *Request, cands []*Replica, _ *rand.Rand) *Replica {
+	if len(cands) == 0 {
+		return nil
+	}
+	start := (p.n.Add(1) - 1) % uint64(len(cands))
+	for i := range uint64(len(cands)) {
+		if r := cands[(start+i)%uint64(len(cands))]; req.usable(r) {
+			return r
+		}
+	}
+	return nil
 }
 
 // LeastLoad is SkyServe's default: fewest requests in flight from this router, ties broken
@@ -74,10 +109,13 @@ func (p *RoundRobin) Pick(_ *Request, cands []*Replica, _ *rand.Rand) *Replica {
 type LeastLoad struct{}
 
 // Pick implements Policy.
-func (LeastLoad) Pick(_ *Request, cands []*Replica, rng *rand.Rand) *Replica {
+func (LeastLoad) Pick(req *Request, cands []*Replica, rng *rand.Rand) *Replica {
 	var best *Replica
 	bestN, ties := int64(math.MaxInt64), 0
 	for _, r := range cands {
+		if !req.usable(r) {
+			continue
+		}
 		n := r.InFlight()
 		switch {
 		case n < bestN:
@@ -94,7 +132,9 @@ func (LeastLoad) Pick(_ *Request, cands []*Replica, rng *rand.Rand) *Replica {
 
 // SLOCheapest sends a request to the cheapest replica predicted to meet its SLO: it filters
 // by prediction, then ranks by marginal cost per token; a known prefix holder is followed
-// while it meets the SLO. With no replica predicted to meet the SLO it takes the fastest.
+// while it meets the SLO. With no replica predicted to meet the SLO it takes the least
+// loaded. Over a large fleet it predicts a bounded sample, cheapest tiers first, so a pick
+// costs about the same with 4,096 candidates as with 16.
 type SLOCheapest struct {
 	// Affinity remembers which replica got which prefix; nil disables prefix affinity.
 	Affinity *Affinity
@@ -110,7 +150,20 @@ type SLOCheapest struct {
 	ResampleEvery time.Duration
 	// OnPick, if set, hears of each pick and its reason (Reason…), for metrics.
 	OnPick func(r *Replica, reason string)
+	// ScanAll is the most candidates a pick predicts every one of (default 16; negative:
+	// always sample). Beyond it, see sample.
+	ScanAll int
 }
+
+const (
+	defaultScanAll = 16
+	// tierSamples is how many replicas of one cost tier a sampling pick predicts: enough
+	// for the power of several choices, few enough to stay cheap.
+	tierSamples = 4
+	// maxExamined bounds a sampling pick's predictions (the prefix holder besides): the
+	// walk up the cost tiers stops there.
+	maxExamined = 16
+)
 
 type scored struct {
 	r    *Replica
@@ -119,12 +172,25 @@ type scored struct {
 }
 
 // Pick implements Policy.
-func (p *SLOCheapest) Pick(req *Request, cands []*Replica, _ *rand.Rand) *Replica {
-	req.holder, req.matched = p.Affinity.lookup(req.Prefix)
-	var buf [16]scored
+func (p *SLOCheapest) Pick(req *Request, cands []*Replica, rng *rand.Rand) *Replica {
+	req.holder, req.matched = p.Affinity.lookup(req.Prefix, req.BlockTokens)
+	var buf [maxExamined + 1]scored
 	all := buf[:0]
-	for _, r := range cands {
-		all = append(all, scored{r: r, p: r.Predict(req.Now, req.uncachedOn(r), req.OutTokens, p.StaleAfter), cost: r.MarginalCost()})
+	scanAll := p.ScanAll
+	if scanAll == 0 {
+		scanAll = defaultScanAll
+	}
+	if len(cands) <= scanAll {
+		for _, r := range cands {
+			if req.usable(r) {
+				all = append(all, p.score(req, r))
+			}
+		}
+	} else {
+		all = p.sample(req, cands, rng, all)
+	}
+	if len(all) == 0 {
+		return nil
 	}
 	choice, reason := p.choose(req, all)
 	if s, ok := p.resample(req, all, choice); ok {
@@ -136,6 +202,96 @@ func (p *SLOCheapest) Pick(req *Request, cands []*Replica, _ *rand.Rand) *Replic
 		p.OnPick(choice.r, reason)
 	}
 	return choice.r
+}
+
+func (p *SLOCheapest) score(req *Request, r *Replica) scored {
+	return scored{r: r, p: r.Predict(req.Now, req.uncachedOn(r), req.OutTokens, p.StaleAfter), cost: r.MarginalCost()}
+}
+
+func (p *SLOCheapest) tolerance() float64 {
+	if p.CostTolerance <= 0 {
+		return 0.05
+	}
+	return p.CostTolerance
+}
+
+// sample predicts a bounded share of a large fleet, in the order the full scan would
+// choose: the prefix holder, then cost tier by tier (cheapest first, a tier being the
+// replicas within CostTolerance of its cheapest) a few replicas each, until a tier has one
+// predicted to meet the SLO or maxExamined are predicted. A prompt with a prefix samples
+// positions its first block's hash selects, so every router with the same set samples
+// the same replicas and the rendezvous choice among them agrees without coordination;
+// other prompts sample at random (the power of several choices). cands are sorted by cost.
+func (p *SLOCheapest) sample(req *Request, cands []*Replica, rng *rand.Rand, all []scored) []scored {
+	if h := req.holder; h != nil && req.usable(h) && holds(cands, h) {
+		all = append(all, p.score(req, h))
+	}
+	tol := p.tolerance()
+	keyed := len(req.Prefix) > 0
+	for lo := 0; lo < len(cands) && len(all) < maxExamined; {
+		limit := cands[lo].MarginalCost() * (1 + tol)
+		tier := cands[lo : lo+sort.Search(len(cands)-lo, func(i int) bool { return cands[lo+i].MarginalCost() > limit })]
+		lo += len(tier)
+		met := false
+		// A prefix's own positions first; if none of them meets the SLO (a prefix many
+		// prompts share, such as a system prompt, has filled them), random ones, so the
+		// prompts spill over the tier instead of piling onto the same few replicas.
+		for pass := range 2 {
+			if pass == 1 && (met || !keyed || len(tier) <= tierSamples) {
+				break
+			}
+			for i := range min(tierSamples, len(tier)) {
+				var r *Replica
+				switch {
+				case len(tier) <= tierSamples:
+					r = tier[i]
+				case keyed && pass == 0:
+					r = tier[mix(req.Prefix[0]+uint64(i))%uint64(len(tier))]
+				case rng != nil:
+					r = tier[rng.IntN(len(tier))]
+				default:
+					r = tier[(i*len(tier)/tierSamples+int(req.Now.UnixNano()))%len(tier)]
+				}
+				if !req.usable(r) || examined(all, r) {
+					continue
+				}
+				s := p.score(req, r)
+				all = append(all, s)
+				met = met || req.SLO.Meets(s.p)
+			}
+		}
+		if met {
+			break
+		}
+	}
+	if len(all) == 0 {
+		// Every sampled replica was ejected or already tried: take the first usable ones
+		// rather than refuse a request the fleet can serve. Rare, so linear is fine.
+		for _, r := range cands {
+			if len(all) == tierSamples {
+				break
+			}
+			if req.usable(r) {
+				all = append(all, p.score(req, r))
+			}
+		}
+	}
+	return all
+}
+
+// holds reports whether r is among cands (sorted by cost), in O(log n).
+func holds(cands []*Replica, r *Replica) bool {
+	i, found := slices.BinarySearchFunc(cands, r, compareCost)
+	return found && cands[i] == r
+}
+
+func examined(all []scored, r *Replica) bool {
+	for _, s := range all {
+		if s.r == r {
+			return true
+		}
+	}
+	return false
 }
 
 const defaultResampleEvery = 10 * time.Second
@@ -169,7 +325,7 @@ const (
 
 func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 	// Phase 1: keep the replicas predicted to meet the SLO.
-	var buf [16]scored
+	var buf [maxExamined + 1]scored
 	ok := buf[:0]
 	for _, s := range all {
 		if req.SLO.Meets(s.p) {
@@ -196,10 +352,7 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 			held = s
 		}
 	}
-	tol := p.CostTolerance
-	if tol <= 0 {
-		tol = 0.05
-	}
+	tol := p.tolerance()
 	tier := ok[:0] // filtered in place
 	for _, s := range ok {
 		if s.cost <= minCost*(1+tol) {
@@ -280,25 +433,80 @@ func NewAffinity(size, blockTokens int) (*Affinity, error) {
 	return &Affinity{cache: c, BlockTokens: blockTokens}, nil
 }
 
-// lookup finds the replica holding the longest known prefix and how many tokens it holds.
-func (a *Affinity) lookup(prefix []uint64) (*Replica, int) {
-	if a == nil {
-		return nil, 0
+// Long prompts are remembered at checkpoints rather than at every block: every one of the
+// first denseBlocks, then checkpointsPerDoubling per doubling of the length. A 32k-token
+// prompt (512 blocks) costs 96 entries instead of 512, and a later prompt that extends it
+// (the next turn of a conversation) is found holding all but at most 1/16 of what the
+// replica has cached.
+const (
+	denseBlocks            = 32
+	checkpointsPerDoubling = 16
+)
+
+// checkpoint reports whether a prefix of k blocks is remembered.
+func checkpoint(k int) bool {
+	if k <= denseBlocks {
+		return true
 	}
-	for i := len(prefix) - 1; i >= 0; i-- {
-		if r, ok := a.cache.Get(prefix[i]); ok {
-			return r, (i + 1) * a.BlockTokens
-		}
-	}
-	return nil, 0
+	stride := 1 << max(bits.Len(uint(k))-1-bits.Len(checkpointsPerDoubling-1), 0)
+	return k%stride == 0
 }
 
+// lookup finds the replica holding the longest known prefix and how many tokens it holds.
+// blockTokens is the prompt's tokens per prefix block (0: the table's default).
+func (a *Affinity) lookup(prefix []uint64, blockTokens float64) (*Replica, int) {
+	if a == nil || len(prefix) == 0 {
+		return nil, 0
+	}
+	if blockTokens <= 0 {
+		blockTokens = float64(a.BlockTokens)
+	}
+	// A prompt's prefixes are recorded together, so the ones remembered are a run from the
+	// first: binary search for its end over the checkpoints (a handful of lookups where a
+	// scan from the longest would take a hundred for a new prompt).
+	var holder *Replica
+	held := 0
+	lo, hi := 1, len(prefix) // the longest held prefix is in [held, hi]
+	for lo <= hi {
+		k := nextCheckpoint((lo+hi)/2, hi)
+		if k == 0 {
+			hi = (lo+hi)/2 - 1
+			continue
+		}
+		if r, ok := a.cache.Peek(prefix[k-1]); ok {
+			holder, held, lo = r, k, k+1
+		} else {
+			hi = k - 1
+		}
+	}
+	if holder == nil {
+		return nil, 0
+	}
+	a.cache.Get(prefix[held-1]) // a hit keeps its entry fresh
+	return holder, int(float64(held) * blockTokens)
+}
+
+// nextCheckpoint is the first checkpoint in [k, limit], or 0.
+func nextCheckpoint(k, limit int) int {
+	for ; k <= limit; k++ {
+		if checkpoint(k) {
+			return k
+		}
+	}
+	return 0
+}
+
+// record remembers that r got the prompt, at its checkpoints, longest first: an LRU evicts
+// the oldest entries, and a prompt's long prefixes are worth less than its short ones,
+// which later prompts share more often.
 func (a *Affinity) record(prefix []uint64, r *Replica) {
 	if a == nil {
 		return
 	}
-	for _, h := range prefix {
-		a.cache.Add(h, r)
+	for k := len(prefix); k >= 1; k-- {
+		if checkpoint(k) {
+			a.cache.Add(prefix[k-1], r)
+		}
 	}
 }
 

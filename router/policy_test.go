@@ -1,8 +1,10 @@
 package router
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -137,12 +139,180 @@ func TestLeastLoadAndRoundRobin(t *testing.T) {
 	a, b := testReplica("a", fleet.Spot, 1), testReplica("b", fleet.Spot, 1)
 	a.inflight.Add(3)
 	rng := rand.New(rand.NewPCG(1, 2))
-	if got := (LeastLoad{}).Pick(nil, []*Replica{a, b}, rng); got != b {
+	req := &Request{Now: time.Unix(1000, 0)}
+	if got := (LeastLoad{}).Pick(req, []*Replica{a, b}, rng); got != b {
 		t.Fatal("least_load did not pick the replica with fewer in flight")
 	}
 	rr := &RoundRobin{}
-	if rr.Pick(nil, []*Replica{a, b}, rng) != a || rr.Pick(nil, []*Replica{a, b}, rng) != b || rr.Pick(nil, []*Replica{a, b}, rng) != a {
+	if rr.Pick(req, []*Replica{a, b}, rng) != a || rr.Pick(req, []*Replica{a, b}, rng) != b || rr.Pick(req, []*Replica{a, b}, rng) != a {
 		t.Fatal("round_robin did not cycle")
+	}
+}
+
+// Candidates come shared and unfiltered for the transient states: every policy skips a
+// replica passive health ejected and one the request already failed on, and answers nil
+// when none is left, at every fleet size (the sampling pick included).
+func TestPoliciesSkipEjectedAndTriedReplicas(t *testing.T) {
+	now := time.Unix(1000, 0)
+	for _, n := range []int{3, 300} {
+		rs := make([]*Replica, n)
+		for i := range rs {
+			rs[i] = testReplica(fmt.Sprintf("r%03d", i), fleet.OnDemand, 1)
+		}
+		SortByCost(rs)
+		policies := map[string]Policy{"round_robin": &RoundRobin{}, "least_load": LeastLoad{}, "slo_cheapest": &SLOCheapest{StaleAfter: time.Second}}
+		for name, p := range policies {
+			// Every replica but the last is ejected or tried.
+			for _, r := range rs {
+				r.ejectedUntil.Store(0)
+			}
+			var tried []*Replica
+			for i, r := range rs[:n-1] {
+				if i%2 == 0 {
+					r.ejectedUntil.Store(now.Add(time.Minute).UnixNano())
+				} else {
+					tried = append(tried, r)
+				}
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			for i := range 5 {
+				req := &Request{Model: "m", PromptTokens: 100, OutTokens: 10, Prefix: []uint64{uint64(i)}, Now: now, Tried: tried}
+				if got := p.Pick(req, rs, rng); got != rs[n-1] {
+					t.Fatalf("%s over %d: picked %v; want the only usable replica %s", name, n, got, rs[n-1].Info().ID)
+				}
+			}
+			req := &Request{Model: "m", PromptTokens: 100, OutTokens: 10, Now: now, Tried: append(tried, rs[n-1])}
+			if got := p.Pick(req, rs, rng); got != nil {
+				t.Fatalf("%s over %d: picked %s with every replica ejected or tried; want nil", name, n, got.Info().ID)
+			}
+			if got := p.Pick(&Request{Now: now.Add(time.Hour), Tried: tried}, rs, rng); got == nil || slices.Contains(tried, got) {
+				t.Fatalf("%s over %d: after the ejections ended, picked %v", name, n, got)
+			}
+		}
+	}
+}
+
+// tiered is n replicas in four price tiers of n/4 (1, 2, 3 and 4 $/h), sorted as a pool
+// keeps them.
+func tiered(n int) []*Replica {
+	rs := make([]*Replica, n)
+	for i := range rs {
+		rs[i] = testReplica(fmt.Sprintf("r%04d", i), fleet.OnDemand, float64(1+i%4))
+	}
+	SortByCost(rs)
+	return rs
+}
+
+// Over a large fleet the pick predicts a bounded sample, but still in the full scan's
+// order: the cheapest tier while any of it is predicted to meet the SLO, the next tier when
+// the sampled cheap ones are full, spread over the tier rather than piled on one replica,
+// and a prompt's prefix sends it to the same replica on every router.
+func TestSampledPickKeepsTheFullScansOrder(t *testing.T) {
+	now := time.Unix(1000, 0)
+	const n = 400
+	rs := tiered(n)
+	price := func(r *Replica) float64 { return r.Info().PricePerHour }
+	p := &SLOCheapest{StaleAfter: time.Second, ResampleEvery: -1}
+	rng := rand.New(rand.NewPCG(1, 2))
+	count := map[*Replica]int{}
+	for range 400 {
+		req := &Request{Model: "m", PromptTokens: 500, OutTokens: 50, SLO: SLO{TTFT: 1, TPOT: 0.1}, Now: now}
+		got := p.Pick(req, rs, rng)
+		if price(got) != 1 {
+			t.Fatalf("picked a %v $/h replica while every 1 $/h one meets the SLO", price(got))
+		}
+		count[got]++
+	}
+	if len(count) < 60 {
+		t.Errorf("400 fresh prompts went to %d of the 100 cheapest replicas; want them spread", len(count))
+	}
+	for r, c := range count {
+		if c > 12 {
+			t.Errorf("%s took %d of 400 prompts: piled on", r.Info().ID, c)
+		}
+	}
+
+	// The cheapest tier is full (a queue on every 1 $/h replica): the 2 $/h tier serves.
+	for _, r := range rs[:n/4] {
+		setLoad(r, now, 256, 400)
+	}
+	for range 50 {
+		req := &Request{Model: "m", PromptTokens: 500, OutTokens: 50, SLO: SLO{TTFT: 1, TPOT: 0.1}, Now: now}
+		if got := p.Pick(req, rs, rng); price(got) != 2 {
+			t.Fatalf("with every 1 $/h replica queued, picked a %v $/h one; want 2", price(got))
+		}
+	}
+	// Every tier full: the least loaded of the sample, not nothing.
+	for _, r := range rs {
+		setLoad(r, now, 256, 400)
+	}
+	setLoad(rs[n-1], now, 256, 300)
+	req := &Request{Model: "m", PromptTokens: 500, OutTokens: 50, SLO: SLO{TTFT: 1, TPOT: 0.1}, Now: now}
+	if got := p.Pick(req, rs, rng); got == nil {
+		t.Fatal("with every replica predicted to miss, no pick")
+	}
+
+	// Two routers, each with its own view of the same replicas: the same prefix goes to
+	// the same replica, new prefixes spread.
+	a, b := tiered(n), tiered(n)
+	pa, pb := &SLOCheapest{StaleAfter: time.Second}, &SLOCheapest{StaleAfter: time.Second}
+	owners := map[string]bool{}
+	for i := range 100 {
+		prefix := []uint64{mix(uint64(i) + 7), 1}
+		ra := pa.Pick(&Request{Model: "m", PromptTokens: 500, OutTokens: 50, Prefix: prefix, SLO: SLO{TTFT: 1}, Now: now}, a, rng)
+		rb := pb.Pick(&Request{Model: "m", PromptTokens: 500, OutTokens: 50, Prefix: prefix, SLO: SLO{TTFT: 1}, Now: now}, b, rand.New(rand.NewPCG(9, 9)))
+		if ra.Info().ID != rb.Info().ID {
+			t.Fatalf("prefix %d: router a chose %s, router b %s", i, ra.Info().ID, rb.Info().ID)
+		}
+		owners[ra.Info().ID] = true
+	}
+	if len(owners) < 50 {
+		t.Errorf("100 new prefixes have %d owners; want them spread over the cheapest tier", len(owners))
+	}
+}
+
+// A prefix that many prompts share (a system prompt) fills the replicas its hash selects;
+// its prompts then spill over the rest of the cheapest tier, not onto a dearer one and not
+// onto the full ones.
+func TestSampledPickSpillsAHotPrefixOverTheTier(t *testing.T) {
+	now := time.Unix(1000, 0)
+	rs := tiered(400)
+	p := &SLOCheapest{StaleAfter: time.Second, ResampleEvery: -1}
+	rng := rand.New(rand.NewPCG(5, 6))
+	full := map[*Replica]bool{}
+	for i := range 40 {
+		req := &Request{Model: "m", PromptTokens: 500, OutTokens: 50, Prefix: []uint64{42, uint64(i)}, SLO: SLO{TTFT: 1}, Now: now}
+		got := p.Pick(req, rs, rng)
+		if got.Info().PricePerHour != 1 || full[got] {
+			t.Fatalf("prompt %d of a hot prefix went to %s at %v $/h (full: %v) while most of the 1 $/h tier is idle", i, got.Info().ID, got.Info().PricePerHour, full[got])
+		}
+		setLoad(got, now, 256, 400) // it is full now
+		full[got] = true
+	}
+}
+
+// A prompt's holder is found and followed in a fleet too large to scan, whatever its tier.
+func TestSampledPickFollowsTheHolder(t *testing.T) {
+	now := time.Unix(1000, 0)
+	rs := tiered(4096)
+	aff, err := NewAffinity(1000, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &SLOCheapest{Affinity: aff, StaleAfter: time.Second, ResampleEvery: -1}
+	long := "z" + string(make([]byte, 32*prefixBlockBytes))
+	req := func() *Request {
+		return &Request{Model: "m", PromptTokens: 8000, OutTokens: 20, Prefix: prefixBlocks(long), SLO: SLO{TTFT: 5}, Now: now}
+	}
+	first := p.Pick(req(), rs, nil)
+	for range 20 {
+		if got := p.Pick(req(), rs, rand.New(rand.NewPCG(3, 4))); got != first {
+			t.Fatalf("the holder %s lost its prompt to %s", first.Info().ID, got.Info().ID)
+		}
+	}
+	// Not in this model's candidates (another list): never picked from outside it.
+	if got := p.Pick(req(), rs[:100], nil); got == first && !slices.Contains(rs[:100], first) {
+		t.Fatal("picked a holder that is not a candidate")
 	}
 }
 
@@ -306,5 +476,49 @@ func TestPrefixHolderKeepsAPromptOnlyWhenItPays(t *testing.T) {
 	}
 	if got, why := pick(other, 2100, 200, 0.04, cheap, dear); got != dear || why != ReasonPrefixHolder {
 		t.Fatalf("only the holder meets the SLO, yet the pick was %s (%s)", got.Info().ID, why)
+	}
+}
+
+// A conversation's next turn extends the last prompt: the holder is found with nearly all
+// of the shared prefix, at any length up to maxPrefixBlocks, while a long prompt costs the
+// table a bounded number of entries and a new prompt a handful of lookups.
+func TestAffinityMatchesLongSharedPrefixes(t *testing.T) {
+	aff, err := NewAffinity(100_000, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	words := func(n int, seed uint64) string {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		b := make([]byte, 0, n)
+		for len(b) < n {
+			b = append(b, byte('a'+rng.IntN(26)))
+		}
+		return string(b)
+	}
+	r := testReplica("holder", fleet.OnDemand, 1)
+	for _, shared := range []int{3, 31, 40, 100, 257, 500} {
+		conv := words(512*prefixBlockBytes, uint64(shared))
+		turn1 := prefixBlocks(conv[:shared*prefixBlockBytes+100])
+		aff.record(turn1, r)
+		turn2 := prefixBlocks(conv)
+		got, tokens := aff.lookup(turn2, 10)
+		if got != r {
+			t.Fatalf("shared %d blocks: holder not found", shared)
+		}
+		if held := tokens / 10; held > shared || held < shared-shared/checkpointsPerDoubling {
+			t.Fatalf("shared %d blocks: found %d held; want within 1/%d below", shared, held, checkpointsPerDoubling)
+		}
+	}
+	if got, _ := aff.lookup(prefixBlocks(words(300*prefixBlockBytes, 999)), 10); got != nil {
+		t.Fatal("a new prompt found a holder")
+	}
+	n := 0
+	for k := 1; k <= maxPrefixBlocks; k++ {
+		if checkpoint(k) {
+			n++
+		}
+	}
+	if n != 96 {
+		t.Fatalf("a %d-block prompt takes %d entries; want 96", maxPrefixBlocks, n)
 	}
 }

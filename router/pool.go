@@ -1,10 +1,14 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -23,8 +27,13 @@ type Pool struct {
 
 	mu     sync.RWMutex // guards byID, list, models; never held while calling out
 	byID   map[string]*Replica
-	list   []*Replica // sorted by ID: a deterministic order for policies and tests
+	list   []*Replica // sorted by ID: a deterministic order for snapshots and tests
 	models map[string]bool
+	// byModel is, per model, its listed replicas (ready, not draining) cheapest first,
+	// rebuilt whenever the set or a readiness changes. Requests read it without a lock:
+	// finding a model's candidates costs the same with one model of four replicas as with a
+	// hundred models of forty.
+	byModel atomic.Pointer[map[string][]*Replica]
 	// changed is closed and replaced whenever the set or a replica's readiness changes:
 	// requests held at zero replicas wait on it.
 	changed chan struct{}
@@ -85,6 +94,7 @@ func (p *Pool) SetReplicas(set []fleet.Replica) {
 		p.list = append(p.list, r)
 	}
 	sort.Slice(p.list, func(i, j int) bool { return p.list[i].Info().ID < p.list[j].Info().ID })
+	p.reindex()
 	p.notify()
 	p.mu.Unlock()
 	p.met.setReplicas(p.Snapshot())
@@ -99,13 +109,39 @@ func (p *Pool) SetReplicas(set []fleet.Replica) {
 // retire marks a replica removed: requests already on it finish (they hold it), new ones
 // cannot pick it. Caller holds p.mu.
 func (p *Pool) retire(r *Replica) {
-	r.mu.Lock()
-	r.removed = true
-	r.mu.Unlock()
+	r.removed.Store(true)
 	if r.conns != nil {
 		r.conns.close()
 	}
 	p.aff.forget(r)
+}
+
+// reindex rebuilds the per-model candidate lists. Caller holds p.mu for writing.
+func (p *Pool) reindex() {
+	idx := make(map[string][]*Replica, len(p.models))
+	for _, r := range p.list {
+		if r.listed() {
+			m := r.Info().Model
+			idx[m] = append(idx[m], r)
+		}
+	}
+	for _, rs := range idx {
+		SortByCost(rs)
+	}
+	p.byModel.Store(&idx)
+}
+
+// SortByCost orders replicas as policies expect their candidates: by marginal cost, the
+// cheapest first, then by ID.
+func SortByCost(rs []*Replica) {
+	slices.SortFunc(rs, compareCost)
+}
+
+func compareCost(a, b *Replica) int {
+	if c := cmp.Compare(a.MarginalCost(), b.MarginalCost()); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Info().ID, b.Info().ID)
 }
 
 // HasModel reports whether any replica in the set serves model.
@@ -141,23 +177,14 @@ func (p *Pool) Get(id string) *Replica {
 	return p.byID[id]
 }
 
-// candidates appends the available replicas for model, skipping those in exclude.
-func (p *Pool) candidates(dst []*Replica, model string, now time.Time, exclude []*Replica) []*Replica {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-next:
-	for _, r := range p.list {
-		if r.Info().Model != model || !r.Available(now) {
-			continue
-		}
-		for _, x := range exclude {
-			if x == r {
-				continue next
-			}
-		}
-		dst = append(dst, r)
+// candidates returns model's listed replicas, cheapest first (SortByCost). The slice is
+// shared: callers read it and never change it. Ejected replicas are in it; policies skip
+// them (Request.usable).
+func (p *Pool) candidates(model string) []*Replica {
+	if idx := p.byModel.Load(); idx != nil {
+		return (*idx)[model]
 	}
-	return dst
+	return nil
 }
 
 // Run probes readiness and scrapes vLLM metrics for every replica until ctx ends. One
@@ -227,6 +254,7 @@ func (p *Pool) probe(_ context.Context, r *Replica, c *fasthttp.Client) {
 	ready := r.probed(ok, time.Since(start), p.cfg.Probe.FailureThreshold)
 	if was != ready {
 		p.mu.Lock()
+		p.reindex()
 		p.notify()
 		p.mu.Unlock()
 	}

@@ -223,31 +223,31 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 	load := px.Load.get(c.model)
 	c.load = load
 	load.requests.Add(1)
-	var candBuf [16]*Replica
 	for attempt := 0; attempt < px.cfg.MaxAttempts; attempt++ {
 		now := px.Now()
 		if !now.Before(c.deadline) {
 			break
 		}
-		cands := px.pool.candidates(candBuf[:0], c.model, now, c.tried)
-		if len(cands) == 0 && len(c.tried) == 0 && px.ControlPlane != nil && px.ControlPlane.Knows(c.model) {
+		c.route.Now, c.route.Tried = now, c.tried
+		cands := px.pool.candidates(c.model)
+		if len(c.tried) == 0 && !anyUsable(&c.route, cands) && px.ControlPlane != nil && px.ControlPlane.Knows(c.model) {
 			if !px.hold(ctx, c, load) {
 				return
 			}
-			now = px.Now()
-			cands = px.pool.candidates(candBuf[:0], c.model, now, c.tried)
+			c.route.Now = px.Now()
+			cands = px.pool.candidates(c.model)
 		}
-		if len(cands) == 0 {
+		r := policy.Pick(&c.route, cands, rng)
+		if r == nil {
 			break
 		}
-		c.route.Now = now
-		r := policy.Pick(&c.route, cands, rng)
 		c.tried = append(c.tried, r)
+		c.route.Tried = c.tried
 		if attempt > 0 {
 			px.met.retries.Inc()
 		}
 		// A replica's 502/503 is hidden only when another replica can still be tried.
-		mayRetry := attempt+1 < px.cfg.MaxAttempts && len(cands) > 1
+		mayRetry := attempt+1 < px.cfg.MaxAttempts && anyUsable(&c.route, cands)
 		if px.attempt(ctx, c, r, mayRetry) {
 			return
 		}
@@ -292,12 +292,11 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 		px.met.held.Dec()
 		px.met.holdWait.WithLabelValues(c.model).Observe(px.Now().Sub(start).Seconds())
 	}()
-	var buf [16]*Replica
 	for {
 		px.ControlPlane.Wake(c.model)
 		changed := px.pool.Changed()
 		now := px.Now()
-		if len(px.pool.candidates(buf[:0], c.model, now, nil)) > 0 {
+		if anyUsable(&Request{Now: now}, px.pool.candidates(c.model)) {
 			return true
 		}
 		if !px.ControlPlane.Knows(c.model) {
@@ -401,8 +400,14 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) 
 	if kind == oai.Embedding {
 		out = 0
 	}
+	key := promptKey(req)
 	c.route = Request{Model: req.Model, PromptTokens: px.counter.Count(req.Prompt) + len(req.TokenIDs) + 5*req.Messages + 5,
-		OutTokens: out, Prefix: prefixBlocks(promptKey(req)), SLO: c.slo}
+		OutTokens: out, Prefix: prefixBlocks(key), SLO: c.slo}
+	if len(key) > 0 {
+		// How many tokens a matched block stands for in this prompt: a cache hit is worth
+		// its tokens, and bytes per token vary with the text (and are 4 for token ids).
+		c.route.BlockTokens = float64(c.route.PromptTokens) * prefixBlockBytes / float64(len(key))
+	}
 	return c, true
 }
 
@@ -428,8 +433,9 @@ func tightenSLO(target *float64, h []byte) error {
 // prefixBlockBytes is the prefix-affinity block: about 64 tokens of text.
 const prefixBlockBytes = 256
 
-// maxPrefixBlocks bounds the hashing work per request (8 KiB of prompt).
-const maxPrefixBlocks = 32
+// maxPrefixBlocks bounds the hashing work per request (128 KiB of prompt, about 32k
+// tokens: hashing it takes microseconds, and a conversation's turns share that much).
+const maxPrefixBlocks = 512
 
 // promptKey is what prefix affinity hashes: the prompt's text, or its token ids as bytes
 // (four per id, so a block of ids covers about as many tokens as a block of text).

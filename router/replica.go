@@ -20,17 +20,21 @@ type Replica struct {
 	conns    *connPool
 	series   atomic.Pointer[replicaSeries]
 
-	mu sync.Mutex // guards everything below
+	// Availability is read on every pick without the mutex (a pick over thousands of
+	// candidates cannot take thousands of locks); it is written under mu.
+	//
 	// ready is the active probe's verdict; a new replica starts ready because whoever
 	// listed it (the control plane) saw it ready.
-	ready        bool
-	probeFails   int
-	fails        int // consecutive request failures (passive health)
-	ejections    int // consecutive ejections, for backoff
-	ejectedUntil time.Time
-	removed      bool // no longer in the set: drain, then drop
-	scrape       scrapeState
-	pred         predictor
+	ready        atomic.Bool
+	removed      atomic.Bool  // no longer in the set: drain, then drop
+	ejectedUntil atomic.Int64 // unix nanoseconds; passive health's ejection ends then
+
+	mu         sync.Mutex // guards everything below
+	probeFails int
+	fails      int // consecutive request failures (passive health)
+	ejections  int // consecutive ejections, for backoff
+	scrape     scrapeState
+	pred       predictor
 	// prefillUntil is when the prefill work this router has queued on the replica should
 	// be done: the wait ahead of a new prompt, which the request count alone does not show
 	// (one 8k-token prompt delays the next TTFT as much as many short ones). It drains with
@@ -50,8 +54,9 @@ type scrapeState struct {
 }
 
 func newReplica(info fleet.Replica, pc *connPool) *Replica {
-	r := &Replica{idHash: xxhash.Sum64String(info.ID), conns: pc, ready: true, pred: newPredictor()}
+	r := &Replica{idHash: xxhash.Sum64String(info.ID), conns: pc, pred: newPredictor()}
 	r.info.Store(&info)
+	r.ready.Store(true)
 	return r
 }
 
@@ -64,13 +69,18 @@ func (r *Replica) InFlight() int64 { return r.inflight.Load() }
 // Available reports whether the replica may take a new request: ready, not ejected, not
 // draining and still in the set.
 func (r *Replica) Available(now time.Time) bool {
-	if r.Info().Draining {
-		return false
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.ready && !r.removed && !now.Before(r.ejectedUntil)
+	return r.listed() && !r.ejected(now)
 }
+
+// listed reports whether the replica belongs among a pool's candidates: ready, in the set
+// and not draining. The pool indexes only these; ejection is the one transient state a pick
+// checks itself.
+func (r *Replica) listed() bool {
+	return r.ready.Load() && !r.removed.Load() && !r.Info().Draining
+}
+
+// ejected reports whether passive health keeps the replica out at now.
+func (r *Replica) ejected(now time.Time) bool { return now.UnixNano() < r.ejectedUntil.Load() }
 
 // Load is the replica's predicted number of requests in its engine (running + waiting):
 // the last scrape, moved by what this router started or finished since. Between scrapes
@@ -125,7 +135,7 @@ func (r *Replica) requestFailed(now time.Time, maxFails int, base, maxBackoff ti
 	}
 	r.ejections++
 	r.fails = 0
-	r.ejectedUntil = now.Add(backoff)
+	r.ejectedUntil.Store(now.Add(backoff).UnixNano())
 	return true
 }
 
@@ -135,15 +145,15 @@ func (r *Replica) probed(ok bool, rtt time.Duration, failThreshold int) bool {
 	defer r.mu.Unlock()
 	if ok {
 		r.probeFails = 0
-		r.ready = true
+		r.ready.Store(true)
 		r.pred.rtt.observe(rtt.Seconds())
 		return true
 	}
 	r.probeFails++
 	if r.probeFails >= failThreshold {
-		r.ready = false
+		r.ready.Store(false)
 	}
-	return r.ready
+	return r.ready.Load()
 }
 
 // rttKnown reports whether a probe has measured the replica's round trip yet.

@@ -51,6 +51,9 @@ type Inputs struct {
 	Trace io.Writer
 	// Seed makes tie-breaking random choices repeatable.
 	Seed uint64
+	// ScanAll, when set, is slo_cheapest's ScanAll: how many candidates a pick predicts
+	// every one of before it samples (to compare the sampling pick with a full scan).
+	ScanAll int
 }
 
 // Published cold start of a vLLM replica with nothing cached (shared/data/README.md).

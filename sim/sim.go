@@ -116,6 +116,9 @@ func Run(sys System, in Inputs) (*Result, error) {
 	if s.policy, err = router.NewPolicy(w.routing, s.aff, staleAfter); err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
+	if p, ok := s.policy.(*router.SLOCheapest); ok && in.ScanAll != 0 {
+		p.ScanAll = in.ScanAll
+	}
 	if s.dec, err = scaling.NewDecider(w.scaling, s.clock()); err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
@@ -312,6 +315,7 @@ func (s *simulation) candidates() []*router.Replica {
 		for _, r := range s.lbList {
 			s.cands = append(s.cands, r.view)
 		}
+		router.SortByCost(s.cands)
 		return s.cands
 	}
 	now := s.clock()
@@ -320,6 +324,7 @@ func (s *simulation) candidates() []*router.Replica {
 			s.cands = append(s.cands, r.view)
 		}
 	}
+	router.SortByCost(s.cands) // as the router's pool keeps them
 	return s.cands
 }
 

@@ -43,6 +43,7 @@ func run(args []string, out io.Writer) error {
 	calMax := fs.Int("calibrate-max", 32, "largest fixed fleet the calibration tries")
 	isoSLO := fs.Bool("iso-slo", true, "when SkyServe misses Arbiter's SLO attainment, also show SkyServe with target_qps_per_replica lowered until it does not")
 	cold0 := fs.Bool("from-zero", false, "start with no replica instead of min_replicas ready")
+	scanAll := fs.Int("scan-all", 0, "slo_cheapest predicts every candidate up to this many, then samples (0: the router's default; a large value compares with a full scan)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -71,7 +72,7 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 		base := sim.Inputs{Spec: sp, Requests: rt, Catalog: cat, Profile: *prof, Start: at,
-			Duration: time.Duration(*hours * float64(time.Hour)), ColdStart: *cold, ZoneCooldown: *cooldown, Seed: *seed, Warm: !*cold0}
+			Duration: time.Duration(*hours * float64(time.Hour)), ColdStart: *cold, ZoneCooldown: *cooldown, Seed: *seed, Warm: !*cold0, ScanAll: *scanAll}
 		if *verbose {
 			base.Trace = os.Stderr
 		}
