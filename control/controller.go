@@ -107,6 +107,9 @@ type service struct {
 	// quoteErr is the provider's last quote error ("" after a good quote): a failing
 	// market is reported when its error changes, not on every tick.
 	quoteErr string
+	// failed says why the stored spec did not load at start; such a service has no spec
+	// and no decider, and nothing reconciles it until an update brings a spec that loads.
+	failed string
 }
 
 type replica struct {
@@ -218,9 +221,15 @@ func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
 	defer c.mu.Unlock()
 	set := fleet.ReadySet{Revision: c.revision, Services: []fleet.Service{}, Replicas: []fleet.Replica{}}
 	for _, s := range sortedServices(c.services) {
-		a := s.spec().Arbiter
-		set.Services = append(set.Services, fleet.Service{Name: s.name, Models: s.models(), Policy: a.RoutingPolicy,
-			SLO: &fleet.SLO{TTFTSeconds: a.SLO.TTFTSeconds, TPOTSeconds: a.SLO.TPOTSeconds, E2ESeconds: a.SLO.E2ESeconds, Percentile: a.SLO.Percentile}})
+		svc := fleet.Service{Name: s.name, Models: s.models()}
+		if sp := s.spec(); sp != nil {
+			a := sp.Arbiter
+			svc.Policy = a.RoutingPolicy
+			svc.SLO = &fleet.SLO{TTFTSeconds: a.SLO.TTFTSeconds, TPOTSeconds: a.SLO.TPOTSeconds, E2ESeconds: a.SLO.E2ESeconds, Percentile: a.SLO.Percentile}
+		}
+		// A failed service's ready replicas keep serving what they served: nothing probes
+		// them now, but the routers' own health checks still do.
+		set.Services = append(set.Services, svc)
 		for _, r := range sortedReplicas(s.replicas) {
 			st := replicas.State(r.row.State)
 			if !st.Serving() || r.row.Address == "" || r.row.Model == "" {
@@ -238,7 +247,10 @@ func (s *service) spec() *spec.Service { return s.specs[s.version] }
 
 // models is what the service serves: its spec's names, then what replicas reported.
 func (s *service) models() []string {
-	out := slices.Clone(s.spec().Arbiter.Models)
+	var out []string
+	if sp := s.spec(); sp != nil {
+		out = slices.Clone(sp.Arbiter.Models)
+	}
 	for _, m := range s.learned {
 		if !slices.Contains(out, m) {
 			out = append(out, m)

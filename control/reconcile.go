@@ -35,6 +35,9 @@ func (c *Controller) tick(ctx context.Context) {
 			c.tearDown(ctx, s)
 			continue
 		}
+		if s.failed != "" {
+			continue
+		}
 		smp := scaling.Sample{At: now, Requests: s.requests, Tokens: s.tokens, InFlight: inflight[s.name], Waiting: held[s.name]}
 		if s.woken && smp.Waiting == 0 {
 			smp.Waiting = 1 // a wake raced ahead of the router's next report

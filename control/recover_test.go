@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http/httptest"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -225,5 +228,104 @@ func TestAuditEndsALeakFoundTwice(t *testing.T) {
 	c.wg.Wait()
 	if running() {
 		t.Fatal("an instance no row wants, seen by two audits, is still running")
+	}
+}
+
+// A service whose stored spec no longer loads (here: panic_threshold 1, which this version
+// refuses) is marked failed with its reason; the daemon and the other services start, its
+// ready replica is left running and keeps serving, and an update with a spec that loads
+// brings it back under management. A spec the autoscaler would refuse is never stored.
+func TestAStoredSpecThatNoLongerLoadsFailsOnlyItsService(t *testing.T) {
+	ctx := context.Background()
+	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Now()
+	const broken = `service:
+  readiness_probe: /health
+  replicas: 1
+run: x
+arbiter:
+  model: old
+  autoscaling: {panic_threshold: 1}
+`
+	if _, err := st.PutService(ctx, "old", broken, "", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.PutService(ctx, "svc", fixedSpec, "", now); err != nil {
+		t.Fatal(err)
+	}
+	mem := &memProvider{running: map[string]replicas.Instance{}}
+	r, err := st.NewReplica(ctx, stateReplica("old", "ready"), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Handle, r.Address, r.Model = "h-"+r.ID, "127.0.0.1:1", "old"
+	if err := st.SaveReplica(ctx, r, "ready", now); err != nil {
+		t.Fatal(err)
+	}
+	mem.running[r.ID] = replicas.Instance{ReplicaID: r.ID, Handle: r.Handle, Address: r.Address}
+
+	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"local": mem}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatalf("one service's stored spec kept the daemon from starting: %v", err)
+	}
+	for range 3 {
+		c.tick(ctx)
+		c.wg.Wait()
+	}
+	sts, err := c.Status(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]ServiceStatus{}
+	for _, s := range sts {
+		got[s.Name] = s
+	}
+	if o := got["old"]; o.Status != "failed" || !strings.Contains(o.Failed, "panic_threshold") {
+		t.Fatalf("the broken service: status %q, reason %q; want failed, naming panic_threshold", o.Status, o.Failed)
+	}
+	if s := got["svc"]; s.Target != 3 || s.Live != 3 {
+		t.Fatalf("the healthy service did not start: target %d, live %d", s.Target, s.Live)
+	}
+	set, _ := c.ReadySet()
+	if !slices.ContainsFunc(set.Replicas, func(x fleet.Replica) bool { return x.ID == r.ID }) {
+		t.Fatal("the failed service's ready replica left the ready set")
+	}
+	mem.mu.Lock()
+	_, running := mem.running[r.ID]
+	mem.mu.Unlock()
+	if !running {
+		t.Fatal("the failed service's replica was terminated")
+	}
+
+	// Refused before anything is stored, as the API's 400.
+	code := func(err error) int {
+		rec := httptest.NewRecorder()
+		writeErr(rec, err)
+		return rec.Code
+	}
+	if _, err := c.Update(ctx, "old", broken, nil); err == nil || code(err) != 400 {
+		t.Fatalf("update with a spec the autoscaler refuses: %v; want a 400", err)
+	}
+	if _, err := c.Create(ctx, "new", broken, nil); err == nil || code(err) != 400 {
+		t.Fatalf("create with a spec the autoscaler refuses: %v; want a 400", err)
+	}
+	if _, err := st.GetVersion(ctx, "new", 1); err == nil {
+		t.Fatal("a refused create was stored")
+	}
+	if _, err := c.Update(ctx, "old", strings.Replace(broken, "panic_threshold: 1", "panic_threshold: 2", 1), nil); err != nil {
+		t.Fatal(err)
+	}
+	c.tick(ctx)
+	c.wg.Wait()
+	sts, err = c.Status(ctx, "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sts[0].Status == "failed" || sts[0].Target != 1 {
+		t.Fatalf("after a good update: status %q, target %d; want it managed again with its replica", sts[0].Status, sts[0].Target)
 	}
 }

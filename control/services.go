@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/replicas"
@@ -25,6 +26,15 @@ func (c *Controller) parseSpec(name, text string, envs map[string]string) (*spec
 	sp, err := spec.ParseWith(name+".yaml", []byte(text), spec.Overrides{Envs: envs})
 	if err != nil {
 		return nil, err
+	}
+	// spec validation applies these rules too (scaling's FuzzAcceptedSpecsRun keeps them in
+	// step); checked again here so that nothing the decider or the placer would refuse is
+	// ever stored.
+	if err := scaling.ConfigFromSpec(sp).Validate(); err != nil {
+		return nil, fmt.Errorf("%w: autoscaling: %v", errBadRequest, err)
+	}
+	if err := scaling.PlacementFromSpec(sp, c.cfg.ZoneCooldown).Validate(); err != nil {
+		return nil, fmt.Errorf("%w: placement: %v", errBadRequest, err)
 	}
 	for _, name := range sp.Arbiter.Providers {
 		if name == kubernetesPrefix && len(c.expandProviders([]string{name})) == 0 {
@@ -122,17 +132,23 @@ func (c *Controller) Update(ctx context.Context, name, text string, envs map[str
 		return 0, fmt.Errorf("service %q: %w", name, ErrNotFound)
 	}
 	cfg := scaling.ConfigFromSpec(sp)
-	if err := cfg.Validate(); err != nil {
-		return 0, fmt.Errorf("service %s: autoscaling: %w", name, err)
-	}
 	// The new version is recorded first: a write that fails changes nothing, here either.
 	v, err := c.store.PutService(ctx, name, text, envsJSON(envs), c.cfg.Now())
 	if err != nil {
 		return 0, err
 	}
-	if err := s.decider.SetConfig(cfg); err != nil {
+	if s.decider == nil {
+		// The service had failed to load; a spec that loads brings it back.
+		d, err := scaling.NewDecider(cfg, c.cfg.Now())
+		if err != nil {
+			return 0, fmt.Errorf("service %s: autoscaling: %w", name, err)
+		}
+		s.decider = d
+		c.event(ctx, name, "", "recover", fmt.Sprintf("version %d loads; the service is managed again", v))
+	} else if err := s.decider.SetConfig(cfg); err != nil {
 		return 0, fmt.Errorf("service %s: autoscaling: %w", name, err)
 	}
+	s.failed = ""
 	s.version, s.specs[v] = v, sp
 	// The new version's placement policy; zones cooling after a preemption or a refusal
 	// stay avoided. An invalid policy leaves the placer to be rebuilt (and the error
@@ -190,12 +206,19 @@ func (c *Controller) recover(ctx context.Context) error {
 			return err
 		}
 		sp, err := parseStored(sv.Name, v)
-		if err != nil {
-			return fmt.Errorf("recover service %s: its stored spec no longer loads: %w", sv.Name, err)
+		var s *service
+		if err == nil {
+			s, err = c.newService(sv.Name, sv.Version, sp, now)
 		}
-		s, err := c.newService(sv.Name, sv.Version, sp, now)
 		if err != nil {
-			return err
+			// One service's stored spec that no longer loads (a rule this version added, a
+			// provider no longer configured) must not keep the others from starting. Its
+			// replicas are kept as they are, unmanaged, until `serve update` gives it a spec
+			// that loads or `serve down` removes it.
+			s = &service{name: sv.Name, version: sv.Version, specs: map[int]*spec.Service{}, replicas: map[string]*replica{},
+				setup: map[int]*sync.Mutex{}, failed: fmt.Sprintf("version %d no longer loads: %v", sv.Version, err)}
+			c.log.Error("service not loaded; the others start", "service", sv.Name, "err", err)
+			c.event(ctx, sv.Name, "", "error", s.failed+"; fix it with `serve update`, or remove it with `serve down`")
 		}
 		s.deleting = sv.Status == "deleting"
 		c.services[sv.Name] = s
@@ -325,7 +348,10 @@ type ServiceStatus struct {
 	Placement string `json:"placement,omitempty"`
 	// Offers says what placement could not use, while it lasts: a provider that cannot
 	// quote (a cluster that does not answer), capacity with no known price.
-	Offers   string          `json:"offers_problem,omitempty"`
+	Offers string `json:"offers_problem,omitempty"`
+	// Failed says why the service's stored spec does not load (status "failed"): its
+	// replicas are left as they are until `serve update` or `serve down`.
+	Failed   string          `json:"failed,omitempty"`
 	Ready    int             `json:"ready"`
 	Live     int             `json:"live"`
 	Models   []string        `json:"models"`
@@ -396,6 +422,8 @@ func (c *Controller) Status(ctx context.Context, name string) ([]ServiceStatus, 
 		switch {
 		case s.deleting:
 			st.Status = "shutting_down"
+		case s.failed != "":
+			st.Status, st.Failed = "failed", s.failed
 		case st.Ready > 0:
 			st.Status = "ready"
 		case s.target == 0:

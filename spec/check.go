@@ -101,6 +101,15 @@ func (d *decoder) crossCheck(s *Service) {
 		d.errorAt("arbiter.autoscaling.panic_window_seconds", "arbiter.autoscaling.panic_window_seconds: must be ≤ stable_window_seconds (%g), got %g", as.StableWindowSeconds, as.PanicWindowSeconds)
 	}
 
+	// The autoscaler's own rules (scaling.Config.Validate), so that a spec accepted here is
+	// one the control plane can run; scaling's FuzzAcceptedSpecsRun holds the two together.
+	if as := a.Autoscaling; as.PanicWindowSeconds > 0 && as.PanicThreshold <= 1 && !d.failed("arbiter.autoscaling.panic_threshold", "arbiter.autoscaling.panic_window_seconds") {
+		d.errorAt("arbiter.autoscaling.panic_threshold", "arbiter.autoscaling.panic_threshold: must be > 1 while panic mode is on (panic_window_seconds %g), got %g: at 1 ordinary steady load would count as a panic, and panic never scales down; write panic_window_seconds: 0 to turn panic mode off", as.PanicWindowSeconds, as.PanicThreshold)
+	}
+	if !d.failed(policy+"min_replicas", "service.replicas", "arbiter.scale_to_zero_after_seconds") && rp.MinReplicas == 0 && a.ScaleToZeroAfterSeconds <= 0 {
+		d.errorAt("arbiter.scale_to_zero_after_seconds", "arbiter.scale_to_zero_after_seconds: must be > 0 when min_replicas is 0, got %g: the service would count as idle the instant a request arrives and never leave zero", a.ScaleToZeroAfterSeconds)
+	}
+
 	// What a container provider cannot do is refused here, not ignored at launch.
 	if slices.ContainsFunc(a.Providers, IsKubernetes) {
 		if len(s.Secrets) > 0 {

@@ -17,6 +17,7 @@ package main
 
 import (
 	"context"
+	"encoding/csv"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -55,6 +56,7 @@ type options struct {
 	maxPrompt   int
 	maxOutput   int
 	tokenizer   string
+	dump        string
 }
 
 func main() {
@@ -69,6 +71,7 @@ func main() {
 	flag.IntVar(&o.maxPrompt, "max-prompt", 16000, "prompts longer than this are cut (tokens)")
 	flag.IntVar(&o.maxOutput, "max-output", 400, "outputs longer than this are cut (tokens), to bound the run")
 	flag.StringVar(&o.tokenizer, "tokenizer", "approx", "the router's prompt token counter: approx (its default) or bpe (what replicasim counts with)")
+	flag.StringVar(&o.dump, "dump", "", "also write every request (level, replica, tokens, predicted and observed TTFT and TPOT) to this CSV file")
 	flag.Parse()
 	o.profiles = strings.Split(profiles, ",")
 	for _, l := range strings.Split(levels, ",") {
@@ -126,6 +129,17 @@ func run(o options) error {
 		o.trace, strings.Join(o.profiles, " + "), o.sloTTFT, o.tokenizer, capacity)
 	fmt.Println("| load (of capacity) | replica profile | requests | observed TTFT p50 / p90 | predicted TTFT p50 / p90 | TTFT MAPE | TTFT APE p90 | TPOT MAPE | SLO verdicts right |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	var dump *csv.Writer
+	if o.dump != "" {
+		f, err := os.Create(o.dump)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		dump = csv.NewWriter(f)
+		defer dump.Flush()
+		_ = dump.Write([]string{"level", "start_s", "replica", "prompt_tokens", "output_tokens", "pred_ttft_s", "ttft_s", "pred_tpot_s", "tpot_s"})
+	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}, Timeout: 10 * time.Minute}
 	next := 0
 	for _, level := range o.levels {
@@ -144,6 +158,14 @@ func run(o options) error {
 				continue
 			}
 			samples = append(samples, res)
+		}
+		if dump != nil {
+			slices.SortFunc(samples, func(a, b sample) int { return a.Start.Compare(b.Start) })
+			for _, s := range samples {
+				f := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
+				_ = dump.Write([]string{f(level), f(s.Start.Sub(samples[0].Start).Seconds()), s.Replica, strconv.Itoa(s.Prompt), strconv.Itoa(s.Output),
+					f(s.PredTTFT), f(s.TTFT), f(s.PredTPOT), f(s.TPOT)})
+			}
 		}
 		byProfile := map[string][]sample{}
 		for _, s := range samples {

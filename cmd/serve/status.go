@@ -46,6 +46,9 @@ func statusCmd(g *globals) *cobra.Command {
 			}
 			tw.Flush()
 			for _, s := range svcs {
+				if s.Failed != "" {
+					fmt.Fprintf(out, "  %s: failed: %s (fix it with `serve update %s FILE`, or remove it with `serve down %s`)\n", s.Name, s.Failed, s.Name, s.Name)
+				}
 				if s.Offers != "" {
 					fmt.Fprintf(out, "  %s: offers missing: %s\n", s.Name, s.Offers)
 				}
