@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
@@ -54,7 +55,18 @@ type Config struct {
 	// ZoneCooldown keeps spot out of a zone this long after it preempted a replica or
 	// refused a launch; default 10 minutes.
 	ZoneCooldown time.Duration
+	// MaxReplicas is the most replicas this control plane runs at once, all services
+	// together (default DefaultMaxReplicas): a service that asks for more is refused, and
+	// no launch takes the fleet past it.
+	MaxReplicas int
+	// LaunchesPerSecond and LaunchBurst rate-limit launches, all services together
+	// (defaults 2 and 10), so a mistake costs seconds of launches, not the machine or a bill.
+	LaunchesPerSecond float64
+	LaunchBurst       int
 }
+
+// DefaultMaxReplicas is the replica ceiling of a control plane whose operator set none.
+const DefaultMaxReplicas = 64
 
 // Controller is the control plane.
 type Controller struct {
@@ -63,6 +75,9 @@ type Controller struct {
 	log     *slog.Logger
 	probes  *http.Client
 	metrics *metrics
+
+	// launches rate-limits launches over all services (Config.LaunchesPerSecond).
+	launches *rate.Limiter
 
 	mu       sync.Mutex
 	services map[string]*service
@@ -110,6 +125,9 @@ type service struct {
 	// failed says why the stored spec did not load at start; such a service has no spec
 	// and no decider, and nothing reconciles it until an update brings a spec that loads.
 	failed string
+	// held says why launches wait (the daemon's replica ceiling, the launch rate), so
+	// that it is reported when it starts, not on every tick.
+	held string
 }
 
 type replica struct {
@@ -163,8 +181,18 @@ func New(ctx context.Context, cfg Config) (*Controller, error) {
 	if cfg.ZoneCooldown <= 0 {
 		cfg.ZoneCooldown = zoneCooldown
 	}
+	if cfg.MaxReplicas <= 0 {
+		cfg.MaxReplicas = DefaultMaxReplicas
+	}
+	if cfg.LaunchesPerSecond <= 0 {
+		cfg.LaunchesPerSecond = 2
+	}
+	if cfg.LaunchBurst <= 0 {
+		cfg.LaunchBurst = 10
+	}
 	c := &Controller{cfg: cfg, store: cfg.Store, log: cfg.Log, probes: &http.Client{},
 		services: map[string]*service{}, routers: map[string]routerReport{}, unswept: map[string]bool{}, suspects: map[string]bool{}, changed: make(chan struct{}), kick: make(chan struct{}, 1)}
+	c.launches = rate.NewLimiter(rate.Limit(cfg.LaunchesPerSecond), cfg.LaunchBurst)
 	c.metrics = newMetrics(cfg.Metrics, c)
 	if err := c.recover(ctx); err != nil {
 		return nil, err

@@ -52,6 +52,11 @@ type DaemonOptions struct {
 	Providers func(ctx context.Context, owner string) ([]replicas.Provider, error)
 	// ZoneCooldown: see Config.ZoneCooldown.
 	ZoneCooldown time.Duration
+	// MaxReplicas: see Config.MaxReplicas.
+	MaxReplicas int
+	// LocalMaxReplicas bounds the replicas the local machine runs at once (the local and
+	// sim providers); 0: replicas.DefaultLocalMaxReplicas.
+	LocalMaxReplicas int
 }
 
 // Paths inside a home directory.
@@ -136,7 +141,7 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	}
 	defer store.Close()
 	procs := replicas.LocalConfig{Owner: Owner(o.Home), LogDir: filepath.Join(o.Home, "logs"), ExtraPath: o.BinDir,
-		Capacity: fleet.Reserved, Region: "local", Zone: "local", Grace: o.LocalGrace, Log: o.Log}
+		Capacity: fleet.Reserved, Region: "local", Zone: "local", Grace: o.LocalGrace, Log: o.Log, MaxReplicas: o.LocalMaxReplicas}
 	local, err := replicas.NewLocal(procs)
 	if err != nil {
 		return err
@@ -180,7 +185,7 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 		}
 	}
 	c, err := New(ctx, Config{Store: store, Providers: providers, Token: o.Token, Tick: o.Tick, DrainTimeout: o.DrainTimeout,
-		Endpoint: o.Endpoint, Log: o.Log, Metrics: reg, ZoneCooldown: o.ZoneCooldown})
+		Endpoint: o.Endpoint, Log: o.Log, Metrics: reg, ZoneCooldown: o.ZoneCooldown, MaxReplicas: o.MaxReplicas})
 	if err != nil {
 		return err
 	}

@@ -389,6 +389,9 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 // before the provider hears of it: that is what makes a crash at any point recoverable
 // without a leak. Caller holds c.mu.
 func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch) {
+	if !c.mayLaunch(ctx, s) {
+		return
+	}
 	sp := s.spec()
 	name := ""
 	if ps := c.providersFor(sp); len(ps) > 0 {
@@ -464,6 +467,59 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 		c.transition(ctx, s, r, replicas.Starting, "launched; waiting for its readiness probe")
 		r.nextProbe = c.cfg.Now()
 	}()
+}
+
+// mayLaunch applies the daemon-wide bounds on launching: the replica ceiling and the
+// launch rate. A launch held back is tried again on a later tick; the service's events say
+// why, once. Caller holds c.mu.
+func (c *Controller) mayLaunch(ctx context.Context, s *service) bool {
+	held := ""
+	if n := c.liveReplicas(); n >= c.cfg.MaxReplicas && !s.surgeOne() {
+		held = fmt.Sprintf("launches wait: this control plane runs %d replicas, its ceiling (serve daemon --max-replicas %d)", n, c.cfg.MaxReplicas)
+	} else if !c.launches.AllowN(c.cfg.Now(), 1) {
+		held = fmt.Sprintf("launches wait: more than %g launches a second (burst %d) over all services", c.cfg.LaunchesPerSecond, c.cfg.LaunchBurst)
+	}
+	if held != s.held {
+		if held != "" {
+			c.event(ctx, s.name, "", "launch", held)
+			c.log.Warn("launch held back", "service", s.name, "why", held)
+		}
+		s.held = held
+	}
+	return held == ""
+}
+
+// surgeOne reports whether a rolling update at the ceiling may start one replica beyond
+// it: the service still runs old-version replicas, which leave only as new ones get ready,
+// and none of the new version is on its way yet. Without it a service as large as the
+// ceiling could never be updated; with it the fleet passes the ceiling by one per
+// updating service, for one replica's start.
+func (s *service) surgeOne() bool {
+	old, starting := false, false
+	for _, r := range s.replicas {
+		st := replicas.State(r.row.State)
+		switch {
+		case r.row.Version != s.version && live(st):
+			old = true
+		case r.row.Version == s.version && live(st) && st != replicas.Ready:
+			starting = true
+		}
+	}
+	return old && !starting
+}
+
+// liveReplicas counts the replicas of every service that run or are being started.
+// Caller holds c.mu.
+func (c *Controller) liveReplicas() int {
+	n := 0
+	for _, s := range c.services {
+		for _, r := range s.replicas {
+			if live(replicas.State(r.row.State)) {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 func (c *Controller) adopt(r *replica, inst replicas.Instance) {

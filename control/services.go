@@ -36,6 +36,9 @@ func (c *Controller) parseSpec(name, text string, envs map[string]string) (*spec
 	if err := scaling.PlacementFromSpec(sp, c.cfg.ZoneCooldown).Validate(); err != nil {
 		return nil, fmt.Errorf("%w: placement: %v", errBadRequest, err)
 	}
+	if err := c.checkSize(sp); err != nil {
+		return nil, err
+	}
 	for _, name := range sp.Arbiter.Providers {
 		if name == kubernetesPrefix && len(c.expandProviders([]string{name})) == 0 {
 			return nil, fmt.Errorf("%w: arbiter.providers: no kubernetes cluster is configured in this control plane (list clusters in its providers file; configured: %v)", errBadRequest, c.providerNames())
@@ -53,6 +56,34 @@ func (c *Controller) parseSpec(name, text string, envs map[string]string) (*spec
 		}
 	}
 	return sp, nil
+}
+
+// checkSize refuses a service larger than this control plane may run (its ceiling) or than
+// its providers can hold at once, where every one of them knows its bound.
+func (c *Controller) checkSize(sp *spec.Service) error {
+	rp := sp.Service.ReplicaPolicy
+	want := max(rp.MaxReplicas, rp.MinReplicas) + rp.NumOverprovision
+	if want > c.cfg.MaxReplicas {
+		return fmt.Errorf("%w: the service may run up to %d replicas (max_replicas %d, num_overprovision %d); this control plane runs at most %d, all services together (serve daemon --max-replicas)",
+			errBadRequest, want, rp.MaxReplicas, rp.NumOverprovision, c.cfg.MaxReplicas)
+	}
+	hold, names := 0, c.expandProviders(sp.Arbiter.Providers)
+	for _, name := range names {
+		p, err := c.provider(name)
+		if err != nil {
+			return nil // reported with its reason by the provider check
+		}
+		b, ok := p.(replicas.Bounded)
+		if !ok || b.MaxReplicas() <= 0 {
+			return nil // a provider with no known bound (a cluster: its scheduler decides)
+		}
+		hold += b.MaxReplicas()
+	}
+	if len(names) > 0 && want > hold {
+		return fmt.Errorf("%w: the service may run up to %d replicas; its providers (%v) hold at most %d at once (serve daemon --local-max-replicas)",
+			errBadRequest, want, names, hold)
+	}
+	return nil
 }
 
 // specChecker is a provider that can refuse a spec it could never serve (a market whose

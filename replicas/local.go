@@ -13,9 +13,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -54,12 +56,21 @@ type LocalConfig struct {
 	// Grace is how long a replica has between SIGTERM and SIGKILL.
 	Grace time.Duration
 	Log   *slog.Logger
+	// MaxReplicas is the most replicas this provider runs at once; a launch beyond it is
+	// refused (ErrNoCapacity). Default: DefaultLocalMaxReplicas.
+	MaxReplicas int
 }
+
+// DefaultLocalMaxReplicas is four replicas per CPU, at least 16: room for a simulator
+// fleet and a rolling update, not for a typo's thousand processes.
+func DefaultLocalMaxReplicas() int { return max(16, 4*runtime.NumCPU()) }
 
 // Local runs replicas as child process groups on this machine, each on a free loopback port.
 type Local struct {
 	cfg     LocalConfig
 	notices chan Notice
+	// launching serialises the capacity check with the start it allows.
+	launching sync.Mutex
 }
 
 // NewLocal returns the local provider.
@@ -78,6 +89,9 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 	}
 	if cfg.Name == "" {
 		cfg.Name = "local"
+	}
+	if cfg.MaxReplicas <= 0 {
+		cfg.MaxReplicas = DefaultLocalMaxReplicas()
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -137,8 +151,21 @@ func portFlag(port int) *regexp.Regexp {
 	return regexp.MustCompile(`(--port[= ])` + strconv.Itoa(port) + `\b`)
 }
 
-// Launch implements Provider.
+// MaxReplicas implements Bounded.
+func (l *Local) MaxReplicas() int { return l.cfg.MaxReplicas }
+
+// Launch implements Provider. A launch beyond MaxReplicas is refused for want of capacity.
 func (l *Local) Launch(ctx context.Context, spec LaunchSpec) (Instance, error) {
+	l.launching.Lock()
+	defer l.launching.Unlock()
+	running, err := l.List(ctx)
+	if err != nil {
+		return Instance{}, fmt.Errorf("launch %s: %w", spec.ReplicaID, err)
+	}
+	if len(running) >= l.cfg.MaxReplicas {
+		return Instance{}, fmt.Errorf("launch %s: this machine already runs %d replicas, the %s provider's limit (serve daemon --local-max-replicas): %w",
+			spec.ReplicaID, len(running), l.cfg.Name, ErrNoCapacity)
+	}
 	port, err := freePort()
 	if err != nil {
 		return Instance{}, fmt.Errorf("launch %s: %w", spec.ReplicaID, err)

@@ -1,6 +1,7 @@
 package replicas
 
 import (
+	"errors"
 	"github.com/arbiter-serve/arbiter/fleet"
 
 	"context"
@@ -187,5 +188,31 @@ func TestLocalListSeesJustLaunchedReplicas(t *testing.T) {
 		if err := l.Terminate(ctx, inst.Handle); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// The machine's limit: a launch beyond MaxReplicas is refused for want of capacity (not a
+// crash), and a slot freed by a termination is usable again.
+func TestLocalRefusesLaunchesBeyondItsLimit(t *testing.T) {
+	ctx := context.Background()
+	l := newTestLocal(t)
+	l.cfg.MaxReplicas = 2
+	var handles []string
+	for i := range 2 {
+		in, err := l.Launch(ctx, LaunchSpec{ReplicaID: fmt.Sprintf("svc-%d", i), Run: "sleep 30"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		handles = append(handles, in.Handle)
+	}
+	_, err := l.Launch(ctx, LaunchSpec{ReplicaID: "svc-2", Run: "sleep 30"})
+	if !errors.Is(err, ErrNoCapacity) || !strings.Contains(err.Error(), "--local-max-replicas") {
+		t.Fatalf("third launch with a limit of 2: %v; want ErrNoCapacity naming the flag", err)
+	}
+	if err := l.Terminate(ctx, handles[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Launch(ctx, LaunchSpec{ReplicaID: "svc-3", Run: "sleep 30"}); err != nil {
+		t.Fatalf("a launch after a termination freed a slot: %v", err)
 	}
 }

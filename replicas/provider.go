@@ -108,6 +108,13 @@ type Provider interface {
 	Quote(ctx context.Context, service string, sp *spec.Service) ([]Quote, error)
 }
 
+// Bounded is a provider that can hold only so many replicas at once (the local machine's
+// CPUs and memory). The control plane refuses a service that could never fit.
+type Bounded interface {
+	// MaxReplicas is the most replicas the provider runs at once (0: no known bound).
+	MaxReplicas() int
+}
+
 // ErrNoCapacity is a launch refused for want of capacity where it was asked for (a spot
 // pool that is empty now): not the replica's fault, so not a crash loop, and a reason to
 // try another zone.

@@ -3,6 +3,7 @@ package spec
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"math"
 	"regexp"
@@ -69,7 +70,7 @@ func (d *decoder) serviceSection(n, at *yaml.Node, vars map[string]string) Servi
 	switch {
 	case b.has("replicas"):
 		n := s.ReplicaPolicy.MinReplicas
-		b.integer("replicas", "an integer ≥ 0", atLeast(0), &n)
+		b.integer("replicas", replicaCountWant, replicaCount, &n)
 		s.ReplicaPolicy.MinReplicas, s.ReplicaPolicy.MaxReplicas = n, n
 	case b.has("replica_policy"):
 		s.Fixed = false
@@ -80,6 +81,16 @@ func (d *decoder) serviceSection(n, at *yaml.Node, vars map[string]string) Servi
 	return s
 }
 
+// MaxReplicas bounds any replica count a spec may ask for. Far above what one service
+// runs, it catches the typo that would otherwise launch until the machine or the budget
+// gives out; the daemon's own ceiling (serve daemon --max-replicas) and its providers'
+// capacity are checked when the spec is submitted.
+const MaxReplicas = 1000
+
+var replicaCountWant = fmt.Sprintf("an integer from 0 to %d", MaxReplicas)
+
+func replicaCount(v int) bool { return v >= 0 && v <= MaxReplicas }
+
 func (d *decoder) replicaPolicy(n, at *yaml.Node, p *ReplicaPolicy) {
 	const path = "service.replica_policy"
 	b := d.block(path, at, n, policyKeys)
@@ -89,9 +100,9 @@ func (d *decoder) replicaPolicy(n, at *yaml.Node, p *ReplicaPolicy) {
 	if !b.has("min_replicas") {
 		d.errorf(b.at, "%s: min_replicas is required, e.g. min_replicas: 1", path)
 	}
-	b.integer("min_replicas", "an integer ≥ 0", atLeast(0), &p.MinReplicas)
+	b.integer("min_replicas", replicaCountWant, replicaCount, &p.MinReplicas)
 	p.MaxReplicas = p.MinReplicas
-	b.integer("max_replicas", "an integer ≥ 0", atLeast(0), &p.MaxReplicas)
+	b.integer("max_replicas", replicaCountWant, replicaCount, &p.MaxReplicas)
 	if q := b.get("target_qps_per_replica"); q != nil {
 		if q.Kind == yaml.MappingNode {
 			p.TargetQPSByAccelerator = d.qpsByAccelerator(path+".target_qps_per_replica", q)
@@ -101,8 +112,8 @@ func (d *decoder) replicaPolicy(n, at *yaml.Node, p *ReplicaPolicy) {
 	}
 	b.number("upscale_delay_seconds", "a number of seconds ≥ 0", nonNegative, &p.UpscaleDelaySeconds)
 	b.number("downscale_delay_seconds", "a number of seconds ≥ 0", nonNegative, &p.DownscaleDelaySeconds)
-	b.integer("num_overprovision", "an integer ≥ 0", atLeast(0), &p.NumOverprovision)
-	b.integer("base_ondemand_fallback_replicas", "an integer ≥ 0", atLeast(0), &p.BaseOndemandFallbackReplicas)
+	b.integer("num_overprovision", replicaCountWant, replicaCount, &p.NumOverprovision)
+	b.integer("base_ondemand_fallback_replicas", replicaCountWant, replicaCount, &p.BaseOndemandFallbackReplicas)
 	b.boolean("dynamic_ondemand_fallback", &p.DynamicOndemandFallback)
 	b.enum("spot_placer", spotPlacers, &p.SpotPlacer)
 }

@@ -34,6 +34,8 @@ func main() {
 		provFile  = flag.String("providers", "", "providers file: the Kubernetes clusters replicas may run on (default: <home>/providers.yaml if it exists)")
 		tokenFile = flag.String("token-file", "", "file holding the API token routers and the CLI send (default: <home>/token, created if missing)")
 		cooldown  = flag.Duration("zone-cooldown", 10*time.Minute, "how long spot stays out of a zone that preempted a replica or refused a launch")
+		maxReps   = flag.Int("max-replicas", control.DefaultMaxReplicas, "the most replicas this control plane runs at once, all services together")
+		localMax  = flag.Int("local-max-replicas", replicas.DefaultLocalMaxReplicas(), "the most replicas the local and sim providers run on this machine at once")
 	)
 	flag.Parse()
 	log, err := httplog.NewLogger(*logLevel)
@@ -52,6 +54,7 @@ func main() {
 		defer stop()
 		err = control.Serve(ctx, control.DaemonOptions{Home: *homeDir, API: *api, Token: token, Tick: *tick, DrainTimeout: *drain, Endpoint: *endpoint,
 			BinDir: filepath.Dir(exe), LocalGrace: *grace, Log: log, Admin: *admin, ZoneCooldown: *cooldown,
+			MaxReplicas: *maxReps, LocalMaxReplicas: *localMax,
 			Providers: func(ctx context.Context, owner string) ([]replicas.Provider, error) {
 				path, optional := *provFile, *provFile == ""
 				if optional {

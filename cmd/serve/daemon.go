@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -52,6 +53,8 @@ type daemonFlags struct {
 	apiKeys            string
 	providers          string
 	zoneCooldown       time.Duration
+	maxReplicas        int
+	localMaxReplicas   int
 }
 
 // runDaemon runs the embedded default in the foreground: a control plane with the local
@@ -88,6 +91,7 @@ func runDaemon(ctx context.Context, home string, f daemonFlags) error {
 		errc <- control.Serve(ctx, control.DaemonOptions{Home: home, API: f.api, Token: token, Tick: f.tick, DrainTimeout: f.drain,
 			Endpoint: endpoint, BinDir: filepath.Dir(exe), LocalGrace: f.grace, Log: log.With("part", "control"),
 			Ready: func(a net.Addr) { apic <- a }, Metrics: reg, ZoneCooldown: f.zoneCooldown,
+			MaxReplicas: f.maxReplicas, LocalMaxReplicas: f.localMaxReplicas,
 			Providers: providersFrom(home, f.providers, log.With("part", "control"))})
 	}()
 	var api net.Addr
@@ -174,7 +178,8 @@ func ensureDaemon(ctx context.Context, home string, f daemonFlags, log *slog.Log
 		}
 		cmd.Args = append(cmd.Args, "--providers", abs)
 	}
-	cmd.Args = append(cmd.Args, "--zone-cooldown", f.zoneCooldown.String())
+	cmd.Args = append(cmd.Args, "--zone-cooldown", f.zoneCooldown.String(),
+		"--max-replicas", strconv.Itoa(f.maxReplicas), "--local-max-replicas", strconv.Itoa(f.localMaxReplicas))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own session: the daemon outlives this command and the terminal's Ctrl-C.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

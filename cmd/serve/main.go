@@ -24,6 +24,7 @@ import (
 	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/httplog"
 	"github.com/arbiter-serve/arbiter/pricing"
+	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/router"
 	"github.com/arbiter-serve/arbiter/scaling"
 	"github.com/arbiter-serve/arbiter/spec"
@@ -73,6 +74,8 @@ func root() *cobra.Command {
 		f.StringVar(&df.apiKeys, "api-keys", "", "client API keys file for the router (see `serve keys new`); default: $"+router.KeysEnv+", else no key needed")
 		f.StringVar(&df.providers, "providers", "", "providers file: the Kubernetes clusters replicas may run on (default: <home>/providers.yaml if it exists)")
 		f.DurationVar(&df.zoneCooldown, "zone-cooldown", 10*time.Minute, "how long spot stays out of a zone that preempted a replica or refused a launch")
+		f.IntVar(&df.maxReplicas, "max-replicas", control.DefaultMaxReplicas, "the most replicas the control plane runs at once, all services together")
+		f.IntVar(&df.localMaxReplicas, "local-max-replicas", replicas.DefaultLocalMaxReplicas(), "the most replicas the local and sim providers run on this machine at once")
 	}
 	up, daemon := upCmd(g), daemonCmd(g)
 	addDaemonFlags(up)
