@@ -307,8 +307,8 @@ func (c *Controller) load(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	if rep.Router == "" {
-		writeErr(w, fmt.Errorf("%w: router: required", errBadRequest))
+	if err := rep.Validate(); err != nil {
+		writeErr(w, fmt.Errorf("%w: load report: %v", errBadRequest, err))
 		return
 	}
 	c.Report(rep)

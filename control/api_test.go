@@ -162,3 +162,38 @@ func TestReadySetLongPoll(t *testing.T) {
 		t.Fatalf("wake a known model: %v", err)
 	}
 }
+
+// Every number in a router's load report is checked: one absurd report (1e308 tokens once
+// made the totals +Inf and broke every status after it) is refused with 400 and changes
+// nothing; the service's status still renders and good reports still count.
+func TestAbsurdLoadReportsAreRefused(t *testing.T) {
+	c, srv := newTestAPI(t)
+	if code, body := call(t, srv, "POST", "/v1/services", "secret", submit("svc", zeroSpec)); code != 201 && code != 200 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	report := func(models, replicas string) string {
+		return `{"router":"r1","models":[` + models + `],"replicas":[` + replicas + `]}`
+	}
+	for _, bad := range []string{
+		report(`{"model":"m1","tokens":1e308}`, ``),
+		report(`{"model":"m1","requests":-1}`, ``),
+		report(`{"model":"m1","in_flight":1e9}`, ``),
+		report(``, `{"replica_id":"x","kv_usage":7}`),
+		report(``, `{"replica_id":"x","tokens_per_second":1e300}`),
+		`{"router":"","models":[]}`,
+		`{"router":"r1","models":[{"model":"m1","tokens":1e400}]}`, // not even a float64
+	} {
+		if code, body := call(t, srv, "POST", "/v1/load", "secret", bad); code != 400 {
+			t.Fatalf("report %s: %d %s; want 400", bad, code, body)
+		}
+	}
+	if code, body := call(t, srv, "POST", "/v1/load", "secret", report(`{"model":"m1","requests":3,"tokens":1200}`, ``)); code != 200 {
+		t.Fatalf("a good report: %d %s", code, body)
+	}
+	c.tick(context.Background())
+	c.wg.Wait()
+	code, body := call(t, srv, "GET", "/v1/services/svc", "secret", "")
+	if code != 200 || !strings.Contains(body, `"tokens":1200`) {
+		t.Fatalf("status after the reports: %d %s; want 1200 tokens counted", code, body)
+	}
+}

@@ -125,6 +125,10 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	if err := os.MkdirAll(o.Home, 0o700); err != nil {
 		return fmt.Errorf("home %s: %w", o.Home, err)
 	}
+	// Only its owner reads a home (token, state, replica logs), whoever created it.
+	if err := os.Chmod(o.Home, 0o700); err != nil {
+		return fmt.Errorf("home %s: %w", o.Home, err)
+	}
 	if o.Token == "" {
 		t, err := EnsureToken(o.Home)
 		if err != nil {

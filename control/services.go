@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -410,6 +411,15 @@ func bill(st *ServiceStatus, rows []state.Replica, now time.Time) {
 	}
 }
 
+// finite is x, or 0 for a total an older version let overflow to ±Inf or NaN: status must
+// render, and the counts since are still right.
+func finite(x float64) float64 {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return 0
+	}
+	return x
+}
+
 // Status returns every service ("" ) or one.
 func (c *Controller) Status(ctx context.Context, name string) ([]ServiceStatus, error) {
 	rows, err := c.store.Services(ctx)
@@ -433,7 +443,7 @@ func (c *Controller) Status(ctx context.Context, name string) ([]ServiceStatus, 
 			continue
 		}
 		st := ServiceStatus{Name: s.name, Version: s.version, CreatedAt: row.CreatedAt, Target: s.target, Decision: s.decision.Reason,
-			Placement: s.placement, Offers: s.quoteErr, Models: s.models(), Endpoint: c.cfg.Endpoint, Replicas: []state.Replica{}, Tokens: row.Tokens + s.tokens}
+			Placement: s.placement, Offers: s.quoteErr, Models: s.models(), Endpoint: c.cfg.Endpoint, Replicas: []state.Replica{}, Tokens: finite(row.Tokens) + s.tokens}
 		var mine []state.Replica
 		for _, r := range all {
 			if r.Service == s.name {

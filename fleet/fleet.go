@@ -6,6 +6,7 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"strconv"
 )
@@ -165,6 +166,52 @@ type LoadReport struct {
 	Router   string      `json:"router"`
 	Models   []ModelLoad `json:"models"`
 	Replicas []Load      `json:"replicas"`
+}
+
+// Bounds on what one load report may say: far above any real router's figures for one
+// report interval, low enough that no sum of reports overflows into +Inf.
+const (
+	maxReportEntries  = 100_000
+	maxReportRequests = 1e9  // requests, or requests per second, in one report
+	maxReportTokens   = 1e12 // tokens, or tokens per second, in one report
+	maxReportLevel    = 1e7  // requests in flight, held, running or waiting
+)
+
+// Validate refuses a report the control plane must not add up: a number that is not finite,
+// negative, or beyond any real router's (a report of 1e308 tokens once turned the totals
+// into +Inf and broke every status after it).
+func (r LoadReport) Validate() error {
+	var errs []error
+	check := func(what string, v, limit float64) {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > limit {
+			errs = append(errs, fmt.Errorf("%s: %v: want a finite number from 0 to %g", what, v, limit))
+		}
+	}
+	if r.Router == "" || len(r.Router) > 256 {
+		errs = append(errs, errors.New("router: want an ID of 1 to 256 characters"))
+	}
+	if len(r.Models) > maxReportEntries || len(r.Replicas) > maxReportEntries {
+		errs = append(errs, fmt.Errorf("%d models and %d replicas: want at most %d of each", len(r.Models), len(r.Replicas), maxReportEntries))
+		return errors.Join(errs...)
+	}
+	for i, m := range r.Models {
+		at := fmt.Sprintf("models[%d] (%s)", i, m.Model)
+		check(at+".requests", m.Requests, maxReportRequests)
+		check(at+".tokens", m.Tokens, maxReportTokens)
+		check(at+".in_flight", m.InFlight, maxReportLevel)
+		check(at+".held", m.Held, maxReportLevel)
+	}
+	for i, l := range r.Replicas {
+		at := fmt.Sprintf("replicas[%d] (%s)", i, l.ReplicaID)
+		check(at+".in_flight", float64(l.InFlight), maxReportLevel)
+		check(at+".waiting", float64(l.Waiting), maxReportLevel)
+		check(at+".running", float64(l.Running), maxReportLevel)
+		check(at+".kv_usage", l.KVUsage, 1)
+		check(at+".requests_per_second", l.RequestsPerSecond, maxReportRequests)
+		check(at+".tokens_per_second", l.TokensPerSecond, maxReportTokens)
+		check(at+".slo_misses", float64(l.SLOMisses), maxReportRequests)
+	}
+	return errors.Join(errs...)
 }
 
 // ServiceFor returns the index of the service that serves model: the first that lists it,

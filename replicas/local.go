@@ -78,7 +78,7 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 	if cfg.Owner == "" || cfg.LogDir == "" {
 		return nil, errors.New("local provider: owner and log dir are required")
 	}
-	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
+	if err := os.MkdirAll(cfg.LogDir, 0o700); err != nil {
 		return nil, fmt.Errorf("local provider: %w", err)
 	}
 	if cfg.Grace <= 0 {
@@ -129,7 +129,7 @@ func (l *Local) Setup(ctx context.Context, service string, version int, setup, w
 		return nil
 	}
 	logPath := filepath.Join(l.cfg.LogDir, fmt.Sprintf("%s-v%d-setup.log", service, version))
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("setup %s: %w", service, err)
 	}
@@ -174,7 +174,7 @@ func (l *Local) Launch(ctx context.Context, spec LaunchSpec) (Instance, error) {
 	if spec.Port != 0 {
 		run = portFlag(spec.Port).ReplaceAllString(run, "${1}"+strconv.Itoa(port))
 	}
-	f, err := os.OpenFile(l.LogPath(spec.ReplicaID), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	f, err := os.OpenFile(l.LogPath(spec.ReplicaID), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return Instance{}, fmt.Errorf("launch %s: %w", spec.ReplicaID, err)
 	}

@@ -16,13 +16,15 @@ import (
 
 // AdminHandler serves /metrics, /health and /replicas (the router's view, as JSON) on the
 // admin port, away from client traffic.
-func AdminHandler(reg *prometheus.Registry, pool *Pool) fasthttp.RequestHandler {
+// withPprof adds /debug/pprof (router config pprof: true).
+func AdminHandler(reg *prometheus.Registry, pool *Pool, withPprof bool) fasthttp.RequestHandler {
 	metrics := fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	profiles := fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Index)
 	cpuProfile := fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Profile)
 	return func(ctx *fasthttp.RequestCtx) {
 		path := string(ctx.Path())
 		switch {
+		case !withPprof:
 		case path == "/debug/pprof/profile":
 			cpuProfile(ctx)
 			return

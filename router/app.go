@@ -88,7 +88,7 @@ func Run(ctx context.Context, o Options) error {
 	go pool.Run(ctx)
 
 	srv := NewServer(&cfg, px.Handle, log)
-	adminSrv := &fasthttp.Server{Handler: AdminHandler(reg, pool), Name: "arbiter-admin", ReadTimeout: 10 * time.Second, Logger: httplog.Fasthttp{L: log}}
+	adminSrv := &fasthttp.Server{Handler: AdminHandler(reg, pool, cfg.Pprof), Name: "arbiter-admin", ReadTimeout: 10 * time.Second, Logger: httplog.Fasthttp{L: log}}
 	log.Info("router serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(), "policy", cfg.Policy, "control_plane", o.ControlURL)
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()

@@ -125,6 +125,9 @@ func (px *Proxy) send(ctx *fasthttp.RequestCtx, c *call, r *Replica) (*upConn, t
 	out.Header.Del("X-Arbiter-Deadline-Ms")
 	out.Header.Del("X-Slo-Ttft-Ms")
 	out.Header.Del("X-Slo-Tpot-Ms")
+	for _, h := range px.stripHeaders {
+		out.Header.Del(h)
+	}
 	out.SetBodyRaw(c.body)
 
 	sentAt := c.route.Now // microseconds before the write: the pick's time

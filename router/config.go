@@ -60,6 +60,14 @@ type Config struct {
 	// APIKeysFile lists client API keys (see KeySpec), reloaded when it changes. With
 	// neither it nor ARBITER_API_KEYS, the router takes requests without a key.
 	APIKeysFile string `yaml:"api_keys_file"`
+	// PassHeaders names client headers forwarded to replicas that are otherwise stripped
+	// (Authorization, Proxy-Authorization, Cookie: the client's Arbiter key and session are
+	// not the replica's to read). Pass Authorization only to replicas that check the
+	// client's own key.
+	PassHeaders []string `yaml:"pass_headers"`
+	// Pprof serves /debug/pprof on the admin port. Off by default: profiles show the
+	// process's memory, and the admin port takes no key.
+	Pprof bool `yaml:"pprof"`
 
 	// Client connection limits: headers (also the read buffer), time to read a request
 	// (slow clients cannot hold a connection open: slowloris), keep-alive idle time, and

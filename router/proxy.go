@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,6 +37,9 @@ type Proxy struct {
 	log      *slog.Logger
 	counter  tokens.Counter
 	policies map[string]Policy
+	// stripHeaders are the client's credentials, not forwarded to replicas (less those
+	// the config's pass_headers lets through).
+	stripHeaders []string
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// ControlPlane, when set, lets requests for a service with no ready replica wait for
@@ -59,6 +63,11 @@ func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, 
 		return nil, err
 	}
 	px := &Proxy{cfg: cfg, pool: pool, met: met, log: log, counter: counter, Now: time.Now, policies: map[string]Policy{}, Load: &LoadTracker{}}
+	for _, h := range []string{"Authorization", "Proxy-Authorization", "Cookie"} {
+		if !slices.ContainsFunc(cfg.PassHeaders, func(p string) bool { return strings.EqualFold(p, h) }) {
+			px.stripHeaders = append(px.stripHeaders, h)
+		}
+	}
 	for _, name := range []string{"slo_cheapest", "least_load", "round_robin"} {
 		p, err := NewPolicy(name, pool.aff, 3*cfg.ScrapeInterval)
 		if err != nil {

@@ -11,6 +11,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -138,6 +140,18 @@ func OpenWith(path string, o Options) (*Store, error) {
 	}
 	// busy_timeout: the CLI may read while the daemon writes; synchronous=FULL: a row the
 	// control plane acted on must survive a power cut, not just a process crash.
+	// The state names every replica, its address and its service's spec (envs included):
+	// only its owner reads it. SQLite gives its -wal and -shm files the database file's
+	// mode, so creating the file 0600 first covers all three.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open state %s: %w", path, err)
+	}
+	err = f.Chmod(0o600) // one an older version created 0644
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("open state %s: %w", path, err)
+	}
 	dsn := fmt.Sprintf("file:%s?_pragma=journal_mode(WAL)&_pragma=busy_timeout(%d)&_pragma=synchronous(FULL)&_pragma=foreign_keys(ON)",
 		path, o.BusyTimeout.Milliseconds())
 	db, err := sql.Open("sqlite", dsn)
@@ -345,6 +359,9 @@ func (s *Store) setServiceStatus(ctx context.Context, name, status string, now t
 // AddTokens adds served tokens to a service's total (cost per million tokens survives
 // control-plane restarts).
 func (s *Store) AddTokens(ctx context.Context, name string, n float64) error {
+	if math.IsNaN(n) || math.IsInf(n, 0) || n < 0 {
+		return fmt.Errorf("service %s tokens: %v is not a count", name, n)
+	}
 	if err := s.writable(); err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -73,5 +74,35 @@ func TestReplicaLifecycleSurvivesReopen(t *testing.T) {
 	}
 	if err := s.SaveReplica(ctx, Replica{ID: "nope"}, "x", now); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("SaveReplica unknown: %v", err)
+	}
+}
+
+// The state file (and SQLite's -wal and -shm beside it) is readable by its owner only, also
+// when an older version created it 0644.
+func TestStateFilesAreOwnerOnly(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	old := filepath.Join(dir, "old.db")
+	if err := os.WriteFile(old, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{filepath.Join(dir, "state.db"), old} {
+		s, err := Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.PutService(ctx, "svc", "run: x", "", time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{path, path + "-wal", path + "-shm"} {
+			fi, err := os.Stat(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != 0o600 {
+				t.Errorf("%s: mode %v; want 0600", filepath.Base(f), fi.Mode().Perm())
+			}
+		}
+		s.Close()
 	}
 }

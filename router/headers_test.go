@@ -1,0 +1,91 @@
+package router
+
+import (
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+// headerReplica answers every chat request with a fixed completion and keeps the headers
+// each one arrived with.
+func headerReplica(t *testing.T) (addr string, seen func() []http.Header) {
+	t.Helper()
+	var mu sync.Mutex
+	var got []http.Header
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/chat/completions" {
+			return // /health, /metrics: 200, empty
+		}
+		mu.Lock()
+		got = append(got, r.Header.Clone())
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"x","object":"chat.completion","model":"` + testModel + `","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`))
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return ln.Addr().String(), func() []http.Header {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]http.Header(nil), got...)
+	}
+}
+
+// The client's credentials (its Arbiter API key, cookies) are not the replica's to read:
+// stripped unless pass_headers names them; other headers pass.
+func TestClientCredentialsAreNotForwarded(t *testing.T) {
+	for _, pass := range [][]string{nil, {"authorization"}} {
+		addr, seen := headerReplica(t)
+		r := startRouter(t, func(c *Config) { c.PassHeaders = pass },
+			fleet.Replica{ID: "h", Address: addr, Model: testModel, Capacity: fleet.OnDemand, PricePerHour: 1})
+		resp, body := post(t, r.url+"/v1/chat/completions", chatBody(false, ""),
+			"Authorization", "Bearer sk-client-secret", "Cookie", "session=abc", "Proxy-Authorization", "Basic eA==", "X-Request-Id", "req-7")
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+		hs := seen()
+		if len(hs) != 1 {
+			t.Fatalf("the replica saw %d requests", len(hs))
+		}
+		h := hs[0]
+		if h.Get("Cookie") != "" || h.Get("Proxy-Authorization") != "" {
+			t.Errorf("pass %v: the replica got Cookie %q, Proxy-Authorization %q", pass, h.Get("Cookie"), h.Get("Proxy-Authorization"))
+		}
+		wantAuth := ""
+		if pass != nil {
+			wantAuth = "Bearer sk-client-secret"
+		}
+		if h.Get("Authorization") != wantAuth {
+			t.Errorf("pass %v: the replica got Authorization %q; want %q", pass, h.Get("Authorization"), wantAuth)
+		}
+		if h.Get("X-Request-Id") != "req-7" {
+			t.Errorf("an ordinary header was dropped: %v", h)
+		}
+	}
+}
+
+// The admin port takes no key, so it serves profiles only when the config asks for them.
+func TestPprofOnlyWhenEnabled(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	pool := NewPool(&Config{}, slog.New(slog.DiscardHandler), NewMetrics(reg), nil)
+	for _, on := range []bool{false, true} {
+		h := AdminHandler(reg, pool, on)
+		var ctx fasthttp.RequestCtx
+		ctx.Request.SetRequestURI("/debug/pprof/")
+		h(&ctx)
+		if got := ctx.Response.StatusCode() == 200; got != on {
+			t.Fatalf("pprof %v: /debug/pprof/ answered %d", on, ctx.Response.StatusCode())
+		}
+	}
+}
