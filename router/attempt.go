@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
+	"os"
 	"strconv"
 	"syscall"
 	"time"
@@ -31,13 +33,18 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		}
 	}()
 
+	c.firstByte = px.firstByteTimeout(c, pred)
 	uc, sentAt, err := px.send(ctx, c, r)
 	if err != nil {
 		if errors.Is(err, errClientGone) {
 			px.clientGone(c, r)
 			return true
 		}
-		px.upstreamFailed(r, "send", err)
+		reason := "send"
+		if timedOut(err) {
+			reason = "first_byte_timeout"
+		}
+		px.upstreamFailed(r, reason, err)
 		return false
 	}
 	hdr := &ctx.Response.Header
@@ -155,7 +162,7 @@ func (px *Proxy) send(ctx *fasthttp.RequestCtx, c *call, r *Replica) (*upConn, t
 // One deadline covers the write, the header and (for a whole response) its body: vLLM
 // sends a non-streamed response's header only when the generation is done.
 func (px *Proxy) roundTrip(ctx *fasthttp.RequestCtx, c *call, out *fasthttp.Request, uc *upConn, now time.Time) error {
-	_ = uc.SetDeadline(minTime(c.deadline, now.Add(px.cfg.FirstByteTimeout)))
+	_ = uc.SetDeadline(minTime(c.deadline, now.Add(c.firstByte)))
 	if err := out.Write(uc.bw); err != nil {
 		return err
 	}
@@ -168,6 +175,34 @@ func (px *Proxy) roundTrip(ctx *fasthttp.RequestCtx, c *call, out *fasthttp.Requ
 		return errClientGone
 	}
 	return err
+}
+
+// firstByteTimeout is how long this attempt waits for the replica's response header: a
+// multiple of what the request is expected to take there (its SLO target or the prediction,
+// whichever is larger), within [first_byte_timeout_min, first_byte_timeout]. A whole
+// response's header comes after its generation, so without max_tokens its length is
+// unknown and the full first_byte_timeout applies.
+func (px *Proxy) firstByteTimeout(c *call, pred Prediction) time.Duration {
+	limit, k := px.cfg.FirstByteTimeout, px.cfg.FirstByteSLOMultiple
+	var expect float64
+	switch {
+	case k <= 0:
+		return limit
+	case c.stream:
+		expect = max(c.slo.TTFT, pred.TTFT)
+	case c.outBounded:
+		expect = max(c.slo.E2E, pred.E2E)
+	}
+	if !(expect > 0) || math.IsInf(expect, 0) {
+		return limit
+	}
+	return min(max(time.Duration(k*expect*float64(time.Second)), px.cfg.FirstByteTimeoutMin), limit)
+}
+
+// timedOut reports whether err is a deadline passing: fasthttp's header reader answers
+// its own ErrTimeout, a socket write the os one.
+func timedOut(err error) bool {
+	return errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 // staleConnError reports whether err is what a request on a socket the peer had already

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"time"
 
@@ -27,8 +28,16 @@ type Config struct {
 	// from zero); beyond it they are answered 503. Only with a control plane.
 	MaxHeld int `yaml:"max_held_requests"`
 
-	ConnectTimeout   time.Duration `yaml:"connect_timeout"`
-	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// FirstByteTimeout bounds the wait for a replica's response header. Where the request's
+	// expected latency is known (a stream's TTFT; a whole response with max_tokens set, its
+	// E2E), the wait is FirstByteSLOMultiple times the larger of its SLO target and the
+	// replica's prediction, at least FirstByteTimeoutMin: a replica that accepts and never
+	// answers then costs seconds, the attempt is retried elsewhere, and passive health ejects
+	// the replica. 0 for the multiple: always FirstByteTimeout.
+	FirstByteTimeout     time.Duration `yaml:"first_byte_timeout"`
+	FirstByteSLOMultiple float64       `yaml:"first_byte_slo_multiple"`
+	FirstByteTimeoutMin  time.Duration `yaml:"first_byte_timeout_min"`
 	// StreamIdleTimeout bounds the gap between two chunks of a streamed response.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// RequestTimeout is the whole request's deadline (a client's X-Arbiter-Deadline-Ms may shorten it).
@@ -105,6 +114,8 @@ func Defaults() Config {
 		MaxHeld:                1024,
 		ConnectTimeout:         2 * time.Second,
 		FirstByteTimeout:       60 * time.Second,
+		FirstByteSLOMultiple:   4,
+		FirstByteTimeoutMin:    5 * time.Second,
 		StreamIdleTimeout:      60 * time.Second,
 		RequestTimeout:         10 * time.Minute,
 		UpstreamIdleTimeout:    4 * time.Second,
@@ -185,6 +196,12 @@ func (c *Config) Validate() error {
 	}
 	if c.AffinitySize < 0 {
 		return fmt.Errorf("affinity_size %d: must be >= 0 (0 disables prefix affinity)", c.AffinitySize)
+	}
+	if c.FirstByteSLOMultiple < 0 || math.IsNaN(c.FirstByteSLOMultiple) || math.IsInf(c.FirstByteSLOMultiple, 0) {
+		return fmt.Errorf("first_byte_slo_multiple %v: must be a finite number >= 0 (0: always first_byte_timeout)", c.FirstByteSLOMultiple)
+	}
+	if c.FirstByteSLOMultiple > 0 && (c.FirstByteTimeoutMin <= 0 || c.FirstByteTimeoutMin > c.FirstByteTimeout) {
+		return fmt.Errorf("first_byte_timeout_min %v: must be > 0 and <= first_byte_timeout (%v)", c.FirstByteTimeoutMin, c.FirstByteTimeout)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
@@ -87,5 +88,53 @@ func TestPprofOnlyWhenEnabled(t *testing.T) {
 		if got := ctx.Response.StatusCode() == 200; got != on {
 			t.Fatalf("pprof %v: /debug/pprof/ answered %d", on, ctx.Response.StatusCode())
 		}
+	}
+}
+
+// A replica that takes requests and never answers costs each request a few times its
+// expected TTFT, not first_byte_timeout's minute: the attempt is retried on another
+// replica before any byte reached the client, and after ejection.max_fails such attempts
+// passive health ejects it.
+func TestHungReplicaIsLeftWithinTheFirstByteTimeout(t *testing.T) {
+	stop := make(chan struct{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hung := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			select { // accepted, never answered
+			case <-stop:
+			case <-r.Context().Done():
+			}
+		}
+	})}
+	go func() { _ = hung.Serve(ln) }()
+	t.Cleanup(func() { close(stop); _ = hung.Close() })
+	good := startSim(t, simOpts{echo: true})
+	r := startRouter(t, func(c *Config) {
+		c.SLOs = map[string]SLO{"*": {TTFT: 0.1}}
+		c.FirstByteTimeoutMin = 300 * time.Millisecond
+	}, fleet.Replica{ID: "hung", Address: ln.Addr().String(), Model: testModel, Capacity: fleet.Reserved},
+		replica("good", good, fleet.OnDemand, 4))
+	for i := range 4 {
+		start := time.Now()
+		resp, body := post(t, r.url+"/v1/chat/completions", chatBody(true, ""))
+		took := time.Since(start)
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+		if took > 10*time.Second {
+			t.Fatalf("request %d took %v behind a hung replica; want a few times the 0.1 s TTFT SLO", i, took)
+		}
+	}
+	if got := r.counter(t, "arbiter_router_errors_total", "reason", "first_byte_timeout"); got < 1 {
+		t.Errorf("first-byte timeouts counted: %v; want ≥ 1", got)
+	}
+	if r.pool.Get("hung").Available(time.Now()) {
+		t.Error("the hung replica is still available after repeated first-byte timeouts")
+	}
+	if got := r.counter(t, "arbiter_router_requests_total", "replica", "good", "code", "200"); got != 4 {
+		t.Errorf("the good replica answered %v of 4", got)
 	}
 }

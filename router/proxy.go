@@ -185,10 +185,12 @@ type call struct {
 	start        time.Time
 	deadline     time.Time
 	tried        []*Replica
-	key          *Key       // nil without authentication
-	streaming    bool       // a stream writer owns the rest of the call
-	lastUpstream int        // status of the last 502/503 kept as the answer of last resort
-	load         *modelLoad // the model's load counters for the autoscaler
+	key          *Key          // nil without authentication
+	streaming    bool          // a stream writer owns the rest of the call
+	outBounded   bool          // the client set max_tokens: the generation's length is bounded
+	firstByte    time.Duration // this attempt's wait for the response header
+	lastUpstream int           // status of the last 502/503 kept as the answer of last resort
+	load         *modelLoad    // the model's load counters for the autoscaler
 	watch        clientWatch
 	triedBuf     [4]*Replica
 }
@@ -403,6 +405,7 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) 
 		c.body, c.stripUsage = withIncludeUsage(c.body, req.HasStreamOptions), true
 	}
 	out := req.MaxTokens
+	c.outBounded = req.MaxTokensSet && out > 0
 	if out == 0 {
 		out = px.cfg.DefaultOutputTokens
 	}
