@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/arbiter-serve/arbiter/fdlimit"
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/state"
@@ -124,6 +125,11 @@ func EnsureToken(home string) (string, error) {
 func Serve(ctx context.Context, o DaemonOptions) error {
 	if err := os.MkdirAll(o.Home, 0o700); err != nil {
 		return fmt.Errorf("home %s: %w", o.Home, err)
+	}
+	// Routers' reports, probes and replicas' pipes all take descriptors: take the hard limit
+	// (net/http's server already waits out a shortage rather than failing).
+	if _, err := fdlimit.Raise(); err != nil {
+		o.Log.Warn("file-descriptor limit not raised", "err", err)
 	}
 	// Only its owner reads a home (token, state, replica logs), whoever created it.
 	if err := os.Chmod(o.Home, 0o700); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/valyala/fasthttp"
 
+	"github.com/arbiter-serve/arbiter/fdlimit"
 	"github.com/arbiter-serve/arbiter/httplog"
 )
 
@@ -37,6 +38,17 @@ func Run(ctx context.Context, o Options) error {
 	cfg, log := o.Config, o.Log
 	if (o.ReplicaFile == "") == (o.ControlURL == "") {
 		return errors.New("router: give exactly one of a replica file and a control plane URL")
+	}
+	// Idle connections must not exhaust the descriptors the router needs to serve: take
+	// the hard limit, and hold fewer client connections than it leaves room for (the ones
+	// beyond are answered 503 and closed).
+	limit, err := fdlimit.Raise()
+	if err != nil {
+		log.Warn("file-descriptor limit not raised", "err", err)
+	}
+	if budget := fdlimit.ClientBudget(limit); limit > 0 && cfg.MaxConnections > budget {
+		log.Info("max_connections lowered to what the file-descriptor limit leaves room for", "max_connections", budget, "configured", cfg.MaxConnections, "nofile", limit)
+		cfg.MaxConnections = budget
 	}
 	reg := o.Registry
 	if reg == nil {
@@ -91,8 +103,8 @@ func Run(ctx context.Context, o Options) error {
 	adminSrv := &fasthttp.Server{Handler: AdminHandler(reg, pool, cfg.Pprof), Name: "arbiter-admin", ReadTimeout: 10 * time.Second, Logger: httplog.Fasthttp{L: log}}
 	log.Info("router serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(), "policy", cfg.Policy, "control_plane", o.ControlURL)
 	errc := make(chan error, 2)
-	go func() { errc <- srv.Serve(ln) }()
-	go func() { errc <- adminSrv.Serve(aln) }()
+	go func() { errc <- srv.Serve(fdlimit.Listener(ln, log)) }()
+	go func() { errc <- adminSrv.Serve(fdlimit.Listener(aln, log)) }()
 	if o.Ready != nil {
 		o.Ready(ln.Addr(), aln.Addr())
 	}

@@ -85,6 +85,10 @@ type Config struct {
 	ReadTimeout    time.Duration `yaml:"read_timeout"`
 	IdleTimeout    time.Duration `yaml:"idle_timeout"`
 	MaxConnections int           `yaml:"max_connections"`
+	// MaxConnectionsPerIP caps one client address's open connections (0: no cap beyond
+	// max_connections). max_connections itself is lowered at start to what the process's
+	// file-descriptor limit leaves room for (fdlimit.ClientBudget).
+	MaxConnectionsPerIP int `yaml:"max_connections_per_ip"`
 }
 
 // ProbeConfig is the active readiness probe.
@@ -193,6 +197,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ResampleEvery < 0 {
 		return fmt.Errorf("resample_every %v: must be >= 0 (0 disables re-sampling)", c.ResampleEvery)
+	}
+	if c.MaxConnectionsPerIP < 0 {
+		return fmt.Errorf("max_connections_per_ip %d: must be >= 0 (0: no cap per address)", c.MaxConnectionsPerIP)
 	}
 	if c.AffinitySize < 0 {
 		return fmt.Errorf("affinity_size %d: must be >= 0 (0 disables prefix affinity)", c.AffinitySize)

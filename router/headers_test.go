@@ -1,9 +1,11 @@
 package router
 
 import (
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -136,5 +138,36 @@ func TestHungReplicaIsLeftWithinTheFirstByteTimeout(t *testing.T) {
 	}
 	if got := r.counter(t, "arbiter_router_requests_total", "replica", "good", "code", "200"); got != 4 {
 		t.Errorf("the good replica answered %v of 4", got)
+	}
+}
+
+// A connection that sends nothing is closed at read_timeout without a word (an unsolicited
+// 400 would be read as the answer to the client's next request); one that sends half a
+// request gets 408.
+func TestIdleConnectionsCloseSilently(t *testing.T) {
+	s := startSim(t, simOpts{echo: true})
+	r := startRouter(t, func(c *Config) { c.ReadTimeout = 300 * time.Millisecond }, replica("a", s, fleet.Reserved, 0))
+	addr := r.url[len("http://"):]
+	read := func(send string) string {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if send != "" {
+			if _, err := c.Write([]byte(send)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		b, _ := io.ReadAll(c)
+		return string(b)
+	}
+	if got := read(""); got != "" {
+		t.Fatalf("an idle connection was sent %q", got)
+	}
+	if got := read("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"); !strings.HasPrefix(got, "HTTP/1.1 408") {
+		t.Fatalf("half a request got %q; want 408", got)
 	}
 }

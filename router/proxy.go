@@ -8,10 +8,12 @@ package router
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -148,7 +150,17 @@ func (px *Proxy) SetKeys(ks *Keys) {
 func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 	status := fasthttp.StatusBadRequest
 	msg := "malformed HTTP request: " + err.Error()
-	if _, ok := err.(*fasthttp.ErrSmallBuffer); ok {
+	var ne net.Error
+	if _, nothingRead := err.(*net.OpError); nothingRead && errors.As(err, &ne) && ne.Timeout() {
+		// A connection that sent nothing before read_timeout: fasthttp would answer it,
+		// but an idle client is owed no response, least of all an unsolicited 400 its
+		// next request would read. Close it; the response written after goes nowhere.
+		_ = ctx.Conn().Close()
+		return
+	}
+	if errors.As(err, &ne) && ne.Timeout() {
+		status, msg = fasthttp.StatusRequestTimeout, "request not received within read_timeout"
+	} else if _, ok := err.(*fasthttp.ErrSmallBuffer); ok {
 		status, msg = fasthttp.StatusRequestHeaderFieldsTooLarge, "request headers too large"
 	} else if err == fasthttp.ErrBodyTooLarge {
 		status, msg = fasthttp.StatusRequestEntityTooLarge, "request body too large"

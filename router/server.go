@@ -23,6 +23,7 @@ func NewServer(cfg *Config, h fasthttp.RequestHandler, log *slog.Logger) *fastht
 		// Responses stream for minutes; the per-request deadline bounds them instead.
 		WriteTimeout:                       0,
 		Concurrency:                        cfg.MaxConnections,
+		MaxConnsPerIP:                      cfg.MaxConnectionsPerIP,
 		ReduceMemoryUsage:                  false,
 		NoDefaultServerHeader:              false,
 		DisablePreParseMultipartForm:       true,
