@@ -85,6 +85,8 @@ type Controller struct {
 	// unswept: providers that could not list at recovery; the next audit that lists them
 	// terminates what no row wants.
 	unswept map[string]bool
+	// pending are state writes that wait for the file, in order (writeback.go).
+	pending []pendingWrite
 	// suspects: instances (provider/handle) the last audit found with no live row; used
 	// only by audit, which runs in Run's goroutine.
 	suspects map[string]bool
@@ -337,12 +339,9 @@ func (c *Controller) transition(ctx context.Context, s *service, r *replica, to 
 	case replicas.Terminated:
 		r.row.EndedAt = now
 	}
-	if err := c.store.SaveReplica(ctx, r.row, string(from), now); err != nil {
-		// The in-memory state still moves: the next save of this row carries it, and a crash
-		// before that is recovered from what the provider says, which is the truth anyway.
-		c.metrics.stateErrors.Inc()
-		c.log.Error("state write failed", "replica", r.row.ID, "err", err)
-	}
+	// The in-memory state moves now; the row reaches the file now or, if it is locked, in
+	// order once it frees (writeback.go).
+	c.saveReplica(ctx, r.row, string(from), now)
 	c.log.Info("replica "+string(to), "service", s.name, "replica", r.row.ID, "from", from, "reason", reason)
 	switch {
 	case to == replicas.Ready:
@@ -358,13 +357,6 @@ func (c *Controller) transition(ctx context.Context, s *service, r *replica, to 
 	}
 	if to == replicas.Terminated {
 		delete(s.replicas, r.row.ID)
-	}
-}
-
-func (c *Controller) event(ctx context.Context, service, replica, kind, msg string) {
-	if err := c.store.AddEvent(ctx, c.cfg.Now(), service, replica, kind, msg); err != nil {
-		c.metrics.stateErrors.Inc()
-		c.log.Error("event log write failed", "err", err)
 	}
 }
 

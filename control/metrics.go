@@ -27,7 +27,9 @@ type metrics struct {
 	decisions   *prometheus.CounterVec   // service, direction, cause
 	transitions *prometheus.CounterVec   // service, state
 	stateErrors prometheus.Counter
-	unknown     *prometheus.GaugeVec // provider
+	// pendingWrites are state writes waiting for a locked file.
+	pendingWrites prometheus.Gauge
+	unknown       *prometheus.GaugeVec // provider
 }
 
 var coldStartBuckets = []float64{1, 2, 5, 10, 20, 30, 60, 120, 180, 300, 450, 600, 900, 1800}
@@ -46,7 +48,9 @@ func newMetrics(reg prometheus.Registerer, c *Controller) *metrics {
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "replica_transitions_total",
 			Help: "Replica life-cycle moves, by the state entered."}, []string{"service", "state"}),
 		stateErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "state_write_errors_total",
-			Help: "Writes to the state file that failed (disk full, database busy); the next write of the row retries."}),
+			Help: "Writes to the state file that failed (disk full, database busy); they are kept and written in order once it frees."}),
+		pendingWrites: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "state_pending_writes",
+			Help: "State writes waiting for the file (locked, full), to be written in order."}),
 		unknown: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "unknown_replicas",
 			Help: "Instances a provider runs under this control plane's tag that no replica row names (leaks), at the last audit."},
 			[]string{"provider"}),
@@ -54,7 +58,7 @@ func newMetrics(reg prometheus.Registerer, c *Controller) *metrics {
 	if reg == nil {
 		return m
 	}
-	reg.MustRegister(m.preemptions, m.coldStart, m.decisions, m.transitions, m.stateErrors, m.unknown, &billCollector{c: c})
+	reg.MustRegister(m.preemptions, m.coldStart, m.decisions, m.transitions, m.stateErrors, m.pendingWrites, m.unknown, &billCollector{c: c})
 	return m
 }
 

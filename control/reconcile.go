@@ -28,6 +28,7 @@ const reportTTL = 5 * time.Second
 func (c *Controller) tick(ctx context.Context) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.flushPending(ctx)
 	now := c.cfg.Now()
 	inflight, held, perReplica, oldest := c.levels(now)
 	for _, s := range sortedServices(c.services) {
@@ -42,12 +43,15 @@ func (c *Controller) tick(ctx context.Context) {
 		if s.woken && smp.Waiting == 0 {
 			smp.Waiting = 1 // a wake raced ahead of the router's next report
 		}
-		if s.tokens > 0 {
-			if err := c.store.AddTokens(ctx, s.name, s.tokens); err != nil {
-				c.log.Error("token count not saved", "service", s.name, "err", err)
+		tokens := s.tokens
+		if tokens > 0 {
+			if err := c.store.AddTokens(ctx, s.name, tokens); err != nil {
+				c.log.Error("token count not saved; kept for the next tick", "service", s.name, "err", err)
+			} else {
+				tokens = 0
 			}
 		}
-		s.requests, s.tokens, s.woken = 0, 0, false
+		s.requests, s.tokens, s.woken = 0, tokens, false
 		s.decider.Record(smp)
 		d := s.decider.Decide(now, s.count(s.version, replicas.Ready), s.target)
 		if d.Target != s.target {

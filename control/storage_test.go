@@ -117,3 +117,110 @@ func TestStateFileLockedLaunchesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A replica that dies while another process holds the state file's lock is recorded once
+// the lock goes, with the times it happened at and in order: ended when it died, so billed
+// to then and no further, and the event log says what happened.
+func TestDeathDuringALockIsRecordedWhenTheFileFrees(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "state.db")
+	st, err := state.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	mem := &memProvider{running: map[string]replicas.Instance{}}
+	now := time.Unix(1_900_000_000, 0)
+	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"local": mem}, Now: func() time.Time { return now },
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := strings.Replace(fixedSpec, "replicas: 3", "replicas: 1", 1) + "  local: {price_per_hour: 3.6, capacity: on_demand}\n"
+	spec = strings.Replace(spec, "arbiter: {model: m}\n", "arbiter:\n  model: m\n", 1)
+	if _, err := c.Create(ctx, "svc", spec, nil); err != nil {
+		t.Fatal(err)
+	}
+	tick := func() {
+		c.tick(ctx)
+		c.wg.Wait()
+		now = now.Add(time.Second)
+	}
+	tick()
+	rows, err := st.Replicas(ctx, "svc", false)
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("rows %v %v", rows, err)
+	}
+	id := rows[0].ID
+
+	other, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	conn, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
+		t.Fatal(err)
+	}
+	died := now
+	mem.mu.Lock()
+	delete(mem.running, id) // it dies while the file is locked
+	mem.mu.Unlock()
+	for range 5 {
+		tick()
+	}
+	now = now.Add(time.Hour) // the lock is held a long time
+	if _, err := conn.ExecContext(ctx, `ROLLBACK`); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		tick()
+		c.mu.Lock()
+		n := len(c.pending)
+		c.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d writes still wait 10 s after the lock was released", n)
+		}
+	}
+	all, err := st.Replicas(ctx, "svc", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dead state.Replica
+	for _, r := range all {
+		if r.ID == id {
+			dead = r
+		}
+	}
+	if dead.EndedAt.IsZero() || dead.EndedAt.Sub(died) > 10*time.Second {
+		t.Fatalf("the dead replica's row: state %s, ended %v; want ended within seconds of its death at %v, not an hour later", dead.State, dead.EndedAt, died)
+	}
+	billed := 0.0
+	for _, r := range all {
+		if r.ID == id {
+			billed = r.PricePerHour * r.EndedAt.Sub(r.LaunchedAt).Hours()
+		}
+	}
+	if billed > 3.6*15/3600 {
+		t.Fatalf("the dead replica is billed $%.4f; want at most its ~15 s alive", billed)
+	}
+	evs, err := st.Events(ctx, "svc", id, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []string
+	for _, e := range evs {
+		msgs = append(msgs, e.Message)
+	}
+	joined := strings.Join(msgs, "\n")
+	if !strings.Contains(joined, "→ failed") || !strings.Contains(joined, "→ terminated") || strings.Index(joined, "→ failed") > strings.Index(joined, "→ terminated") {
+		t.Fatalf("the dead replica's events, in order:\n%s\nwant its failure, then its termination", joined)
+	}
+}
