@@ -20,7 +20,11 @@ type Config struct {
 	// SLOs per model name; "*" applies to models without their own.
 	SLOs map[string]SLO `yaml:"slos"`
 
-	MaxRequestBodyBytes  int `yaml:"max_request_body_bytes"`
+	MaxRequestBodyBytes int `yaml:"max_request_body_bytes"`
+	// MaxParseBytes bounds the bytes of large request bodies (over 256 KiB) parsed at once;
+	// one beyond it is answered 503 with Retry-After (at least one body of the largest
+	// size always fits).
+	MaxParseBytes        int `yaml:"max_parse_bytes"`
 	MaxResponseBodyBytes int `yaml:"max_response_body_bytes"`
 	// MaxAttempts bounds tries per request, each on a different replica.
 	MaxAttempts int `yaml:"max_attempts"`
@@ -113,6 +117,7 @@ func Defaults() Config {
 		Policy:                 "slo_cheapest",
 		SLOs:                   map[string]SLO{"*": {TTFT: 2, TPOT: 0.1, Percentile: 0.9}},
 		MaxRequestBodyBytes:    8 << 20,
+		MaxParseBytes:          32 << 20,
 		MaxResponseBodyBytes:   64 << 20,
 		MaxAttempts:            3,
 		MaxHeld:                1024,
@@ -171,7 +176,8 @@ func (c *Config) Validate() error {
 	}
 	positive := map[string]int64{
 		"max_request_body_bytes": int64(c.MaxRequestBodyBytes), "max_response_body_bytes": int64(c.MaxResponseBodyBytes),
-		"max_attempts": int64(c.MaxAttempts), "max_held_requests": int64(c.MaxHeld), "connect_timeout": int64(c.ConnectTimeout),
+		"max_parse_bytes": int64(c.MaxParseBytes),
+		"max_attempts":    int64(c.MaxAttempts), "max_held_requests": int64(c.MaxHeld), "connect_timeout": int64(c.ConnectTimeout),
 		"first_byte_timeout": int64(c.FirstByteTimeout), "stream_idle_timeout": int64(c.StreamIdleTimeout),
 		"request_timeout": int64(c.RequestTimeout), "upstream_idle_timeout": int64(c.UpstreamIdleTimeout),
 		"max_idle_conns_per_replica": int64(c.MaxIdleConnsPerReplica), "probe.interval": int64(c.Probe.Interval),

@@ -171,3 +171,33 @@ func TestIdleConnectionsCloseSilently(t *testing.T) {
 		t.Fatalf("half a request got %q; want 408", got)
 	}
 }
+
+// Bodies built to blow up the parser are refused cheaply: nesting past oai.MaxDepth gets 400
+// before any parse, and large bodies are parsed a budget's worth at a time (503 with
+// Retry-After beyond it), so a flood of them cannot multiply into parse trees.
+func TestJSONBombsAreRefusedCheaply(t *testing.T) {
+	s := startSim(t, simOpts{echo: true})
+	r := startRouter(t, func(c *Config) { c.MaxParseBytes = 1 << 20 }, replica("a", s, fleet.Reserved, 0))
+	deep := `{"model":"` + testModel + `","messages":[{"role":"user","content":"x"}],"x":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000) + `}`
+	resp, body := post(t, r.url+"/v1/chat/completions", deep)
+	if resp.StatusCode != 400 || !strings.Contains(body, "deeper than") {
+		t.Fatalf("a body nested 100,000 deep: %d %s", resp.StatusCode, body)
+	}
+	big := `{"model":"` + testModel + `","messages":[{"role":"user","content":"` + strings.Repeat("word ", 100_000) + `"}],"max_tokens":2}`
+	resp, body = post(t, r.url+"/v1/chat/completions", big)
+	if resp.StatusCode != 200 {
+		t.Fatalf("a 500 KB prompt alone: %d %.200s", resp.StatusCode, body)
+	}
+	// Others hold the budget: the next large body waits for none of it.
+	if !r.px.largeBodies.TryAcquire(int64(r.px.cfg.MaxRequestBodyBytes)) {
+		t.Fatal("the budget is not free")
+	}
+	resp, body = post(t, r.url+"/v1/chat/completions", big)
+	r.px.largeBodies.Release(int64(r.px.cfg.MaxRequestBodyBytes))
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a large body with the budget taken: %d %.200s; want 503 with Retry-After", resp.StatusCode, body)
+	}
+	if resp, body = post(t, r.url+"/v1/chat/completions", chatBody(false, "")); resp.StatusCode != 200 {
+		t.Fatalf("a small body meanwhile: %d %s", resp.StatusCode, body)
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/arbiter-serve/arbiter/connwatch"
 	"github.com/arbiter-serve/arbiter/oai"
@@ -55,7 +56,10 @@ type Proxy struct {
 	watcher clientWatcher
 
 	parsers fastjson.ParserPool
-	rngs    sync.Pool
+	// largeBodies budgets the bytes of large bodies parsed at once (max_parse_bytes).
+	largeBodies *semaphore.Weighted
+	largeBudget int64
+	rngs        sync.Pool
 }
 
 // NewProxy wires a proxy over a pool.
@@ -64,7 +68,9 @@ func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, 
 	if err != nil {
 		return nil, err
 	}
-	px := &Proxy{cfg: cfg, pool: pool, met: met, log: log, counter: counter, Now: time.Now, policies: map[string]Policy{}, Load: &LoadTracker{}}
+	px := &Proxy{cfg: cfg, pool: pool, met: met, log: log, counter: counter, Now: time.Now, policies: map[string]Policy{}, Load: &LoadTracker{},
+		largeBudget: int64(max(cfg.MaxParseBytes, cfg.MaxRequestBodyBytes))}
+	px.largeBodies = semaphore.NewWeighted(px.largeBudget)
 	for _, h := range []string{"Authorization", "Proxy-Authorization", "Cookie"} {
 		if !slices.ContainsFunc(cfg.PassHeaders, func(p string) bool { return strings.EqualFold(p, h) }) {
 			px.stripHeaders = append(px.stripHeaders, h)
@@ -349,9 +355,29 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 
 // newCall parses and validates the request; on failure it has answered the client.
 func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) {
-	p := px.parsers.Get()
-	req, err := oai.Parse(p, ctx.PostBody(), kind)
-	px.parsers.Put(p)
+	body := ctx.PostBody()
+	err := oai.CheckDepth(body, oai.MaxDepth)
+	var req oai.Request
+	switch {
+	case err != nil:
+	case len(body) <= largeBody:
+		p := px.parsers.Get()
+		req, err = oai.Parse(p, body, kind)
+		px.parsers.Put(p)
+	default:
+		// A parse tree is many times its body: large bodies are parsed a budget's worth at
+		// a time, each with a parser of its own that is dropped after, so that neither a
+		// flood of them nor the pooled parsers' caches hold that memory.
+		if !px.largeBodies.TryAcquire(int64(len(body))) {
+			px.met.errors.WithLabelValues("large_bodies_busy").Inc()
+			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable,
+				fmt.Sprintf("too many large requests are being read at once (max_parse_bytes %d MiB); retry shortly", px.largeBudget>>20))
+			ctx.Response.Header.Set("Retry-After", "1")
+			return nil, false
+		}
+		req, err = oai.Parse(&fastjson.Parser{}, body, kind)
+		px.largeBodies.Release(int64(len(body)))
+	}
 	if err != nil {
 		px.met.errors.WithLabelValues("bad_request").Inc()
 		oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, err.Error())
@@ -453,6 +479,9 @@ func tightenSLO(target *float64, h []byte) error {
 	}
 	return nil
 }
+
+// largeBody is the body size past which parsing takes from the large-body budget.
+const largeBody = 256 << 10
 
 // prefixBlockBytes is the prefix-affinity block: about 64 tokens of text.
 const prefixBlockBytes = 256
