@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func TestCheckDepth(t *testing.T) {
+func TestScan(t *testing.T) {
 	deep := strings.Repeat("[", 65) + strings.Repeat("]", 65)
 	for _, tc := range []struct {
 		body string
@@ -19,19 +19,29 @@ func TestCheckDepth(t *testing.T) {
 		{`{"a":` + deep + `}`, false},
 		{strings.Repeat("[", 64) + strings.Repeat("]", 64), true},
 	} {
-		if err := CheckDepth([]byte(tc.body), MaxDepth); (err == nil) != tc.ok {
-			t.Errorf("CheckDepth(%.40q…) = %v; want ok %v", tc.body, err, tc.ok)
+		if _, err := Scan([]byte(tc.body), MaxDepth, MaxValues); (err == nil) != tc.ok {
+			t.Errorf("Scan(%.40q…) = %v; want ok %v", tc.body, err, tc.ok)
 		}
+	}
+	wide := "[" + strings.Repeat("{},", 2000) + "{}]"
+	if n, err := Scan([]byte(wide), MaxDepth, 5000); err != nil || n < 2000 || n > 4100 {
+		t.Errorf("Scan of 2,001 objects: %d values, %v", n, err)
+	}
+	if _, err := Scan([]byte(wide), MaxDepth, 1000); err == nil {
+		t.Error("2,001 objects passed a limit of 1,000 values")
+	}
+	if n, _ := Scan([]byte(`{"a":"x,y,z,[{"}`), MaxDepth, 10); n != 2 {
+		t.Errorf("commas and brackets in a string were counted: %d values", n)
 	}
 }
 
-// FuzzCheckDepth: the scan never panics, and a body it passes parses no deeper than the
+// FuzzScan: the scan never panics, and a body it passes parses no deeper than the
 // limit (checked against encoding/json's view of nesting in valid bodies).
-func FuzzCheckDepth(f *testing.F) {
+func FuzzScan(f *testing.F) {
 	f.Add([]byte(`{"a":[1,{"b":"[{"}]}`))
 	f.Add([]byte(`"\\\"["`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if CheckDepth(b, 3) != nil || !json.Valid(b) {
+		if _, err := Scan(b, 3, MaxValues); err != nil || !json.Valid(b) {
 			return
 		}
 		dec := json.NewDecoder(bytes.NewReader(b))
@@ -44,7 +54,7 @@ func FuzzCheckDepth(f *testing.F) {
 			switch tok {
 			case json.Delim('{'), json.Delim('['):
 				if depth++; depth > 3 {
-					t.Fatalf("CheckDepth passed %q, which nests %d deep", b, depth)
+					t.Fatalf("Scan passed %q, which nests %d deep", b, depth)
 				}
 			case json.Delim('}'), json.Delim(']'):
 				depth--

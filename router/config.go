@@ -21,9 +21,9 @@ type Config struct {
 	SLOs map[string]SLO `yaml:"slos"`
 
 	MaxRequestBodyBytes int `yaml:"max_request_body_bytes"`
-	// MaxParseBytes bounds the bytes of large request bodies (over 256 KiB) parsed at once;
-	// one beyond it is answered 503 with Retry-After (at least one body of the largest
-	// size always fits).
+	// MaxParseBytes bounds the memory that parsing large request bodies (over 1 MiB of
+	// estimated parse tree: body bytes plus about 200 per JSON value) takes at once; one
+	// beyond it is answered 503 with Retry-After (one body of the largest size always fits).
 	MaxParseBytes        int `yaml:"max_parse_bytes"`
 	MaxResponseBodyBytes int `yaml:"max_response_body_bytes"`
 	// MaxAttempts bounds tries per request, each on a different replica.
@@ -117,7 +117,7 @@ func Defaults() Config {
 		Policy:                 "slo_cheapest",
 		SLOs:                   map[string]SLO{"*": {TTFT: 2, TPOT: 0.1, Percentile: 0.9}},
 		MaxRequestBodyBytes:    8 << 20,
-		MaxParseBytes:          32 << 20,
+		MaxParseBytes:          256 << 20,
 		MaxResponseBodyBytes:   64 << 20,
 		MaxAttempts:            3,
 		MaxHeld:                1024,

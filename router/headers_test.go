@@ -177,23 +177,30 @@ func TestIdleConnectionsCloseSilently(t *testing.T) {
 // Retry-After beyond it), so a flood of them cannot multiply into parse trees.
 func TestJSONBombsAreRefusedCheaply(t *testing.T) {
 	s := startSim(t, simOpts{echo: true})
-	r := startRouter(t, func(c *Config) { c.MaxParseBytes = 1 << 20 }, replica("a", s, fleet.Reserved, 0))
+	r := startRouter(t, nil, replica("a", s, fleet.Reserved, 0))
 	deep := `{"model":"` + testModel + `","messages":[{"role":"user","content":"x"}],"x":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000) + `}`
 	resp, body := post(t, r.url+"/v1/chat/completions", deep)
 	if resp.StatusCode != 400 || !strings.Contains(body, "deeper than") {
 		t.Fatalf("a body nested 100,000 deep: %d %s", resp.StatusCode, body)
 	}
-	big := `{"model":"` + testModel + `","messages":[{"role":"user","content":"` + strings.Repeat("word ", 100_000) + `"}],"max_tokens":2}`
-	resp, body = post(t, r.url+"/v1/chat/completions", big)
-	if resp.StatusCode != 200 {
-		t.Fatalf("a 500 KB prompt alone: %d %.200s", resp.StatusCode, body)
+	wide := `{"model":"` + testModel + `","messages":[{"role":"user","content":"x"}],"x":[` + strings.Repeat("{},", 1<<20) + `{}]}`
+	resp, body = post(t, r.url+"/v1/chat/completions", wide)
+	if resp.StatusCode != 400 || !strings.Contains(body, "more than") {
+		t.Fatalf("a body of a million empty objects: %d %.200s", resp.StatusCode, body)
 	}
-	// Others hold the budget: the next large body waits for none of it.
-	if !r.px.largeBodies.TryAcquire(int64(r.px.cfg.MaxRequestBodyBytes)) {
+	// A long token-id prompt is a large parse: it takes from the budget, and fits alone.
+	ids := strings.TrimSuffix(strings.Repeat("7,", 100_000), ",")
+	big := `{"model":"` + testModel + `","prompt":[` + ids + `],"max_tokens":2}`
+	resp, body = post(t, r.url+"/v1/completions", big)
+	if resp.StatusCode != 200 {
+		t.Fatalf("a 100k-token id prompt alone: %d %.200s", resp.StatusCode, body)
+	}
+	// Others hold the budget: the next large parse waits for none of it.
+	if !r.px.largeBodies.TryAcquire(r.px.largeBudget) {
 		t.Fatal("the budget is not free")
 	}
-	resp, body = post(t, r.url+"/v1/chat/completions", big)
-	r.px.largeBodies.Release(int64(r.px.cfg.MaxRequestBodyBytes))
+	resp, body = post(t, r.url+"/v1/completions", big)
+	r.px.largeBodies.Release(r.px.largeBudget)
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("a large body with the budget taken: %d %.200s; want 503 with Retry-After", resp.StatusCode, body)
 	}

@@ -69,7 +69,7 @@ func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, 
 		return nil, err
 	}
 	px := &Proxy{cfg: cfg, pool: pool, met: met, log: log, counter: counter, Now: time.Now, policies: map[string]Policy{}, Load: &LoadTracker{},
-		largeBudget: int64(max(cfg.MaxParseBytes, cfg.MaxRequestBodyBytes))}
+		largeBudget: max(int64(cfg.MaxParseBytes), int64(cfg.MaxRequestBodyBytes)+oai.MaxValues*oai.ParseCostPerValue)}
 	px.largeBodies = semaphore.NewWeighted(px.largeBudget)
 	for _, h := range []string{"Authorization", "Proxy-Authorization", "Cookie"} {
 		if !slices.ContainsFunc(cfg.PassHeaders, func(p string) bool { return strings.EqualFold(p, h) }) {
@@ -356,27 +356,28 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 // newCall parses and validates the request; on failure it has answered the client.
 func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) {
 	body := ctx.PostBody()
-	err := oai.CheckDepth(body, oai.MaxDepth)
+	values, err := oai.Scan(body, oai.MaxDepth, oai.MaxValues)
+	cost := int64(len(body)) + int64(values)*oai.ParseCostPerValue // what parsing it takes in memory
 	var req oai.Request
 	switch {
 	case err != nil:
-	case len(body) <= largeBody:
+	case cost <= largeParse:
 		p := px.parsers.Get()
 		req, err = oai.Parse(p, body, kind)
 		px.parsers.Put(p)
 	default:
-		// A parse tree is many times its body: large bodies are parsed a budget's worth at
-		// a time, each with a parser of its own that is dropped after, so that neither a
+		// A parse tree can be a hundred times its body: large parses run a budget's worth
+		// at a time, each with a parser of its own that is dropped after, so that neither a
 		// flood of them nor the pooled parsers' caches hold that memory.
-		if !px.largeBodies.TryAcquire(int64(len(body))) {
+		if !px.largeBodies.TryAcquire(cost) {
 			px.met.errors.WithLabelValues("large_bodies_busy").Inc()
 			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable,
-				fmt.Sprintf("too many large requests are being read at once (max_parse_bytes %d MiB); retry shortly", px.largeBudget>>20))
+				fmt.Sprintf("too many large requests are being parsed at once (max_parse_bytes %d MiB); retry shortly", px.largeBudget>>20))
 			ctx.Response.Header.Set("Retry-After", "1")
 			return nil, false
 		}
 		req, err = oai.Parse(&fastjson.Parser{}, body, kind)
-		px.largeBodies.Release(int64(len(body)))
+		px.largeBodies.Release(cost)
 	}
 	if err != nil {
 		px.met.errors.WithLabelValues("bad_request").Inc()
@@ -480,8 +481,9 @@ func tightenSLO(target *float64, h []byte) error {
 	return nil
 }
 
-// largeBody is the body size past which parsing takes from the large-body budget.
-const largeBody = 256 << 10
+// largeParse is the estimated parse memory past which a body takes from the large-body
+// budget (max_parse_bytes).
+const largeParse = 1 << 20
 
 // prefixBlockBytes is the prefix-affinity block: about 64 tokens of text.
 const prefixBlockBytes = 256

@@ -1,0 +1,170 @@
+// Command abuse attacks a real router process on loopback the way a hostile client would
+// and reports what it cost the router: today the JSON bombs of issue 18 (many concurrent
+// multi-megabyte bodies, nested deep or spread wide), with the router's peak and final RSS.
+//
+//	go build -o bin/ ./cmd/router ./cmd/replicasim && go run ./bench/abuse -bin bin
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+func main() {
+	bin := flag.String("bin", "bin", "directory holding the router and replicasim binaries")
+	n := flag.Int("bodies", 48, "concurrent bodies per attack")
+	size := flag.Int("size", 7<<20, "bytes per body")
+	rounds := flag.Int("rounds", 3, "times each attack is sent")
+	flag.Parse()
+	if err := run(*bin, *n, *size, *rounds); err != nil {
+		fmt.Fprintln(os.Stderr, "abuse:", err)
+		os.Exit(1)
+	}
+}
+
+func run(bin string, n, size, rounds int) error {
+	dir, err := os.MkdirTemp("", "abuse")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	simAddr, listen, admin := freeAddr(), freeAddr(), freeAddr()
+	sim, err := start(filepath.Join(bin, "replicasim"), "-listen", simAddr, "-model", "m", "-echo", "-log-level", "warn")
+	if err != nil {
+		return err
+	}
+	defer stop(sim)
+	rf := filepath.Join(dir, "replicas.yaml")
+	if err := os.WriteFile(rf, []byte("replicas:\n  - {id: r0, address: "+simAddr+", model: m, capacity: reserved}\n"), 0o600); err != nil {
+		return err
+	}
+	router, err := start(filepath.Join(bin, "router"), "-listen", listen, "-admin", admin, "-replicas", rf, "-log-level", "warn")
+	if err != nil {
+		return err
+	}
+	defer stop(router)
+	url := "http://" + listen + "/v1/chat/completions"
+	if err := waitServing(url); err != nil {
+		return err
+	}
+	head := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"x":`
+	room := size - len(head) - 1
+	attacks := []struct{ name, body string }{
+		{"deep: one array nested to the body's size", head + strings.Repeat("[", room/2) + strings.Repeat("]", room/2) + "}"},
+		{"wide: the body's size in empty objects", head + "[" + strings.TrimSuffix(strings.Repeat("{},", room/3), ",") + "]}"},
+		{"wide within the value limit: 1,000,000 numbers", head + "[" + strings.TrimSuffix(strings.Repeat("1,", 1_000_000), ",") + "]}"},
+	}
+	fmt.Printf("router RSS at rest: %.0f MiB\n\n", rssMiB(router.Process.Pid))
+	fmt.Println("| attack | bodies × size × rounds | answers | router peak RSS | RSS after | router alive |")
+	fmt.Println("|---|---|---|---:|---:|---|")
+	for _, a := range attacks {
+		var peak atomic.Uint64
+		done := make(chan struct{})
+		go func() {
+			for {
+				if r := uint64(rssMiB(router.Process.Pid)); r > peak.Load() {
+					peak.Store(r)
+				}
+				select {
+				case <-done:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		}()
+		codes := map[string]int{}
+		var mu sync.Mutex
+		client := &http.Client{Timeout: 60 * time.Second}
+		for range rounds {
+			var wg sync.WaitGroup
+			for range n {
+				wg.Go(func() {
+					code := "error"
+					resp, err := client.Post(url, "application/json", bytes.NewReader([]byte(a.body)))
+					if err == nil {
+						code = strconv.Itoa(resp.StatusCode)
+						resp.Body.Close()
+					}
+					mu.Lock()
+					codes[code]++
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+		}
+		time.Sleep(200 * time.Millisecond)
+		close(done)
+		alive := running(router.Process.Pid)
+		fmt.Printf("| %s | %d × %.1f MiB × %d | %v | %d MiB | %.0f MiB | %v |\n", a.name, n, float64(len(a.body))/(1<<20), rounds, codes, peak.Load(), rssMiB(router.Process.Pid), alive)
+	}
+	return nil
+}
+
+func start(path string, args ...string) (*exec.Cmd, error) {
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return cmd, cmd.Start()
+}
+
+func stop(cmd *exec.Cmd) {
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	_ = cmd.Wait()
+}
+
+func waitServing(url string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`))
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("the router did not serve within 30 s")
+}
+
+// running reports whether a process lives (a killed child stays a zombie until reaped).
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	return err == nil && !strings.Contains(string(b), "State:\tZ")
+}
+
+// rssMiB reads a process's resident set from /proc (0 once it is gone).
+func rssMiB(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func freeAddr() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
