@@ -27,14 +27,15 @@ func main() {
 	n := flag.Int("bodies", 48, "concurrent bodies per attack")
 	size := flag.Int("size", 7<<20, "bytes per body")
 	rounds := flag.Int("rounds", 3, "times each attack is sent")
+	maxRSS := flag.Float64("max-rss", 0, "fail (exit 1) when the router's peak RSS passes this many MiB in any attack, or it dies (0: only when it dies)")
 	flag.Parse()
-	if err := run(*bin, *n, *size, *rounds); err != nil {
+	if err := run(*bin, *n, *size, *rounds, *maxRSS); err != nil {
 		fmt.Fprintln(os.Stderr, "abuse:", err)
 		os.Exit(1)
 	}
 }
 
-func run(bin string, n, size, rounds int) error {
+func run(bin string, n, size, rounds int, maxRSS float64) error {
 	dir, err := os.MkdirTemp("", "abuse")
 	if err != nil {
 		return err
@@ -69,6 +70,7 @@ func run(bin string, n, size, rounds int) error {
 	fmt.Printf("router RSS at rest: %.0f MiB\n\n", rssMiB(router.Process.Pid))
 	fmt.Println("| attack | bodies × size × rounds | answers | router peak RSS | RSS after | router alive |")
 	fmt.Println("|---|---|---|---:|---:|---|")
+	var failed []string
 	for _, a := range attacks {
 		var peak atomic.Uint64
 		done := make(chan struct{})
@@ -108,6 +110,15 @@ func run(bin string, n, size, rounds int) error {
 		close(done)
 		alive := running(router.Process.Pid)
 		fmt.Printf("| %s | %d × %.1f MiB × %d | %v | %d MiB | %.0f MiB | %v |\n", a.name, n, float64(len(a.body))/(1<<20), rounds, codes, peak.Load(), rssMiB(router.Process.Pid), alive)
+		switch {
+		case !alive:
+			failed = append(failed, a.name+": the router died")
+		case maxRSS > 0 && float64(peak.Load()) > maxRSS:
+			failed = append(failed, fmt.Sprintf("%s: peak RSS %d MiB over %.0f", a.name, peak.Load(), maxRSS))
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("not held: %s", strings.Join(failed, "; "))
 	}
 	return nil
 }
