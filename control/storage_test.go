@@ -19,6 +19,31 @@ import (
 	"github.com/arbiter-serve/arbiter/state"
 )
 
+// lockStateFile takes the state file's write lock as another process would (an operator's
+// sqlite3 shell, a backup); unlock releases it.
+func lockStateFile(t *testing.T, path string) (unlock func()) {
+	t.Helper()
+	ctx := context.Background()
+	other, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	conn, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if _, err := conn.ExecContext(ctx, `ROLLBACK`); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // While another process holds the state file's write lock, the control plane launches
 // nothing (a replica whose row could not be written would be a leak after a crash), answers
 // submissions with a 503 that says why, keeps serving reads, and catches up once the lock
@@ -46,19 +71,7 @@ func TestStateFileLockedLaunchesNothing(t *testing.T) {
 	}
 
 	// Another process takes the write lock.
-	other, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	conn, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
-		t.Fatal(err)
-	}
+	unlock := lockStateFile(t, path)
 	code, body := call(t, srv, http.MethodPost, "/v1/services", "secret", submit("second", fixedSpec))
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "locked by another process") {
 		t.Fatalf("submit while the state file is locked: %d %s; want 503 saying it is locked", code, body)
@@ -81,9 +94,7 @@ func TestStateFileLockedLaunchesNothing(t *testing.T) {
 		t.Fatalf("status while the file is locked: %d %s; reads must go on", code, body)
 	}
 
-	if _, err := conn.ExecContext(ctx, `ROLLBACK`); err != nil {
-		t.Fatal(err)
-	}
+	unlock()
 	// Writes resume once the fail-fast spell after the last busy error is over.
 	for deadline := time.Now().Add(5 * time.Second); len(mem.running) < 3 && time.Now().Before(deadline); {
 		c.tick(ctx)
@@ -153,19 +164,7 @@ func TestDeathDuringALockIsRecordedWhenTheFileFrees(t *testing.T) {
 	}
 	id := rows[0].ID
 
-	other, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	conn, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
-		t.Fatal(err)
-	}
+	unlock := lockStateFile(t, path)
 	died := now
 	mem.mu.Lock()
 	delete(mem.running, id) // it dies while the file is locked
@@ -174,9 +173,7 @@ func TestDeathDuringALockIsRecordedWhenTheFileFrees(t *testing.T) {
 		tick()
 	}
 	now = now.Add(time.Hour) // the lock is held a long time
-	if _, err := conn.ExecContext(ctx, `ROLLBACK`); err != nil {
-		t.Fatal(err)
-	}
+	unlock()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		tick()
 		c.mu.Lock()
