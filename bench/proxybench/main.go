@@ -179,6 +179,17 @@ func run() error {
 	if err := startRouter(tmp, soakRouter, "least_load", paced, spawn); err != nil {
 		return err
 	}
+	// nginx in front of the same paced replicas: the soak's reference proxy.
+	soakNginx := fmt.Sprintf("127.0.0.1:%d", freePort())
+	if *streams > 0 {
+		dir := filepath.Join(tmp, "soak-nginx")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if err := startNginx(dir, soakNginx, paced, spawn); err != nil {
+			return err
+		}
+	}
 	routerPID = pidOf[soakRouter]
 	self, err := os.Executable()
 	if err != nil {
@@ -286,14 +297,17 @@ func run() error {
 		// Same number of streams straight to the replicas (split over them), so the client
 		// and replicas do the same work and the difference is the router's.
 		direct := soakSplit(paced, *streams, *tokens)
+		ng := soak(soakNginx, *streams, *tokens, func() int64 { return treeRSSKiB(pidOf[soakNginx]) })
 		st := soak(soakRouter, *streams, *tokens, func() int64 { return rssKiB(routerPID) })
 		fmt.Printf("\n### Streaming soak: %d concurrent SSE streams through the router\n\n", *streams)
 		fmt.Printf("Each stream: %d tokens, one every %v, from paced echo replicas; chunk latency = receive time − the replica's send time (same host clock).\n\n", *tokens, *interval)
-		fmt.Println("| path | streams ok | streams failed | chunks | chunk latency p50 | chunk latency p99 | router peak RSS |")
+		fmt.Println("| path | streams ok | streams failed | chunks | chunk latency p50 | chunk latency p99 | proxy peak RSS |")
 		fmt.Println("|---|---|---|---|---|---|---|")
 		fmt.Printf("| direct to the replicas | %d | %d | %d | %v | %v | — |\n", direct.ok, direct.failed, direct.chunks, direct.p50, direct.p99)
+		fmt.Printf("| through nginx | %d | %d | %d | %v | %v | %.1f MiB |\n", ng.ok, ng.failed, ng.chunks, ng.p50, ng.p99, float64(ng.peakRSS)/1024)
 		fmt.Printf("| through router | %d | %d | %d | %v | %v | %.1f MiB |\n", st.ok, st.failed, st.chunks, st.p50, st.p99, float64(st.peakRSS)/1024)
-		fmt.Printf("\nAdded per-chunk latency through the router: p50 %v, p99 %v.\n", st.p50-direct.p50, st.p99-direct.p99)
+		fmt.Printf("\nAdded per-chunk latency over direct: nginx p50 %v, p99 %v; router p50 %v, p99 %v.\n",
+			ng.p50-direct.p50, ng.p99-direct.p99, st.p50-direct.p50, st.p99-direct.p99)
 	}
 	return nil
 }
@@ -627,4 +641,27 @@ func rssKiB(pid int) int64 {
 		}
 	}
 	return 0
+}
+
+// treeRSSKiB is the resident set of a process and its children (nginx's master and
+// workers).
+func treeRSSKiB(pid int) int64 {
+	total := rssKiB(pid)
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …: the command may hold spaces, so read after its ')'.
+		rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
+		if f := strings.Fields(rest); len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			total += rssKiB(child)
+		}
+	}
+	return total
 }
