@@ -1,12 +1,16 @@
-// Command abuse attacks a real router process on loopback the way a hostile client would
-// and reports what it cost the router: today the JSON bombs of issue 18 (many concurrent
-// multi-megabyte bodies, nested deep or spread wide), with the router's peak and final RSS.
+// Command abuse attacks real Arbiter processes on loopback the way careless users and
+// hostile clients would (issue 18): JSON bombs against a router (many concurrent
+// multi-megabyte bodies, nested deep or spread wide), with its peak and final RSS.
 //
-//	go build -o bin/ ./cmd/router ./cmd/replicasim && go run ./bench/abuse -bin bin
+//	go build -o bin/ ./cmd/router ./cmd/replicasim ./cmd/serve && go run ./bench/abuse -bin bin
+//
+// Then it submits to a real `serve daemon` the specs and router reports that once got
+// through, each of which must now be refused with 400.
 package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"net"
@@ -23,7 +27,7 @@ import (
 )
 
 func main() {
-	bin := flag.String("bin", "bin", "directory holding the router and replicasim binaries")
+	bin := flag.String("bin", "bin", "directory holding the router, replicasim and serve binaries")
 	n := flag.Int("bodies", 48, "concurrent bodies per attack")
 	size := flag.Int("size", 7<<20, "bytes per body")
 	rounds := flag.Int("rounds", 3, "times each attack is sent")
@@ -117,10 +121,88 @@ func run(bin string, n, size, rounds int, maxRSS float64) error {
 			failed = append(failed, fmt.Sprintf("%s: peak RSS %d MiB over %.0f", a.name, peak.Load(), maxRSS))
 		}
 	}
+	cp, err := controlPlaneAttacks(bin, dir)
+	if err != nil {
+		return err
+	}
+	failed = append(failed, cp...)
 	if len(failed) > 0 {
 		return fmt.Errorf("not held: %s", strings.Join(failed, "; "))
 	}
 	return nil
+}
+
+// controlPlaneAttacks submits, to a real `serve daemon`, the specs and router reports that
+// once got through (issue 18 items 1, 2, 5, 10), and checks each is refused with 400 while
+// the daemon stays up and its status renders. It returns what did not hold.
+func controlPlaneAttacks(bin, dir string) ([]string, error) {
+	home := filepath.Join(dir, "home")
+	api := freeAddr()
+	daemon, err := start(filepath.Join(bin, "serve"), "daemon", "--home", home, "--control-listen", api, "--listen", freeAddr(), "--admin", freeAddr(), "--log-level", "warn")
+	if err != nil {
+		return nil, err
+	}
+	defer stop(daemon)
+	base := "http://" + api
+	var token string
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if b, err := os.ReadFile(filepath.Join(home, "token")); err == nil {
+			token = strings.TrimSpace(string(b))
+			if resp, err := http.Get(base + "/v1/health"); err == nil {
+				resp.Body.Close()
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("the daemon did not come up within 60 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	do := func(method, path, body string) (int, string) {
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		_, _ = b.ReadFrom(resp.Body)
+		return resp.StatusCode, b.String()
+	}
+	submit := func(name, spec string) string {
+		b, _ := json.Marshal(map[string]string{"name": name, "spec": spec})
+		return string(b)
+	}
+	const run = "run: exec replicasim -listen 127.0.0.1:$PORT\n"
+	attacks := []struct {
+		name, method, path, body string
+	}{
+		{"a billion replicas", "POST", "/v1/services", submit("huge", "service:\n  readiness_probe: /health\n  replicas: 1000000000\n"+run+"arbiter: {model: m}\n")},
+		{"more replicas than the daemon's ceiling", "POST", "/v1/services", submit("big", "service:\n  readiness_probe: /health\n  replicas: 500\n"+run+"arbiter: {model: m}\n")},
+		{"panic_threshold 1 (the autoscaler refuses it)", "POST", "/v1/services", submit("panicky", "service:\n  readiness_probe: /health\n  replicas: 1\n"+run+"arbiter:\n  model: m\n  autoscaling: {panic_threshold: 1}\n")},
+		{"a load report of 1e308 tokens", "POST", "/v1/load", `{"router":"r1","models":[{"model":"m","tokens":1e308}]}`},
+		{"a load report with a negative count", "POST", "/v1/load", `{"router":"r1","models":[{"model":"m","requests":-5}]}`},
+	}
+	fmt.Println("\n| control-plane attack | expected | observed | held |")
+	fmt.Println("|---|---|---|---|")
+	var failed []string
+	for _, a := range attacks {
+		code, body := do(a.method, a.path, a.body)
+		held := code == 400
+		fmt.Printf("| %s | 400, nothing stored | %d %.90s | %v |\n", a.name, code, strings.ReplaceAll(body, "|", "/"), held)
+		if !held {
+			failed = append(failed, a.name)
+		}
+	}
+	code, body := do("GET", "/v1/services", "")
+	alive := running(daemon.Process.Pid) && code == 200 && body == "[]\n"
+	fmt.Printf("| afterwards: daemon up, status renders, nothing stored | 200 [] | %d %.60s | %v |\n", code, strings.TrimSpace(body), alive)
+	if !alive {
+		failed = append(failed, "the daemon after the attacks")
+	}
+	return failed, nil
 }
 
 func start(path string, args ...string) (*exec.Cmd, error) {
