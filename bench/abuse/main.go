@@ -13,7 +13,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,6 +23,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/arbiter-serve/arbiter/bench/procs"
 )
 
 func main() {
@@ -45,7 +46,7 @@ func run(bin string, n, size, rounds int, maxRSS float64) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	simAddr, listen, admin := freeAddr(), freeAddr(), freeAddr()
+	simAddr, listen, admin := procs.MustFreeAddr(), procs.MustFreeAddr(), procs.MustFreeAddr()
 	sim, err := start(filepath.Join(bin, "replicasim"), "-listen", simAddr, "-model", "m", "-echo", "-log-level", "warn")
 	if err != nil {
 		return err
@@ -112,7 +113,7 @@ func run(bin string, n, size, rounds int, maxRSS float64) error {
 		}
 		time.Sleep(200 * time.Millisecond)
 		close(done)
-		alive := running(router.Process.Pid)
+		alive := procs.Running(router.Process.Pid)
 		fmt.Printf("| %s | %d × %.1f MiB × %d | %v | %d MiB | %.0f MiB | %v |\n", a.name, n, float64(len(a.body))/(1<<20), rounds, codes, peak.Load(), rssMiB(router.Process.Pid), alive)
 		switch {
 		case !alive:
@@ -137,8 +138,8 @@ func run(bin string, n, size, rounds int, maxRSS float64) error {
 // the daemon stays up and its status renders. It returns what did not hold.
 func controlPlaneAttacks(bin, dir string) ([]string, error) {
 	home := filepath.Join(dir, "home")
-	api := freeAddr()
-	daemon, err := start(filepath.Join(bin, "serve"), "daemon", "--home", home, "--control-listen", api, "--listen", freeAddr(), "--admin", freeAddr(), "--log-level", "warn")
+	api := procs.MustFreeAddr()
+	daemon, err := start(filepath.Join(bin, "serve"), "daemon", "--home", home, "--control-listen", api, "--listen", procs.MustFreeAddr(), "--admin", procs.MustFreeAddr(), "--log-level", "warn")
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +198,7 @@ func controlPlaneAttacks(bin, dir string) ([]string, error) {
 		}
 	}
 	code, body := do("GET", "/v1/services", "")
-	alive := running(daemon.Process.Pid) && code == 200 && body == "[]\n"
+	alive := procs.Running(daemon.Process.Pid) && code == 200 && body == "[]\n"
 	fmt.Printf("| afterwards: daemon up, status renders, nothing stored | 200 [] | %d %.60s | %v |\n", code, strings.TrimSpace(body), alive)
 	if !alive {
 		failed = append(failed, "the daemon after the attacks")
@@ -232,32 +233,4 @@ func waitServing(url string) error {
 	return fmt.Errorf("the router did not serve within 30 s")
 }
 
-// running reports whether a process lives (a killed child stays a zombie until reaped).
-func running(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	return err == nil && !strings.Contains(string(b), "State:\tZ")
-}
-
-// rssMiB reads a process's resident set from /proc (0 once it is gone).
-func rssMiB(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.ParseFloat(f[1], 64)
-			return kb / 1024
-		}
-	}
-	return 0
-}
-
-func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
+func rssMiB(pid int) float64 { return float64(procs.RSSKiB(pid)) / 1024 }

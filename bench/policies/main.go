@@ -24,7 +24,6 @@ import (
 	"flag"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -36,6 +35,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/arbiter-serve/arbiter/bench/procs"
 	"github.com/arbiter-serve/arbiter/bench/workload"
 	"github.com/arbiter-serve/arbiter/engine"
 	"github.com/arbiter-serve/arbiter/fleet"
@@ -109,7 +109,7 @@ func fail(err error) {
 	os.Exit(1)
 }
 
-func run(o options) error {
+func run(o options) (err error) {
 	reqs, err := workload.Load(o.trace, o.maxPrompt, o.maxOutput)
 	if err != nil {
 		return err
@@ -143,14 +143,12 @@ func run(o options) error {
 	fmt.Println("|---|---|---:|---:|---:|---|---:|---:|---|")
 	var dump *csv.Writer
 	if o.dump != "" {
-		f, err := os.Create(o.dump)
+		var done func() error
+		dump, done, err = workload.CreateCSV(o.dump, "policy", "start_s", "replica", "predicted_ttft_s", "ttft_s", "predicted_tpot_s", "tpot_s", "prompt_tokens", "output_tokens", "error")
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		dump = csv.NewWriter(f)
-		defer dump.Flush()
-		_ = dump.Write([]string{"policy", "start_s", "replica", "predicted_ttft_s", "ttft_s", "predicted_tpot_s", "tpot_s", "prompt_tokens", "output_tokens", "error"})
+		defer func() { err = errors.Join(err, done()) }()
 	}
 	for _, pol := range o.policies {
 		res, ids, err := runPolicy(o, pol, reqs, rate, tps)
@@ -202,9 +200,9 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 		return nil, nil, err
 	}
 	defer os.RemoveAll(dir)
-	var procs []*exec.Cmd
+	var started []*exec.Cmd
 	defer func() {
-		for _, p := range procs {
+		for _, p := range started {
 			_ = p.Process.Kill()
 			_ = p.Wait()
 		}
@@ -215,12 +213,12 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 		if err := cmd.Start(); err != nil {
 			return fmt.Errorf("start %s: %w", name, err)
 		}
-		procs = append(procs, cmd)
+		started = append(started, cmd)
 		return nil
 	}
 	var set []fleet.Replica
 	for i, rs := range o.replicas {
-		addr, err := freeAddr()
+		addr, err := procs.FreeAddr()
 		if err != nil {
 			return nil, nil, err
 		}
@@ -255,11 +253,11 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 			return nil, nil, err
 		}
 	}
-	listen, err := freeAddr()
+	listen, err := procs.FreeAddr()
 	if err != nil {
 		return nil, nil, err
 	}
-	admin, err := freeAddr()
+	admin, err := procs.FreeAddr()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -384,15 +382,6 @@ func busy(rs []workload.Result) time.Duration {
 		total += curEnd.Sub(curStart)
 	}
 	return total
-}
-
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 func jsonDecode(resp *http.Response, v any) error {

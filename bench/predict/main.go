@@ -18,6 +18,7 @@ package main
 import (
 	"context"
 	"encoding/csv"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -91,7 +92,7 @@ func fail(err error) {
 	os.Exit(1)
 }
 
-func run(o options) error {
+func run(o options) (err error) {
 	reqs, err := workload.Load(o.trace, o.maxPrompt, o.maxOutput)
 	if err != nil {
 		return err
@@ -131,14 +132,12 @@ func run(o options) error {
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	var dump *csv.Writer
 	if o.dump != "" {
-		f, err := os.Create(o.dump)
+		var done func() error
+		dump, done, err = workload.CreateCSV(o.dump, "level", "start_s", "replica", "prompt_tokens", "output_tokens", "pred_ttft_s", "ttft_s", "pred_tpot_s", "tpot_s")
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		dump = csv.NewWriter(f)
-		defer dump.Flush()
-		_ = dump.Write([]string{"level", "start_s", "replica", "prompt_tokens", "output_tokens", "pred_ttft_s", "ttft_s", "pred_tpot_s", "tpot_s"})
+		defer func() { err = errors.Join(err, done()) }()
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}, Timeout: 10 * time.Minute}
 	next := 0

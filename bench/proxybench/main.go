@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/arbiter-serve/arbiter/bench/procs"
 )
 
 const model = "bench-model"
@@ -121,9 +123,9 @@ func run() error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	var procs []*proc
+	var started []*proc
 	defer func() {
-		for _, p := range procs {
+		for _, p := range started {
 			p.stop()
 		}
 	}()
@@ -136,7 +138,7 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		procs = append(procs, p)
+		started = append(started, p)
 		pidOf[addr] = p.cmd.Process.Pid
 		return waitUp(addr)
 	}
@@ -297,8 +299,8 @@ func run() error {
 		// Same number of streams straight to the replicas (split over them), so the client
 		// and replicas do the same work and the difference is the router's.
 		direct := soakSplit(paced, *streams, *tokens)
-		ng := soak(soakNginx, *streams, *tokens, func() int64 { return treeRSSKiB(pidOf[soakNginx]) })
-		st := soak(soakRouter, *streams, *tokens, func() int64 { return rssKiB(routerPID) })
+		ng := soak(soakNginx, *streams, *tokens, func() int64 { return procs.TreeRSSKiB(pidOf[soakNginx]) })
+		st := soak(soakRouter, *streams, *tokens, func() int64 { return procs.RSSKiB(routerPID) })
 		fmt.Printf("\n### Streaming soak: %d concurrent SSE streams through the router\n\n", *streams)
 		fmt.Printf("Each stream: %d tokens, one every %v, from paced echo replicas; chunk latency = receive time − the replica's send time (same host clock).\n\n", *tokens, *interval)
 		fmt.Println("| path | streams ok | streams failed | chunks | chunk latency p50 | chunk latency p99 | proxy peak RSS |")
@@ -626,42 +628,4 @@ func soakSplit(addrs []string, n, maxTokens int) soakResult {
 		all.p50, all.p99 = lats[len(lats)/2].Round(time.Microsecond), lats[len(lats)*99/100].Round(time.Microsecond)
 	}
 	return all
-}
-
-func rssKiB(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			f := strings.Fields(line)
-			v, _ := strconv.ParseInt(f[1], 10, 64)
-			return v
-		}
-	}
-	return 0
-}
-
-// treeRSSKiB is the resident set of a process and its children (nginx's master and
-// workers).
-func treeRSSKiB(pid int) int64 {
-	total := rssKiB(pid)
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		child, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid …: the command may hold spaces, so read after its ')'.
-		rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
-		if f := strings.Fields(rest); len(f) > 1 && f[1] == strconv.Itoa(pid) {
-			total += rssKiB(child)
-		}
-	}
-	return total
 }

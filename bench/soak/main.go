@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -35,6 +34,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/arbiter-serve/arbiter/bench/procs"
 	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/replicas"
 )
@@ -88,15 +88,6 @@ type daemon struct {
 	serve                    string
 }
 
-func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func (d *daemon) cli(args ...string) (string, error) {
 	out, err := exec.Command(d.serve, append([]string{"--home", d.home}, args...)...).CombinedOutput()
 	if err != nil {
@@ -126,7 +117,7 @@ func run(o options) error {
 		return err
 	}
 	defer os.RemoveAll(home)
-	d := &daemon{home: home, api: freeAddr(), listen: freeAddr(), admin: freeAddr(), serve: filepath.Join(bin, "serve")}
+	d := &daemon{home: home, api: procs.MustFreeAddr(), listen: procs.MustFreeAddr(), admin: procs.MustFreeAddr(), serve: filepath.Join(bin, "serve")}
 	logf, err := os.Create(filepath.Join(home, "daemon.log"))
 	if err != nil {
 		return err
@@ -376,13 +367,7 @@ type snapshot struct {
 
 func sample(pid int, admin string) snapshot {
 	var s snapshot
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-				s.rssKiB, _ = strconv.ParseInt(f[1], 10, 64)
-			}
-		}
-	}
+	s.rssKiB = procs.RSSKiB(pid)
 	if ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid)); err == nil {
 		s.fds = len(ents)
 	}

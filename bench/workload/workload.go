@@ -7,11 +7,14 @@ package workload
 import (
 	"bufio"
 	"bytes"
+	"encoding/csv"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -318,4 +321,19 @@ func pick(reqs []traces.Request, idx []int) []traces.Request {
 		out[i] = reqs[j]
 	}
 	return out
+}
+
+// CreateCSV creates a per-request dump at path with its header row; done flushes and closes
+// it, and says whether any row failed to be written.
+func CreateCSV(path string, header ...string) (w *csv.Writer, done func() error, err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	w = csv.NewWriter(f)
+	_ = w.Write(header)
+	return w, func() error {
+		w.Flush()
+		return errors.Join(w.Error(), f.Close())
+	}, nil
 }
