@@ -37,6 +37,13 @@ func newLimitedController(t *testing.T, p replicas.Provider, cfg Config) (*Contr
 	return c, st
 }
 
+// httpStatus is the status the API answers err with.
+func httpStatus(err error) int {
+	rec := httptest.NewRecorder()
+	writeErr(rec, err)
+	return rec.Code
+}
+
 func sized(n string) string { return strings.Replace(fixedSpec, "replicas: 3", "replicas: "+n, 1) }
 
 // A service larger than the control plane's ceiling or its providers' capacity is refused
@@ -46,19 +53,14 @@ func TestServiceLargerThanItsBoundsIsRefused(t *testing.T) {
 	ctx := context.Background()
 	mem := &memProvider{running: map[string]replicas.Instance{}}
 	c, st := newLimitedController(t, boundedMem{mem, 8}, Config{MaxReplicas: 20})
-	code := func(err error) int {
-		rec := httptest.NewRecorder()
-		writeErr(rec, err)
-		return rec.Code
-	}
 	for _, tc := range []struct{ size, want string }{
 		{"21", "this control plane runs at most 20"},
 		{"9", "hold at most 8 at once"},
 		{"1000", "runs at most 20"},
 	} {
 		_, err := c.Create(ctx, "big", sized(tc.size), nil)
-		if err == nil || code(err) != 400 || !strings.Contains(err.Error(), tc.want) {
-			t.Fatalf("%s replicas: %v (HTTP %d); want a 400 saying %q", tc.size, err, code(err), tc.want)
+		if err == nil || httpStatus(err) != 400 || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("%s replicas: %v (HTTP %d); want a 400 saying %q", tc.size, err, httpStatus(err), tc.want)
 		}
 	}
 	if _, err := st.GetVersion(ctx, "big", 1); err == nil {
@@ -67,7 +69,7 @@ func TestServiceLargerThanItsBoundsIsRefused(t *testing.T) {
 	if _, err := c.Create(ctx, "fits", sized("8"), nil); err != nil {
 		t.Fatalf("a service that fits: %v", err)
 	}
-	if _, err := c.Update(ctx, "fits", sized("9"), nil); err == nil || code(err) != 400 {
+	if _, err := c.Update(ctx, "fits", sized("9"), nil); err == nil || httpStatus(err) != 400 {
 		t.Fatalf("an update past the providers' capacity: %v", err)
 	}
 }

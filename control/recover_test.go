@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -302,15 +301,10 @@ arbiter:
 	}
 
 	// Refused before anything is stored, as the API's 400.
-	code := func(err error) int {
-		rec := httptest.NewRecorder()
-		writeErr(rec, err)
-		return rec.Code
-	}
-	if _, err := c.Update(ctx, "old", broken, nil); err == nil || code(err) != 400 {
+	if _, err := c.Update(ctx, "old", broken, nil); err == nil || httpStatus(err) != 400 {
 		t.Fatalf("update with a spec the autoscaler refuses: %v; want a 400", err)
 	}
-	if _, err := c.Create(ctx, "new", broken, nil); err == nil || code(err) != 400 {
+	if _, err := c.Create(ctx, "new", broken, nil); err == nil || httpStatus(err) != 400 {
 		t.Fatalf("create with a spec the autoscaler refuses: %v; want a 400", err)
 	}
 	if _, err := st.GetVersion(ctx, "new", 1); err == nil {

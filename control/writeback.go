@@ -18,6 +18,7 @@ import (
 // pendingWrite is one state write not yet in the file.
 type pendingWrite struct {
 	what  string // for logs
+	event bool   // an event-log line (dropped first if the queue overflows)
 	write func(ctx context.Context) error
 }
 
@@ -37,7 +38,7 @@ func (c *Controller) saveReplica(ctx context.Context, row state.Replica, from st
 // holds c.mu.
 func (c *Controller) event(ctx context.Context, service, replica, kind, msg string) {
 	at := c.cfg.Now()
-	c.writeOrQueue(ctx, pendingWrite{what: "event " + kind, write: func(ctx context.Context) error {
+	c.writeOrQueue(ctx, pendingWrite{what: "event " + kind, event: true, write: func(ctx context.Context) error {
 		return c.store.AddEvent(ctx, at, service, replica, kind, msg)
 	}})
 }
@@ -83,7 +84,7 @@ func (c *Controller) flushPending(ctx context.Context) {
 
 func (c *Controller) dropOldestEvent() {
 	for i, w := range c.pending {
-		if len(w.what) > 6 && w.what[:6] == "event " {
+		if w.event {
 			c.pending = append(c.pending[:i], c.pending[i+1:]...)
 			c.log.Warn("state file unwritable for long: an event-log line is dropped", "pending", len(c.pending))
 			return
