@@ -265,9 +265,13 @@ func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
 			if !st.Serving() || r.row.Address == "" || r.row.Model == "" {
 				continue
 			}
-			set.Replicas = append(set.Replicas, fleet.Replica{ID: r.row.ID, Address: r.row.Address, Model: r.row.Model, Service: s.name,
+			rep := fleet.Replica{ID: r.row.ID, Address: r.row.Address, Model: r.row.Model, Service: s.name,
 				Provider: r.row.Provider, Region: r.row.Region, Zone: r.row.Zone, Capacity: fleet.Capacity(r.row.Capacity),
-				PricePerHour: r.row.PricePerHour, Version: r.row.Version, Draining: st == replicas.Draining})
+				PricePerHour: r.row.PricePerHour, Version: r.row.Version, Draining: st == replicas.Draining}
+			if sp := s.specs[r.row.Version]; sp != nil {
+				rep.Profile = sp.Arbiter.Profile // the spec the replica was launched from
+			}
+			set.Replicas = append(set.Replicas, rep)
 		}
 	}
 	return set, c.changed

@@ -237,18 +237,9 @@ func (e *Engine) Step() StepResult {
 		res.Preempted++
 	}
 
-	ms := 0.0
-	if prefT > 0 {
-		ms += e.p.prefillStepMs(prefT, prefQuad, prefCached, prefRead, cachedSeqs)
-	}
-	if decodeB > 0 {
-		d := e.p.DecodeMs(decodeB, decodeCtx)
-		if prefT > 0 {
-			// One forward pass reads the weights once: the mixed step pays one base cost.
-			d -= min(e.p.DecodeBaseMs, e.p.PrefillBaseMs)
-		}
-		ms += d
-	}
+	pf, df := e.p.StepMs(StepShape{Tokens: prefT, SumN2: prefQuad, SumNP: prefCached, SumP: prefRead, CachedSeqs: cachedSeqs,
+		DecodeBatch: decodeB, DecodeCtx: float64(decodeCtx)})
+	ms := pf + df
 	res.Duration = time.Duration(ms * float64(time.Millisecond))
 
 	// Every sequence whose cache is now complete samples a token.

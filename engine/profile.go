@@ -102,10 +102,37 @@ func (p *Profile) prefillStepMs(T, sumN2, sumNP, sumP float64, cachedSeqs int) f
 		p.PrefillQuadMs*sumN2 + p.PrefillCachedMs*sumNP + p.PrefillReadMs*sumP + p.PrefillCachedSeqMs*float64(cachedSeqs)
 }
 
+// StepShape is what one forward pass computes, in the Profile's terms: T prompt tokens in
+// all, the sums over the sequences prefilling (N² and N·P, P), how many of them follow cached
+// tokens, and the decode batch with the context it reads.
+type StepShape struct {
+	Tokens, SumN2, SumNP, SumP float64
+	CachedSeqs                 int
+	DecodeBatch                int
+	DecodeCtx                  float64
+}
+
+// StepMs is one step's time, split into its prefill and decode parts (ms). A mixed step
+// reads the weights once, so it pays one base cost: the decode part then goes without its
+// own. replicasim's engine and the router's model of a replica both price steps here.
+func (p *Profile) StepMs(s StepShape) (prefillMs, decodeMs float64) {
+	if s.Tokens > 0 {
+		prefillMs = p.prefillStepMs(s.Tokens, s.SumN2, s.SumNP, s.SumP, s.CachedSeqs)
+	}
+	if s.DecodeBatch > 0 {
+		decodeMs = p.decodeMs(float64(s.DecodeBatch), s.DecodeCtx)
+		if s.Tokens > 0 {
+			decodeMs -= min(p.DecodeBaseMs, p.PrefillBaseMs)
+		}
+	}
+	return prefillMs, decodeMs
+}
+
 // DecodeMs is the time of one decode step for batch sequences holding ctx tokens in total.
-func (p *Profile) DecodeMs(batch, ctx int) float64 {
-	B := float64(batch)
-	return p.DecodeBaseMs + p.DecodePerSeqMs*B + p.DecodePerCtxMs*float64(ctx) + p.DecodeLogBatchMs*math.Log(max(B, 1))
+func (p *Profile) DecodeMs(batch, ctx int) float64 { return p.decodeMs(float64(batch), float64(ctx)) }
+
+func (p *Profile) decodeMs(B, ctx float64) float64 {
+	return p.DecodeBaseMs + p.DecodePerSeqMs*B + p.DecodePerCtxMs*ctx + p.DecodeLogBatchMs*math.Log(max(B, 1))
 }
 
 //go:embed profiles/*.csv profiles/*.json

@@ -52,6 +52,10 @@ type Replica struct {
 	// output). 0 means unknown: the router then learns it from traffic.
 	TokensPerSecond float64 `yaml:"tokens_per_second,omitempty" json:"tokens_per_second,omitempty"`
 	Version         int     `yaml:"version,omitempty" json:"version,omitempty"`
+	// Profile names the replica's performance profile (GPU and model shape: step times
+	// measured on real GPUs, e.g. h100-llama-3.1-8b), which routers predict its latency
+	// with. Empty: a default profile, corrected by what the replica's answers show.
+	Profile string `yaml:"profile,omitempty" json:"profile,omitempty"`
 	// Draining replicas get no new requests; in-flight ones finish.
 	Draining bool `yaml:"draining,omitempty" json:"draining,omitempty"`
 }

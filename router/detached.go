@@ -3,6 +3,7 @@ package router
 import (
 	"time"
 
+	"github.com/arbiter-serve/arbiter/engine"
 	"github.com/arbiter-serve/arbiter/fleet"
 )
 
@@ -12,39 +13,48 @@ import (
 // marginal cost) and its policies. Everything below is what the proxy does around a
 // request, minus the network.
 
-// NewDetachedReplica returns a replica without a connection pool.
-func NewDetachedReplica(info fleet.Replica) *Replica { return newReplica(info, nil) }
+// NewDetachedReplica returns a replica without a connection pool whose model runs with prof.
+func NewDetachedReplica(info fleet.Replica, prof *engine.Profile) *Replica {
+	return newReplica(info, nil, prof)
+}
 
 // SetInfo replaces the replica's description (e.g. it started draining).
 func (r *Replica) SetInfo(info fleet.Replica) { r.info.Store(&info) }
 
-// Begin counts a request as in flight on the replica (sent at req.Now) and returns what the
-// replica is expected to do with it: the same prediction the pick saw, made before the
-// request counts itself.
+// Begin counts a request as in flight on the replica (sent at req.Now), adds it to the
+// replica's model, and returns what the replica is expected to do with it: the same
+// prediction the pick saw, made before the request counts itself.
 func (r *Replica) Begin(req *Request, staleAfter time.Duration) Prediction {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	pred := r.predictLocked(req.Now, req.uncachedOn(r), req.OutTokens, staleAfter)
-	start := req.Now
-	if r.prefillUntil.After(start) {
-		start = r.prefillUntil
-	}
-	pred.prefillEnd = start.Add(time.Duration(pred.prefillWork * float64(time.Second)))
-	r.prefillUntil = pred.prefillEnd
+	p := req.shapeOn(r)
+	pred := r.predictLocked(req.Now, p, req.OutTokens, staleAfter)
+	pred.seq = r.twin.add(req.Now, p, req.Streamed)
 	r.lastSent = req.Now
 	r.inflight.Add(1)
 	return pred
 }
 
-// FirstToken says the request's prefill is done at now: it no longer delays later prompts.
-func (r *Replica) FirstToken(pred Prediction, now time.Time) { r.prefillDone(pred, now) }
+// replicaTime is when something the router saw at now happened on the replica, in its
+// model's time (see twin).
+func (r *Replica) replicaTime(now time.Time) time.Time {
+	return now.Add(-time.Duration(r.rtt.v * float64(time.Second)))
+}
+
+// FirstToken says the request's first token came at now: its prefill, and that of every
+// prompt ahead of it, is done.
+func (r *Replica) FirstToken(pred Prediction, now time.Time) {
+	r.mu.Lock()
+	r.twin.prefilled(pred.seq, r.replicaTime(now), true)
+	r.mu.Unlock()
+}
 
 // End releases what Begin took at now; firstToken says whether FirstToken was called.
 func (r *Replica) End(pred Prediction, firstToken bool, now time.Time) {
 	r.inflight.Add(-1)
-	if !firstToken {
-		r.prefillDone(pred, now)
-	}
+	r.mu.Lock()
+	r.twin.remove(pred.seq, r.replicaTime(now))
+	r.mu.Unlock()
 }
 
 // ObserveEngine records the engine's queue as a /metrics scrape would report it.
@@ -55,11 +65,21 @@ func (r *Replica) ObserveEngine(now time.Time, running, waiting int, kvUsage flo
 // ObserveRTT records a successful readiness probe's round trip.
 func (r *Replica) ObserveRTT(rtt time.Duration) { r.probed(true, rtt, 1) }
 
-// Completed feeds a successful request's latencies (seconds) to the predictor; pred is what
-// Begin returned. outTokens is the completion length; streamed says ttft is a real first token.
+// Completed says a request succeeded: ttft and e2e are seconds from sending, outTokens its
+// completion length, streamed whether ttft is a real first token (else it is the whole
+// answer). A stream's time per token calibrates the model's decode steps; a whole answer
+// says its prefill is over. pred is what Begin returned.
 func (r *Replica) Completed(req *Request, pred Prediction, ttft, e2e float64, outTokens int, streamed bool) {
-	r.learn(req.Now.Add(time.Duration(e2e*float64(time.Second))), measurement{uncached: pred.Uncached, outTokens: outTokens, ttft: ttft, e2e: e2e, loadAtStart: pred.Load,
-		predictedTTFT: pred.TTFT, queueWait: pred.QueueWait, prefillWait: pred.PrefillWait, streamed: streamed})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	end := r.replicaTime(req.Now.Add(time.Duration(e2e * float64(time.Second))))
+	if !streamed {
+		r.twin.prefilled(pred.seq, end, false)
+		return
+	}
+	if outTokens > 1 {
+		r.twin.decoded(pred.seq, (e2e-ttft)/float64(outTokens-1), end)
+	}
 }
 
 // Forget drops every prefix entry pointing at r, once r has left the set.

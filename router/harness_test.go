@@ -229,11 +229,11 @@ func readEvents(t *testing.T, body io.Reader) (events []string, at []time.Time) 
 }
 
 // settled reports whether nothing of this router's is left on the replica: no request in
-// flight and no prefill work counted as queued.
+// flight and nothing left in its model of the replica.
 func (r *rig) settled(id string) bool {
 	rep := r.pool.Get(id)
 	rep.mu.Lock()
-	queued := rep.prefillUntil.After(time.Now())
+	queued := len(rep.twin.queue) > 0 || rep.twin.nDec > 0
 	rep.mu.Unlock()
 	return rep.InFlight() == 0 && !queued
 }

@@ -39,6 +39,8 @@ type Request struct {
 	BlockTokens float64
 	SLO         SLO
 	Now         time.Time
+	// Streamed says the router will see the request's first token (a stream).
+	Streamed bool
 
 	// Tried are replicas this request already failed on: a retry skips them.
 	Tried []*Replica
@@ -72,6 +74,16 @@ func (req *Request) uncachedOn(r *Replica) int {
 		return max(req.PromptTokens-req.matched, 1)
 	}
 	return req.PromptTokens
+}
+
+// shapeOn is the prompt as r's model sees it: its cached part is the known holder's match.
+func (req *Request) shapeOn(r *Replica) shape {
+	prompt := max(req.PromptTokens, 1)
+	s := shape{prompt: prompt, prefix: req.Prefix, blockTokens: req.BlockTokens}
+	if r != nil && r == req.holder {
+		s.cached = prompt - req.uncachedOn(r)
+	}
+	return s
 }
 
 // Policy picks one replica among candidates, or nil when none is usable. Candidates come
@@ -205,7 +217,10 @@ func (p *SLOCheapest) Pick(req *Request, cands []*Replica, rng *rand.Rand) *Repl
 }
 
 func (p *SLOCheapest) score(req *Request, r *Replica) scored {
-	return scored{r: r, p: r.Predict(req.Now, req.uncachedOn(r), req.OutTokens, p.StaleAfter), cost: r.MarginalCost()}
+	r.mu.Lock()
+	pred := r.predictLocked(req.Now, req.shapeOn(r), req.OutTokens, p.StaleAfter)
+	r.mu.Unlock()
+	return scored{r: r, p: pred, cost: r.MarginalCost()}
 }
 
 func (p *SLOCheapest) tolerance() float64 {
@@ -308,7 +323,7 @@ func (p *SLOCheapest) resample(req *Request, all []scored, choice scored) (score
 		return scored{}, false
 	}
 	for _, s := range all {
-		if s.cost < choice.cost && !req.SLO.Meets(s.p) && s.p.QueueWait == 0 && s.p.PrefillWait == 0 && s.r.claimResample(req.Now, every) {
+		if s.cost < choice.cost && !req.SLO.Meets(s.p) && s.p.Ahead == 0 && s.r.claimResample(req.Now, every) {
 			return s, true
 		}
 	}

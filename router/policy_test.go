@@ -5,15 +5,26 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/arbiter-serve/arbiter/engine"
 	"github.com/arbiter-serve/arbiter/fleet"
 )
 
 func testReplica(id string, capacity fleet.Capacity, price float64) *Replica {
-	return newReplica(fleet.Replica{ID: id, Address: "127.0.0.1:1", Model: "m", Capacity: capacity, PricePerHour: price, TokensPerSecond: 5000}, nil)
+	return newReplica(fleet.Replica{ID: id, Address: "127.0.0.1:1", Model: "m", Capacity: capacity, PricePerHour: price, TokensPerSecond: 5000}, nil, defaultProfile())
 }
+
+// defaultProfile is the router's default profile, fitted once for all tests.
+var defaultProfile = sync.OnceValue(func() *engine.Profile {
+	p, err := LoadProfile(DefaultProfile)
+	if err != nil {
+		panic(err)
+	}
+	return p
+})
 
 // setLoad makes the replica's scraped engine load n requests, as of now.
 func setLoad(r *Replica, now time.Time, running, waiting float64) {
@@ -42,10 +53,9 @@ func TestSLOCheapestTakesTheFasterWhenTheCheaperCannotMeetTheSLO(t *testing.T) {
 	fast := testReplica("fast", fleet.OnDemand, 4)
 	// The cheap replica has a deep queue: 512 waiting behind a full batch of 256.
 	setLoad(cheap, now, 256, 512)
-	cheap.pred.slots.observe(256)
 	p := &SLOCheapest{StaleAfter: time.Second}
 	req := &Request{Model: "m", PromptTokens: 500, OutTokens: 100, SLO: SLO{TTFT: 1, TPOT: 0.1}, Now: now}
-	if pc := cheap.Predict(now, 500, 100, time.Second); pc.TTFT <= 1 {
+	if pc := cheap.Predict(now, 500, 500, 100, time.Second); pc.TTFT <= 1 {
 		t.Fatalf("test setup: cheap replica predicted TTFT %.2fs, want > 1s", pc.TTFT)
 	}
 	if got := p.Pick(req, []*Replica{cheap, fast}, rand.New(rand.NewPCG(1, 1))); got != fast {
@@ -53,7 +63,6 @@ func TestSLOCheapestTakesTheFasterWhenTheCheaperCannotMeetTheSLO(t *testing.T) {
 	}
 	// With no replica meeting the SLO, the least loaded wins (here also the faster).
 	setLoad(fast, now, 256, 1024)
-	fast.pred.slots.observe(256)
 	if got := p.Pick(req, []*Replica{cheap, fast}, rand.New(rand.NewPCG(1, 1))); got != cheap {
 		t.Fatalf("picked %s, want cheap (now the less loaded of two that both miss)", got.Info().ID)
 	}
@@ -67,13 +76,13 @@ func TestNoneMeetingTheSLOSpreadsByLoad(t *testing.T) {
 	learnedSlow := testReplica("learned-slow", fleet.OnDemand, 4)
 	busy := testReplica("busy", fleet.OnDemand, 4)
 	for range 20 {
-		learnedSlow.learn(now, measurement{uncached: 500, outTokens: 2, ttft: 5, e2e: 5.1, streamed: true})
+		learnedSlow.twin.prefill.observe(now, 16)
 	}
 	setLoad(learnedSlow, now, 0, 0)
 	setLoad(busy, now, 10, 0)
 	p := &SLOCheapest{StaleAfter: time.Second}
 	req := &Request{Model: "m", PromptTokens: 500, OutTokens: 2, SLO: SLO{TTFT: 0.001}, Now: now}
-	slow, fast := learnedSlow.Predict(now, 500, 2, time.Second), busy.Predict(now, 500, 2, time.Second)
+	slow, fast := learnedSlow.Predict(now, 500, 500, 2, time.Second), busy.Predict(now, 500, 500, 2, time.Second)
 	if !(slow.E2E > fast.E2E) || (SLO{TTFT: 0.001}).Meets(slow) || (SLO{TTFT: 0.001}).Meets(fast) {
 		t.Fatalf("test setup: predictions %+v and %+v, want both missing and the idle one slower", slow, fast)
 	}
@@ -107,7 +116,6 @@ func TestPrefixAffinityHoldsUntilTheReplicaIsOverloaded(t *testing.T) {
 	}
 	// Overload the holder: a queue deeper than its batch pushes TTFT past the SLO.
 	setLoad(first, now, 256, 600)
-	first.pred.slots.observe(256)
 	if got := p.Pick(req, []*Replica{a, b}, rng); got != other {
 		t.Fatalf("overloaded holder still picked")
 	}
@@ -350,12 +358,13 @@ func TestSLOCheapestSpreadsOverEquallyPricedReplicas(t *testing.T) {
 	now := time.Unix(1000, 0)
 	var rs []*Replica
 	for _, id := range []string{"a", "b", "c", "d"} {
-		r := newReplica(fleet.Replica{ID: id, Address: "127.0.0.1:1", Model: "m", Capacity: fleet.OnDemand, PricePerHour: 11}, nil)
+		r := newReplica(fleet.Replica{ID: id, Address: "127.0.0.1:1", Model: "m", Capacity: fleet.OnDemand, PricePerHour: 11}, nil, defaultProfile())
 		rs = append(rs, r)
 	}
 	// "a" has learned that it is fast and serves a lot: it must not look cheaper for it.
 	for range 50 {
-		rs[0].learn(now, measurement{uncached: 2000, outTokens: 30, ttft: 0.05, e2e: 0.3, loadAtStart: 20, streamed: true})
+		rs[0].twin.prefill.observe(now, 0.5)
+		rs[0].twin.decop.observe(now, 0.5)
 	}
 	if rs[0].MarginalCost() != rs[1].MarginalCost() {
 		t.Fatalf("marginal cost %v vs %v: same price and no described throughput must cost the same", rs[0].MarginalCost(), rs[1].MarginalCost())
@@ -375,52 +384,71 @@ func TestSLOCheapestSpreadsOverEquallyPricedReplicas(t *testing.T) {
 	}
 }
 
-// Prompts sent ahead and not yet prefilled delay a new request's first token, for as long
-// as their prefill should take: a first token ends the wait at once, and a request whose
-// first token the router never sees (not streamed) stops delaying others when its prefill
-// should be over, not when its whole answer arrives.
+// Prompts sent ahead and not yet prefilled delay a new request's first token for as long as
+// the replica's engine takes to compute them; a first token ends the wait at once; a request
+// whose first token the router never sees (not streamed) stops delaying others when its
+// prefill should be over; a request that fails early takes its prefill with it.
 func TestPredictionCountsPrefillAhead(t *testing.T) {
 	now := time.Unix(1000, 0)
 	r := testReplica("r", fleet.OnDemand, 4)
-	idle := r.Predict(now, 1000, 10, time.Second)
-	big := &Request{Model: "m", PromptTokens: 30000, OutTokens: 10, Now: now}
-	pred := r.Begin(big, time.Second)
-	if math.Abs(pred.TTFT-(idle.TTFT-idle.prefillWork+pred.prefillWork)) > 1e-9 || pred.PrefillWait != 0 {
-		t.Fatalf("Begin on an idle replica predicted %+v; the same replica predicted %+v for 1000 tokens", pred, idle)
+	r.rtt.observe(0)
+	prof := defaultProfile()
+	alone := prof.PrefillMs(1000, 0) / 1000
+	idle := r.Predict(now, 1000, 1000, 10, time.Second)
+	if math.Abs(idle.TTFT-alone) > 1e-6 || idle.Wait != 0 || idle.Ahead != 0 {
+		t.Fatalf("idle replica: %+v, want TTFT = the profile's prefill of 1,000 tokens (%.4fs)", idle, alone)
 	}
-	busy := r.Predict(now, 1000, 10, time.Second)
-	work := pred.prefillWork
-	if work <= 0 || math.Abs(busy.PrefillWait-work) > 1e-9 || math.Abs(busy.TTFT-(idle.TTFT+work)) > 1e-9 {
-		t.Fatalf("with 30k tokens ahead (%.3fs of prefill): %+v, idle %+v", work, busy, idle)
+	big := &Request{Model: "m", PromptTokens: 30000, OutTokens: 10, Now: now, Streamed: true}
+	pred := r.Begin(big, time.Second)
+	// 30,000 tokens in chunks of 8,192: four steps, the last of 5,424 tokens.
+	var work float64
+	for done := 0; done < 30000; done += 8192 {
+		n := min(8192, 30000-done)
+		pf, _ := prof.StepMs(engine.StepShape{Tokens: float64(n), SumN2: float64(n * n), SumNP: float64(n * done), SumP: float64(done), CachedSeqs: min(done, 1)})
+		work += pf / 1000
+	}
+	if math.Abs(pred.TTFT-work) > 1e-6 {
+		t.Fatalf("Begin on an idle replica predicted %.4fs for 30,000 tokens, want the profile's four chunks, %.4fs", pred.TTFT, work)
+	}
+	// A new prompt shares the last step with the big one's last chunk.
+	busy := r.Predict(now, 1000, 1000, 10, time.Second)
+	if busy.Ahead != 1 || busy.Wait < work*0.6 || busy.TTFT <= work || busy.TTFT > work+alone {
+		t.Fatalf("with 30k tokens ahead (%.3fs of prefill): %+v", work, busy)
 	}
 	half := now.Add(time.Duration(work / 2 * float64(time.Second)))
-	if got := r.Predict(half, 1000, 10, time.Second).PrefillWait; math.Abs(got-work/2) > 1e-6 {
-		t.Fatalf("halfway through its prefill, %.4fs still ahead, want %.4f", got, work/2)
+	if got := r.Predict(half, 1000, 1000, 10, time.Second); math.Abs(got.TTFT-(busy.TTFT-work/2)) > 1e-3 {
+		t.Fatalf("halfway through its prefill, TTFT %.4fs, want %.4f", got.TTFT, busy.TTFT-work/2)
 	}
-	r.FirstToken(pred, half)
-	if after := r.Predict(half, 1000, 10, time.Second); after.PrefillWait != 0 {
-		t.Fatalf("prefill done, still waiting %v", after.PrefillWait)
+	r.FirstToken(pred, half) // the replica was faster than its profile
+	after := r.Predict(half, 1000, 1000, 10, time.Second)
+	if after.Ahead != 0 || after.Wait > 0.05 {
+		t.Fatalf("prefill done, still waiting %+v", after)
 	}
 	r.End(pred, true, half)
-	if r.InFlight() != 0 {
-		t.Fatalf("after End: in flight %d", r.InFlight())
+	if r.InFlight() != 0 || len(r.twin.queue) != 0 || r.twin.nDec != 0 {
+		t.Fatalf("after End: in flight %d, model %+v", r.InFlight(), r.twin)
 	}
 
 	// Not streamed: no first token, yet the wait is over once its prefill should be.
-	later := now.Add(time.Minute)
-	big.Now = later
-	pred = r.Begin(big, time.Second)
-	if got := r.Predict(later.Add(time.Duration(pred.prefillWork*float64(time.Second))+time.Millisecond), 1000, 10, time.Second).PrefillWait; got != 0 {
-		t.Fatalf("past its prefill a non-streamed request still delays others by %v", got)
+	r = testReplica("r2", fleet.OnDemand, 4)
+	r.rtt.observe(0)
+	plain := &Request{Model: "m", PromptTokens: 30000, OutTokens: 10, Now: now}
+	pred = r.Begin(plain, time.Second)
+	over := now.Add(time.Duration(pred.TTFT*float64(time.Second)) + 100*time.Millisecond)
+	if got := r.Predict(over, 1000, 1000, 10, time.Second); got.Ahead != 0 || got.Wait > 0.05 {
+		t.Fatalf("past its prefill a non-streamed request still delays others: %+v", got)
 	}
-	// Two queued, the first ends before its first token (failed): the second's work stays.
-	later = later.Add(time.Minute)
-	big.Now = later
+
+	// Two queued, the first ends before its first token (failed): the step it is in runs
+	// to its end, the second's work stays.
+	r = testReplica("r3", fleet.OnDemand, 4)
+	r.rtt.observe(0)
 	first := r.Begin(big, time.Second)
-	r.Begin(big, time.Second)
-	r.End(first, false, later)
-	if got := r.Predict(later, 1000, 10, time.Second).PrefillWait; math.Abs(got-first.prefillWork) > 1e-6 {
-		t.Fatalf("after the first of two queued prompts ended, %.4fs ahead, want the second's %.4fs", got, first.prefillWork)
+	r.Begin(plain, time.Second)
+	r.End(first, false, now)
+	firstChunk := prof.PrefillMs(8192, 0) / 1000
+	if got := r.Predict(now, 1000, 1000, 10, time.Second); got.Ahead != 1 || got.TTFT < firstChunk+work || got.TTFT > firstChunk+work+alone {
+		t.Fatalf("after the first of two queued prompts ended: %+v, want its running step (%.4fs) and the second's %.4fs ahead", got, firstChunk, work)
 	}
 }
 
@@ -471,7 +499,7 @@ func TestPrefixHolderKeepsAPromptOnlyWhenItPays(t *testing.T) {
 	cheap, dear = testReplica("cheap3", fleet.OnDemand, 1), testReplica("dear3", fleet.OnDemand, 2)
 	other := "y" + string(make([]byte, 32*prefixBlockBytes))
 	pick(other, 2100, 200, 5, dear)
-	if pc := cheap.Predict(now, 2100, 200, time.Second); pc.TTFT <= 0.04 {
+	if pc := cheap.Predict(now, 2100, 2100, 200, time.Second); pc.TTFT <= 0.04 {
 		t.Fatalf("setup: 2,100 uncached tokens predicted in %.3fs, want > 40 ms", pc.TTFT)
 	}
 	if got, why := pick(other, 2100, 200, 0.04, cheap, dear); got != dear || why != ReasonPrefixHolder {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/arbiter-serve/arbiter/engine"
 	"github.com/arbiter-serve/arbiter/fleet"
 )
 
@@ -41,11 +42,14 @@ type Pool struct {
 	// its first requests rather than up to a probe interval later (a far replica's first
 	// answers would otherwise be taken for slow prefill).
 	added chan struct{}
+	// profiles holds the engine profiles replicas named, fitted once each. Guarded by mu.
+	profiles map[string]*engine.Profile
 }
 
 // NewPool returns an empty pool.
 func NewPool(cfg *Config, log *slog.Logger, met *Metrics, aff *Affinity) *Pool {
-	return &Pool{cfg: cfg, log: log, met: met, aff: aff, byID: map[string]*Replica{}, models: map[string]bool{}, changed: make(chan struct{}), added: make(chan struct{}, 1)}
+	return &Pool{cfg: cfg, log: log, met: met, aff: aff, byID: map[string]*Replica{}, models: map[string]bool{}, changed: make(chan struct{}), added: make(chan struct{}, 1),
+		profiles: map[string]*engine.Profile{}}
 }
 
 // Changed returns a channel closed at the next change of the set or of a replica's readiness.
@@ -69,15 +73,16 @@ func (p *Pool) SetReplicas(set []fleet.Replica) {
 	joined := false
 	for _, info := range set {
 		r := p.byID[info.ID]
+		prof := p.profile(info)
 		if r == nil || r.Info().Address != info.Address {
 			if r != nil {
 				p.retire(r) // same ID, new address: a new process; start fresh
 			}
-			r = newReplica(info, newConnPool(info.Address, p.cfg.ConnectTimeout, p.cfg.UpstreamIdleTimeout, p.cfg.MaxIdleConnsPerReplica))
+			r = newReplica(info, newConnPool(info.Address, p.cfg.ConnectTimeout, p.cfg.UpstreamIdleTimeout, p.cfg.MaxIdleConnsPerReplica), prof)
 			joined = true
-			p.log.Info("replica added", "id", info.ID, "addr", info.Address, "capacity", info.Capacity, "price_per_hour", info.PricePerHour)
+			p.log.Info("replica added", "id", info.ID, "addr", info.Address, "capacity", info.Capacity, "price_per_hour", info.PricePerHour, "profile", prof.Name)
 		} else {
-			r.info.Store(&info)
+			r.setInfo(info, prof)
 		}
 		next[info.ID] = r
 		models[info.Model] = true
@@ -104,6 +109,26 @@ func (p *Pool) SetReplicas(set []fleet.Replica) {
 		default: // a round is already due
 		}
 	}
+}
+
+// profile is the engine profile a replica's model runs with: the one it names, else the
+// default. A name the router does not know (the set was validated elsewhere, e.g. by a
+// newer control plane) falls back to the default, loudly: predictions then rest on
+// calibration alone. Caller holds p.mu for writing.
+func (p *Pool) profile(info fleet.Replica) *engine.Profile {
+	name := cmp.Or(info.Profile, DefaultProfile)
+	if prof, ok := p.profiles[name]; ok {
+		return prof
+	}
+	prof, err := LoadProfile(name)
+	if err != nil {
+		p.log.Warn("replica profile unknown: predicting with the default, corrected by traffic", "replica", info.ID, "err", err)
+		if prof, err = LoadProfile(DefaultProfile); err != nil {
+			panic(err) // built in: covered by TestDefaultProfileLoads
+		}
+	}
+	p.profiles[name] = prof
+	return prof
 }
 
 // retire marks a replica removed: requests already on it finish (they hold it), new ones

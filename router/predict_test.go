@@ -2,31 +2,80 @@ package router
 
 import (
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/arbiter-serve/arbiter/engine"
 	"github.com/arbiter-serve/arbiter/fleet"
 )
 
-func TestPredictorLearnsTheReplicasSpeed(t *testing.T) {
-	p := newPredictor()
-	// A replica twice as slow at prefill as the prior, measured over varied prompt lengths.
-	truth := func(n int) float64 { return 0.02 + 60e-6*float64(n) }
-	for i := range 200 {
-		n := 200 + (i%10)*400
-		p.learn(time.Time{}, measurement{uncached: n, outTokens: 1, ttft: truth(n) + p.rtt.v, e2e: truth(n) + p.rtt.v, streamed: true})
+// A replica slower than its profile (another GPU, a bigger model) is predicted right after a
+// few requests: the first tokens calibrate prefill and the streams' token times decode.
+func TestModelCalibratesToTheReplica(t *testing.T) {
+	prof := defaultProfile()
+	// The replica: this profile, 2x slower at prefill and 1.5x at decode, run by the engine
+	// replicasim serves with.
+	slow := *prof
+	for _, f := range []*float64{&slow.PrefillBaseMs, &slow.PrefillPerTokenMs, &slow.PrefillQuadMs, &slow.PrefillCachedMs,
+		&slow.PrefillReadMs, &slow.PrefillPastKneeMs, &slow.PrefillCachedSeqMs} {
+		*f *= 2
 	}
-	for _, n := range []int{500, 3000} {
-		got := p.predict(0, n, 0, 1).TTFT - p.rtt.v
-		if math.Abs(got-truth(n))/truth(n) > 0.05 {
-			t.Errorf("prefill of %d tokens: predicted %.4fs, truth %.4fs", n, got, truth(n))
+	for _, f := range []*float64{&slow.DecodeBaseMs, &slow.DecodePerSeqMs, &slow.DecodePerCtxMs, &slow.DecodeLogBatchMs} {
+		*f *= 1.5
+	}
+	r := newReplica(fleet.Replica{ID: "a", Address: "127.0.0.1:1", Model: "m"}, nil, prof)
+	r.rtt.observe(0)
+	var first, last float64
+	now := time.Unix(1000, 0)
+	for i := range 30 {
+		eng, err := engine.New(slow)
+		if err != nil {
+			t.Fatal(err)
 		}
+		n := 500 + (i%6)*900
+		req := &Request{Model: "m", PromptTokens: n, OutTokens: 20, Now: now, Streamed: true}
+		pred := r.Begin(req, time.Second)
+		if err := eng.Add(engine.Request{ID: 1, PromptTokens: n, MaxTokens: 20}); err != nil {
+			t.Fatal(err)
+		}
+		var ttft, e2e time.Duration
+		for !eng.Idle() {
+			res := eng.Step()
+			e2e += res.Duration
+			for _, em := range res.Emits {
+				if em.Index == 0 {
+					ttft = e2e
+					r.FirstToken(pred, now.Add(ttft))
+				}
+			}
+		}
+		r.Completed(req, pred, ttft.Seconds(), e2e.Seconds(), 20, true)
+		r.End(pred, true, now.Add(e2e))
+		errTTFT := math.Abs(pred.TTFT-ttft.Seconds()) / ttft.Seconds()
+		if i == 0 {
+			first = errTTFT
+		}
+		last = errTTFT
+		if i >= 10 {
+			tpot := (e2e - ttft).Seconds() / 19
+			if e := math.Abs(pred.TPOT-tpot) / tpot; e > 0.05 {
+				t.Errorf("request %d: TPOT predicted %.4fs, took %.4fs", i, pred.TPOT, tpot)
+			}
+			if errTTFT > 0.05 {
+				t.Errorf("request %d (%d tokens): TTFT predicted %.4fs, took %.4fs", i, n, pred.TTFT, ttft.Seconds())
+			}
+		}
+		now = now.Add(e2e + time.Second)
+	}
+	if first < 0.3 || last > 0.05 {
+		t.Fatalf("TTFT error %.0f %% on the first request, %.1f %% on the last: want the model to start off and learn", 100*first, 100*last)
 	}
 }
 
 func TestLoadIsProjectedBetweenScrapes(t *testing.T) {
-	r := newReplica(fleet.Replica{ID: "a", Address: "127.0.0.1:1", Model: "m"}, nil)
+	r := newReplica(fleet.Replica{ID: "a", Address: "127.0.0.1:1", Model: "m"}, nil, defaultProfile())
 	now := time.Unix(1000, 0)
 	r.inflight.Add(2)
 	r.observeScrape(now, 10, 5, 0.3) // 15 in the engine, 2 of them ours
@@ -61,5 +110,54 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}
 	if err := func() error { c := Defaults(); return c.Validate() }(); err != nil {
 		t.Fatalf("defaults invalid: %v", err)
+	}
+}
+
+// A prompt whose prefix another prompt, still queued, is computing finds that prefix cached
+// only once it is computed: sent right behind it, it computes the shared part again, as the
+// engine does (replicasim's engine is the reference here).
+func TestSharedPrefixIsCachedOnlyOnceComputed(t *testing.T) {
+	prof := defaultProfile()
+	aff, err := NewAffinity(1000, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newReplica(fleet.Replica{ID: "a", Address: "127.0.0.1:1", Model: "m"}, nil, prof)
+	r.rtt.observe(0)
+	p := &SLOCheapest{Affinity: aff, ResampleEvery: -1}
+	now := time.Unix(1000, 0)
+	// Two 4,000-token prompts of 64 blocks (62.5 tokens each), sharing their first 60.
+	text := func(tail byte) string {
+		b := make([]byte, 64*prefixBlockBytes)
+		for i := 60 * prefixBlockBytes; i < len(b); i++ {
+			b[i] = tail
+		}
+		return string(b)
+	}
+	send := func(tail byte, at time.Time) (*Request, Prediction) {
+		req := &Request{Model: "m", PromptTokens: 4000, OutTokens: 10, Prefix: prefixBlocks(text(tail)), BlockTokens: 62.5, Now: at, Streamed: true}
+		if got := p.Pick(req, []*Replica{r}, rand.New(rand.NewPCG(1, 1))); got != r {
+			t.Fatal("no pick")
+		}
+		return req, r.Begin(req, time.Second)
+	}
+	_, first := send('a', now)
+	_, second := send('b', now.Add(time.Millisecond))
+	if second.Uncached != 4000 {
+		t.Fatalf("sent behind the prompt computing its prefix, %d tokens predicted uncached, want all 4,000", second.Uncached)
+	}
+	// Both fit one step: the engine computes 8,000 tokens at once, and both first tokens
+	// come at its end.
+	both, _ := prof.StepMs(engine.StepShape{Tokens: 8000, SumN2: 2 * 4000 * 4000})
+	if math.Abs(second.TTFT-both/1000) > 0.002 {
+		t.Fatalf("second prompt predicted %.4fs, want the shared step's %.4fs", second.TTFT, both/1000)
+	}
+	// Once the first is computed, a third finds the shared 3,750 tokens cached.
+	done := now.Add(time.Duration(both * float64(time.Millisecond)))
+	r.FirstToken(first, done)
+	r.FirstToken(second, done)
+	_, third := send('c', done.Add(time.Millisecond))
+	if third.Uncached != 250 {
+		t.Fatalf("after the shared prefix was computed, %d tokens predicted uncached, want 250", third.Uncached)
 	}
 }

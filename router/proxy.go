@@ -453,7 +453,7 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) 
 	}
 	key := promptKey(req)
 	c.route = Request{Model: req.Model, PromptTokens: px.counter.Count(req.Prompt) + len(req.TokenIDs) + 5*req.Messages + 5,
-		OutTokens: out, Prefix: prefixBlocks(key), SLO: c.slo}
+		OutTokens: out, Prefix: prefixBlocks(key), SLO: c.slo, Streamed: req.Stream}
 	if len(key) > 0 {
 		// How many tokens a matched block stands for in this prompt: a cache hit is worth
 		// its tokens, and bytes per token vary with the text (and are 4 for token ids).

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/arbiter-serve/arbiter/engine"
 	"github.com/arbiter-serve/arbiter/fleet"
 )
 
@@ -34,13 +35,8 @@ type Replica struct {
 	fails      int // consecutive request failures (passive health)
 	ejections  int // consecutive ejections, for backoff
 	scrape     scrapeState
-	pred       predictor
-	// prefillUntil is when the prefill work this router has queued on the replica should
-	// be done: the wait ahead of a new prompt, which the request count alone does not show
-	// (one 8k-token prompt delays the next TTFT as much as many short ones). It drains with
-	// time, so a request whose first token the router never sees (not streamed) stops
-	// counting once its prefill should be over, not when its whole answer is.
-	prefillUntil time.Time
+	rtt        ewma // seconds, from readiness probes
+	twin       twin // the replica's engine as this router's requests load it
 	// lastSent is when this router last sent the replica a request (or claimed one to
 	// re-sample it).
 	lastSent time.Time
@@ -51,10 +47,11 @@ type scrapeState struct {
 	running, waiting float64
 	kvUsage          float64
 	inflightAtScrape int64
+	queuedAtScrape   int // our prompts not yet seen prefilled
 }
 
-func newReplica(info fleet.Replica, pc *connPool) *Replica {
-	r := &Replica{idHash: xxhash.Sum64String(info.ID), conns: pc, pred: newPredictor()}
+func newReplica(info fleet.Replica, pc *connPool, prof *engine.Profile) *Replica {
+	r := &Replica{idHash: xxhash.Sum64String(info.ID), conns: pc, rtt: ewma{v: 0.001, alpha: 0.2}, twin: newTwin(prof)}
 	r.info.Store(&info)
 	r.ready.Store(true)
 	return r
@@ -105,11 +102,7 @@ func (r *Replica) loadLocked(now time.Time, staleAfter time.Duration) float64 {
 func (r *Replica) observeScrape(now time.Time, running, waiting, kv float64) {
 	in := r.inflight.Load()
 	r.mu.Lock()
-	r.scrape = scrapeState{at: now, running: running, waiting: waiting, kvUsage: kv, inflightAtScrape: in}
-	if waiting > 0 && running > 0 {
-		// A queue means the engine is full: its running count is its batch capacity.
-		r.pred.slots.observe(running)
-	}
+	r.scrape = scrapeState{at: now, running: running, waiting: waiting, kvUsage: kv, inflightAtScrape: in, queuedAtScrape: len(r.twin.queue)}
 	r.mu.Unlock()
 }
 
@@ -146,7 +139,7 @@ func (r *Replica) probed(ok bool, rtt time.Duration, failThreshold int) bool {
 	if ok {
 		r.probeFails = 0
 		r.ready.Store(true)
-		r.pred.rtt.observe(rtt.Seconds())
+		r.rtt.observe(rtt.Seconds())
 		return true
 	}
 	r.probeFails++
@@ -160,34 +153,68 @@ func (r *Replica) probed(ok bool, rtt time.Duration, failThreshold int) bool {
 func (r *Replica) rttKnown() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.pred.rtt.n > 0
+	return r.rtt.n > 0
 }
 
 // Prediction is what the router expects a request to see on a replica.
 type Prediction struct {
 	TTFT, TPOT, E2E float64 // seconds
-	QueueWait       float64 // seconds of TTFT spent queued
-	PrefillWait     float64 // seconds of TTFT spent on prompts sent ahead of it
-	Load            float64 // requests in the engine besides this one
-	Uncached        int     // prompt tokens the replica must compute (not in its prefix cache)
+	// Wait is the seconds of TTFT before the request's own prefill starts: the step running
+	// and the prompts queued ahead.
+	Wait float64
+	// Ahead is the prompts queued ahead of it (this router's and, from the replica's
+	// metrics, others').
+	Ahead    int
+	Load     float64 // requests in the engine besides this one
+	Uncached int     // prompt tokens the replica must compute (not in its prefix cache)
 
-	prefillWork float64   // seconds of prefill this request adds to the replica's queue
-	prefillEnd  time.Time // when Begin expects its prefill to be done
+	seq *twinSeq // the request in the model, once Begin sent it
 }
 
-// Predict estimates TTFT = RTT + queue wait + prefill of the prompts queued ahead and of the
-// request's own uncached tokens, and time per output token from the batch the request would
-// join. The pick and the request's own accounting (Begin) both come here, with the same
-// inputs, so the prediction that chose a replica is the one its error is measured against.
-func (r *Replica) Predict(now time.Time, uncached, outTokens int, staleAfter time.Duration) Prediction {
+// Predict runs the replica's model (twin) forward with one more prompt of prompt tokens,
+// uncached of them to compute: TTFT is the round trip plus the time until its last prompt
+// chunk is computed, TPOT the decode step it would then share, stretched by the share of
+// time the replica spends on prefill. The pick and the request's own accounting (Begin)
+// both come here, with the same inputs, so the prediction that chose a replica is the one
+// its error is measured against.
+func (r *Replica) Predict(now time.Time, prompt, uncached, outTokens int, staleAfter time.Duration) Prediction {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.predictLocked(now, uncached, outTokens, staleAfter)
+	return r.predictLocked(now, shape{prompt: max(prompt, uncached, 1), cached: max(prompt-uncached, 0)}, outTokens, staleAfter)
 }
 
-func (r *Replica) predictLocked(now time.Time, uncached, outTokens int, staleAfter time.Duration) Prediction {
-	ahead := max(r.prefillUntil.Sub(now).Seconds(), 0)
-	return r.pred.predict(r.loadLocked(now, staleAfter), uncached, ahead, outTokens)
+func (r *Replica) predictLocked(now time.Time, p shape, outTokens int, staleAfter time.Duration) Prediction {
+	prompt := p.prompt
+	w := &r.twin
+	w.advance(now)
+	o := r.othersLocked(now, staleAfter)
+	res := w.dryRun(now, len(w.queue), p, o)
+	uncached := prompt - w.cachedAtAdmission(p)
+	ttft := r.rtt.v + max(res.end.Sub(now).Seconds(), 0)
+	tpot := w.tpot(now, res.decoding, res.ctx+float64(prompt))
+	ahead := o.waiting
+	for _, s := range w.queue {
+		if s.left > 0 {
+			ahead++
+		}
+	}
+	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, Wait: max(res.start.Sub(now).Seconds(), 0),
+		Ahead: ahead, Load: r.loadLocked(now, staleAfter), Uncached: uncached}
+}
+
+// othersLocked is the load other routers (or clients) put on the replica: what its last
+// fresh scrape counted beyond this router's own requests then.
+func (r *Replica) othersLocked(now time.Time, staleAfter time.Duration) others {
+	s := r.scrape
+	if s.at.IsZero() || now.Sub(s.at) > staleAfter {
+		return others{}
+	}
+	extra := int(math.Round(s.running+s.waiting)) - int(s.inflightAtScrape)
+	if extra <= 0 {
+		return others{}
+	}
+	waiting := min(max(int(math.Round(s.waiting))-s.queuedAtScrape, 0), extra)
+	return others{decoding: extra - waiting, waiting: waiting}
 }
 
 // claimResample reserves the replica for one re-sampling request if the router has sent it
@@ -223,21 +250,10 @@ func (r *Replica) MarginalCost() float64 {
 	return info.PricePerHour / 3600 / tps
 }
 
-// learn feeds a finished request's measurements to the predictor.
-func (r *Replica) learn(now time.Time, m measurement) {
+// setInfo replaces the replica's description, and the profile its model runs with.
+func (r *Replica) setInfo(info fleet.Replica, prof *engine.Profile) {
+	r.info.Store(&info)
 	r.mu.Lock()
-	r.pred.learn(now, m)
+	r.twin.setProfile(prof)
 	r.mu.Unlock()
-}
-
-// prefillDone says a request's prefill is over (its first token came, or it ended): the
-// work queued before it is done too, and what was queued after it starts now.
-func (r *Replica) prefillDone(pred Prediction, now time.Time) {
-	if pred.prefillEnd.IsZero() {
-		return
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	after := max(r.prefillUntil.Sub(pred.prefillEnd), 0)
-	r.prefillUntil = now.Add(after)
 }

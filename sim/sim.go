@@ -264,7 +264,7 @@ func (s *simulation) arrive(tr *traces.Request) {
 	s.res.Requests++
 	s.arrivals++
 	req := &request{id: uint64(s.next) + 1, tr: tr, heldAt: -1}
-	req.route = router.Request{PromptTokens: max(tr.InputTokens, 1), OutTokens: max(tr.OutputTokens, 1), Prefix: tr.PrefixBlocks, SLO: s.w.slo}
+	req.route = router.Request{PromptTokens: max(tr.InputTokens, 1), OutTokens: max(tr.OutputTokens, 1), Prefix: tr.PrefixBlocks, SLO: s.w.slo, Streamed: true}
 	s.dispatch(req)
 }
 
@@ -514,8 +514,9 @@ func (s *simulation) launch(o scaling.Offer) {
 	}
 	s.nextID++
 	r := &replica{id: strconv.Itoa(s.nextID), offer: o, launched: s.now, eng: eng, reqs: map[uint64]*request{}}
+	prof := eng.Profile()
 	r.view = router.NewDetachedReplica(fleet.Replica{ID: r.id, Model: "m", Address: "sim:" + r.id, Provider: o.Provider,
-		Region: o.Region, Zone: o.Zone, Capacity: o.Capacity, PricePerHour: o.PricePerHour})
+		Region: o.Region, Zone: o.Zone, Capacity: o.Capacity, PricePerHour: o.PricePerHour, Profile: prof.Name}, &prof)
 	s.byView[r.view] = r
 	s.live = append(s.live, r)
 	s.res.Launches++

@@ -8,12 +8,14 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/arbiter-serve/arbiter/engine"
 )
 
 var (
 	arbiterKeys = []string{
 		"model", "models", "routing_policy", "slo", "spot_policy", "reserved", "providers",
-		"scale_to_zero_after_seconds", "autoscaling", "readiness", "local", "sim",
+		"scale_to_zero_after_seconds", "autoscaling", "readiness", "local", "sim", "profile",
 	}
 	sloKeys         = []string{"ttft_seconds", "tpot_seconds", "e2e_seconds", "percentile"}
 	spotPolicyKeys  = []string{"max_price_ratio", "rebalance_min_saving"}
@@ -68,6 +70,7 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 	}
 	d.models(b, a)
 	b.enum("routing_policy", routingPolicies, &a.RoutingPolicy)
+	b.enum("profile", engine.ProfileNames(), &a.Profile)
 
 	if v := b.get("slo"); v != nil {
 		s := d.block("arbiter.slo", b.key("slo"), v, sloKeys)

@@ -250,6 +250,9 @@ func arbiterNode(a *Arbiter) *yaml.Node {
 		put(m, "models", strList(a.Models))
 	}
 	put(m, "routing_policy", str(a.RoutingPolicy))
+	if a.Profile != "" {
+		put(m, "profile", str(a.Profile))
+	}
 
 	slo := mapping()
 	put(slo, "ttft_seconds", num(a.SLO.TTFTSeconds))

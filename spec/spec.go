@@ -111,8 +111,11 @@ type Accelerator struct {
 // Arbiter holds Arbiter's own keys, kept under arbiter: so that a file stays a valid
 // SkyServe file and SkyServe's keys keep their meaning.
 type Arbiter struct {
-	Models                  []string // names clients send in "model"; empty means any
-	RoutingPolicy           string
+	Models        []string // names clients send in "model"; empty means any
+	RoutingPolicy string
+	// Profile is the replicas' performance profile (engine.ProfileNames) that routers
+	// predict latency with; empty: their default, corrected by traffic.
+	Profile                 string
 	SLO                     SLO
 	SpotPolicy              SpotPolicy
 	Reserved                []ReservedCapacity

@@ -226,7 +226,7 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 			return nil, nil, err
 		}
 		set = append(set, fleet.Replica{ID: fmt.Sprintf("r%d", i), Address: addr, Model: model, Capacity: fleet.OnDemand,
-			PricePerHour: rs.price, TokensPerSecond: math.Round(tps[rs.profile])})
+			PricePerHour: rs.price, TokensPerSecond: math.Round(tps[rs.profile]), Profile: rs.profile})
 	}
 	// The router counts a listed replica available before its first probe, so start it
 	// only once every replica answers /health (replicasim loads its vocabulary first).

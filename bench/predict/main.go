@@ -58,6 +58,7 @@ type options struct {
 	maxOutput   int
 	tokenizer   string
 	dump        string
+	describe    bool
 }
 
 func main() {
@@ -72,6 +73,7 @@ func main() {
 	flag.IntVar(&o.maxPrompt, "max-prompt", 16000, "prompts longer than this are cut (tokens)")
 	flag.IntVar(&o.maxOutput, "max-output", 400, "outputs longer than this are cut (tokens), to bound the run")
 	flag.StringVar(&o.tokenizer, "tokenizer", "approx", "the router's prompt token counter: approx (its default) or bpe (what replicasim counts with)")
+	flag.BoolVar(&o.describe, "describe-profiles", true, "tell the router each replica's profile, as the control plane does; false: it predicts from its default profile, calibrated by traffic")
 	flag.StringVar(&o.dump, "dump", "", "also write every request (level, replica, tokens, predicted and observed TTFT and TPOT) to this CSV file")
 	flag.Parse()
 	o.profiles = strings.Split(profiles, ",")
@@ -119,7 +121,11 @@ func run(o options) (err error) {
 		}
 		id := fmt.Sprintf("r%d-%s", i, name)
 		profileOf[id] = name
-		set = append(set, fleet.Replica{ID: id, Address: addr, Model: model, Capacity: fleet.OnDemand, PricePerHour: 4})
+		rep := fleet.Replica{ID: id, Address: addr, Model: model, Capacity: fleet.OnDemand, PricePerHour: 4}
+		if o.describe {
+			rep.Profile = name
+		}
+		set = append(set, rep)
 		fmt.Fprintf(os.Stderr, "replica %s at %s: %.2f req/s of this trace at capacity\n", id, addr, c)
 	}
 	url, err := startRouter(ctx, set, o.sloTTFT, o.tokenizer)
@@ -128,12 +134,12 @@ func run(o options) (err error) {
 	}
 	fmt.Printf("trace %s, replicas %s, TTFT SLO %v, router tokenizer %s, pool capacity %.2f req/s (virtual-time engine replay)\n\n",
 		o.trace, strings.Join(o.profiles, " + "), o.sloTTFT, o.tokenizer, capacity)
-	fmt.Println("| load (of capacity) | replica profile | requests | observed TTFT p50 / p90 | predicted TTFT p50 / p90 | TTFT MAPE | TTFT APE p90 | TPOT MAPE | SLO verdicts right |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| load (of capacity) | replica profile | requests | observed TTFT p50 / p90 | predicted TTFT p50 / p90 | TTFT MAPE | TTFT APE p90 | TPOT MAPE | SLO verdicts right | before the router sent it p50 / p90 |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	var dump *csv.Writer
 	if o.dump != "" {
 		var done func() error
-		dump, done, err = workload.CreateCSV(o.dump, "level", "start_s", "replica", "prompt_tokens", "output_tokens", "pred_ttft_s", "ttft_s", "pred_tpot_s", "tpot_s")
+		dump, done, err = workload.CreateCSV(o.dump, "level", "start_s", "replica", "prompt_tokens", "output_tokens", "pred_ttft_s", "ttft_s", "pred_tpot_s", "tpot_s", "client_ttft_s")
 		if err != nil {
 			return err
 		}
@@ -148,8 +154,8 @@ func run(o options) (err error) {
 		var samples []sample
 		failed := 0
 		for _, res := range workload.Replay(client, url, model, batch, rate, o.maxDuration) {
-			if res.Err == nil && res.Replica == "" {
-				res.Err = fmt.Errorf("no routing header")
+			if res.Err == nil && (res.Replica == "" || res.SentTTFT == 0) {
+				res.Err = fmt.Errorf("no routing headers")
 			}
 			if res.Err != nil {
 				failed++
@@ -163,7 +169,7 @@ func run(o options) (err error) {
 			for _, s := range samples {
 				f := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
 				_ = dump.Write([]string{f(level), f(s.Start.Sub(samples[0].Start).Seconds()), s.Replica, strconv.Itoa(s.Prompt), strconv.Itoa(s.Output),
-					f(s.PredTTFT), f(s.TTFT), f(s.PredTPOT), f(s.TPOT)})
+					f(s.PredTTFT), f(s.SentTTFT), f(s.PredTPOT), f(s.TPOT), f(s.TTFT)})
 			}
 		}
 		byProfile := map[string][]sample{}
@@ -176,12 +182,13 @@ func run(o options) (err error) {
 			if name == "all" {
 				ss = samples
 			}
-			fmt.Printf("| %.2f (%.2f req/s) | %s | %d%s | %s | %s | %s | %s | %s | %s |\n", level, rate, name, len(ss), failedNote(name, failed),
-				pair(ss, func(s sample) float64 { return s.TTFT }), pair(ss, func(s sample) float64 { return s.PredTTFT }),
-				workload.Pct(mape(ss, func(s sample) (float64, float64) { return s.PredTTFT, s.TTFT })),
-				workload.Pct(apeQuantile(ss, 0.9, func(s sample) (float64, float64) { return s.PredTTFT, s.TTFT })),
+			fmt.Printf("| %.2f (%.2f req/s) | %s | %d%s | %s | %s | %s | %s | %s | %s | %s |\n", level, rate, name, len(ss), failedNote(name, failed),
+				pair(ss, func(s sample) float64 { return s.SentTTFT }), pair(ss, func(s sample) float64 { return s.PredTTFT }),
+				workload.Pct(mape(ss, func(s sample) (float64, float64) { return s.PredTTFT, s.SentTTFT })),
+				workload.Pct(apeQuantile(ss, 0.9, func(s sample) (float64, float64) { return s.PredTTFT, s.SentTTFT })),
 				workload.Pct(mape(ss, func(s sample) (float64, float64) { return s.PredTPOT, s.TPOT })),
-				workload.Pct(verdicts(ss, o.sloTTFT.Seconds())))
+				workload.Pct(verdicts(ss, o.sloTTFT.Seconds())),
+				pair(ss, func(s sample) float64 { return s.TTFT - s.SentTTFT }))
 		}
 		// Let the replicas drain before the next level.
 		time.Sleep(2 * time.Second)
@@ -286,7 +293,7 @@ func verdicts(ss []sample, slo float64) float64 {
 	}
 	right := 0
 	for _, s := range ss {
-		if (s.PredTTFT <= slo) == (s.TTFT <= slo) {
+		if (s.PredTTFT <= slo) == (s.SentTTFT <= slo) {
 			right++
 		}
 	}

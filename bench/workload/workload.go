@@ -88,8 +88,11 @@ type Result struct {
 	Replica            string
 	PredTTFT, PredTPOT float64 // seconds
 	TTFT, TPOT         float64 // seconds
-	Prompt, Output     int     // tokens, from the usage chunk
-	Err                error
+	// SentTTFT is the TTFT from when the router sent the request (its routing header
+	// X-Arbiter-Sent-Unix-Nano, same host), what its prediction is of; 0 without it.
+	SentTTFT       float64
+	Prompt, Output int // tokens, from the usage chunk
+	Err            error
 }
 
 // Replay sends the requests open-loop to url (an OpenAI base such as http://host:port): the
@@ -193,6 +196,7 @@ func Stream(client *http.Client, url, model string, r traces.Request) Result {
 	res.PredTTFT, _ = strconv.ParseFloat(resp.Header.Get("X-Arbiter-Predicted-Ttft-Ms"), 64)
 	res.PredTPOT, _ = strconv.ParseFloat(resp.Header.Get("X-Arbiter-Predicted-Tpot-Ms"), 64)
 	res.PredTTFT, res.PredTPOT = res.PredTTFT/1000, res.PredTPOT/1000
+	sentNano, _ := strconv.ParseInt(resp.Header.Get("X-Arbiter-Sent-Unix-Nano"), 10, 64)
 	var first time.Time
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -230,6 +234,9 @@ func Stream(client *http.Client, url, model string, r traces.Request) Result {
 		return fail(fmt.Errorf("no first token or no usage"))
 	}
 	res.TTFT = first.Sub(res.Start).Seconds()
+	if sentNano > 0 {
+		res.SentTTFT = first.Sub(time.Unix(0, sentNano)).Seconds()
+	}
 	if res.Output > 1 {
 		res.TPOT = res.End.Sub(first).Seconds() / float64(res.Output-1)
 	}

@@ -1,0 +1,565 @@
+package router
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/engine"
+)
+
+// DefaultProfile is the profile a replica that names none is predicted with: an 8B model on
+// an H100, the most common serving shape; calibration corrects it for others.
+const DefaultProfile = "h100-llama-3.1-8b"
+
+// LoadProfile returns a built-in engine profile by name; unlike engine.LoadProfile it reads
+// no file, since a replica's description comes over the network.
+func LoadProfile(name string) (*engine.Profile, error) {
+	if strings.HasSuffix(name, ".json") {
+		return nil, fmt.Errorf("profile %q: a router takes built-in profiles only: %s", name, strings.Join(engine.ProfileNames(), ", "))
+	}
+	return engine.LoadProfile(name)
+}
+
+// twin is the router's model of one replica's engine, run forward in time with the replica's
+// GPU profile (engine.Profile: step times measured on real GPUs) the way vLLM's scheduler
+// runs it: each step decodes one token for every generating sequence and prefills chunks of
+// the waiting prompts, first come first served, within the step's token budget
+// (vllm/v1/core/sched/scheduler.py). It holds what this router sent the replica: the prompts
+// not yet prefilled, in order, and the sequences generating.
+//
+// A prediction runs the model forward from now with one more prompt at the end of the queue,
+// without changing it, until that prompt's last chunk is computed. What the router observes
+// keeps the model on time:
+//   - a streamed request's first token says its prefill, and every prompt's ahead of it,
+//     ended then. Until it comes, the model does not run past the end of that prefill (a
+//     model that runs ahead would start the next prompts early), and when it comes early,
+//     the model catches up at once;
+//   - the time between two first tokens, against the steps the model ran in between, and
+//     each stream's time per token, against the steps it decoded in, calibrate two scales
+//     (prefill, decode) on the profile's step times, so a replica whose GPU, model or engine
+//     differs from its profile is predicted right after a few requests.
+//
+// Time in the model is the replica's clock shifted back by half a round trip: a request
+// joins the queue when it is sent, and an event the router sees at t happened at t − RTT.
+// Not safe for concurrent use: the replica's mutex guards it.
+type twin struct {
+	prof           *engine.Profile
+	prefill, decop calib
+
+	clock  time.Time // steps that ended before it are applied
+	inStep bool      // a step is running from clock to stepEnd
+	step   stepCost  // its cost (unscaled, applied when it ends)
+	stepAt time.Time // its end
+
+	queue []*twinSeq // prompts still prefilling, in arrival order
+	nDec  int        // sequences generating
+	// Σ context of the generating sequences = ctx0 + nDec·steps, each sequence's context
+	// growing by one token a decode step.
+	ctx0  float64
+	steps float64 // decode steps run
+	// cum is the unscaled step time run, by part; the calibrations compare its growth with
+	// the real time that passed.
+	cum stepCost
+
+	// syncAt is the last moment the model and the replica were known to agree (a first token,
+	// or the start of a busy period); cumAtSync is cum then.
+	syncAt    time.Time
+	cumAtSync stepCost
+
+	// prefillShare is the share of recent decoding time spent on other prompts' prefill
+	// chunks, which the generating sequences' steps carry: a new stream's tokens will wait
+	// behind the prompts that arrive while it generates.
+	prefillShare float64
+	// promptTokens is the typical prompt computed, to price prompts other routers queued.
+	promptTokens ewma
+}
+
+// stepCost is a step's time by part, in the profile's milliseconds.
+type stepCost struct{ prefill, decode float64 }
+
+// twinSeq is one request in the model.
+type twinSeq struct {
+	prompt int // prompt tokens
+	done   int // prompt tokens in the KV cache (cached on arrival, then computed)
+	left   int // prompt tokens still to compute
+	chunk  int // tokens computed in the step running now
+	// prefix is the prompt's chained block hashes (Request.Prefix), blockTokens the tokens
+	// one block stands for: a later prompt sharing them finds them cached only once this
+	// one has computed them.
+	prefix      []uint64
+	blockTokens float64
+	// gated: the router will see this request's first token (a stream), so the model
+	// waits for it rather than run past its prefill.
+	gated    bool
+	decoding bool
+	gone     bool
+	// At the start of its decoding: the decode steps run and cum then.
+	steps0 float64
+	cum0   stepCost
+}
+
+const (
+	// calibAlpha is a calibration observation's weight under steady traffic: a few dozen
+	// requests average out one request's noise.
+	calibAlpha = 0.2
+	// calibForget is how fast a calibration decays to the profile while the replica gets
+	// no traffic: a replica once measured slow is predicted from its profile again within
+	// minutes, and gets traffic again that measures it anew.
+	calibForget = 2 * time.Minute
+	// shareWindow is the time constant of prefillShare.
+	shareWindow = 20 * time.Second
+	// maxDryRunSteps bounds one prediction's work; a queue longer than this many full steps
+	// is priced from its tokens.
+	maxDryRunSteps = 4096
+)
+
+// calib is a multiplicative correction to the profile, kept as a logarithm so errors either
+// way weigh the same.
+type calib struct {
+	log float64
+	at  time.Time // last observation
+	n   int
+}
+
+func (c *calib) factor(now time.Time) float64 {
+	if c.n == 0 {
+		return 1
+	}
+	return math.Exp(c.log * forgetting(now.Sub(c.at)))
+}
+
+func forgetting(d time.Duration) float64 {
+	if d <= 0 {
+		return 1
+	}
+	return math.Exp(-float64(d) / float64(calibForget))
+}
+
+// observe moves the correction toward ratio (what happened ÷ what the profile says). The
+// first observations are averaged (the first one replaces the profile's word outright:
+// it is the one measurement there is); after a silence an observation weighs more, up to
+// replacing what is left of the old ones (see memory).
+func (c *calib) observe(now time.Time, ratio float64) {
+	if math.IsNaN(ratio) || math.IsInf(ratio, 0) || ratio <= 0 {
+		return
+	}
+	x := math.Log(min(max(ratio, 1/maxCalib), maxCalib))
+	w := max(calibAlpha, 1/float64(c.n+1))
+	cur := 0.0
+	if c.n > 0 {
+		cur = c.log * forgetting(now.Sub(c.at))
+		w = max(w, -math.Expm1(-float64(now.Sub(c.at))/float64(memory)))
+	}
+	c.log = cur + w*(x-cur)
+	c.at = now
+	c.n++
+}
+
+// maxCalib bounds a calibration either way: a 70B model on a small GPU runs some 30 times
+// slower than the default profile, and a replica further off is better judged broken.
+const maxCalib = 64
+
+// memory is how long what a replica's requests taught the model stays worth more than a new
+// request's lesson: an observation after a silence of d weighs 1 − e^(−d/memory) against
+// everything before it (at least calibAlpha). A replica that was seen slow and then left
+// alone is judged by its next answer, not by its old ones.
+const memory = 10 * time.Second
+
+func newTwin(p *engine.Profile) twin {
+	return twin{prof: p, promptTokens: ewma{v: 1000, alpha: 0.05}}
+}
+
+// setProfile changes the profile a model runs with (the replica's description changed).
+func (w *twin) setProfile(p *engine.Profile) {
+	if p != w.prof {
+		w.prof = p
+		w.prefill, w.decop = calib{}, calib{}
+	}
+}
+
+func (w *twin) scaled(c stepCost, now time.Time) time.Duration {
+	ms := c.prefill*w.prefill.factor(now) + c.decode*w.decop.factor(now)
+	return time.Duration(ms * float64(time.Millisecond))
+}
+
+// ctx is the context the generating sequences read in a decode step.
+func (w *twin) ctx() float64 { return w.ctx0 + float64(w.nDec)*w.steps }
+
+// stalled reports whether the model waits for a first token: the prompt at the head of the
+// queue is computed in the model but not yet seen done.
+func (w *twin) stalled() bool { return len(w.queue) > 0 && w.queue[0].left == 0 }
+
+func (w *twin) idle() bool { return len(w.queue) == 0 && w.nDec == 0 }
+
+// advance applies every step that ends by now.
+func (w *twin) advance(now time.Time) {
+	for range maxDryRunSteps {
+		if !w.inStep && !w.compose(now) {
+			return
+		}
+		if w.stepAt.After(now) {
+			return
+		}
+		w.apply(now)
+	}
+}
+
+// compose starts the next step at the model's clock; it reports false when there is none
+// to run (idle, or waiting for a first token), and then the clock moves to now.
+func (w *twin) compose(now time.Time) bool {
+	if w.idle() || w.stalled() {
+		if now.After(w.clock) {
+			w.clock = now
+		}
+		return false
+	}
+	if len(w.queue) == 0 {
+		// Decoding only: the steps until now are alike, so run them at once.
+		c := w.decodeOnly()
+		if d := w.scaled(c, now); d > 0 {
+			if k := math.Floor(float64(now.Sub(w.clock)) / float64(d)); k > 1 {
+				k--
+				w.cum.decode += k * c.decode
+				w.steps += k
+				w.shareOver(time.Duration(k*float64(d)), 0)
+				w.clock = w.clock.Add(time.Duration(k * float64(d)))
+			}
+		}
+	}
+	budget := w.budget(w.nDec)
+	var sh engine.StepShape
+	for _, s := range w.queue {
+		if budget <= 0 {
+			break
+		}
+		if s.left == 0 {
+			continue
+		}
+		s.chunk = min(s.left, budget)
+		budget -= s.chunk
+		addChunk(&sh, s.chunk, s.done)
+	}
+	sh.DecodeBatch, sh.DecodeCtx = w.nDec, w.ctx()
+	pf, df := w.prof.StepMs(sh)
+	w.step = stepCost{pf, df}
+	w.inStep = true
+	w.stepAt = w.clock.Add(max(w.scaled(w.step, now), time.Microsecond))
+	return true
+}
+
+// shareOver moves prefillShare toward share, observed over d of decoding.
+func (w *twin) shareOver(d time.Duration, share float64) {
+	a := -math.Expm1(-float64(d) / float64(shareWindow))
+	w.prefillShare += a * (share - w.prefillShare)
+}
+
+func (w *twin) decodeOnly() stepCost {
+	_, df := w.prof.StepMs(engine.StepShape{DecodeBatch: w.nDec, DecodeCtx: w.ctx()})
+	return stepCost{decode: df}
+}
+
+// budget is a step's prompt tokens after one token for each of dec decoding sequences.
+func (w *twin) budget(dec int) int {
+	return w.prof.MaxBatchedTokens - min(dec, w.prof.MaxBatch)
+}
+
+func addChunk(sh *engine.StepShape, n, done int) {
+	N, P := float64(n), float64(done)
+	sh.Tokens += N
+	sh.SumN2 += N * N
+	sh.SumNP += N * P
+	sh.SumP += P
+	if done > 0 {
+		sh.CachedSeqs++
+	}
+}
+
+// apply ends the running step: its chunks are computed, and prompts it finished start
+// decoding (a streamed one only once its first token is seen).
+func (w *twin) apply(now time.Time) {
+	for _, s := range w.queue {
+		if s.chunk > 0 {
+			s.left -= s.chunk
+			s.done += s.chunk
+			s.chunk = 0
+		}
+	}
+	if w.nDec > 0 {
+		w.steps++
+	}
+	w.cum.prefill += w.step.prefill
+	w.cum.decode += w.step.decode
+	if p, d := w.step.prefill*w.prefill.factor(now), w.step.decode*w.decop.factor(now); d > 0 {
+		w.shareOver(w.stepAt.Sub(w.clock), p/(p+d))
+	}
+	w.clock, w.inStep = w.stepAt, false
+	w.queue = slices.DeleteFunc(w.queue, func(s *twinSeq) bool {
+		if s.left == 0 && !s.gated {
+			w.startDecoding(s)
+			return true
+		}
+		return false
+	})
+}
+
+func (w *twin) startDecoding(s *twinSeq) {
+	s.decoding = true
+	s.steps0, s.cum0 = w.steps, w.cum
+	w.nDec++
+	w.ctx0 += float64(s.prompt) - w.steps
+}
+
+// shape is a prompt as the model sees it.
+type shape struct {
+	prompt, cached int
+	prefix         []uint64
+	blockTokens    float64
+}
+
+// cachedAtAdmission is how much of a prompt's cached prefix the replica will have computed
+// when it takes the prompt: a prefix that a prompt still queued ahead is computing is not in
+// the cache yet. The engine admits a prompt in the step that computes the last chunk of the
+// one ahead, so it finds all of that one's prompt computed but its last chunk (vLLM
+// publishes blocks as they are computed: kv_cache_manager.cache_blocks).
+func (w *twin) cachedAtAdmission(p shape) int {
+	cached := min(p.cached, p.prompt-1)
+	if cached <= 0 || len(p.prefix) == 0 {
+		return max(cached, 0)
+	}
+	for _, e := range w.queue {
+		if e.left == 0 || len(e.prefix) == 0 || e.prefix[0] != p.prefix[0] {
+			continue
+		}
+		shared := sort.Search(min(len(e.prefix), len(p.prefix)), func(i int) bool { return e.prefix[i] != p.prefix[i] })
+		if shared == 0 {
+			continue
+		}
+		sharedTokens := cached // blocks of unknown size: assume they cover the match
+		if p.blockTokens > 0 {
+			sharedTokens = int(float64(shared) * p.blockTokens)
+		}
+		avail := max(e.done, e.prompt-w.prof.MaxBatchedTokens)
+		cached = min(cached, max(avail, cached-sharedTokens))
+	}
+	return max(cached, 0)
+}
+
+// add queues a prompt sent at now.
+func (w *twin) add(now time.Time, p shape, gated bool) *twinSeq {
+	w.advance(now)
+	if len(w.queue) == 0 {
+		// No prefill pending: the model and the replica agree on what is ahead of this
+		// prompt (decode steps at most), so the prefill calibration starts afresh here, at
+		// the step it waits for.
+		if w.idle() {
+			w.clock = now
+		}
+		w.syncAt, w.cumAtSync = w.clock, w.cum
+	}
+	cached := w.cachedAtAdmission(p)
+	s := &twinSeq{prompt: p.prompt, done: cached, left: p.prompt - cached, prefix: p.prefix, blockTokens: p.blockTokens, gated: gated}
+	w.promptTokens.observe(float64(s.left))
+	w.queue = append(w.queue, s)
+	w.advance(now)
+	return s
+}
+
+// remove drops a request that ended (answered, failed or cancelled).
+func (w *twin) remove(s *twinSeq, now time.Time) {
+	if s == nil || s.gone {
+		return
+	}
+	w.advance(now)
+	s.gone = true
+	if s.decoding {
+		w.nDec--
+		w.ctx0 -= float64(s.prompt) - s.steps0
+		if w.nDec == 0 {
+			w.ctx0 = 0
+		}
+		return
+	}
+	if i := slices.Index(w.queue, s); i >= 0 {
+		w.queue = slices.Delete(w.queue, i, i+1)
+	}
+}
+
+// prefilled says s's prefill ended at now (its first token came, or its whole answer): so
+// did every prompt's ahead of it. calibrate says now is exact (a streamed first token),
+// so the time since the last such moment calibrates the prefill scale.
+func (w *twin) prefilled(s *twinSeq, now time.Time, calibrate bool) {
+	if s == nil || s.gone || s.decoding {
+		return
+	}
+	w.advance(now)
+	i := slices.Index(w.queue, s)
+	if i < 0 {
+		return
+	}
+	early := s.left > 0 // the replica is ahead of the model
+	if calibrate && now.After(w.syncAt) {
+		ran := stepCost{w.cum.prefill - w.cumAtSync.prefill, w.cum.decode - w.cumAtSync.decode}
+		if early {
+			rest := w.dryRun(now, i, shape{}, others{})
+			ran.prefill += rest.cost.prefill
+			ran.decode += rest.cost.decode
+		}
+		// What the prefill part took, once the decode part (at its own scale) is set aside.
+		real := float64(now.Sub(w.syncAt)) / float64(time.Millisecond)
+		if ran.prefill > 0.3*(ran.prefill+ran.decode) {
+			w.prefill.observe(now, (real-ran.decode*w.decop.factor(now))/ran.prefill)
+		}
+	}
+	for _, q := range w.queue[:i+1] {
+		q.left, q.chunk = 0, 0
+		w.startDecoding(q)
+	}
+	w.queue = slices.Delete(w.queue, 0, i+1)
+	if early || w.clock.Before(now) {
+		// The step the model was running no longer exists as composed: the engine's next
+		// step starts now.
+		w.inStep, w.clock = false, now
+	}
+	if calibrate {
+		w.syncAt, w.cumAtSync = now, w.cum
+	}
+	w.advance(now)
+}
+
+// decoded calibrates the decode scale from a stream's time per token (tpot, seconds) over
+// the steps it generated in.
+func (w *twin) decoded(s *twinSeq, tpot float64, now time.Time) {
+	if s == nil || !s.decoding || s.gone {
+		return
+	}
+	w.advance(now)
+	n := w.steps - s.steps0
+	dp, dd := w.cum.prefill-s.cum0.prefill, w.cum.decode-s.cum0.decode
+	if n < 2 || dd <= 0 {
+		return
+	}
+	ms := tpot * 1000 * n
+	w.decop.observe(now, (ms-dp*w.prefill.factor(now))/dd)
+}
+
+// others is the load other routers put on the replica, known from its scraped metrics.
+type others struct {
+	decoding int
+	waiting  int // prompts queued
+}
+
+// dryRunResult is when a prompt's prefill would start and end (model time), and the
+// unscaled step time run until then.
+type dryRunResult struct {
+	start, end time.Time
+	cost       stepCost
+	decoding   int // sequences generating when it ends
+	ctx        float64
+}
+
+// dryRun runs the model forward from now, changing nothing, until the prompt at queue
+// index target is prefilled; target len(queue) is a new prompt p. o's waiting prompts go
+// first.
+func (w *twin) dryRun(now time.Time, target int, p shape, o others) dryRunResult {
+	prompt, cached := p.prompt, 0
+	if target == len(w.queue) {
+		cached = w.cachedAtAdmission(p)
+	}
+	var res dryRunResult
+	t := w.clock
+	dec, ctx := w.nDec+o.decoding, w.ctx()
+	type cursor struct{ i, left, done, prompt int }
+	extra := o.waiting * int(w.promptTokens.v)
+	if w.inStep {
+		t = w.stepAt
+		res.cost = w.step
+		if w.nDec > 0 {
+			ctx += float64(w.nDec)
+		}
+	} else if now.After(t) {
+		t = now // idle or waiting for a first token that is due
+	}
+	at := func(i int) (left, done, p int) {
+		switch {
+		case i == -1:
+			return extra, 0, 0
+		case i < len(w.queue):
+			// What the running step leaves of it.
+			s := w.queue[i]
+			return s.left - s.chunk, s.done + s.chunk, s.prompt
+		default:
+			return prompt - cached, cached, prompt
+		}
+	}
+	c := cursor{i: -1}
+	c.left, c.done, c.prompt = at(-1)
+	for range maxDryRunSteps + 1 {
+		// Skip what is already computed: those prompts decode.
+		for c.left <= 0 && c.i < target {
+			if c.i >= 0 {
+				dec++
+				ctx += float64(c.prompt)
+			}
+			c.i++
+			c.left, c.done, c.prompt = at(c.i)
+		}
+		if c.left <= 0 { // the target was prefilled by the running step
+			break
+		}
+		budget := w.budget(dec)
+		var sh engine.StepShape
+		joined := 0
+		for budget > 0 {
+			n := min(c.left, budget)
+			addChunk(&sh, n, c.done)
+			if c.i == target && res.start.IsZero() {
+				res.start = t
+			}
+			budget -= n
+			c.left -= n
+			c.done += n
+			if c.left > 0 || c.i == target {
+				break
+			}
+			if c.i >= 0 {
+				joined++
+				ctx += float64(c.prompt)
+			}
+			c.i++
+			c.left, c.done, c.prompt = at(c.i)
+		}
+		sh.DecodeBatch, sh.DecodeCtx = dec, ctx
+		pf, df := w.prof.StepMs(sh)
+		res.cost.prefill += pf
+		res.cost.decode += df
+		t = t.Add(w.scaled(stepCost{pf, df}, now))
+		if dec > 0 {
+			ctx += float64(dec)
+		}
+		dec += joined
+		if c.i == target && c.left <= 0 {
+			break
+		}
+	}
+	if c.left > 0 { // beyond maxDryRunSteps: price the rest by its tokens
+		per, _ := w.prof.StepMs(engine.StepShape{Tokens: float64(w.prof.MaxBatchedTokens)})
+		t = t.Add(w.scaled(stepCost{prefill: per * float64(c.left) / float64(w.prof.MaxBatchedTokens)}, now))
+	}
+	if res.start.IsZero() {
+		res.start = t
+	}
+	res.end, res.decoding, res.ctx = t, dec, ctx
+	return res
+}
+
+// tpot is the time per output token of a sequence that starts decoding with dec others
+// reading ctx tokens: a decode step, stretched by the share of time prefill takes.
+func (w *twin) tpot(now time.Time, dec int, ctx float64) float64 {
+	_, df := w.prof.StepMs(engine.StepShape{DecodeBatch: dec + 1, DecodeCtx: ctx})
+	step := df * w.decop.factor(now) / 1000
+	return step / (1 - min(w.prefillShare, 0.9))
+}
