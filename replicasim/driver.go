@@ -69,6 +69,13 @@ func (d *driver) progress(p *pending) (produced int, done bool) {
 	return p.produced, p.done
 }
 
+// cachedTokens is the prompt tokens the prefix cache served p (known once scheduled).
+func (d *driver) cachedTokens(p *pending) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return p.cached
+}
+
 func (d *driver) stats() engine.Stats {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -167,6 +167,11 @@ func (g *generation) appendUsage(b []byte) []byte {
 	b = strconv.AppendInt(b, int64(g.prompt+g.completion()), 10)
 	b = append(b, `,"completion_tokens":`...)
 	b = strconv.AppendInt(b, int64(g.completion()), 10)
+	if g.srv.cfg.PromptTokensDetails && len(g.seqs) > 0 {
+		b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+		b = strconv.AppendInt(b, int64(g.srv.drv.cachedTokens(g.seqs[0].p)), 10)
+		b = append(b, '}')
+	}
 	return append(b, '}')
 }
 

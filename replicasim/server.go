@@ -50,6 +50,10 @@ type Config struct {
 	Tokenizer tokens.Counter
 	// MaxBodyBytes bounds request bodies (default 32 MiB).
 	MaxBodyBytes int
+	// PromptTokensDetails adds prompt_tokens_details.cached_tokens (the prompt tokens its
+	// prefix cache served) to usage, as vLLM's --enable-prompt-tokens-details does
+	// (vllm/entrypoints/openai/serving_completion.py and serving_chat.py, 0.11).
+	PromptTokensDetails bool
 	// EmbeddingDim is the length of embedding vectors (default 384).
 	EmbeddingDim int
 	Logger       *slog.Logger

@@ -52,6 +52,7 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		hdr.Set("X-Arbiter-Replica", r.Info().ID)
 		hdr.Set("X-Arbiter-Predicted-Ttft-Ms", strconv.FormatFloat(pred.TTFT*1000, 'f', 3, 64))
 		hdr.Set("X-Arbiter-Predicted-Tpot-Ms", strconv.FormatFloat(pred.TPOT*1000, 'f', 3, 64))
+		hdr.Set("X-Arbiter-Predicted-Uncached", strconv.Itoa(pred.Uncached))
 		// When the prediction's clock starts: a client on the same host can then tell the
 		// replica's TTFT from the time its request spent before the router sent it.
 		hdr.Set("X-Arbiter-Sent-Unix-Nano", strconv.FormatInt(sentAt.UnixNano(), 10))

@@ -71,7 +71,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.replicaInfo = &replicaCollector{
 		inflight: prometheus.NewDesc("arbiter_router_in_flight_requests", "Requests this router has open on a replica.", []string{"replica"}, nil),
 		load:     prometheus.NewDesc("arbiter_router_predicted_load", "Predicted requests in the replica's engine (running + waiting).", []string{"replica"}, nil),
-		avail:    prometheus.NewDesc("arbiter_router_replica_available", "1 if the replica takes new requests (ready, not ejected, not draining).", []string{"replica", "provider", "region", "capacity"}, nil),
+		calib: prometheus.NewDesc("arbiter_router_replica_step_scale", "What the router's model of the replica multiplies its profile's step times by, learned from the replica's answers (1: as profiled), by part: prefill or decode.",
+			[]string{"replica", "profile", "part"}, nil),
+		avail: prometheus.NewDesc("arbiter_router_replica_available", "1 if the replica takes new requests (ready, not ejected, not draining).", []string{"replica", "provider", "region", "capacity"}, nil),
 	}
 	reg.MustRegister(m.replicaInfo)
 	return m
@@ -86,15 +88,16 @@ func (m *Metrics) setReplicas(rs []*Replica) {
 // replicaCollector reports per-replica gauges for the current set at scrape time, so a
 // removed replica's series disappear with it.
 type replicaCollector struct {
-	inflight, load, avail *prometheus.Desc
-	mu                    sync.Mutex
-	replicas              []*Replica
+	inflight, load, avail, calib *prometheus.Desc
+	mu                           sync.Mutex
+	replicas                     []*Replica
 }
 
 func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.inflight
 	ch <- c.load
 	ch <- c.avail
+	ch <- c.calib
 }
 
 func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
@@ -111,6 +114,9 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 			a = 1
 		}
 		ch <- prometheus.MustNewConstMetric(c.avail, prometheus.GaugeValue, a, info.ID, info.Provider, info.Region, string(info.Capacity))
+		prof, prefill, decode := r.StepScales(now)
+		ch <- prometheus.MustNewConstMetric(c.calib, prometheus.GaugeValue, prefill, info.ID, prof, "prefill")
+		ch <- prometheus.MustNewConstMetric(c.calib, prometheus.GaugeValue, decode, info.ID, prof, "decode")
 	}
 }
 

@@ -393,13 +393,15 @@ func TestPredictionCountsPrefillAhead(t *testing.T) {
 	r := testReplica("r", fleet.OnDemand, 4)
 	r.rtt.observe(0)
 	prof := defaultProfile()
+	prep := func(n int) float64 { return (time.Duration(n) * prepPerToken).Seconds() }
 	alone := prof.PrefillMs(1000, 0) / 1000
 	idle := r.Predict(now, 1000, 1000, 10, time.Second)
-	if math.Abs(idle.TTFT-alone) > 1e-6 || idle.Wait != 0 || idle.Ahead != 0 {
-		t.Fatalf("idle replica: %+v, want TTFT = the profile's prefill of 1,000 tokens (%.4fs)", idle, alone)
+	if math.Abs(idle.TTFT-prep(1000)-alone) > 1e-6 || math.Abs(idle.Wait-prep(1000)) > 1e-6 || idle.Ahead != 0 {
+		t.Fatalf("idle replica: %+v, want TTFT = the server's preparation and the profile's prefill of 1,000 tokens (%.4fs)", idle, alone)
 	}
 	big := &Request{Model: "m", PromptTokens: 30000, OutTokens: 10, Now: now, Streamed: true}
 	pred := r.Begin(big, time.Second)
+	bigIn := now.Add(time.Duration(prep(30000) * float64(time.Second))) // when the engine has it
 	// 30,000 tokens in chunks of 8,192: four steps, the last of 5,424 tokens.
 	var work float64
 	for done := 0; done < 30000; done += 8192 {
@@ -407,17 +409,23 @@ func TestPredictionCountsPrefillAhead(t *testing.T) {
 		pf, _ := prof.StepMs(engine.StepShape{Tokens: float64(n), SumN2: float64(n * n), SumNP: float64(n * done), SumP: float64(done), CachedSeqs: min(done, 1)})
 		work += pf / 1000
 	}
-	if math.Abs(pred.TTFT-work) > 1e-6 {
+	if math.Abs(pred.TTFT-prep(30000)-work) > 1e-6 {
 		t.Fatalf("Begin on an idle replica predicted %.4fs for 30,000 tokens, want the profile's four chunks, %.4fs", pred.TTFT, work)
 	}
-	// A new prompt shares the last step with the big one's last chunk.
-	busy := r.Predict(now, 1000, 1000, 10, time.Second)
-	if busy.Ahead != 1 || busy.Wait < work*0.6 || busy.TTFT <= work || busy.TTFT > work+alone {
-		t.Fatalf("with 30k tokens ahead (%.3fs of prefill): %+v", work, busy)
+	// A short prompt sent at once reaches the engine first and goes ahead.
+	if got := r.Predict(now, 1000, 1000, 10, time.Second); got.Ahead != 0 || math.Abs(got.TTFT-idle.TTFT) > 1e-6 {
+		t.Fatalf("a short prompt sent with a long one: %+v, want it ahead of the long one (%.4fs)", got, idle.TTFT)
 	}
-	half := now.Add(time.Duration(work / 2 * float64(time.Second)))
-	if got := r.Predict(half, 1000, 1000, 10, time.Second); math.Abs(got.TTFT-(busy.TTFT-work/2)) > 1e-3 {
-		t.Fatalf("halfway through its prefill, TTFT %.4fs, want %.4f", got.TTFT, busy.TTFT-work/2)
+	// Once the long one is in, a new prompt waits for it, and shares its last step.
+	at := bigIn.Add(10 * time.Millisecond)
+	lo := bigIn.Add(time.Duration(work * float64(time.Second))).Sub(at).Seconds()
+	busy := r.Predict(at, 1000, 1000, 10, time.Second)
+	if busy.Ahead != 1 || busy.TTFT <= lo || busy.TTFT > lo+alone {
+		t.Fatalf("with 30k tokens ahead (%.3fs of prefill left): %+v", lo, busy)
+	}
+	half := bigIn.Add(time.Duration(work / 2 * float64(time.Second)))
+	if got := r.Predict(half, 1000, 1000, 10, time.Second); math.Abs(got.TTFT-(busy.TTFT-half.Sub(at).Seconds())) > 1e-3 {
+		t.Fatalf("halfway through its prefill, TTFT %.4fs, want %.4f", got.TTFT, busy.TTFT-half.Sub(at).Seconds())
 	}
 	r.FirstToken(pred, half) // the replica was faster than its profile
 	after := r.Predict(half, 1000, 1000, 10, time.Second)
@@ -445,9 +453,10 @@ func TestPredictionCountsPrefillAhead(t *testing.T) {
 	r.rtt.observe(0)
 	first := r.Begin(big, time.Second)
 	r.Begin(plain, time.Second)
-	r.End(first, false, now)
+	r.End(first, false, at)
 	firstChunk := prof.PrefillMs(8192, 0) / 1000
-	if got := r.Predict(now, 1000, 1000, 10, time.Second); got.Ahead != 1 || got.TTFT < firstChunk+work || got.TTFT > firstChunk+work+alone {
+	lo = bigIn.Add(time.Duration((firstChunk + work) * float64(time.Second))).Sub(at).Seconds()
+	if got := r.Predict(at, 1000, 1000, 10, time.Second); got.Ahead != 1 || got.TTFT < lo || got.TTFT > lo+alone {
 		t.Fatalf("after the first of two queued prompts ended: %+v, want its running step (%.4fs) and the second's %.4fs ahead", got, firstChunk, work)
 	}
 }

@@ -142,18 +142,18 @@ func TestSharedPrefixIsCachedOnlyOnceComputed(t *testing.T) {
 		return req, r.Begin(req, time.Second)
 	}
 	_, first := send('a', now)
-	_, second := send('b', now.Add(time.Millisecond))
+	_, second := send('b', now)
 	if second.Uncached != 4000 {
 		t.Fatalf("sent behind the prompt computing its prefix, %d tokens predicted uncached, want all 4,000", second.Uncached)
 	}
 	// Both fit one step: the engine computes 8,000 tokens at once, and both first tokens
 	// come at its end.
 	both, _ := prof.StepMs(engine.StepShape{Tokens: 8000, SumN2: 2 * 4000 * 4000})
-	if math.Abs(second.TTFT-both/1000) > 0.002 {
+	if math.Abs(second.TTFT-(4000*prepPerToken).Seconds()-both/1000) > 0.002 {
 		t.Fatalf("second prompt predicted %.4fs, want the shared step's %.4fs", second.TTFT, both/1000)
 	}
 	// Once the first is computed, a third finds the shared 3,750 tokens cached.
-	done := now.Add(time.Duration(both * float64(time.Millisecond)))
+	done := now.Add(4000*prepPerToken + time.Duration(both*float64(time.Millisecond)))
 	r.FirstToken(first, done)
 	r.FirstToken(second, done)
 	_, third := send('c', done.Add(time.Millisecond))

@@ -188,12 +188,12 @@ func (r *Replica) predictLocked(now time.Time, p shape, outTokens int, staleAfte
 	w := &r.twin
 	w.advance(now)
 	o := r.othersLocked(now, staleAfter)
-	res := w.dryRun(now, len(w.queue), p, o)
+	res := w.dryRun(now, -1, p, o)
 	uncached := prompt - w.cachedAtAdmission(p)
 	ttft := r.rtt.v + max(res.end.Sub(now).Seconds(), 0)
 	tpot := w.tpot(now, res.decoding, res.ctx+float64(prompt))
 	ahead := o.waiting
-	for _, s := range w.queue {
+	for _, s := range w.queue[:w.position(arrival(now, prompt))] {
 		if s.left > 0 {
 			ahead++
 		}
@@ -248,6 +248,14 @@ func (r *Replica) MarginalCost() float64 {
 		tps = defaultTokensPerSecond
 	}
 	return info.PricePerHour / 3600 / tps
+}
+
+// StepScales is the profile the replica's model runs with and what it multiplies the
+// profile's prefill and decode step times by, as calibrated by the replica's answers.
+func (r *Replica) StepScales(now time.Time) (profile string, prefill, decode float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.twin.prof.Name, r.twin.prefill.factor(now), r.twin.decop.factor(now)
 }
 
 // setInfo replaces the replica's description, and the profile its model runs with.

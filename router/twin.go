@@ -83,6 +83,9 @@ type stepCost struct{ prefill, decode float64 }
 
 // twinSeq is one request in the model.
 type twinSeq struct {
+	// arrive is when the engine gets it: sent, then tokenized by the replica's server
+	// (prepPerToken), so a short prompt sent just after a long one is scheduled first.
+	arrive time.Time
 	prompt int // prompt tokens
 	done   int // prompt tokens in the KV cache (cached on arrival, then computed)
 	left   int // prompt tokens still to compute
@@ -112,6 +115,10 @@ const (
 	calibForget = 2 * time.Minute
 	// shareWindow is the time constant of prefillShare.
 	shareWindow = 20 * time.Second
+	// prepPerToken is the replica server's work per prompt token before its engine sees
+	// the prompt (parsing, the chat template, tokenization): about what a fast BPE
+	// tokenizer takes (replicasim's: BenchmarkBPE; Hugging Face's tokenizers are alike).
+	prepPerToken = 2 * time.Microsecond
 	// maxDryRunSteps bounds one prediction's work; a queue longer than this many full steps
 	// is priced from its tokens.
 	maxDryRunSteps = 4096
@@ -217,6 +224,16 @@ func (w *twin) compose(now time.Time) bool {
 		}
 		return false
 	}
+	if w.nDec == 0 && w.queue[0].arrive.After(w.clock) {
+		// Nothing to run until the next prompt reaches the engine.
+		if w.queue[0].arrive.After(now) {
+			if now.After(w.clock) {
+				w.clock = now
+			}
+			return false
+		}
+		w.clock = w.queue[0].arrive
+	}
 	if len(w.queue) == 0 {
 		// Decoding only: the steps until now are alike, so run them at once.
 		c := w.decodeOnly()
@@ -233,8 +250,8 @@ func (w *twin) compose(now time.Time) bool {
 	budget := w.budget(w.nDec)
 	var sh engine.StepShape
 	for _, s := range w.queue {
-		if budget <= 0 {
-			break
+		if budget <= 0 || s.arrive.After(w.clock) {
+			break // the queue is in arrival order: the rest are not in the engine yet
 		}
 		if s.left == 0 {
 			continue
@@ -361,11 +378,20 @@ func (w *twin) add(now time.Time, p shape, gated bool) *twinSeq {
 		w.syncAt, w.cumAtSync = w.clock, w.cum
 	}
 	cached := w.cachedAtAdmission(p)
-	s := &twinSeq{prompt: p.prompt, done: cached, left: p.prompt - cached, prefix: p.prefix, blockTokens: p.blockTokens, gated: gated}
+	s := &twinSeq{arrive: arrival(now, p.prompt), prompt: p.prompt, done: cached, left: p.prompt - cached, prefix: p.prefix, blockTokens: p.blockTokens, gated: gated}
 	w.promptTokens.observe(float64(s.left))
-	w.queue = append(w.queue, s)
+	w.queue = slices.Insert(w.queue, w.position(s.arrive), s)
 	w.advance(now)
 	return s
+}
+
+// arrival is when a prompt of n tokens sent at now reaches the engine.
+func arrival(now time.Time, n int) time.Time { return now.Add(time.Duration(n) * prepPerToken) }
+
+// position is where a prompt arriving at t goes in the queue: after everything that
+// arrives no later.
+func (w *twin) position(t time.Time) int {
+	return sort.Search(len(w.queue), func(i int) bool { return w.queue[i].arrive.After(t) })
 }
 
 // remove drops a request that ended (answered, failed or cancelled).
@@ -462,17 +488,19 @@ type dryRunResult struct {
 }
 
 // dryRun runs the model forward from now, changing nothing, until the prompt at queue
-// index target is prefilled; target len(queue) is a new prompt p. o's waiting prompts go
+// index target is prefilled; target −1 is a new prompt p, sent now. o's waiting prompts go
 // first.
 func (w *twin) dryRun(now time.Time, target int, p shape, o others) dryRunResult {
-	prompt, cached := p.prompt, 0
-	if target == len(w.queue) {
+	newAt, cached := -1, 0 // the new prompt's place in the queue
+	var newArrive time.Time
+	if target < 0 {
+		newArrive = arrival(now, p.prompt)
+		newAt, target = w.position(newArrive), w.position(newArrive)
 		cached = w.cachedAtAdmission(p)
 	}
 	var res dryRunResult
 	t := w.clock
 	dec, ctx := w.nDec+o.decoding, w.ctx()
-	type cursor struct{ i, left, done, prompt int }
 	extra := o.waiting * int(w.promptTokens.v)
 	if w.inStep {
 		t = w.stepAt
@@ -483,20 +511,29 @@ func (w *twin) dryRun(now time.Time, target int, p shape, o others) dryRunResult
 	} else if now.After(t) {
 		t = now // idle or waiting for a first token that is due
 	}
-	at := func(i int) (left, done, p int) {
+	type cursor struct {
+		i, left, done, prompt int
+		arrive                time.Time
+	}
+	var c cursor
+	// load points c at entry i: −1 the others' prompts, newAt the new one, else the queue's
+	// (what the running step leaves of it).
+	load := func(i int) {
+		c.i = i
 		switch {
 		case i == -1:
-			return extra, 0, 0
-		case i < len(w.queue):
-			// What the running step leaves of it.
-			s := w.queue[i]
-			return s.left - s.chunk, s.done + s.chunk, s.prompt
-		default:
-			return prompt - cached, cached, prompt
+			c.left, c.done, c.prompt, c.arrive = extra, 0, 0, time.Time{}
+			return
+		case i == newAt:
+			c.left, c.done, c.prompt, c.arrive = p.prompt-cached, cached, p.prompt, newArrive
+			return
+		case newAt >= 0 && i > newAt:
+			i--
 		}
+		q := w.queue[i]
+		c.left, c.done, c.prompt, c.arrive = q.left-q.chunk, q.done+q.chunk, q.prompt, q.arrive
 	}
-	c := cursor{i: -1}
-	c.left, c.done, c.prompt = at(-1)
+	load(-1)
 	for range maxDryRunSteps + 1 {
 		// Skip what is already computed: those prompts decode.
 		for c.left <= 0 && c.i < target {
@@ -504,8 +541,7 @@ func (w *twin) dryRun(now time.Time, target int, p shape, o others) dryRunResult
 				dec++
 				ctx += float64(c.prompt)
 			}
-			c.i++
-			c.left, c.done, c.prompt = at(c.i)
+			load(c.i + 1)
 		}
 		if c.left <= 0 { // the target was prefilled by the running step
 			break
@@ -514,6 +550,12 @@ func (w *twin) dryRun(now time.Time, target int, p shape, o others) dryRunResult
 		var sh engine.StepShape
 		joined := 0
 		for budget > 0 {
+			if c.arrive.After(t) {
+				if sh.Tokens > 0 || dec > 0 {
+					break // not in the engine yet: later steps take it
+				}
+				t = c.arrive // nothing runs until it comes
+			}
 			n := min(c.left, budget)
 			addChunk(&sh, n, c.done)
 			if c.i == target && res.start.IsZero() {
@@ -529,8 +571,7 @@ func (w *twin) dryRun(now time.Time, target int, p shape, o others) dryRunResult
 				joined++
 				ctx += float64(c.prompt)
 			}
-			c.i++
-			c.left, c.done, c.prompt = at(c.i)
+			load(c.i + 1)
 		}
 		sh.DecodeBatch, sh.DecodeCtx = dec, ctx
 		pf, df := w.prof.StepMs(sh)

@@ -128,7 +128,7 @@ func run(o options) (err error) {
 		set = append(set, rep)
 		fmt.Fprintf(os.Stderr, "replica %s at %s: %.2f req/s of this trace at capacity\n", id, addr, c)
 	}
-	url, err := startRouter(ctx, set, o.sloTTFT, o.tokenizer)
+	url, pool, err := startRouter(ctx, set, o.sloTTFT, o.tokenizer)
 	if err != nil {
 		return err
 	}
@@ -139,7 +139,7 @@ func run(o options) (err error) {
 	var dump *csv.Writer
 	if o.dump != "" {
 		var done func() error
-		dump, done, err = workload.CreateCSV(o.dump, "level", "start_s", "replica", "prompt_tokens", "output_tokens", "pred_ttft_s", "ttft_s", "pred_tpot_s", "tpot_s", "client_ttft_s")
+		dump, done, err = workload.CreateCSV(o.dump, "level", "start_s", "replica", "prompt_tokens", "output_tokens", "pred_ttft_s", "ttft_s", "pred_tpot_s", "tpot_s", "client_ttft_s", "pred_uncached", "uncached")
 		if err != nil {
 			return err
 		}
@@ -169,7 +169,7 @@ func run(o options) (err error) {
 			for _, s := range samples {
 				f := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
 				_ = dump.Write([]string{f(level), f(s.Start.Sub(samples[0].Start).Seconds()), s.Replica, strconv.Itoa(s.Prompt), strconv.Itoa(s.Output),
-					f(s.PredTTFT), f(s.SentTTFT), f(s.PredTPOT), f(s.TPOT), f(s.TTFT)})
+					f(s.PredTTFT), f(s.SentTTFT), f(s.PredTPOT), f(s.TPOT), f(s.TTFT), strconv.Itoa(s.PredUncached), strconv.Itoa(s.Prompt-s.Cached)})
 			}
 		}
 		byProfile := map[string][]sample{}
@@ -190,6 +190,10 @@ func run(o options) (err error) {
 				workload.Pct(verdicts(ss, o.sloTTFT.Seconds())),
 				pair(ss, func(s sample) float64 { return s.TTFT - s.SentTTFT }))
 		}
+		for _, r := range pool.Snapshot() {
+			prof, pf, dc := r.StepScales(time.Now())
+			fmt.Fprintf(os.Stderr, "level %.2f: %s predicted with %s, step times x%.2f prefill, x%.2f decode\n", level, r.Info().ID, prof, pf, dc)
+		}
 		// Let the replicas drain before the next level.
 		time.Sleep(2 * time.Second)
 	}
@@ -204,7 +208,7 @@ func failedNote(name string, failed int) string {
 }
 
 func startReplica(ctx context.Context, p *engine.Profile) (string, error) {
-	srv, err := replicasim.New(replicasim.Config{Model: model, Profile: p, Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}})
+	srv, err := replicasim.New(replicasim.Config{Model: model, Profile: p, PromptTokensDetails: true, Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}})
 	if err != nil {
 		return "", err
 	}
@@ -217,32 +221,32 @@ func startReplica(ctx context.Context, p *engine.Profile) (string, error) {
 	return ln.Addr().String(), nil
 }
 
-func startRouter(ctx context.Context, set []fleet.Replica, slo time.Duration, tokenizer string) (string, error) {
+func startRouter(ctx context.Context, set []fleet.Replica, slo time.Duration, tokenizer string) (string, *router.Pool, error) {
 	cfg := router.Defaults()
 	cfg.Tokenizer = tokenizer
 	cfg.SLOs = map[string]router.SLO{"*": {TTFT: slo.Seconds()}}
 	cfg.RoutingHeaders = true
 	if err := cfg.Validate(); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	log := slog.New(slog.DiscardHandler)
 	met := router.NewMetrics(prometheus.NewRegistry())
 	aff, err := router.NewAffinity(cfg.AffinitySize, 64)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	pool := router.NewPool(&cfg, log, met, aff)
 	if err := fleet.ValidateSet(set); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	pool.SetReplicas(set)
 	px, err := router.NewProxy(&cfg, pool, met, log)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	srv := router.NewServer(&cfg, px.Handle, log)
 	go func() { _ = srv.Serve(ln) }()
@@ -250,7 +254,7 @@ func startRouter(ctx context.Context, set []fleet.Replica, slo time.Duration, to
 	go func() { <-ctx.Done(); _ = srv.Shutdown() }()
 	// Let the first probes measure every replica's round trip.
 	time.Sleep(500 * time.Millisecond)
-	return "http://" + ln.Addr().String(), nil
+	return "http://" + ln.Addr().String(), pool, nil
 }
 
 func pair(ss []sample, f func(sample) float64) string {

@@ -92,6 +92,10 @@ type Result struct {
 	// X-Arbiter-Sent-Unix-Nano, same host), what its prediction is of; 0 without it.
 	SentTTFT       float64
 	Prompt, Output int // tokens, from the usage chunk
+	// Cached is the prompt tokens the replica's prefix cache served (usage's
+	// prompt_tokens_details, when the replica reports it); PredUncached the prompt tokens
+	// the router predicted it would compute (X-Arbiter-Predicted-Uncached).
+	Cached, PredUncached int
 	Err            error
 }
 
@@ -197,6 +201,7 @@ func Stream(client *http.Client, url, model string, r traces.Request) Result {
 	res.PredTPOT, _ = strconv.ParseFloat(resp.Header.Get("X-Arbiter-Predicted-Tpot-Ms"), 64)
 	res.PredTTFT, res.PredTPOT = res.PredTTFT/1000, res.PredTPOT/1000
 	sentNano, _ := strconv.ParseInt(resp.Header.Get("X-Arbiter-Sent-Unix-Nano"), 10, 64)
+	res.PredUncached, _ = strconv.Atoi(resp.Header.Get("X-Arbiter-Predicted-Uncached"))
 	var first time.Time
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -210,6 +215,9 @@ func Stream(client *http.Client, url, model string, r traces.Request) Result {
 			Usage   *struct {
 				Prompt     int `json:"prompt_tokens"`
 				Completion int `json:"completion_tokens"`
+				Details    *struct {
+					Cached int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
 			} `json:"usage"`
 			Error json.RawMessage `json:"error"`
 		}
@@ -224,6 +232,9 @@ func Stream(client *http.Client, url, model string, r traces.Request) Result {
 		}
 		if ev.Usage != nil {
 			res.Prompt, res.Output = ev.Usage.Prompt, ev.Usage.Completion
+			if ev.Usage.Details != nil {
+				res.Cached = ev.Usage.Details.Cached
+			}
 		}
 	}
 	if err := sc.Err(); err != nil {

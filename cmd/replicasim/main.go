@@ -31,6 +31,7 @@ func run() error {
 		listen      = flag.String("listen", envOr("REPLICASIM_LISTEN", "127.0.0.1:8000"), "address to serve on (the PORT env var, if set, overrides the port)")
 		model       = flag.String("model", "meta-llama/Llama-3.1-8B-Instruct", "served model name")
 		profile     = flag.String("profile", "h100-llama-3.1-8b", fmt.Sprintf("GPU profile: one of %v, or a .json file", engine.ProfileNames()))
+		details     = flag.Bool("enable-prompt-tokens-details", false, "report usage.prompt_tokens_details.cached_tokens, as vLLM's --enable-prompt-tokens-details does")
 		echo        = flag.Bool("echo", false, "answer at once with no model delay (proxy benchmarks)")
 		echoEvery   = flag.Duration("echo-token-interval", 0, "pace echo-mode stream tokens")
 		tokenizer   = flag.String("tokenizer", "", "prompt token counter: bpe or approx (default bpe; approx in echo mode)")
@@ -60,7 +61,7 @@ func run() error {
 		}
 		addr = net.JoinHostPort(host, port)
 	}
-	cfg := replicasim.Config{Model: *model, Echo: *echo, EchoTokenInterval: *echoEvery, StopAfter: stopAfter, Logger: log}
+	cfg := replicasim.Config{Model: *model, Echo: *echo, EchoTokenInterval: *echoEvery, StopAfter: stopAfter, Logger: log, PromptTokensDetails: *details}
 	if !*echo {
 		p, err := engine.LoadProfile(*profile)
 		if err != nil {
