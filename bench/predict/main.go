@@ -169,7 +169,7 @@ func run(o options) (err error) {
 			for _, s := range samples {
 				f := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
 				_ = dump.Write([]string{f(level), f(s.Start.Sub(samples[0].Start).Seconds()), s.Replica, strconv.Itoa(s.Prompt), strconv.Itoa(s.Output),
-					f(s.PredTTFT), f(s.SentTTFT), f(s.PredTPOT), f(s.TPOT), f(s.TTFT), strconv.Itoa(s.PredUncached), strconv.Itoa(s.Prompt-s.Cached)})
+					f(s.PredTTFT), f(s.SentTTFT), f(s.PredTPOT), f(s.TPOT), f(s.TTFT), strconv.Itoa(s.PredUncached), strconv.Itoa(s.Prompt - s.Cached)})
 			}
 		}
 		byProfile := map[string][]sample{}

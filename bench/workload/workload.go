@@ -96,7 +96,7 @@ type Result struct {
 	// prompt_tokens_details, when the replica reports it); PredUncached the prompt tokens
 	// the router predicted it would compute (X-Arbiter-Predicted-Uncached).
 	Cached, PredUncached int
-	Err            error
+	Err                  error
 }
 
 // Replay sends the requests open-loop to url (an OpenAI base such as http://host:port): the
