@@ -79,7 +79,7 @@ func (req *Request) uncachedOn(r *Replica) int {
 // shapeOn is the prompt as r's model sees it: its cached part is the known holder's match.
 func (req *Request) shapeOn(r *Replica) shape {
 	prompt := max(req.PromptTokens, 1)
-	s := shape{prompt: prompt, prefix: req.Prefix, blockTokens: req.BlockTokens}
+	s := shape{prompt: prompt, out: req.OutTokens, prefix: req.Prefix, blockTokens: req.BlockTokens}
 	if r != nil && r == req.holder {
 		s.cached = prompt - req.uncachedOn(r)
 	}

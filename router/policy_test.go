@@ -393,7 +393,7 @@ func TestPredictionCountsPrefillAhead(t *testing.T) {
 	r := testReplica("r", fleet.OnDemand, 4)
 	r.rtt.observe(0)
 	prof := defaultProfile()
-	prep := func(n int) float64 { return (time.Duration(n) * prepPerToken).Seconds() }
+	prep := func(n int) float64 { return (time.Duration(n) * PrepPerToken).Seconds() }
 	alone := prof.PrefillMs(1000, 0) / 1000
 	idle := r.Predict(now, 1000, 1000, 10, time.Second)
 	if math.Abs(idle.TTFT-prep(1000)-alone) > 1e-6 || math.Abs(idle.Wait-prep(1000)) > 1e-6 || idle.Ahead != 0 {

@@ -149,11 +149,11 @@ func TestSharedPrefixIsCachedOnlyOnceComputed(t *testing.T) {
 	// Both fit one step: the engine computes 8,000 tokens at once, and both first tokens
 	// come at its end.
 	both, _ := prof.StepMs(engine.StepShape{Tokens: 8000, SumN2: 2 * 4000 * 4000})
-	if math.Abs(second.TTFT-(4000*prepPerToken).Seconds()-both/1000) > 0.002 {
+	if math.Abs(second.TTFT-(4000*PrepPerToken).Seconds()-both/1000) > 0.002 {
 		t.Fatalf("second prompt predicted %.4fs, want the shared step's %.4fs", second.TTFT, both/1000)
 	}
 	// Once the first is computed, a third finds the shared 3,750 tokens cached.
-	done := now.Add(4000*prepPerToken + time.Duration(both*float64(time.Millisecond)))
+	done := now.Add(4000*PrepPerToken + time.Duration(both*float64(time.Millisecond)))
 	r.FirstToken(first, done)
 	r.FirstToken(second, done)
 	_, third := send('c', done.Add(time.Millisecond))

@@ -103,6 +103,7 @@ func (r *Replica) observeScrape(now time.Time, running, waiting, kv float64) {
 	in := r.inflight.Load()
 	r.mu.Lock()
 	r.scrape = scrapeState{at: now, running: running, waiting: waiting, kvUsage: kv, inflightAtScrape: in, queuedAtScrape: len(r.twin.queue)}
+	r.twin.scrapedKV, r.twin.scrapedAt = kv, now
 	r.mu.Unlock()
 }
 
@@ -180,7 +181,7 @@ type Prediction struct {
 func (r *Replica) Predict(now time.Time, prompt, uncached, outTokens int, staleAfter time.Duration) Prediction {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.predictLocked(now, shape{prompt: max(prompt, uncached, 1), cached: max(prompt-uncached, 0)}, outTokens, staleAfter)
+	return r.predictLocked(now, shape{prompt: max(prompt, uncached, 1), cached: max(prompt-uncached, 0), out: outTokens}, outTokens, staleAfter)
 }
 
 func (r *Replica) predictLocked(now time.Time, p shape, outTokens int, staleAfter time.Duration) Prediction {

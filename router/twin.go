@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -57,6 +58,9 @@ type twin struct {
 
 	queue []*twinSeq // prompts still prefilling, in arrival order
 	nDec  int        // sequences generating
+	decs  []*twinSeq // the same, for when they end: the KV space they free
+	// ends is dryRun's scratch for the generating sequences' ends.
+	ends []seqEnd
 	// Σ context of the generating sequences = ctx0 + nDec·steps, each sequence's context
 	// growing by one token a decode step.
 	ctx0  float64
@@ -74,6 +78,9 @@ type twin struct {
 	// chunks, which the generating sequences' steps carry: a new stream's tokens will wait
 	// behind the prompts that arrive while it generates.
 	prefillShare float64
+	// scrapedKV is the replica's KV cache usage (0..1) its metrics reported at scrapedAt.
+	scrapedKV float64
+	scrapedAt time.Time
 	// promptTokens is the typical prompt computed, to price prompts other routers queued.
 	promptTokens ewma
 }
@@ -84,10 +91,13 @@ type stepCost struct{ prefill, decode float64 }
 // twinSeq is one request in the model.
 type twinSeq struct {
 	// arrive is when the engine gets it: sent, then tokenized by the replica's server
-	// (prepPerToken), so a short prompt sent just after a long one is scheduled first.
+	// (PrepPerToken), so a short prompt sent just after a long one is scheduled first.
 	arrive time.Time
 	prompt int // prompt tokens
+	out    int // the most tokens it may generate (its max_tokens, or the router's guess)
 	done   int // prompt tokens in the KV cache (cached on arrival, then computed)
+	// admitted: the engine gave it KV blocks (its first chunk was scheduled).
+	admitted bool
 	left   int // prompt tokens still to compute
 	chunk  int // tokens computed in the step running now
 	// prefix is the prompt's chained block hashes (Request.Prefix), blockTokens the tokens
@@ -115,10 +125,10 @@ const (
 	calibForget = 2 * time.Minute
 	// shareWindow is the time constant of prefillShare.
 	shareWindow = 20 * time.Second
-	// prepPerToken is the replica server's work per prompt token before its engine sees
+	// PrepPerToken is the replica server's work per prompt token before its engine sees
 	// the prompt (parsing, the chat template, tokenization): about what a fast BPE
 	// tokenizer takes (replicasim's: BenchmarkBPE; Hugging Face's tokenizers are alike).
-	prepPerToken = 2 * time.Microsecond
+	PrepPerToken = 2 * time.Microsecond
 	// maxDryRunSteps bounds one prediction's work; a queue longer than this many full steps
 	// is priced from its tokens.
 	maxDryRunSteps = 4096
@@ -161,9 +171,28 @@ func (c *calib) observe(now time.Time, ratio float64) {
 		cur = c.log * forgetting(now.Sub(c.at))
 		w = max(w, -math.Expm1(-float64(now.Sub(c.at))/float64(memory)))
 	}
+	if c.n > 0 && w <= calibAlpha {
+		// Under steady traffic one answer moves the correction by at most a factor of 2:
+		// a replica that really differs still gets there in a few requests, and one that
+		// stalled for a reason the model does not see (a preemption, another client)
+		// does not throw it off.
+		x = min(max(x, cur-math.Ln2), cur+math.Ln2)
+	}
 	c.log = cur + w*(x-cur)
 	c.at = now
 	c.n++
+}
+
+// deadband takes a prefill ratio within 25 % of the profile for the profile itself. Where a
+// prompt's last step starts decides which prompts queued behind it share that step, and the
+// model and the engine start it a few milliseconds apart; what that moves is noise, not a
+// replica unlike its profile (those differ by more: another model size, another GPU
+// generation), and learning it would make the model run early and miss more such prompts.
+func deadband(ratio float64) float64 {
+	if ratio > 0.8 && ratio < 1.25 {
+		return 1
+	}
+	return ratio
 }
 
 // maxCalib bounds a calibration either way: a 70B model on a small GPU runs some 30 times
@@ -195,6 +224,48 @@ func (w *twin) scaled(c stepCost, now time.Time) time.Duration {
 
 // ctx is the context the generating sequences read in a decode step.
 func (w *twin) ctx() float64 { return w.ctx0 + float64(w.nDec)*w.steps }
+
+// kvUsed is the KV cache this router's sequences hold, in tokens: the generating ones'
+// context and what the admitted prompts have computed.
+func (w *twin) kvUsed() float64 {
+	kv := w.ctx()
+	for _, s := range w.queue {
+		if s.admitted {
+			kv += float64(s.done)
+		}
+	}
+	return kv
+}
+
+// kvInUse is the KV cache in use (tokens) as far as admitting a prompt goes: what this
+// router's sequences hold, or less when the replica's metrics say so: sequences that share a
+// prefix share its blocks (vLLM's prefix cache), which a sum of contexts counts again for
+// each of them.
+func (w *twin) kvInUse(now time.Time) float64 {
+	kv := w.kvUsed()
+	if !w.scrapedAt.IsZero() && now.Sub(w.scrapedAt) < kvFresh {
+		kv = min(kv, w.scrapedKV*float64(w.prof.KVTokens))
+	}
+	return kv
+}
+
+// kvShare is the replica's KV cache in use, 0..1: what its metrics said if fresh, else what
+// this router's sequences hold.
+func (w *twin) kvShare(now time.Time) float64 {
+	share := w.kvUsed() / float64(w.prof.KVTokens)
+	if !w.scrapedAt.IsZero() && now.Sub(w.scrapedAt) < kvFresh {
+		share = max(share, w.scrapedKV)
+	}
+	return share
+}
+
+// kvFresh is how long a scraped KV cache usage is taken as current.
+const kvFresh = 2 * time.Second
+
+// fits reports whether a prompt not yet admitted gets KV blocks for need more tokens with
+// kv in use: vLLM's scheduler admits a waiting request only if kv_cache_manager.allocate_slots
+// finds the blocks, else it waits (vllm/v1/core/sched/scheduler.py).
+func (w *twin) fits(kv float64, need int) bool { return kv+float64(need) <= float64(w.prof.KVTokens) }
 
 // stalled reports whether the model waits for a first token: the prompt at the head of the
 // queue is computed in the model but not yet seen done.
@@ -249,6 +320,7 @@ func (w *twin) compose(now time.Time) bool {
 	}
 	budget := w.budget(w.nDec)
 	var sh engine.StepShape
+	kv := w.kvInUse(now)
 	for _, s := range w.queue {
 		if budget <= 0 || s.arrive.After(w.clock) {
 			break // the queue is in arrival order: the rest are not in the engine yet
@@ -256,9 +328,25 @@ func (w *twin) compose(now time.Time) bool {
 		if s.left == 0 {
 			continue
 		}
-		s.chunk = min(s.left, budget)
-		budget -= s.chunk
-		addChunk(&sh, s.chunk, s.done)
+		n := min(s.left, budget)
+		need := n
+		if !s.admitted {
+			need += s.done
+		}
+		if !w.fits(kv, need) && (w.nDec > 0 || sh.Tokens > 0) {
+			break // no KV room: it waits for sequences to end, and so does the rest
+		}
+		s.admitted = true
+		kv += float64(need)
+		s.chunk = n
+		budget -= n
+		addChunk(&sh, n, s.done)
+	}
+	if sh.Tokens == 0 && w.nDec == 0 {
+		if now.After(w.clock) {
+			w.clock = now
+		}
+		return false
 	}
 	sh.DecodeBatch, sh.DecodeCtx = w.nDec, w.ctx()
 	pf, df := w.prof.StepMs(sh)
@@ -327,12 +415,14 @@ func (w *twin) startDecoding(s *twinSeq) {
 	s.decoding = true
 	s.steps0, s.cum0 = w.steps, w.cum
 	w.nDec++
+	w.decs = append(w.decs, s)
 	w.ctx0 += float64(s.prompt) - w.steps
 }
 
 // shape is a prompt as the model sees it.
 type shape struct {
 	prompt, cached int
+	out            int // the most tokens it may generate
 	prefix         []uint64
 	blockTokens    float64
 }
@@ -378,7 +468,7 @@ func (w *twin) add(now time.Time, p shape, gated bool) *twinSeq {
 		w.syncAt, w.cumAtSync = w.clock, w.cum
 	}
 	cached := w.cachedAtAdmission(p)
-	s := &twinSeq{arrive: arrival(now, p.prompt), prompt: p.prompt, done: cached, left: p.prompt - cached, prefix: p.prefix, blockTokens: p.blockTokens, gated: gated}
+	s := &twinSeq{arrive: arrival(now, p.prompt), prompt: p.prompt, out: max(p.out, 1), done: cached, left: p.prompt - cached, prefix: p.prefix, blockTokens: p.blockTokens, gated: gated}
 	w.promptTokens.observe(float64(s.left))
 	w.queue = slices.Insert(w.queue, w.position(s.arrive), s)
 	w.advance(now)
@@ -386,7 +476,7 @@ func (w *twin) add(now time.Time, p shape, gated bool) *twinSeq {
 }
 
 // arrival is when a prompt of n tokens sent at now reaches the engine.
-func arrival(now time.Time, n int) time.Time { return now.Add(time.Duration(n) * prepPerToken) }
+func arrival(now time.Time, n int) time.Time { return now.Add(time.Duration(n) * PrepPerToken) }
 
 // position is where a prompt arriving at t goes in the queue: after everything that
 // arrives no later.
@@ -402,6 +492,9 @@ func (w *twin) remove(s *twinSeq, now time.Time) {
 	w.advance(now)
 	s.gone = true
 	if s.decoding {
+		if i := slices.Index(w.decs, s); i >= 0 {
+			w.decs = slices.Delete(w.decs, i, i+1)
+		}
 		w.nDec--
 		w.ctx0 -= float64(s.prompt) - s.steps0
 		if w.nDec == 0 {
@@ -436,8 +529,13 @@ func (w *twin) prefilled(s *twinSeq, now time.Time, calibrate bool) {
 		}
 		// What the prefill part took, once the decode part (at its own scale) is set aside.
 		real := float64(now.Sub(w.syncAt)) / float64(time.Millisecond)
-		if ran.prefill > 0.3*(ran.prefill+ran.decode) {
-			w.prefill.observe(now, (real-ran.decode*w.decop.factor(now))/ran.prefill)
+		// Only from a prompt alone in the queue, while the KV cache has room. A prompt
+		// queued behind it may have joined its last step in the engine and not in the
+		// model (a millisecond either way decides), and when the cache is nearly full the
+		// engine preempts and recomputes, which the model does not follow: neither says
+		// the prefill is slow. A replica unlike its profile shows it on quiet answers too.
+		if ran.prefill > 0.3*(ran.prefill+ran.decode) && len(w.queue) == 1 && w.kvShare(now) < 0.5 {
+			w.prefill.observe(now, deadband((real-ran.decode*w.decop.factor(now))/ran.prefill))
 		}
 	}
 	for _, q := range w.queue[:i+1] {
@@ -511,9 +609,18 @@ func (w *twin) dryRun(now time.Time, target int, p shape, o others) dryRunResult
 	} else if now.After(t) {
 		t = now // idle or waiting for a first token that is due
 	}
+	kv := w.kvInUse(now)
+	if w.inStep {
+		for _, q := range w.queue {
+			kv += float64(q.chunk) // what the running step computes
+		}
+	}
+	ended := w.endsByStep()
+	k := 0.0 // decode steps run so far
 	type cursor struct {
-		i, left, done, prompt int
-		arrive                time.Time
+		i, left, done, prompt, out int
+		arrive                     time.Time
+		admitted                   bool
 	}
 	var c cursor
 	// load points c at entry i: −1 the others' prompts, newAt the new one, else the queue's
@@ -521,17 +628,17 @@ func (w *twin) dryRun(now time.Time, target int, p shape, o others) dryRunResult
 	load := func(i int) {
 		c.i = i
 		switch {
-		case i == -1:
-			c.left, c.done, c.prompt, c.arrive = extra, 0, 0, time.Time{}
+		case i == -1: // other routers' prompts: their KV is theirs
+			c.left, c.done, c.prompt, c.arrive, c.admitted, c.out = extra, 0, 0, time.Time{}, true, 0
 			return
 		case i == newAt:
-			c.left, c.done, c.prompt, c.arrive = p.prompt-cached, cached, p.prompt, newArrive
+			c.left, c.done, c.prompt, c.arrive, c.admitted, c.out = p.prompt-cached, cached, p.prompt, newArrive, false, max(p.out, 1)
 			return
 		case newAt >= 0 && i > newAt:
 			i--
 		}
 		q := w.queue[i]
-		c.left, c.done, c.prompt, c.arrive = q.left-q.chunk, q.done+q.chunk, q.prompt, q.arrive
+		c.left, c.done, c.prompt, c.arrive, c.admitted, c.out = q.left-q.chunk, q.done+q.chunk, q.prompt, q.arrive, q.admitted, q.out
 	}
 	load(-1)
 	for range maxDryRunSteps + 1 {
@@ -557,6 +664,25 @@ func (w *twin) dryRun(now time.Time, target int, p shape, o others) dryRunResult
 				t = c.arrive // nothing runs until it comes
 			}
 			n := min(c.left, budget)
+			need := n
+			if !c.admitted {
+				need += c.done
+			}
+			if !w.fits(kv, need) {
+				if sh.Tokens > 0 {
+					break // later steps take it, once there is room
+				}
+				// Nothing can start until generating sequences end and free their KV.
+				var d float64
+				var freed int
+				d, freed, k, kv, ctx = w.waitForRoom(ended, k, kv, ctx, need, dec)
+				ended = ended[freed:]
+				dec -= freed
+				res.cost.decode += d
+				t = t.Add(w.scaled(stepCost{decode: d}, now))
+			}
+			c.admitted = true
+			kv += float64(need)
 			addChunk(&sh, n, c.done)
 			if c.i == target && res.start.IsZero() {
 				res.start = t
@@ -570,6 +696,10 @@ func (w *twin) dryRun(now time.Time, target int, p shape, o others) dryRunResult
 			if c.i >= 0 {
 				joined++
 				ctx += float64(c.prompt)
+				// It generates from the next step, until its most tokens at the latest.
+				e := seqEnd{steps: k + 1 + float64(c.out), ctx: float64(c.prompt + c.out)}
+				at, _ := slices.BinarySearchFunc(ended, e, func(a, b seqEnd) int { return cmp.Compare(a.steps, b.steps) })
+				ended = slices.Insert(ended, at, e)
 			}
 			load(c.i + 1)
 		}
@@ -580,8 +710,17 @@ func (w *twin) dryRun(now time.Time, target int, p shape, o others) dryRunResult
 		t = t.Add(w.scaled(stepCost{pf, df}, now))
 		if dec > 0 {
 			ctx += float64(dec)
+			kv += float64(dec)
+			k++
 		}
 		dec += joined
+		// Sequences that have generated their most tokens end, and free their KV.
+		for len(ended) > 0 && ended[0].steps <= k && dec > 0 {
+			dec--
+			ctx = max(ctx-ended[0].ctx, 0)
+			kv = max(kv-ended[0].ctx, 0)
+			ended = ended[1:]
+		}
 		if c.i == target && c.left <= 0 {
 			break
 		}
@@ -595,6 +734,50 @@ func (w *twin) dryRun(now time.Time, target int, p shape, o others) dryRunResult
 	}
 	res.end, res.decoding, res.ctx = t, dec, ctx
 	return res
+}
+
+// seqEnd is a generating sequence's end, as far as the model can tell: in steps from now,
+// and the context it then frees.
+type seqEnd struct {
+	steps, ctx float64
+}
+
+// endsByStep lists this router's generating sequences by when they will have generated
+// their most tokens (max_tokens: they may end sooner, never later), soonest first.
+func (w *twin) endsByStep() []seqEnd {
+	w.ends = w.ends[:0]
+	for _, s := range w.decs {
+		gen := w.steps - s.steps0
+		left := max(float64(s.out)-gen, 1)
+		w.ends = append(w.ends, seqEnd{steps: left, ctx: float64(s.prompt) + gen + left})
+	}
+	slices.SortFunc(w.ends, func(a, b seqEnd) int { return cmp.Compare(a.steps, b.steps) })
+	return w.ends
+}
+
+// waitForRoom runs decode steps until enough of the sequences in ends (soonest first, in
+// steps from the dry run's start; k have run) end for need more KV tokens to fit: it
+// returns the decode time (unscaled ms), how many ended, the steps run by then, and the KV
+// and context after. Without enough of them, the prompt is let in when they have all ended
+// (the rest is other routers' or unknown).
+func (w *twin) waitForRoom(ends []seqEnd, k, kv, ctx float64, need, dec int) (ms float64, ended int, kAfter, kvAfter, ctxAfter float64) {
+	for _, e := range ends {
+		if w.fits(kv, need) || dec <= 0 {
+			break
+		}
+		if run := e.steps - k; run > 0 {
+			_, df := w.prof.StepMs(engine.StepShape{DecodeBatch: dec, DecodeCtx: ctx + float64(dec)*run/2})
+			ms += run * df
+			ctx += float64(dec) * run
+			kv += float64(dec) * run
+			k = e.steps
+		}
+		kv = max(kv-e.ctx, 0)
+		ctx = max(ctx-e.ctx, 0)
+		dec--
+		ended++
+	}
+	return ms, ended, k, kv, ctx
 }
 
 // tpot is the time per output token of a sequence that starts decoding with dec others

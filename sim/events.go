@@ -17,6 +17,7 @@ const (
 	evDecide                     // the autoscaler decides and placement reconciles
 	evSync                       // a polling balancer refreshes its ready list
 	evWake                       // a held request wakes the control plane (one decision)
+	evEnqueue                    // a request reaches a replica's engine, its prompt prepared
 )
 
 type event struct {

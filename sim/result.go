@@ -40,6 +40,36 @@ type Result struct {
 
 	ttfts, tpots   []float64
 	requestSeconds float64
+	// predicted and sentTTFT pair each succeeded request's TTFT as the router predicted it
+	// when sending it and as it came, from sending (seconds).
+	predicted, sentTTFT []float64
+}
+
+// PredictionError is how far the router's TTFT predictions were from what the engine did:
+// the mean and 90th percentile of the absolute percentage error over n requests, and the
+// share of SLO verdicts (predicted to meet the TTFT target or not) that were right.
+func (r *Result) PredictionError() (mape, p90, verdicts float64, n int) {
+	apes := make([]float64, 0, len(r.predicted))
+	right := 0
+	for i, p := range r.predicted {
+		obs := r.sentTTFT[i]
+		if obs <= 0 {
+			continue
+		}
+		apes = append(apes, math.Abs(p-obs)/obs)
+		if (p <= r.SLO.TTFT) == (obs <= r.SLO.TTFT) {
+			right++
+		}
+	}
+	if len(apes) == 0 {
+		return math.NaN(), math.NaN(), math.NaN(), 0
+	}
+	sum := 0.0
+	for _, a := range apes {
+		sum += a
+	}
+	slices.Sort(apes)
+	return sum / float64(len(apes)), apes[int(0.9*float64(len(apes)-1))], float64(right) / float64(len(apes)), len(apes)
 }
 
 // MeanConcurrency is the time-averaged number of requests being answered (Little's law).

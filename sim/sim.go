@@ -252,6 +252,10 @@ func (s *simulation) handle(e event) {
 		s.at(s.w.decideInt, event{kind: evDecide})
 	case evWake:
 		s.decide()
+	case evEnqueue:
+		if e.rep.gen == e.gen {
+			s.enqueue(e.rep, e.req)
+		}
 	case evSync:
 		s.sync()
 		s.at(s.w.lbSync, event{kind: evSync})
@@ -296,15 +300,27 @@ func (s *simulation) dispatch(req *request) {
 		s.res.ZeroWaits++
 		s.res.MaxZeroWait = max(s.res.MaxZeroWait, wait)
 	}
-	err := rep.eng.Add(engine.Request{ID: req.id, PromptTokens: req.route.PromptTokens, MaxTokens: req.route.OutTokens,
-		BlockHashes: engineBlocks(req.tr.PrefixBlocks, s.blockTok, rep.eng.Profile().BlockSize, req.route.PromptTokens)})
-	if err != nil {
-		s.fail("too_long")
-		return
-	}
 	req.pred = rep.view.Begin(&req.route, staleAfter)
 	req.rep, req.sentAt, req.firstAt = rep, s.now, -1
 	rep.reqs[req.id] = req
+	// The replica's server prepares the prompt (parses and tokenizes it) before its engine
+	// sees it, as vLLM's does, and as the router's model of a replica expects.
+	s.at(time.Duration(req.route.PromptTokens)*router.PrepPerToken, event{kind: evEnqueue, rep: rep, req: req, gen: rep.gen})
+}
+
+// enqueue hands a prepared request to the replica's engine.
+func (s *simulation) enqueue(rep *replica, req *request) {
+	if rep.reqs[req.id] != req || rep.dead || rep.eng == nil {
+		return // the replica went (its requests were failed with it)
+	}
+	err := rep.eng.Add(engine.Request{ID: req.id, PromptTokens: req.route.PromptTokens, MaxTokens: req.route.OutTokens,
+		BlockHashes: engineBlocks(req.tr.PrefixBlocks, s.blockTok, rep.eng.Profile().BlockSize, req.route.PromptTokens)})
+	if err != nil {
+		delete(rep.reqs, req.id)
+		rep.view.End(req.pred, false, s.clock())
+		s.fail("too_long")
+		return
+	}
 	s.kick(rep)
 }
 
@@ -385,6 +401,8 @@ func (s *simulation) complete(r *replica, req *request) {
 	res.OutputTokens += int64(out)
 	s.tokens += float64(req.route.PromptTokens + out)
 	res.ttfts = append(res.ttfts, ttft)
+	res.predicted = append(res.predicted, req.pred.TTFT)
+	res.sentTTFT = append(res.sentTTFT, (req.firstAt - req.sentAt).Seconds())
 	if out > 1 {
 		res.tpots = append(res.tpots, tpot)
 	}
