@@ -98,8 +98,8 @@ type twinSeq struct {
 	done   int // prompt tokens in the KV cache (cached on arrival, then computed)
 	// admitted: the engine gave it KV blocks (its first chunk was scheduled).
 	admitted bool
-	left   int // prompt tokens still to compute
-	chunk  int // tokens computed in the step running now
+	left     int // prompt tokens still to compute
+	chunk    int // tokens computed in the step running now
 	// prefix is the prompt's chained block hashes (Request.Prefix), blockTokens the tokens
 	// one block stands for: a later prompt sharing them finds them cached only once this
 	// one has computed them.
