@@ -77,6 +77,9 @@ func (r *Replica) Completed(req *Request, pred Prediction, ttft, e2e float64, ou
 		r.twin.prefilled(pred.seq, end, false)
 		return
 	}
+	if pred.TTFT > 0 && ttft > 0 {
+		r.spread.observe(ttft/pred.TTFT, req.SLO.Percentile)
+	}
 	if outTokens > 1 {
 		r.twin.decoded(pred.seq, (e2e-ttft)/float64(outTokens-1), end)
 	}

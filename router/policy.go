@@ -22,9 +22,14 @@ type SLO struct {
 	Percentile float64 `yaml:"percentile"`
 }
 
-// Meets reports whether a prediction is within the SLO.
+// Meets reports whether a prediction is within the SLO: its TTFT as the replica's answers
+// have turned out at the SLO's percentile (Prediction.Spread), the rest as predicted.
 func (s SLO) Meets(p Prediction) bool {
-	return (s.TTFT <= 0 || p.TTFT <= s.TTFT) && (s.TPOT <= 0 || p.TPOT <= s.TPOT) && (s.E2E <= 0 || p.E2E <= s.E2E)
+	ttft := p.TTFT
+	if p.Spread > 0 {
+		ttft *= p.Spread
+	}
+	return (s.TTFT <= 0 || ttft <= s.TTFT) && (s.TPOT <= 0 || p.TPOT <= s.TPOT) && (s.E2E <= 0 || p.E2E <= s.E2E)
 }
 
 // Request is what a policy knows about the request being routed. Policies never see HTTP.

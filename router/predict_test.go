@@ -161,3 +161,37 @@ func TestSharedPrefixIsCachedOnlyOnceComputed(t *testing.T) {
 		t.Fatalf("after the shared prefix was computed, %d tokens predicted uncached, want 250", third.Uncached)
 	}
 }
+
+// A replica whose first tokens come later than predicted often enough is held to its record
+// at the SLO's percentile: predicted 0.6 s against an SLO of 1 s at p90, it does not meet it
+// when one answer in five has taken 2.5 times its prediction.
+func TestSLOVerdictUsesThePredictionsSpread(t *testing.T) {
+	var s spread
+	if s.factor() != 0 {
+		t.Fatal("a spread before any answer")
+	}
+	for i := range 400 {
+		ratio := 1.0
+		if i%5 == 0 {
+			ratio = 2.5 // one in five
+		}
+		s.observe(ratio, 0.9)
+	}
+	slo := SLO{TTFT: 1, Percentile: 0.9}
+	if f := s.factor(); f < 1.7 || f > 2.6 {
+		t.Fatalf("spread at the 90th percentile %.2f, want near the slow answers' 2.5", f)
+	}
+	if slo.Meets(Prediction{TTFT: 0.6, Spread: s.factor()}) {
+		t.Fatal("predicted 0.6 s with one answer in five 2.5x late: counted as meeting a 1 s SLO at p90")
+	}
+	if !slo.Meets(Prediction{TTFT: 0.6}) {
+		t.Fatal("without a record, 0.6 s meets a 1 s SLO")
+	}
+	var steady spread
+	for range 400 {
+		steady.observe(1, 0.9)
+	}
+	if f := steady.factor(); f > 1.05 || !slo.Meets(Prediction{TTFT: 0.9, Spread: f}) {
+		t.Fatalf("a replica answering as predicted got spread %.2f", f)
+	}
+}

@@ -37,6 +37,7 @@ type Replica struct {
 	scrape     scrapeState
 	rtt        ewma // seconds, from readiness probes
 	twin       twin // the replica's engine as this router's requests load it
+	spread     spread
 	// lastSent is when this router last sent the replica a request (or claimed one to
 	// re-sample it).
 	lastSent time.Time
@@ -168,6 +169,10 @@ type Prediction struct {
 	Ahead    int
 	Load     float64 // requests in the engine besides this one
 	Uncached int     // prompt tokens the replica must compute (not in its prefix cache)
+	// Spread is what this replica's TTFTs have been, at the SLO's percentile, as a multiple
+	// of their predictions (0: not known yet): a replica whose answers scatter around the
+	// prediction must be predicted under the SLO by that much to meet it at its percentile.
+	Spread float64
 
 	seq *twinSeq // the request in the model, once Begin sent it
 }
@@ -200,7 +205,7 @@ func (r *Replica) predictLocked(now time.Time, p shape, outTokens int, staleAfte
 		}
 	}
 	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, Wait: max(res.start.Sub(now).Seconds(), 0),
-		Ahead: ahead, Load: r.loadLocked(now, staleAfter), Uncached: uncached}
+		Ahead: ahead, Load: r.loadLocked(now, staleAfter), Uncached: uncached, Spread: r.spread.factor()}
 }
 
 // othersLocked is the load other routers (or clients) put on the replica: what its last

@@ -195,6 +195,44 @@ func deadband(ratio float64) float64 {
 	return ratio
 }
 
+// spread tracks a quantile of a replica's TTFT ÷ its prediction, in logarithms, by
+// stochastic approximation (each answer moves it a step up or down, in proportion to the
+// percentile), so the SLO filter can ask for its percentile rather than the mean.
+type spread struct {
+	log float64
+	n   int
+}
+
+const (
+	spreadStep = 0.05 // in log units: about 5 % an answer
+	spreadMin  = 20   // answers before the spread is used
+)
+
+func (s *spread) observe(ratio, percentile float64) {
+	if math.IsNaN(ratio) || math.IsInf(ratio, 0) || ratio <= 0 {
+		return
+	}
+	if percentile <= 0 || percentile >= 1 {
+		percentile = 0.9
+	}
+	x := math.Log(ratio)
+	if x > s.log {
+		s.log += spreadStep * percentile
+	} else {
+		s.log -= spreadStep * (1 - percentile)
+	}
+	s.log = min(max(s.log, math.Log(0.5)), math.Log(4))
+	s.n++
+}
+
+// factor is the spread as a multiple (0 until enough answers were seen).
+func (s *spread) factor() float64 {
+	if s.n < spreadMin {
+		return 0
+	}
+	return math.Exp(s.log)
+}
+
 // maxCalib bounds a calibration either way: a 70B model on a small GPU runs some 30 times
 // slower than the default profile, and a replica further off is better judged broken.
 const maxCalib = 64
