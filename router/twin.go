@@ -29,20 +29,22 @@ func LoadProfile(name string) (*engine.Profile, error) {
 // GPU profile (engine.Profile: step times measured on real GPUs) the way vLLM's scheduler
 // runs it: each step decodes one token for every generating sequence and prefills chunks of
 // the waiting prompts, first come first served, within the step's token budget
-// (vllm/v1/core/sched/scheduler.py). It holds what this router sent the replica: the prompts
-// not yet prefilled, in order, and the sequences generating.
+// (vllm/v1/core/sched/scheduler.py), a prompt starting only when the KV cache has room for
+// it. It holds what this router sent the replica: the prompts not yet prefilled, in the order
+// the engine gets them, and the sequences generating.
 //
-// A prediction runs the model forward from now with one more prompt at the end of the queue,
-// without changing it, until that prompt's last chunk is computed. What the router observes
-// keeps the model on time:
+// A prediction runs the model forward from now with one more prompt in its place in the
+// queue, without changing it, until that prompt's last chunk is computed. What the router
+// observes keeps the model on time:
 //   - a streamed request's first token says its prefill, and every prompt's ahead of it,
 //     ended then. Until it comes, the model does not run past the end of that prefill (a
 //     model that runs ahead would start the next prompts early), and when it comes early,
 //     the model catches up at once;
-//   - the time between two first tokens, against the steps the model ran in between, and
-//     each stream's time per token, against the steps it decoded in, calibrate two scales
-//     (prefill, decode) on the profile's step times, so a replica whose GPU, model or engine
-//     differs from its profile is predicted right after a few requests.
+//   - the time from the last such moment to a quiet prompt's first token, against the steps
+//     the model ran in between, and each stream's time per token, against the steps it
+//     decoded in, calibrate two scales (prefill, decode) on the profile's step times, so a
+//     replica whose GPU, model or engine differs from its profile is predicted right after
+//     a few requests.
 //
 // Time in the model is the replica's clock shifted back by half a round trip: a request
 // joins the queue when it is sent, and an event the router sees at t happened at t − RTT.
@@ -52,7 +54,7 @@ type twin struct {
 	prefill, decop calib
 
 	clock  time.Time // steps that ended before it are applied
-	inStep bool      // a step is running from clock to stepEnd
+	inStep bool      // a step is running from clock to stepAt
 	step   stepCost  // its cost (unscaled, applied when it ends)
 	stepAt time.Time // its end
 
