@@ -1,11 +1,14 @@
 package router
 
 import (
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/arbiter-serve/arbiter/engine"
 	"github.com/arbiter-serve/arbiter/fleet"
@@ -193,5 +196,34 @@ func TestSLOVerdictUsesThePredictionsSpread(t *testing.T) {
 	}
 	if f := steady.factor(); f > 1.05 || !slo.Meets(Prediction{TTFT: 0.9, Spread: f}) {
 		t.Fatalf("a replica answering as predicted got spread %.2f", f)
+	}
+}
+
+// A replica's profile comes from its description: a built-in name is used as is, an unknown
+// one falls back to the default (the pool says so), and a file path is refused, since a
+// description comes over the network.
+func TestDefaultProfileLoads(t *testing.T) {
+	if p, err := LoadProfile(DefaultProfile); err != nil || p.Name != DefaultProfile {
+		t.Fatalf("default profile: %v %v", p, err)
+	}
+	if _, err := LoadProfile("/etc/passwd.json"); err == nil {
+		t.Fatal("a router loaded a profile file named by a replica description")
+	}
+	cfg := Defaults()
+	pool := NewPool(&cfg, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()), nil)
+	pool.SetReplicas([]fleet.Replica{
+		{ID: "a", Address: "127.0.0.1:1", Model: "m", Profile: "h200-llama-3.1-8b"},
+		{ID: "b", Address: "127.0.0.1:2", Model: "m", Profile: "a100-llama-70b"},
+		{ID: "c", Address: "127.0.0.1:3", Model: "m"},
+	})
+	for id, want := range map[string]string{"a": "h200-llama-3.1-8b", "b": DefaultProfile, "c": DefaultProfile} {
+		if got, _, _ := pool.Get(id).StepScales(time.Now()); got != want {
+			t.Errorf("replica %s predicted with %s, want %s", id, got, want)
+		}
+	}
+	// A description that changes profile changes the model's.
+	pool.SetReplicas([]fleet.Replica{{ID: "a", Address: "127.0.0.1:1", Model: "m", Profile: "h100-llama-3.2-1b"}})
+	if got, _, _ := pool.Get("a").StepScales(time.Now()); got != "h100-llama-3.2-1b" {
+		t.Errorf("after the description changed, predicted with %s", got)
 	}
 }
