@@ -560,7 +560,12 @@ func (w *twin) prefilled(s *twinSeq, now time.Time, calibrate bool) {
 		return
 	}
 	early := s.left > 0 // the replica is ahead of the model
-	if calibrate && now.After(w.syncAt) {
+	// Calibrate only from a prompt alone in the queue, while the KV cache has room. A prompt
+	// queued behind it may have joined its last step in the engine and not in the model (a
+	// millisecond either way decides), and when the cache is nearly full the engine preempts
+	// and recomputes, which the model does not follow: neither says the prefill is slow. A
+	// replica unlike its profile shows it on quiet answers too.
+	if calibrate && now.After(w.syncAt) && len(w.queue) == 1 && w.kvShare(now) < 0.5 {
 		ran := stepCost{w.cum.prefill - w.cumAtSync.prefill, w.cum.decode - w.cumAtSync.decode}
 		if early {
 			rest := w.dryRun(now, i, shape{}, others{})
@@ -569,12 +574,7 @@ func (w *twin) prefilled(s *twinSeq, now time.Time, calibrate bool) {
 		}
 		// What the prefill part took, once the decode part (at its own scale) is set aside.
 		real := float64(now.Sub(w.syncAt)) / float64(time.Millisecond)
-		// Only from a prompt alone in the queue, while the KV cache has room. A prompt
-		// queued behind it may have joined its last step in the engine and not in the
-		// model (a millisecond either way decides), and when the cache is nearly full the
-		// engine preempts and recomputes, which the model does not follow: neither says
-		// the prefill is slow. A replica unlike its profile shows it on quiet answers too.
-		if ran.prefill > 0.3*(ran.prefill+ran.decode) && len(w.queue) == 1 && w.kvShare(now) < 0.5 {
+		if ran.prefill > 0.3*(ran.prefill+ran.decode) {
 			w.prefill.observe(now, deadband((real-ran.decode*w.decop.factor(now))/ran.prefill))
 		}
 	}
