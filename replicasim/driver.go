@@ -2,7 +2,9 @@ package replicasim
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/engine"
@@ -11,6 +13,10 @@ import (
 // driver runs an engine in real time: one goroutine steps it and sleeps for each step's
 // modelled duration, then hands the produced tokens to the waiting requests.
 type driver struct {
+	// dead is set once the engine loop has stopped: vLLM's /health then answers 503
+	// (vllm/entrypoints/openai/api_server.py, health → engine_client.check_health raises
+	// EngineDeadError) and new requests are refused rather than queued for ever.
+	dead    atomic.Bool
 	mu      sync.Mutex // guards eng, pending, nextID
 	eng     *engine.Engine
 	pending map[uint64]*pending
@@ -20,6 +26,9 @@ type driver struct {
 	slowdown float64
 	met      *metrics
 }
+
+// errEngineDead refuses a request once the engine loop has stopped.
+var errEngineDead = errors.New("the engine is dead (its loop stopped); the server cannot serve requests")
 
 // pending is one request's progress, written by the driver and read by its handler.
 type pending struct {
@@ -37,6 +46,9 @@ func newDriver(eng *engine.Engine, met *metrics) *driver {
 
 // submit queues a request and returns its id and progress record.
 func (d *driver) submit(req engine.Request) (uint64, *pending, error) {
+	if d.dead.Load() {
+		return 0, nil, errEngineDead
+	}
 	d.mu.Lock()
 	d.nextID++
 	req.ID = d.nextID
@@ -93,6 +105,7 @@ func (d *driver) setSlowdown(f float64) {
 // vLLM records them: TTFT and the prompt's tokens at the first token, each generated token
 // and inter-token latency as it comes, and the step's tokens once per step.
 func (d *driver) run(ctx context.Context) {
+	defer d.dead.Store(true)
 	next := time.Now()
 	timer := time.NewTimer(0)
 	defer timer.Stop()

@@ -214,7 +214,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 
 func (s *Server) health(ctx *fasthttp.RequestCtx) {
 	s.mu.Lock()
-	notReady := s.unhealthy || time.Now().Before(s.readyAt)
+	notReady := s.unhealthy || time.Now().Before(s.readyAt) || (s.drv != nil && s.drv.dead.Load())
 	s.mu.Unlock()
 	if notReady {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
@@ -505,7 +505,11 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 			id, p, err := s.drv.submit(engine.Request{PromptTokens: promptN, MaxTokens: maxTokens, BlockHashes: hashes})
 			if err != nil {
 				g.abandon()
-				vllmError(ctx, fasthttp.StatusBadRequest, err.Error())
+				status := fasthttp.StatusBadRequest
+				if errors.Is(err, errEngineDead) {
+					status = fasthttp.StatusServiceUnavailable
+				}
+				vllmError(ctx, status, err.Error())
 				return
 			}
 			g.seqs = append(g.seqs, seqRef{id: id, p: p})

@@ -164,3 +164,43 @@ func TestTokenIDPromptsAreCountedAndCachedByTheirIDs(t *testing.T) {
 		t.Fatalf("the repeated token-id prompt hit %d cached tokens, want 304 (19 of its 20 blocks)", st.PrefixHits)
 	}
 }
+
+// When the engine loop stops while the HTTP server still answers (vLLM's engine core died),
+// /health says so with a 503, as vLLM's does, and a new request is refused with a 503
+// instead of waiting for ever on an engine that will never step.
+func TestHealthIsUnavailableOnceTheEngineIsDead(t *testing.T) {
+	p, err := engine.LoadProfile("h100-llama-3.1-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Model: "m", Profile: p, Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveCtx, stopServe := context.WithCancel(context.Background())
+	t.Cleanup(stopServe)
+	engineCtx, stopEngine := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { s.Run(engineCtx); close(stopped) }()
+	go func() { _ = s.Serve(serveCtx, ln) }()
+	url := "http://" + ln.Addr().String()
+	if code, _ := get(t, url+"/health"); code != 200 {
+		t.Fatalf("/health with the engine running = %d", code)
+	}
+	stopEngine()
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the engine loop did not stop")
+	}
+	if code, _ := get(t, url+"/health"); code != 503 {
+		t.Fatalf("/health with the engine dead = %d, want 503", code)
+	}
+	if code, out := post(t, url+"/v1/completions", `{"model":"m","prompt":"hello","max_tokens":3}`); code != 503 || !strings.Contains(out, "engine is dead") {
+		t.Fatalf("a request to a dead engine: %d %s, want 503 saying so", code, out)
+	}
+}
