@@ -367,13 +367,20 @@ func (g *generation) record(reason string) {
 		m.genTokens.Add(float64(g.completion()))
 		m.ttft.Observe(now.Sub(g.start).Seconds())
 		m.finished(requestTimes{arrival: g.start}, g.prompt, g.completion(), g.max, g.maxSet, reason, now)
+		m.reqMaxGen.Observe(float64(g.max))
 		return
 	}
 	d := g.srv.drv
+	most := 0
 	for _, sq := range g.seqs {
 		d.mu.Lock()
 		t, produced := sq.p.times, sq.p.produced
 		d.mu.Unlock()
 		m.finished(t, g.prompt, produced, g.max, g.maxSet, reason, now)
+		most = max(most, produced)
 	}
+	// Once per client request, the most any of its n sequences generated: vLLM 0.11 keeps
+	// it on the parent request (vllm/v1/engine/parallel_sampling.py, ParentRequest,
+	// max_num_generation_tokens) and records it when the last child finishes.
+	m.reqMaxGen.Observe(float64(most))
 }

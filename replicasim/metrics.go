@@ -127,7 +127,8 @@ type requestTimes struct {
 }
 
 // finished records one engine request at its end, as vLLM records each finished request
-// (loggers.py record(): finished_requests).
+// (loggers.py record(): finished_requests). request_max_num_generation_tokens is the
+// client request's, once for its n engine requests: see generation.record.
 func (m *metrics) finished(t requestTimes, prompt, generated, maxTokens int, maxTokensSet bool, reason string, now time.Time) {
 	m.requestSuccess.WithLabelValues(reason).Inc()
 	m.e2e.Observe(now.Sub(t.arrival).Seconds())
@@ -145,7 +146,6 @@ func (m *metrics) finished(t requestTimes, prompt, generated, maxTokens int, max
 	}
 	m.reqPrompt.Observe(float64(prompt))
 	m.reqGen.Observe(float64(generated))
-	m.reqMaxGen.Observe(float64(generated))
 	if maxTokensSet {
 		m.paramsMaxTokens.Observe(float64(maxTokens))
 	}

@@ -326,4 +326,19 @@ func TestMetricsAreVLLMsFamiliesUpdatedAsTokensCome(t *testing.T) {
 	if metricValue(t, text, "vllm:request_queue_time_seconds_count") != 1 || metricValue(t, text, "vllm:iteration_tokens_total_count") == 0 {
 		t.Error("the aborted request's phases or the steps were not recorded")
 	}
+
+	// n = 3: three engine requests, each counted in the per-request histograms, but the
+	// request's most generated tokens is one observation.
+	before := metricValue(t, text, "vllm:request_max_num_generation_tokens_count")
+	beforeGen := metricValue(t, text, "vllm:request_generation_tokens_count")
+	if code, out := post(t, url+"/v1/completions", `{"model":"m","prompt":"hello","max_tokens":5,"n":3}`); code != 200 {
+		t.Fatalf("n=3: %d %s", code, out)
+	}
+	_, text = get(t, url+"/metrics")
+	if got := metricValue(t, text, "vllm:request_max_num_generation_tokens_count") - before; got != 1 {
+		t.Errorf("request_max_num_generation_tokens observed %v times for one n=3 request, want once", got)
+	}
+	if got := metricValue(t, text, "vllm:request_generation_tokens_count") - beforeGen; got != 3 {
+		t.Errorf("request_generation_tokens observed %v times for n=3, want 3 (one per sequence)", got)
+	}
 }
