@@ -16,6 +16,18 @@ import (
 
 func start(t *testing.T, echo bool) (*Server, string) {
 	t.Helper()
+	s, ln := newServer(t, echo)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go s.Run(ctx)
+	go func() { _ = s.Serve(ctx, ln) }()
+	return s, "http://" + ln.Addr().String()
+}
+
+// newServer builds a server (the H100 8B profile unless echo) and a loopback listener for
+// it, neither started.
+func newServer(t *testing.T, echo bool) (*Server, net.Listener) {
+	t.Helper()
 	cfg := Config{Model: "m", Echo: echo, Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}}
 	if !echo {
 		p, err := engine.LoadProfile("h100-llama-3.1-8b")
@@ -32,11 +44,7 @@ func start(t *testing.T, echo bool) (*Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go s.Run(ctx)
-	go func() { _ = s.Serve(ctx, ln) }()
-	return s, "http://" + ln.Addr().String()
+	return s, ln
 }
 
 func get(t *testing.T, url string) (int, string) {
@@ -169,18 +177,7 @@ func TestTokenIDPromptsAreCountedAndCachedByTheirIDs(t *testing.T) {
 // /health says so with a 503, as vLLM's does, and a new request is refused with a 503
 // instead of waiting for ever on an engine that will never step.
 func TestHealthIsUnavailableOnceTheEngineIsDead(t *testing.T) {
-	p, err := engine.LoadProfile("h100-llama-3.1-8b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(Config{Model: "m", Profile: p, Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, ln := newServer(t, false)
 	serveCtx, stopServe := context.WithCancel(context.Background())
 	t.Cleanup(stopServe)
 	engineCtx, stopEngine := context.WithCancel(context.Background())

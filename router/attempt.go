@@ -29,7 +29,7 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 	handedOff := false // the stream writer releases the in-flight count when it ends
 	defer func() {
 		if !handedOff {
-			r.End(pred, false, px.Now())
+			r.End(pred, px.Now())
 		}
 	}()
 

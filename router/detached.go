@@ -49,8 +49,8 @@ func (r *Replica) FirstToken(pred Prediction, now time.Time) {
 	r.mu.Unlock()
 }
 
-// End releases what Begin took at now; firstToken says whether FirstToken was called.
-func (r *Replica) End(pred Prediction, firstToken bool, now time.Time) {
+// End releases what Begin took at now: the request is answered, failed or cancelled.
+func (r *Replica) End(pred Prediction, now time.Time) {
 	r.inflight.Add(-1)
 	r.mu.Lock()
 	r.twin.remove(pred.seq, r.replicaTime(now))

@@ -222,10 +222,7 @@ func (p *SLOCheapest) Pick(req *Request, cands []*Replica, rng *rand.Rand) *Repl
 }
 
 func (p *SLOCheapest) score(req *Request, r *Replica) scored {
-	r.mu.Lock()
-	pred := r.predictLocked(req.Now, req.shapeOn(r), req.OutTokens, p.StaleAfter)
-	r.mu.Unlock()
-	return scored{r: r, p: pred, cost: r.MarginalCost()}
+	return scored{r: r, p: r.predict(req.Now, req.shapeOn(r), req.OutTokens, p.StaleAfter), cost: r.MarginalCost()}
 }
 
 func (p *SLOCheapest) tolerance() float64 {

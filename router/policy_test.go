@@ -432,7 +432,7 @@ func TestPredictionCountsPrefillAhead(t *testing.T) {
 	if after.Ahead != 0 || after.Wait > 0.05 {
 		t.Fatalf("prefill done, still waiting %+v", after)
 	}
-	r.End(pred, true, half)
+	r.End(pred, half)
 	if r.InFlight() != 0 || len(r.twin.queue) != 0 || r.twin.nDec != 0 {
 		t.Fatalf("after End: in flight %d, model %+v", r.InFlight(), r.twin)
 	}
@@ -453,7 +453,7 @@ func TestPredictionCountsPrefillAhead(t *testing.T) {
 	r.rtt.observe(0)
 	first := r.Begin(big, time.Second)
 	r.Begin(plain, time.Second)
-	r.End(first, false, at)
+	r.End(first, at)
 	firstChunk := prof.PrefillMs(8192, 0) / 1000
 	lo = bigIn.Add(time.Duration((firstChunk + work) * float64(time.Second))).Sub(at).Seconds()
 	if got := r.Predict(at, 1000, 1000, 10, time.Second); got.Ahead != 1 || got.TTFT < lo || got.TTFT > lo+alone {

@@ -55,7 +55,7 @@ func TestModelCalibratesToTheReplica(t *testing.T) {
 			}
 		}
 		r.Completed(req, pred, ttft.Seconds(), e2e.Seconds(), 20, true)
-		r.End(pred, true, now.Add(e2e))
+		r.End(pred, now.Add(e2e))
 		errTTFT := math.Abs(pred.TTFT-ttft.Seconds()) / ttft.Seconds()
 		if i == 0 {
 			first = errTTFT

@@ -46,7 +46,6 @@ type Replica struct {
 type scrapeState struct {
 	at               time.Time
 	running, waiting float64
-	kvUsage          float64
 	inflightAtScrape int64
 	queuedAtScrape   int // our prompts not yet seen prefilled
 }
@@ -103,7 +102,7 @@ func (r *Replica) loadLocked(now time.Time, staleAfter time.Duration) float64 {
 func (r *Replica) observeScrape(now time.Time, running, waiting, kv float64) {
 	in := r.inflight.Load()
 	r.mu.Lock()
-	r.scrape = scrapeState{at: now, running: running, waiting: waiting, kvUsage: kv, inflightAtScrape: in, queuedAtScrape: len(r.twin.queue)}
+	r.scrape = scrapeState{at: now, running: running, waiting: waiting, inflightAtScrape: in, queuedAtScrape: len(r.twin.queue)}
 	r.twin.scrapedKV, r.twin.scrapedAt = kv, now
 	r.mu.Unlock()
 }
@@ -184,9 +183,13 @@ type Prediction struct {
 // both come here, with the same inputs, so the prediction that chose a replica is the one
 // its error is measured against.
 func (r *Replica) Predict(now time.Time, prompt, uncached, outTokens int, staleAfter time.Duration) Prediction {
+	return r.predict(now, shape{prompt: max(prompt, uncached, 1), cached: max(prompt-uncached, 0), out: outTokens}, outTokens, staleAfter)
+}
+
+func (r *Replica) predict(now time.Time, p shape, outTokens int, staleAfter time.Duration) Prediction {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.predictLocked(now, shape{prompt: max(prompt, uncached, 1), cached: max(prompt-uncached, 0), out: outTokens}, outTokens, staleAfter)
+	return r.predictLocked(now, p, outTokens, staleAfter)
 }
 
 func (r *Replica) predictLocked(now time.Time, p shape, outTokens int, staleAfter time.Duration) Prediction {
@@ -195,11 +198,11 @@ func (r *Replica) predictLocked(now time.Time, p shape, outTokens int, staleAfte
 	w.advance(now)
 	o := r.othersLocked(now, staleAfter)
 	res := w.dryRun(now, -1, p, o)
-	uncached := prompt - w.cachedAtAdmission(p)
+	uncached := prompt - res.cached
 	ttft := r.rtt.v + max(res.end.Sub(now).Seconds(), 0)
 	tpot := w.tpot(now, res.decoding, res.ctx+float64(prompt))
 	ahead := o.waiting
-	for _, s := range w.queue[:w.position(arrival(now, prompt))] {
+	for _, s := range w.queue[:res.at] {
 		if s.left > 0 {
 			ahead++
 		}

@@ -153,7 +153,7 @@ func (s *streamer) CloseWithError(wErr error) error {
 	}
 	s.closed = true
 	px, r := s.px, s.r
-	defer r.End(s.res.pred, !s.res.firstAt.IsZero(), px.Now())
+	defer r.End(s.res.pred, px.Now())
 	switch {
 	case !s.finished:
 		// The client hung up (or fasthttp gave up on it): closing the replica socket

@@ -283,8 +283,8 @@ func (w *twin) kvUsed() float64 {
 // each of them.
 func (w *twin) kvInUse(now time.Time) float64 {
 	kv := w.kvUsed()
-	if !w.scrapedAt.IsZero() && now.Sub(w.scrapedAt) < kvFresh {
-		kv = min(kv, w.scrapedKV*float64(w.prof.KVTokens))
+	if scraped, ok := w.scrapedKVAt(now); ok {
+		kv = min(kv, scraped*float64(w.prof.KVTokens))
 	}
 	return kv
 }
@@ -293,10 +293,15 @@ func (w *twin) kvInUse(now time.Time) float64 {
 // this router's sequences hold.
 func (w *twin) kvShare(now time.Time) float64 {
 	share := w.kvUsed() / float64(w.prof.KVTokens)
-	if !w.scrapedAt.IsZero() && now.Sub(w.scrapedAt) < kvFresh {
-		share = max(share, w.scrapedKV)
+	if scraped, ok := w.scrapedKVAt(now); ok {
+		share = max(share, scraped)
 	}
 	return share
+}
+
+// scrapedKVAt is the replica's KV cache usage (0..1) from its metrics, if fresh at now.
+func (w *twin) scrapedKVAt(now time.Time) (float64, bool) {
+	return w.scrapedKV, !w.scrapedAt.IsZero() && now.Sub(w.scrapedAt) < kvFresh
 }
 
 // kvFresh is how long a scraped KV cache usage is taken as current.
@@ -330,18 +335,12 @@ func (w *twin) advance(now time.Time) {
 // to run (idle, or waiting for a first token), and then the clock moves to now.
 func (w *twin) compose(now time.Time) bool {
 	if w.idle() || w.stalled() {
-		if now.After(w.clock) {
-			w.clock = now
-		}
-		return false
+		return w.wait(now)
 	}
 	if w.nDec == 0 && w.queue[0].arrive.After(w.clock) {
 		// Nothing to run until the next prompt reaches the engine.
 		if w.queue[0].arrive.After(now) {
-			if now.After(w.clock) {
-				w.clock = now
-			}
-			return false
+			return w.wait(now)
 		}
 		w.clock = w.queue[0].arrive
 	}
@@ -383,10 +382,7 @@ func (w *twin) compose(now time.Time) bool {
 		addChunk(&sh, n, s.done)
 	}
 	if sh.Tokens == 0 && w.nDec == 0 {
-		if now.After(w.clock) {
-			w.clock = now
-		}
-		return false
+		return w.wait(now)
 	}
 	sh.DecodeBatch, sh.DecodeCtx = w.nDec, w.ctx()
 	pf, df := w.prof.StepMs(sh)
@@ -394,6 +390,14 @@ func (w *twin) compose(now time.Time) bool {
 	w.inStep = true
 	w.stepAt = w.clock.Add(max(w.scaled(w.step, now), time.Microsecond))
 	return true
+}
+
+// wait is compose with no step to run: the engine idles until now. It reports false.
+func (w *twin) wait(now time.Time) bool {
+	if now.After(w.clock) {
+		w.clock = now
+	}
+	return false
 }
 
 // shareOver moves prefillShare toward share, observed over d of decoding.
@@ -623,6 +627,8 @@ type dryRunResult struct {
 	cost       stepCost
 	decoding   int // sequences generating when it ends
 	ctx        float64
+	// For a new prompt: its place in the queue and its tokens found cached.
+	at, cached int
 }
 
 // dryRun runs the model forward from now, changing nothing, until the prompt at queue
@@ -633,10 +639,11 @@ func (w *twin) dryRun(now time.Time, target int, p shape, o others) dryRunResult
 	var newArrive time.Time
 	if target < 0 {
 		newArrive = arrival(now, p.prompt)
-		newAt, target = w.position(newArrive), w.position(newArrive)
+		newAt = w.position(newArrive)
+		target = newAt
 		cached = w.cachedAtAdmission(p)
 	}
-	var res dryRunResult
+	res := dryRunResult{at: newAt, cached: cached}
 	t := w.clock
 	dec, ctx := w.nDec+o.decoding, w.ctx()
 	extra := o.waiting * int(w.promptTokens.v)

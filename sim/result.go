@@ -68,8 +68,7 @@ func (r *Result) PredictionError() (mape, p90, verdicts float64, n int) {
 	for _, a := range apes {
 		sum += a
 	}
-	slices.Sort(apes)
-	return sum / float64(len(apes)), apes[int(0.9*float64(len(apes)-1))], float64(right) / float64(len(apes)), len(apes)
+	return sum / float64(len(apes)), percentile(apes, 0.9), float64(right) / float64(len(apes)), len(apes)
 }
 
 // MeanConcurrency is the time-averaged number of requests being answered (Little's law).

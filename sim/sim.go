@@ -317,7 +317,7 @@ func (s *simulation) enqueue(rep *replica, req *request) {
 		BlockHashes: engineBlocks(req.tr.PrefixBlocks, s.blockTok, rep.eng.Profile().BlockSize, req.route.PromptTokens)})
 	if err != nil {
 		delete(rep.reqs, req.id)
-		rep.view.End(req.pred, false, s.clock())
+		rep.view.End(req.pred, s.clock())
 		s.fail("too_long")
 		return
 	}
@@ -385,7 +385,7 @@ func (s *simulation) stepped(r *replica) {
 
 func (s *simulation) complete(r *replica, req *request) {
 	delete(r.reqs, req.id)
-	r.view.End(req.pred, true, s.clock())
+	r.view.End(req.pred, s.clock())
 	out := req.route.OutTokens
 	ttft := (req.firstAt - req.tr.At).Seconds()
 	e2e := (s.now - req.tr.At).Seconds()
@@ -587,7 +587,7 @@ func (s *simulation) terminate(r *replica) {
 func (s *simulation) failOpen(r *replica, why string) {
 	for _, req := range r.reqs {
 		s.fail(why)
-		r.view.End(req.pred, req.firstAt >= 0, s.clock())
+		r.view.End(req.pred, s.clock())
 	}
 	clear(r.reqs)
 }
