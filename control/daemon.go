@@ -42,10 +42,10 @@ type DaemonOptions struct {
 	Log        *slog.Logger
 	// Ready, if set, is called with the API's bound address once it serves.
 	Ready func(api net.Addr)
-	// Metrics, if set, receives the control plane's metrics (the embedded daemon shares
-	// its router's registry, so one admin port shows both).
-	Metrics prometheus.Registerer
-	// Admin, if set (and Metrics is not), is where /metrics and /health are served.
+	// Admin, if set, is where /metrics (with the process's Go and process metrics) and
+	// /health are served without a token. The API serves the control plane's own metrics
+	// at /v1/metrics either way, behind the token: the embedded daemon's router merges them
+	// into its admin port's /metrics, so one scrape target shows both halves.
 	Admin string
 	// Providers, if set, builds providers beyond local and sim (the kubernetes clusters of
 	// the providers file) for this home's ProviderOwner; the binaries that run a control plane
@@ -160,13 +160,12 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	if err != nil {
 		return err
 	}
-	reg := o.Metrics
-	if reg == nil && o.Admin != "" {
-		r := prometheus.NewRegistry()
-		r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		reg = r
+	reg := prometheus.NewRegistry()
+	if o.Admin != "" {
+		runtime := prometheus.NewRegistry()
+		runtime.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(r, promhttp.HandlerOpts{}))
+		mux.Handle("GET /metrics", promhttp.HandlerFor(prometheus.Gatherers{reg, runtime}, promhttp.HandlerOpts{}))
 		mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, map[string]bool{"ok": true}) })
 		aln, err := net.Listen("tcp", o.Admin)
 		if err != nil {
@@ -203,7 +202,10 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	if err != nil {
 		return fmt.Errorf("control plane API: %w", err)
 	}
-	srv := &http.Server{Handler: c.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	api := http.NewServeMux()
+	api.Handle("/", c.Handler())
+	api.Handle("GET /v1/metrics", c.auth(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP))
+	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	runCtx, stop := context.WithCancel(ctx)

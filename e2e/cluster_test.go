@@ -81,7 +81,12 @@ func newCluster(t *testing.T) *cluster {
 		// Whatever a test did, it must not leave replicas behind: end them the way a user
 		// would, then stop the daemon, then check the process table.
 		_, _ = c.serveErr("down", "--all", "--wait", "60s")
+		router := c.routerPID()
 		_, _ = c.serveErr("stop")
+		if alive(router) {
+			t.Errorf("the router process %d outlived serve stop", router)
+			_ = syscall.Kill(router, syscall.SIGKILL)
+		}
 		if log := c.daemonLog(); strings.Contains(log, "DATA RACE") || strings.Contains(log, "panic:") {
 			t.Errorf("the daemon reported a race or a panic:\n%s", log)
 		}

@@ -141,7 +141,7 @@ func TestKill9DuringScalingLeaksNothing(t *testing.T) {
 		return st.Live >= 3 && st.Ready < st.Live
 	})
 	c.kill9()
-	close(l.stop) // requests fail while the router is down with the daemon; not counted here
+	close(l.stop) // TestDataPlaneOutlivesTheDaemon counts requests through a daemon's kill
 	l.wg.Wait()
 	c.checkAccounted("after kill -9 during scale-up")
 	c.startDaemon()

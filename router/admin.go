@@ -17,7 +17,7 @@ import (
 // AdminHandler serves /metrics, /health and /replicas (the router's view, as JSON) on the
 // admin port, away from client traffic.
 // withPprof adds /debug/pprof (router config pprof: true).
-func AdminHandler(reg *prometheus.Registry, pool *Pool, withPprof bool) fasthttp.RequestHandler {
+func AdminHandler(reg prometheus.Gatherer, pool *Pool, withPprof bool) fasthttp.RequestHandler {
 	metrics := fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	profiles := fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Index)
 	cpuProfile := fasthttpadaptor.NewFastHTTPHandlerFunc(pprof.Profile)

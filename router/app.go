@@ -28,9 +28,10 @@ type Options struct {
 	Log                         *slog.Logger
 	// Ready, if set, receives the bound addresses once both listeners are up.
 	Ready func(listen, admin net.Addr)
-	// Registry, if set, is where the router registers its metrics and what its admin port
-	// serves (the embedded daemon adds the control plane's to it).
-	Registry *prometheus.Registry
+	// ControlMetrics merges the control plane's own metrics (its API's /v1/metrics) into
+	// the admin port's /metrics: the embedded daemon's router and control plane are two
+	// processes behind one scrape target.
+	ControlMetrics bool
 }
 
 // Run serves until ctx ends, then finishes in-flight requests (up to 30 s).
@@ -50,11 +51,8 @@ func Run(ctx context.Context, o Options) error {
 		log.Info("max_connections lowered to what the file-descriptor limit leaves room for", "max_connections", budget, "configured", cfg.MaxConnections, "nofile", limit)
 		cfg.MaxConnections = budget
 	}
-	reg := o.Registry
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	met := NewMetrics(reg)
 	var aff *Affinity
 	if cfg.AffinitySize > 0 {
@@ -100,7 +98,11 @@ func Run(ctx context.Context, o Options) error {
 	go pool.Run(ctx)
 
 	srv := NewServer(&cfg, px.Handle, log)
-	adminSrv := &fasthttp.Server{Handler: AdminHandler(reg, pool, cfg.Pprof), Name: "arbiter-admin", ReadTimeout: 10 * time.Second, Logger: httplog.Fasthttp{L: log}}
+	var gather prometheus.Gatherer = reg
+	if o.ControlMetrics && o.ControlURL != "" {
+		gather = prometheus.Gatherers{newControlMetrics(o.ControlURL, o.Token, reg), reg}
+	}
+	adminSrv := &fasthttp.Server{Handler: AdminHandler(gather, pool, cfg.Pprof), Name: "arbiter-admin", ReadTimeout: 10 * time.Second, Logger: httplog.Fasthttp{L: log}}
 	log.Info("router serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(), "policy", cfg.Policy, "control_plane", o.ControlURL)
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(fdlimit.Listener(ln, log)) }()

@@ -16,14 +16,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-
 	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/httplog"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes"
-	"github.com/arbiter-serve/arbiter/router"
 )
 
 // daemonInfo is what a running embedded daemon publishes in its home, so the CLI can find
@@ -33,17 +29,23 @@ type daemonInfo struct {
 	API      string `json:"api"`      // http://host:port of the control plane
 	Endpoint string `json:"endpoint"` // http://host:port of the router (OpenAI base URL without /v1)
 	Admin    string `json:"admin"`    // router admin (metrics)
+	// RouterPID is the router process's: it outlives a daemon that crashes.
+	RouterPID int `json:"router_pid,omitempty"`
 }
 
 func daemonInfoPath(home string) string { return filepath.Join(home, "daemon.json") }
 
 func readDaemonInfo(home string) (daemonInfo, error) {
-	var d daemonInfo
-	b, err := os.ReadFile(daemonInfoPath(home))
+	return readJSONFile[daemonInfo](daemonInfoPath(home))
+}
+
+func readJSONFile[T any](path string) (T, error) {
+	var v T
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return d, err
+		return v, err
 	}
-	return d, json.Unmarshal(b, &d)
+	return v, json.Unmarshal(b, &v)
 }
 
 type daemonFlags struct {
@@ -58,11 +60,17 @@ type daemonFlags struct {
 }
 
 // runDaemon runs the embedded default in the foreground: a control plane with the local
-// provider and a router that follows it over loopback HTTP, exactly as separate processes
-// would.
+// provider, and a router process that follows it over loopback HTTP exactly as a
+// standalone one would. The daemon supervises the router (it starts it again if it
+// dies) but does not share its fate: killed, it leaves the router serving, and the next
+// daemon adopts it. Stopped (SIGTERM, `serve stop`), it stops the router too.
 func runDaemon(ctx context.Context, home string, f daemonFlags) error {
 	log, err := httplog.NewLogger(f.logLevel)
 	if err != nil {
+		return err
+	}
+	// Absolute: the router process is recognised by its --home.
+	if home, err = filepath.Abs(home); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(home, 0o700); err != nil {
@@ -72,51 +80,115 @@ func runDaemon(ctx context.Context, home string, f daemonFlags) error {
 	if err != nil {
 		return err
 	}
-	// The router's listener is bound first so the control plane can show its real address.
-	rln, err := net.Listen("tcp", f.listen)
+	exe, err := os.Executable()
 	if err != nil {
-		return fmt.Errorf("router endpoint %s: %w", f.listen, err)
+		return err
 	}
-	endpoint := "http://" + rln.Addr().String()
-	rln.Close()
-	exe, _ := os.Executable()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	// One registry for both halves: the admin port shows router and control-plane metrics.
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	rf := routerFlags{admin: f.admin, logLevel: f.logLevel}
+	if f.apiKeys != "" {
+		if rf.apiKeys, err = filepath.Abs(f.apiKeys); err != nil {
+			return err
+		}
+	}
+	rf.config = fmt.Sprintf("listen=%s admin=%s api-keys=%s log-level=%s", f.listen, f.admin, rf.apiKeys, f.logLevel)
+	rlog := log.With("part", "daemon")
+	rp := adoptRouter(home, rf.config)
+	if rp != nil {
+		rf.listen, rf.admin = rp.info.Listen, rp.info.Admin
+		rlog.Info("adopted the router a previous daemon left serving", "pid", rp.info.PID, "listen", rf.listen)
+	} else {
+		// Bound first so that a taken port fails here, and the control plane can show the
+		// real address.
+		rln, err := net.Listen("tcp", f.listen)
+		if err != nil {
+			return fmt.Errorf("router endpoint %s: %w", f.listen, err)
+		}
+		rf.listen = rln.Addr().String()
+		rln.Close()
+	}
+	endpoint := "http://" + rf.listen
+	cctx, stopControl := context.WithCancel(ctx)
+	defer stopControl()
 	apic := make(chan net.Addr, 1)
-	errc := make(chan error, 2)
+	controlDone := make(chan error, 1)
 	go func() {
-		errc <- control.Serve(ctx, control.DaemonOptions{Home: home, API: f.api, Token: token, Tick: f.tick, DrainTimeout: f.drain,
+		controlDone <- control.Serve(cctx, control.DaemonOptions{Home: home, API: f.api, Token: token, Tick: f.tick, DrainTimeout: f.drain,
 			Endpoint: endpoint, BinDir: filepath.Dir(exe), LocalGrace: f.grace, Log: log.With("part", "control"),
-			Ready: func(a net.Addr) { apic <- a }, Metrics: reg, ZoneCooldown: f.zoneCooldown,
+			Ready: func(a net.Addr) { apic <- a }, ZoneCooldown: f.zoneCooldown,
 			MaxReplicas: f.maxReplicas, LocalMaxReplicas: f.localMaxReplicas,
 			Providers: providersFrom(home, f.providers, log.With("part", "control"))})
 	}()
 	var api net.Addr
 	select {
 	case api = <-apic:
-	case err := <-errc:
+	case err := <-controlDone:
 		return err
 	}
-	cfg := router.Defaults()
-	cfg.APIKeysFile = f.apiKeys
-	go func() {
-		errc <- router.Run(ctx, router.Options{Listen: rln.Addr().String(), Admin: f.admin, Config: cfg, ControlURL: "http://" + api.String(),
-			Token: token, RouterID: "embedded", Log: log.With("part", "router"), Registry: reg,
-			Ready: func(_, admin net.Addr) {
-				info := daemonInfo{PID: os.Getpid(), API: "http://" + api.String(), Endpoint: endpoint, Admin: "http://" + admin.String()}
-				b, _ := json.MarshalIndent(info, "", "  ")
-				if err := writeFileAtomic(daemonInfoPath(home), b); err != nil {
-					errc <- err
-				}
-			}})
-	}()
-	err = <-errc
-	cancel()
-	_ = os.Remove(daemonInfoPath(home))
-	return err
+	rf.control = "http://" + api.String()
+	if rp != nil && rp.info.Control != rf.control {
+		rlog.Info("the adopted router follows another control plane address; replacing it", "was", rp.info.Control, "now", rf.control)
+		rp.stop(40 * time.Second)
+		rp = nil
+	}
+	if rp == nil {
+		if rp, err = startRouter(home, exe, rf); err != nil {
+			stopControl()
+			<-controlDone
+			return err
+		}
+		rf.admin = rp.info.Admin // a restarted router keeps the metrics address
+	}
+	publish := func() error {
+		info := daemonInfo{PID: os.Getpid(), API: rf.control, Endpoint: endpoint, Admin: "http://" + rp.info.Admin, RouterPID: rp.info.PID}
+		b, _ := json.MarshalIndent(info, "", "  ")
+		return writeFileAtomic(daemonInfoPath(home), b)
+	}
+	if err := publish(); err != nil {
+		rp.stop(40 * time.Second)
+		stopControl()
+		<-controlDone
+		return err
+	}
+	backoff := time.Second
+	for {
+		select {
+		case err := <-controlDone:
+			// The control plane failed: the router keeps serving its last ready set, and
+			// the next daemon for this home adopts it.
+			rlog.Error("the control plane stopped; the router keeps serving", "router_pid", rp.info.PID, "err", err)
+			return err
+		case <-ctx.Done():
+			rp.stop(40 * time.Second)
+			stopControl()
+			err := <-controlDone
+			_ = os.Remove(daemonInfoPath(home))
+			return err
+		case <-rp.done:
+		}
+		if time.Since(rp.started) > time.Minute {
+			backoff = time.Second // it had served a while: not a crash loop
+		}
+		rlog.Error("the router process exited; starting another", "pid", rp.info.PID, "err", rp.err, "after", backoff)
+		select {
+		case <-ctx.Done():
+			stopControl()
+			err := <-controlDone
+			_ = os.Remove(daemonInfoPath(home))
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+		next, err := startRouter(home, exe, rf)
+		if err != nil {
+			rlog.Error("the router did not start again", "err", err)
+			rp.started = time.Now() // its done stays closed: the next round tries again
+			continue
+		}
+		rp = next
+		if err := publish(); err != nil {
+			rlog.Error("cannot publish the daemon's addresses", "err", err)
+		}
+	}
 }
 
 // providersFrom builds the clusters of a providers file: the one named, else

@@ -80,7 +80,7 @@ func root() *cobra.Command {
 	up, daemon := upCmd(g), daemonCmd(g)
 	addDaemonFlags(up)
 	addDaemonFlags(daemon)
-	cmd.AddCommand(up, daemon, statusCmd(g), replicasCmd(g), updateCmd(g), downCmd(g), validateCmd(), logsCmd(g), stopCmd(g), preemptCmd(g), keysCmd())
+	cmd.AddCommand(up, daemon, statusCmd(g), replicasCmd(g), updateCmd(g), downCmd(g), validateCmd(), logsCmd(g), stopCmd(g), preemptCmd(g), keysCmd(), routerCmd(g))
 	return cmd
 }
 
@@ -280,23 +280,51 @@ func stopCmd(g *globals) *cobra.Command {
 		Short: "Stop the local control plane and router (replicas keep running: a restart adopts them; `serve down --all` first to end them)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			info, err := readDaemonInfo(g.home)
+			home, err := filepath.Abs(g.home)
 			if err != nil {
-				return fail(exitUnreachable, "no control plane is running for %s", g.home)
+				return fail(exitUsage, "--home: %v", err)
 			}
-			if err := syscall.Kill(info.PID, syscall.SIGTERM); err != nil {
-				return fail(exitErr, "stop pid %d: %v", info.PID, err)
-			}
-			for range 100 {
-				if syscall.Kill(info.PID, 0) != nil {
-					fmt.Fprintln(cmd.OutOrStdout(), "Control plane stopped.")
-					return nil
+			out := cmd.OutOrStdout()
+			stopped := false
+			if info, err := readDaemonInfo(home); err == nil && running(info.PID) {
+				// The daemon stops its router first, which finishes in-flight requests.
+				if err := terminate(info.PID, 60*time.Second); err != nil {
+					return fail(exitErr, "stop the control plane: %v", err)
 				}
-				time.Sleep(100 * time.Millisecond)
+				fmt.Fprintln(out, "Control plane stopped.")
+				stopped = true
 			}
-			return fail(exitErr, "pid %d still running after 10s", info.PID)
+			// A router left serving by a daemon that crashed.
+			if r, err := readRouterInfo(home); err == nil && isRouterProcess(r.PID, home) {
+				if err := terminate(r.PID, 40*time.Second); err != nil {
+					return fail(exitErr, "stop the router: %v", err)
+				}
+				fmt.Fprintln(out, "Router stopped.")
+				stopped = true
+			}
+			_ = os.Remove(daemonInfoPath(home))
+			_ = os.Remove(routerInfoPath(home))
+			if !stopped {
+				return fail(exitUnreachable, "no control plane is running for %s", home)
+			}
+			return nil
 		},
 	}
+}
+
+// terminate sends SIGTERM to pid and waits for it to be gone.
+func terminate(pid int, wait time.Duration) error {
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return fmt.Errorf("pid %d: %w", pid, err)
+	}
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		if !running(pid) {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("pid %d still running after %s", pid, wait)
 }
 
 func validateCmd() *cobra.Command {
