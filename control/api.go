@@ -71,6 +71,8 @@ func writeErr(w http.ResponseWriter, err error) {
 		code = http.StatusConflict
 	case errors.As(err, &sl), errors.Is(err, errBadRequest):
 		code = http.StatusBadRequest
+	case errors.Is(err, errTooLarge):
+		code = http.StatusRequestEntityTooLarge
 	}
 	if why := state.Unavailable(err); why != "" && code == http.StatusInternalServerError {
 		// Nothing changed and a retry may well succeed: say so, and why.
@@ -81,7 +83,10 @@ func writeErr(w http.ResponseWriter, err error) {
 	writeJSON(w, code, APIError{Error: err.Error()})
 }
 
-var errBadRequest = errors.New("bad request")
+var (
+	errBadRequest = errors.New("bad request")
+	errTooLarge   = errors.New("request too large")
+)
 
 func (c *Controller) auth(h http.HandlerFunc) http.HandlerFunc {
 	want := []byte("Bearer " + c.cfg.Token)
@@ -97,6 +102,10 @@ func (c *Controller) auth(h http.HandlerFunc) http.HandlerFunc {
 
 func decode(r *http.Request, v any) error {
 	if err := json.NewDecoder(r.Body).Decode(v); err != nil {
+		var big *http.MaxBytesError
+		if errors.As(err, &big) {
+			return fmt.Errorf("%w: the request body is over %d bytes", errTooLarge, big.Limit)
+		}
 		return fmt.Errorf("%w: request body: %v", errBadRequest, err)
 	}
 	return nil

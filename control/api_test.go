@@ -123,7 +123,10 @@ func TestAPIServicesAndErrors(t *testing.T) {
 		t.Fatalf("load report without router: %d; want 400", code)
 	}
 	if code, _ := call(t, srv, "POST", "/v1/services", "secret", strings.Repeat("x", maxBody+10)); code != 400 {
-		t.Fatalf("oversized body: %d; want 400", code)
+		t.Fatalf("oversized body that is not JSON: %d; want 400", code)
+	}
+	if code, body := call(t, srv, "POST", "/v1/services", "secret", `{"name":"big","spec":"`+strings.Repeat("x", maxBody+10)+`"}`); code != 413 || !strings.Contains(body, "over") {
+		t.Fatalf("oversized spec: %d %s; want 413", code, body)
 	}
 	if code, _ := call(t, srv, "GET", "/v1/services/nope", "secret", ""); code != 404 {
 		t.Fatalf("get unknown: %d", code)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/arbiter-serve/arbiter/fdlimit"
 	"github.com/arbiter-serve/arbiter/httplog"
+	"github.com/arbiter-serve/arbiter/linger"
 )
 
 // Options is a whole router: where it listens and where its replica set comes from (a
@@ -105,7 +106,16 @@ func Run(ctx context.Context, o Options) error {
 	adminSrv := &fasthttp.Server{Handler: AdminHandler(gather, pool, cfg.Pprof), Name: "arbiter-admin", ReadTimeout: 10 * time.Second, Logger: httplog.Fasthttp{L: log}}
 	log.Info("router serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(), "policy", cfg.Policy, "control_plane", o.ControlURL)
 	errc := make(chan error, 2)
-	go func() { errc <- srv.Serve(fdlimit.Listener(ln, log)) }()
+	// A request refused before it was read whole (413, a shed connection's 503) must reach
+	// the client rather than be destroyed by the reset of a plain close. Lingering holds
+	// descriptors: at most a sixteenth of the budget's worth at once.
+	lingerMax := 1024
+	if limit > 0 {
+		lingerMax = max(16, int(limit/16))
+	}
+	go func() {
+		errc <- srv.Serve(linger.Listener(fdlimit.Listener(ln, log), 250*time.Millisecond, 5*time.Second, lingerMax))
+	}()
 	go func() { errc <- adminSrv.Serve(fdlimit.Listener(aln, log)) }()
 	if o.Ready != nil {
 		o.Ready(ln.Addr(), aln.Addr())
