@@ -89,8 +89,80 @@ func daemonAttacks(bin, dir string) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
+	rows = append(rows, r, badUpdate(do))
+	r, restarted, err = storedSpecBroken(bin, home, args, do, daemon)
+	if restarted != nil {
+		daemon = restarted
+	}
+	if err != nil {
+		return nil, err
+	}
 	rows = append(rows, r, fileModes(home), resources(home, daemon.Process.Pid))
 	return rows, nil
+}
+
+// badUpdate sends `serve update` an autoscaling section the decider would refuse (issue 18
+// item 10: it answered 500): 400 with the reason, and the service keeps its version.
+func badUpdate(do func(method, path, body string) (int, string)) row {
+	version := func() int {
+		var st control.ServiceStatus
+		if code, body := do("GET", "/v1/services/crash", ""); code != 200 || json.Unmarshal([]byte(body), &st) != nil {
+			return -1
+		}
+		return st.Version
+	}
+	before := version()
+	spec := "service:\n  readiness_probe: /health\n  replicas: 2\nrun: exec replicasim -listen 127.0.0.1:$PORT -model m -echo -log-level warn\narbiter:\n  model: m\n  autoscaling: {panic_threshold: 1}\n"
+	code, body := do("PUT", "/v1/services/crash", submit("crash", spec))
+	after := version()
+	return row{"`serve update` with panic_threshold 1", "400 with the reason, the version unchanged",
+		fmt.Sprintf("%d %.80s; version %d → %d", code, body, before, after), code == 400 && before == after && before > 0}
+}
+
+// storedSpecBroken stops the daemon, damages one service's stored spec (as a downgrade
+// or a hand edit would), and starts it again (issue 18 item 2: such a spec once kept the
+// daemon from starting): that service alone is failed, with the reason, and the other
+// one serves.
+func storedSpecBroken(bin, home string, args []string, do func(method, path, body string) (int, string), daemon *exec.Cmd) (row, *exec.Cmd, error) {
+	if code, body := do("POST", "/v1/services", submit("zero", "service:\n  readiness_probe: /health\n  replica_policy: {min_replicas: 0, max_replicas: 1}\n"+
+		"run: exec replicasim -listen 127.0.0.1:$PORT -model z -echo\narbiter: {model: z, autoscaling: {signal: concurrency}}\n")); code != 201 && code != 200 {
+		return row{}, nil, fmt.Errorf("submit the zero service: %d %s", code, body)
+	}
+	cmd := exec.Command(filepath.Join(bin, "serve"), "--home", home, "stop")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return row{}, nil, fmt.Errorf("serve stop: %v: %s", err, out)
+	}
+	_ = daemon.Wait()
+	db, err := sql.Open("sqlite", "file:"+control.StatePath(home)+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		return row{}, nil, err
+	}
+	_, err = db.Exec(`UPDATE versions SET spec = 'service: {replicas: [' WHERE service = 'zero'`)
+	db.Close()
+	if err != nil {
+		return row{}, nil, fmt.Errorf("damage the stored spec: %w", err)
+	}
+	restarted, err := start(filepath.Join(bin, "serve"), args...)
+	if err != nil {
+		return row{}, nil, err
+	}
+	status := map[string]control.ServiceStatus{}
+	_ = waitFor(60*time.Second, func() bool {
+		var sts []control.ServiceStatus
+		code, body := do("GET", "/v1/services", "")
+		if code != 200 || json.Unmarshal([]byte(body), &sts) != nil {
+			return false
+		}
+		for _, st := range sts {
+			status[st.Name] = st
+		}
+		return status["crash"].Ready == 2 && status["zero"].Status == "failed"
+	})
+	z, c := status["zero"], status["crash"]
+	return row{"a stored spec that no longer loads, at the daemon's start", "the daemon starts; that service alone failed, with the reason; the other serves",
+			fmt.Sprintf("zero: %s (%.70s); crash: %s, %d ready", z.Status, z.Failed, c.Status, c.Ready),
+			z.Status == "failed" && z.Failed != "" && c.Ready == 2},
+		restarted, nil
 }
 
 // crashUnderLoad kills (-9) the daemon in the middle of a load through its endpoint, then
