@@ -58,7 +58,7 @@ func Run(ctx context.Context, o Options) error {
 	var aff *Affinity
 	if cfg.AffinitySize > 0 {
 		var err error
-		if aff, err = NewAffinity(cfg.AffinitySize, 64); err != nil {
+		if aff, err = NewAffinity(cfg.AffinitySize, defaultBlockTokens); err != nil {
 			return err
 		}
 	}

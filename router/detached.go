@@ -27,9 +27,10 @@ func (r *Replica) SetInfo(info fleet.Replica) { r.info.Store(&info) }
 func (r *Replica) Begin(req *Request, staleAfter time.Duration) Prediction {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	p := req.shapeOn(r)
+	p := r.withKnownPrefix(req.shapeOn(r))
 	pred := r.predictLocked(req.Now, p, req.OutTokens, staleAfter)
 	pred.seq = r.twin.add(req.Now, p, req.Streamed)
+	r.prefixes.add(p.prefix, float64(pred.Uncached+p.out), r.kvCapacity())
 	r.lastSent = req.Now
 	r.inflight.Add(1)
 	return pred

@@ -455,6 +455,9 @@ func NewAffinity(size, blockTokens int) (*Affinity, error) {
 // prompt (512 blocks) costs 96 entries instead of 512, and a later prompt that extends it
 // (the next turn of a conversation) is found holding all but at most 1/16 of what the
 // replica has cached.
+// defaultBlockTokens is the tokens a prefix block stands for when the prompt does not say.
+const defaultBlockTokens = 64
+
 const (
 	denseBlocks            = 32
 	checkpointsPerDoubling = 16

@@ -37,7 +37,9 @@ type Replica struct {
 	scrape     scrapeState
 	rtt        ewma // seconds, from readiness probes
 	twin       twin // the replica's engine as this router's requests load it
-	spread     spread
+	// prefixes is what this router sent the replica that its prefix cache likely holds.
+	prefixes prefixMemory
+	spread   spread
 	// lastSent is when this router last sent the replica a request (or claimed one to
 	// re-sample it).
 	lastSent time.Time
@@ -193,6 +195,7 @@ func (r *Replica) predict(now time.Time, p shape, outTokens int, staleAfter time
 }
 
 func (r *Replica) predictLocked(now time.Time, p shape, outTokens int, staleAfter time.Duration) Prediction {
+	p = r.withKnownPrefix(p)
 	prompt := p.prompt
 	w := &r.twin
 	w.advance(now)
@@ -209,6 +212,15 @@ func (r *Replica) predictLocked(now time.Time, p shape, outTokens int, staleAfte
 	}
 	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, Wait: max(res.start.Sub(now).Seconds(), 0),
 		Ahead: ahead, Load: r.loadLocked(now, staleAfter), Uncached: uncached, Spread: r.spread.factor()}
+}
+
+// withKnownPrefix counts as cached what the replica's prefix cache likely holds of the
+// prompt, beyond what the caller knew (the affinity table's last holder). Caller holds r.mu.
+func (r *Replica) withKnownPrefix(p shape) shape {
+	if c := r.prefixes.match(p.prefix, p.blockTokens); c > p.cached {
+		p.cached = min(c, p.prompt-1)
+	}
+	return p
 }
 
 // othersLocked is the load other routers (or clients) put on the replica: what its last
@@ -273,4 +285,12 @@ func (r *Replica) setInfo(info fleet.Replica, prof *engine.Profile) {
 	r.mu.Lock()
 	r.twin.setProfile(prof)
 	r.mu.Unlock()
+}
+
+// kvCapacity is the replica's KV cache in tokens, by its profile (0: unknown).
+func (r *Replica) kvCapacity() float64 {
+	if r.twin.prof == nil {
+		return 0
+	}
+	return float64(r.twin.prof.KVTokens)
 }

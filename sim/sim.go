@@ -45,10 +45,17 @@ type replica struct {
 	step     engine.StepResult // the pass in progress; applied when it ends
 	reqs     map[uint64]*request
 	gen      uint32
+	// lastSent is the request sent last, at lastSentAt: one sent in the same instant makes
+	// both a burst (see Result.PredictionError).
+	lastSent   *request
+	lastSentAt time.Duration
 }
 
 // request is one trace request on its way through the system.
 type request struct {
+	// burst: another request reached the same replica in the same instant (the trace's
+	// timestamps coincide).
+	burst    bool
 	id       uint64
 	tr       *traces.Request
 	route    router.Request
@@ -268,7 +275,7 @@ func (s *simulation) arrive(tr *traces.Request) {
 	s.res.Requests++
 	s.arrivals++
 	req := &request{id: uint64(s.next) + 1, tr: tr, heldAt: -1}
-	req.route = router.Request{PromptTokens: max(tr.InputTokens, 1), OutTokens: max(tr.OutputTokens, 1), Prefix: tr.PrefixBlocks, SLO: s.w.slo, Streamed: true}
+	req.route = router.Request{PromptTokens: max(tr.InputTokens, 1), OutTokens: max(tr.OutputTokens, 1), Prefix: tr.PrefixBlocks, BlockTokens: float64(s.blockTok), SLO: s.w.slo, Streamed: true}
 	s.dispatch(req)
 }
 
@@ -301,6 +308,10 @@ func (s *simulation) dispatch(req *request) {
 		s.res.MaxZeroWait = max(s.res.MaxZeroWait, wait)
 	}
 	req.pred = rep.view.Begin(&req.route, staleAfter)
+	if rep.lastSent != nil && rep.lastSentAt == s.now {
+		rep.lastSent.burst, req.burst = true, true
+	}
+	rep.lastSent, rep.lastSentAt = req, s.now
 	req.rep, req.sentAt, req.firstAt = rep, s.now, -1
 	rep.reqs[req.id] = req
 	// The replica's server prepares the prompt (parses and tokenizes it) before its engine
@@ -403,6 +414,7 @@ func (s *simulation) complete(r *replica, req *request) {
 	res.ttfts = append(res.ttfts, ttft)
 	res.predicted = append(res.predicted, req.pred.TTFT)
 	res.sentTTFT = append(res.sentTTFT, (req.firstAt - req.sentAt).Seconds())
+	res.burst = append(res.burst, req.burst)
 	if out > 1 {
 		res.tpots = append(res.tpots, tpot)
 	}

@@ -211,26 +211,35 @@ func BenchmarkDay(b *testing.B) {
 // The router's model of a replica predicts what the replica's engine does: here both run in
 // virtual time, free of the noise a loaded machine adds to replicasim's clock, so what is
 // left is the model's own error. On Azure's conversations it meets issue 22's goals. On
-// Mooncake's (prompts up to 120k tokens sharing long prefixes, bursts, KV cache pressure) it
-// does not yet: the prefix caches of replicas other than a prompt's last holder are unknown
-// to the router, and the engine's step boundaries decide which queued prompts share a step;
-// the bound below keeps what is reached (it was 66 % before the model knew KV capacity, the
-// server's preparation time and the decoders' ends).
+// Mooncake's it does not, for a measured reason: the trace's timestamps have a resolution of
+// a second (5,719 requests at 600 instants), so 86 % of its requests reach their replica in
+// the same instant as others, share one engine step with them, and wait for all of it; no
+// prediction made when the first of them is sent can see the ones after it. Over the
+// requests that arrive alone the error is half. The bounds keep what is reached (Mooncake
+// was 66 % before the model knew KV capacity, the server's preparation time and the
+// decoders' ends, and 36 % before the calibration became a median and each replica's
+// prefix cache was remembered).
 func TestRouterPredictsTheEngine(t *testing.T) {
 	for _, c := range []struct {
 		trace              string
 		mape, p90, verdict float64
+		loneMAPE           float64 // over the requests that reached their replica alone
 	}{
-		{"azure-conversation", 0.10, 0.30, 0.95},
-		{"mooncake-conversation-30min", 0.45, 0.90, 0.85},
+		{"azure-conversation", 0.10, 0.30, 0.95, 0.10},
+		{"mooncake-conversation-30min", 0.35, 0.85, 0.95, 0.20},
 	} {
 		in := inputs(t, c.trace, volatile, 30*time.Minute)
 		r := run(t, Arbiter, in)
 		mape, p90, verdicts, n := r.PredictionError()
 		t.Logf("%s: TTFT predictions over %d requests: MAPE %.1f %%, APE p90 %.1f %%, SLO verdicts right %.1f %%", c.trace, n, 100*mape, 100*p90, 100*verdicts)
+		lm, lp, lv, ln := r.LoneArrivalPredictionError()
+		t.Logf("%s: over the %d that reached their replica alone: MAPE %.1f %%, APE p90 %.1f %%, verdicts %.1f %%", c.trace, ln, 100*lm, 100*lp, 100*lv)
 		if n < 1000 || mape > c.mape || p90 > c.p90 || verdicts < c.verdict {
 			t.Errorf("%s: MAPE %.1f %%, APE p90 %.1f %%, verdicts %.1f %% over %d requests: want ≤ %.0f %%, ≤ %.0f %%, ≥ %.0f %%",
 				c.trace, 100*mape, 100*p90, 100*verdicts, n, 100*c.mape, 100*c.p90, 100*c.verdict)
+		}
+		if ln < 500 || lm > c.loneMAPE {
+			t.Errorf("%s: MAPE %.1f %% over %d requests that arrived alone: want ≤ %.0f %%", c.trace, 100*lm, ln, 100*c.loneMAPE)
 		}
 	}
 }
