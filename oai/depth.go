@@ -6,13 +6,16 @@ package oai
 const MaxDepth = 64
 
 // MaxValues bounds a request's JSON values (a 128k-token prompt given as token ids is 128k
-// of them). Each costs a parser about two hundred bytes, so a body of a few megabytes of "{},"
-// would otherwise parse into gigabytes.
-const MaxValues = 1 << 20
+// of them; this allows four times that). Each costs a parser about 550 bytes, so a body of a
+// few megabytes of "{}," would otherwise parse into gigabytes; at the bound a parse takes
+// about 300 MiB.
+const MaxValues = 1 << 19
 
-// ParseCostPerValue is about what a parsed JSON value costs in memory, in bytes (fastjson's
-// value, its parent's pointer to it, and the growth of the parser's cache).
-const ParseCostPerValue = 200
+// ParseCostPerValue is about what a parsed JSON value costs in memory, in bytes: fastjson's
+// value, its parent's pointer to it, and the doubling growth of the parser's cache and
+// arrays (measured with Go 1.26 and fastjson 1.6: 470–490 for numbers and strings, 520 for
+// a prompt of token ids, 230 per Scan value for empty objects; TestParseCostCoversWhatAParseTakes).
+const ParseCostPerValue = 550
 
 // Scan reads body once, without parsing it: it refuses nesting deeper than maxDepth or more
 // than maxValues values, and returns how many values there are (roughly: containers and
@@ -50,4 +53,11 @@ func Scan(body []byte, maxDepth, maxValues int) (values int, err error) {
 		}
 	}
 	return values, nil
+}
+
+// ParseCost is about what parsing a body of n bytes and values JSON values takes in
+// memory: the parser's copy of the body, the strings taken out of it (a prompt's text),
+// and the values (with a little to spare: an estimate short of the parse bounds nothing).
+func ParseCost(n, values int) int64 {
+	return 9*int64(n)/4 + int64(values)*ParseCostPerValue
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,6 +52,10 @@ func Run(ctx context.Context, o Options) error {
 	if budget := fdlimit.ClientBudget(limit); limit > 0 && cfg.MaxConnections > budget {
 		log.Info("max_connections lowered to what the file-descriptor limit leaves room for", "max_connections", budget, "configured", cfg.MaxConnections, "nofile", limit)
 		cfg.MaxConnections = budget
+	}
+	if limit, ok := memoryLimit(&cfg, os.Getenv("GOMEMLIMIT")); ok {
+		debug.SetMemoryLimit(limit)
+		log.Debug("soft memory limit set", "bytes", limit)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -152,4 +157,16 @@ func (px *Proxy) loadKeys(ctx context.Context, file, env string, log *slog.Logge
 func isLoopback(a net.Addr) bool {
 	ta, ok := a.(*net.TCPAddr)
 	return ok && ta.IP.IsLoopback()
+}
+
+// memoryLimit is the soft memory limit the router sets, if any: none when GOMEMLIMIT is set
+// (the runtime has read it) or memory_limit_bytes is negative.
+func memoryLimit(cfg *Config, env string) (int64, bool) {
+	switch {
+	case env != "" || cfg.MemoryLimitBytes < 0:
+		return 0, false
+	case cfg.MemoryLimitBytes > 0:
+		return cfg.MemoryLimitBytes, true
+	}
+	return int64(cfg.MaxBodyBufferBytes) + parseBudget(cfg) + 256<<20, true
 }

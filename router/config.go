@@ -22,10 +22,21 @@ type Config struct {
 
 	MaxRequestBodyBytes int `yaml:"max_request_body_bytes"`
 	// MaxParseBytes bounds the memory that parsing large request bodies (over 1 MiB of
-	// estimated parse tree: body bytes plus about 200 per JSON value) takes at once; one
-	// beyond it is answered 503 with Retry-After (one body of the largest size always fits).
-	MaxParseBytes        int `yaml:"max_parse_bytes"`
-	MaxResponseBodyBytes int `yaml:"max_response_body_bytes"`
+	// estimated parse memory, oai.ParseCost: about twice the body plus 550 bytes per JSON
+	// value) takes at once; one beyond it is answered 503 with Retry-After (one body of the
+	// largest size always fits).
+	MaxParseBytes int `yaml:"max_parse_bytes"`
+	// MaxBodyBufferBytes bounds the request bodies over 64 KiB held in memory at once
+	// (read, parsed, forwarded); a request whose body does not fit within 2 s is answered
+	// 503 with Retry-After, its body unread. A chunked body holds max_request_body_bytes
+	// until it is read. Bodies are read only after the request is authenticated.
+	MaxBodyBufferBytes int `yaml:"max_body_buffer_bytes"`
+	// MemoryLimitBytes is the Go runtime's soft memory limit (debug.SetMemoryLimit): near it
+	// the garbage collector runs sooner, so the garbage of large bodies does not double the
+	// router's footprint. 0: the two body budgets above plus 256 MiB for connections and
+	// streams; negative: none. The GOMEMLIMIT environment variable, when set, wins.
+	MemoryLimitBytes     int64 `yaml:"memory_limit_bytes"`
+	MaxResponseBodyBytes int   `yaml:"max_response_body_bytes"`
 	// MaxAttempts bounds tries per request, each on a different replica.
 	MaxAttempts int `yaml:"max_attempts"`
 	// MaxHeld bounds the requests held while their service has no ready replica (scale
@@ -118,6 +129,7 @@ func Defaults() Config {
 		SLOs:                   map[string]SLO{"*": {TTFT: 2, TPOT: 0.1, Percentile: 0.9}},
 		MaxRequestBodyBytes:    8 << 20,
 		MaxParseBytes:          256 << 20,
+		MaxBodyBufferBytes:     64 << 20,
 		MaxResponseBodyBytes:   64 << 20,
 		MaxAttempts:            3,
 		MaxHeld:                1024,
@@ -176,8 +188,8 @@ func (c *Config) Validate() error {
 	}
 	positive := map[string]int64{
 		"max_request_body_bytes": int64(c.MaxRequestBodyBytes), "max_response_body_bytes": int64(c.MaxResponseBodyBytes),
-		"max_parse_bytes": int64(c.MaxParseBytes),
-		"max_attempts":    int64(c.MaxAttempts), "max_held_requests": int64(c.MaxHeld), "connect_timeout": int64(c.ConnectTimeout),
+		"max_parse_bytes": int64(c.MaxParseBytes), "max_body_buffer_bytes": int64(c.MaxBodyBufferBytes),
+		"max_attempts": int64(c.MaxAttempts), "max_held_requests": int64(c.MaxHeld), "connect_timeout": int64(c.ConnectTimeout),
 		"first_byte_timeout": int64(c.FirstByteTimeout), "stream_idle_timeout": int64(c.StreamIdleTimeout),
 		"request_timeout": int64(c.RequestTimeout), "upstream_idle_timeout": int64(c.UpstreamIdleTimeout),
 		"max_idle_conns_per_replica": int64(c.MaxIdleConnsPerReplica), "probe.interval": int64(c.Probe.Interval),
@@ -191,6 +203,9 @@ func (c *Config) Validate() error {
 		if v <= 0 {
 			return fmt.Errorf("%s: must be > 0 (durations are written like 2s or 250ms)", k)
 		}
+	}
+	if c.MaxBodyBufferBytes < c.MaxRequestBodyBytes {
+		return fmt.Errorf("max_body_buffer_bytes %d: must be >= max_request_body_bytes (%d), or the largest body could never be read", c.MaxBodyBufferBytes, c.MaxRequestBodyBytes)
 	}
 	if c.ScrapeInterval > 250*time.Millisecond {
 		return fmt.Errorf("scrape_interval %v: must be <= 250ms, or queue predictions go stale", c.ScrapeInterval)

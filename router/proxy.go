@@ -59,7 +59,9 @@ type Proxy struct {
 	// largeBodies budgets the bytes of large bodies parsed at once (max_parse_bytes).
 	largeBodies *semaphore.Weighted
 	largeBudget int64
-	rngs        sync.Pool
+	// bodies budgets the bytes of large request bodies held at once (max_body_buffer_bytes).
+	bodies *semaphore.Weighted
+	rngs   sync.Pool
 }
 
 // NewProxy wires a proxy over a pool.
@@ -69,8 +71,9 @@ func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, 
 		return nil, err
 	}
 	px := &Proxy{cfg: cfg, pool: pool, met: met, log: log, counter: counter, Now: time.Now, policies: map[string]Policy{}, Load: &LoadTracker{},
-		largeBudget: max(int64(cfg.MaxParseBytes), int64(cfg.MaxRequestBodyBytes)+oai.MaxValues*oai.ParseCostPerValue)}
+		largeBudget: parseBudget(cfg)}
 	px.largeBodies = semaphore.NewWeighted(px.largeBudget)
+	px.bodies = semaphore.NewWeighted(int64(cfg.MaxBodyBufferBytes))
 	for _, h := range []string{"Authorization", "Proxy-Authorization", "Cookie"} {
 		if !slices.ContainsFunc(cfg.PassHeaders, func(p string) bool { return strings.EqualFold(p, h) }) {
 			px.stripHeaders = append(px.stripHeaders, h)
@@ -230,7 +233,18 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 			px.keyDone(key, ctx.Response.StatusCode())
 		}
 	}()
-	c, ok := px.newCall(ctx, kind)
+	body, held, ok := px.readBody(ctx)
+	if !ok {
+		return
+	}
+	defer func() {
+		// Retries are over once the handler returns: a streaming call keeps no body.
+		if c != nil {
+			c.body = nil
+		}
+		px.releaseBody(held)
+	}()
+	c, ok = px.newCall(ctx, kind, body)
 	if !ok {
 		return
 	}
@@ -354,10 +368,9 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 }
 
 // newCall parses and validates the request; on failure it has answered the client.
-func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) {
-	body := ctx.PostBody()
+func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (*call, bool) {
 	values, err := oai.Scan(body, oai.MaxDepth, oai.MaxValues)
-	cost := int64(len(body)) + int64(values)*oai.ParseCostPerValue // what parsing it takes in memory
+	cost := oai.ParseCost(len(body), values) // what parsing it takes in memory
 	var req oai.Request
 	switch {
 	case err != nil:
@@ -408,7 +421,7 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind) (*call, bool) 
 		return nil, false
 	}
 	now := px.Now()
-	c := &call{kind: kind, model: req.Model, stream: req.Stream, body: ctx.PostBody(), start: now, slo: px.cfg.SLOFor(req.Model)}
+	c := &call{kind: kind, model: req.Model, stream: req.Stream, body: body, start: now, slo: px.cfg.SLOFor(req.Model)}
 	c.tried = c.triedBuf[:0]
 	if px.ControlPlane != nil {
 		// The service's spec, as the control plane published it, outranks the router's config.
@@ -479,6 +492,12 @@ func tightenSLO(target *float64, h []byte) error {
 		*target = s
 	}
 	return nil
+}
+
+// parseBudget is the memory large parses may take at once: max_parse_bytes, or more if the
+// largest body allowed would not fit in it.
+func parseBudget(cfg *Config) int64 {
+	return max(int64(cfg.MaxParseBytes), oai.ParseCost(cfg.MaxRequestBodyBytes, oai.MaxValues))
 }
 
 // largeParse is the estimated parse memory past which a body takes from the large-body

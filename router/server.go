@@ -21,13 +21,14 @@ func NewServer(cfg *Config, h fasthttp.RequestHandler, log *slog.Logger) *fastht
 		ReadTimeout:        cfg.ReadTimeout,
 		IdleTimeout:        cfg.IdleTimeout,
 		// Responses stream for minutes; the per-request deadline bounds them instead.
-		WriteTimeout:                       0,
-		Concurrency:                        cfg.MaxConnections,
-		MaxConnsPerIP:                      cfg.MaxConnectionsPerIP,
-		ReduceMemoryUsage:                  false,
-		NoDefaultServerHeader:              false,
-		DisablePreParseMultipartForm:       true,
-		StreamRequestBody:                  false,
+		WriteTimeout:                 0,
+		Concurrency:                  cfg.MaxConnections,
+		MaxConnsPerIP:                cfg.MaxConnectionsPerIP,
+		ReduceMemoryUsage:            false,
+		NoDefaultServerHeader:        false,
+		DisablePreParseMultipartForm: true,
+		// Bodies are read by the handler, after authentication and within a budget (body.go).
+		StreamRequestBody:                  true,
 		CloseOnShutdown:                    true,
 		SleepWhenConcurrencyLimitsExceeded: 0,
 	}

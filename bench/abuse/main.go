@@ -71,10 +71,16 @@ func run(bin string, n, size, rounds int, maxRSS float64) error {
 	}
 	head := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"x":`
 	room := size - len(head) - 1
-	attacks := []struct{ name, body string }{
-		{"deep: one array nested to the body's size", head + strings.Repeat("[", room/2) + strings.Repeat("]", room/2) + "}"},
-		{"wide: the body's size in empty objects", head + "[" + strings.TrimSuffix(strings.Repeat("{},", room/3), ",") + "]}"},
-		{"wide within the value limit: 1,000,000 numbers", head + "[" + strings.TrimSuffix(strings.Repeat("1,", 1_000_000), ",") + "]}"},
+	prompt := `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"`
+	attacks := []struct {
+		name, body string
+		clients    int // concurrent bodies
+	}{
+		{"deep: one array nested to the body's size", head + strings.Repeat("[", room/2) + strings.Repeat("]", room/2) + "}", n},
+		{"wide: the body's size in empty objects", head + "[" + strings.TrimSuffix(strings.Repeat("{},", room/3), ",") + "]}", n},
+		{"wide within the value limit: 500,000 numbers", head + "[" + strings.TrimSuffix(strings.Repeat("1,", 500_000), ",") + "]}", n},
+		// Valid requests, nothing to refuse but their number: what bounds the raw bodies.
+		{"many clients, a body-sized prompt each", prompt + strings.Repeat("x", size-len(prompt)-4) + `"}]}`, 4 * n},
 	}
 	fmt.Printf("router RSS at rest: %.0f MiB\n\n", rssMiB(router.Process.Pid))
 	fmt.Println("| attack | bodies × size × rounds | answers | router peak RSS | RSS after | router alive |")
@@ -100,7 +106,7 @@ func run(bin string, n, size, rounds int, maxRSS float64) error {
 		client := &http.Client{Timeout: 60 * time.Second}
 		for range rounds {
 			var wg sync.WaitGroup
-			for range n {
+			for range a.clients {
 				wg.Go(func() {
 					code := "error"
 					resp, err := client.Post(url, "application/json", bytes.NewReader([]byte(a.body)))
@@ -118,7 +124,7 @@ func run(bin string, n, size, rounds int, maxRSS float64) error {
 		time.Sleep(200 * time.Millisecond)
 		close(done)
 		alive := procs.Running(router.Process.Pid)
-		fmt.Printf("| %s | %d × %.1f MiB × %d | %v | %d MiB | %.0f MiB | %v |\n", a.name, n, float64(len(a.body))/(1<<20), rounds, codes, peak.Load(), rssMiB(router.Process.Pid), alive)
+		fmt.Printf("| %s | %d × %.1f MiB × %d | %v | %d MiB | %.0f MiB | %v |\n", a.name, a.clients, float64(len(a.body))/(1<<20), rounds, codes, peak.Load(), rssMiB(router.Process.Pid), alive)
 		switch {
 		case !alive:
 			failed = append(failed, a.name+": the router died")

@@ -1,0 +1,121 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/arbiter-serve/arbiter/oai"
+)
+
+// The client server streams request bodies (fasthttp's StreamRequestBody), so that a body
+// is read only once the request has been authenticated and admitted, and large ones only
+// within a budget of bytes held at once (max_body_buffer_bytes). Without it fasthttp reads
+// every body whole before the handler runs, and concurrent connections × max_request_body_bytes
+// is the only bound on the router's memory: 256 clients sending 8 MiB each would be 2 GiB.
+
+// prefetchedBody is what fasthttp reads of a streamed body with its headers
+// (readBodyWithStreaming's 8 KiB): such a body is whole before the handler runs.
+const prefetchedBody = 8 << 10
+
+// smallBody is the largest body read without taking from the budget: chat requests of a
+// few thousand tokens, the bulk of the traffic, whose total the connection cap bounds.
+const smallBody = 64 << 10
+
+// bodyWait bounds how long a large body waits for room in the budget before its request
+// is answered 503 (its bytes still unread).
+const bodyWait = 2 * time.Second
+
+// readBody reads the request's body, taking what it holds from the body budget. held is
+// what the caller gives back with releaseBody once the body is no longer needed; on
+// failure the client has its answer and nothing is held.
+func (px *Proxy) readBody(ctx *fasthttp.RequestCtx) (body []byte, held int64, ok bool) {
+	limit := px.cfg.MaxRequestBodyBytes
+	n := ctx.Request.Header.ContentLength()
+	if n > limit {
+		px.refuseBody(ctx, fasthttp.StatusRequestEntityTooLarge, "body_too_large",
+			fmt.Sprintf("request body too large: %d bytes, max_request_body_bytes is %d", n, limit))
+		return nil, 0, false
+	}
+	if n >= 0 && n <= prefetchedBody {
+		return ctx.PostBody(), 0, true
+	}
+	// A chunked body's size is known only once read: it holds room for the largest.
+	want := int64(n)
+	if n < 0 {
+		want = int64(limit)
+	}
+	if want > smallBody {
+		if !px.takeBody(want) {
+			px.refuseBody(ctx, fasthttp.StatusServiceUnavailable, "body_buffer_busy",
+				fmt.Sprintf("too many large request bodies are held at once (max_body_buffer_bytes %d MiB); retry shortly", px.cfg.MaxBodyBufferBytes>>20))
+			ctx.Response.Header.Set("Retry-After", "1")
+			return nil, 0, false
+		}
+		held = want
+	}
+	body, err := readStream(ctx.RequestBodyStream(), n, limit)
+	if err != nil {
+		px.releaseBody(held)
+		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+			px.refuseBody(ctx, fasthttp.StatusRequestEntityTooLarge, "body_too_large",
+				fmt.Sprintf("request body too large: more than max_request_body_bytes (%d)", limit))
+		} else {
+			// A client that stopped sending (read_timeout) or hung up mid-body.
+			px.refuseBody(ctx, fasthttp.StatusBadRequest, "body_read", "request body not received whole: "+err.Error())
+		}
+		return nil, 0, false
+	}
+	return body, held, true
+}
+
+// readStream reads a body of n bytes (n < 0: until the end of its chunks, at most limit)
+// into a buffer of its own, sized once.
+func readStream(r io.Reader, n, limit int) ([]byte, error) {
+	if n >= 0 {
+		b := make([]byte, n)
+		if _, err := io.ReadFull(r, b); err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	b, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
+	if err == nil && len(b) > limit {
+		err = fasthttp.ErrBodyTooLarge
+	}
+	return b, err
+}
+
+// takeBody takes n bytes from the body budget, waiting at most bodyWait (and never past
+// request_timeout) for others to give theirs back.
+func (px *Proxy) takeBody(n int64) bool {
+	if px.bodies.TryAcquire(n) {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), min(bodyWait, px.cfg.RequestTimeout))
+	defer cancel()
+	return px.bodies.Acquire(ctx, n) == nil
+}
+
+// releaseBody gives a body's bytes back to the budget.
+func (px *Proxy) releaseBody(held int64) {
+	if held > 0 {
+		px.bodies.Release(held)
+	}
+}
+
+// refuseBody answers a request whose body the router will not read (whole): the rest of it
+// is not read, so the connection closes after the answer (lingering, so the answer is read).
+func (px *Proxy) refuseBody(ctx *fasthttp.RequestCtx, code int, reason, msg string) {
+	px.met.errors.WithLabelValues(reason).Inc()
+	typ := oai.InvalidRequest
+	if code == fasthttp.StatusServiceUnavailable {
+		typ = oai.Unavailable
+	}
+	oai.WriteError(ctx, code, typ, msg)
+	ctx.SetConnectionClose()
+}
