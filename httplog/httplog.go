@@ -4,6 +4,7 @@
 package httplog
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,6 +15,11 @@ type Fasthttp struct{ L *slog.Logger }
 
 // Printf implements fasthttp.Logger.
 func (f Fasthttp) Printf(format string, args ...any) {
+	// fasthttp calls this on hot paths too (Request.Body on a streamed body warns every
+	// time): format nothing unless it will be written.
+	if !f.L.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
 	f.L.Debug(fmt.Sprintf(format, args...), "source", "fasthttp")
 }
 

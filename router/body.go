@@ -30,37 +30,53 @@ const smallBody = 64 << 10
 // is answered 503 (its bytes still unread).
 const bodyWait = 2 * time.Second
 
-// readBody reads the request's body, taking what it holds from the body budget. held is
-// what the caller gives back with releaseBody once the body is no longer needed; on
+// reqBody is a request body as read, and what it holds until releaseBody.
+type reqBody struct {
+	b      []byte
+	held   int64   // bytes taken from the body budget
+	pooled *[]byte // b's buffer, from the proxy's pool
+}
+
+// readBody reads the request's body, taking what it holds from the body budget. On
 // failure the client has its answer and nothing is held.
-func (px *Proxy) readBody(ctx *fasthttp.RequestCtx) (body []byte, held int64, ok bool) {
+func (px *Proxy) readBody(ctx *fasthttp.RequestCtx) (reqBody, bool) {
 	limit := px.cfg.MaxRequestBodyBytes
 	n := ctx.Request.Header.ContentLength()
 	if n > limit {
 		px.refuseBody(ctx, fasthttp.StatusRequestEntityTooLarge, "body_too_large",
 			fmt.Sprintf("request body too large: %d bytes, max_request_body_bytes is %d", n, limit))
-		return nil, 0, false
+		return reqBody{}, false
 	}
 	if n >= 0 && n <= prefetchedBody {
-		return ctx.PostBody(), 0, true
+		// Already in memory: copied once into a pooled buffer (Request.Body would copy it
+		// within its own and log a warning about streams on every call).
+		buf := px.bodyBufs.Get().(*[]byte)
+		b := (*buf)[:n]
+		if _, err := io.ReadFull(ctx.RequestBodyStream(), b); err != nil {
+			px.bodyBufs.Put(buf)
+			px.refuseBody(ctx, fasthttp.StatusBadRequest, "body_read", "request body not received whole: "+err.Error())
+			return reqBody{}, false
+		}
+		return reqBody{b: b, pooled: buf}, true
 	}
 	// A chunked body's size is known only once read: it holds room for the largest.
 	want := int64(n)
 	if n < 0 {
 		want = int64(limit)
 	}
+	var rb reqBody
 	if want > smallBody {
 		if !px.takeBody(want) {
 			px.refuseBody(ctx, fasthttp.StatusServiceUnavailable, "body_buffer_busy",
 				fmt.Sprintf("too many large request bodies are held at once (max_body_buffer_bytes %d MiB); retry shortly", px.cfg.MaxBodyBufferBytes>>20))
 			ctx.Response.Header.Set("Retry-After", "1")
-			return nil, 0, false
+			return reqBody{}, false
 		}
-		held = want
+		rb.held = want
 	}
-	body, err := readStream(ctx.RequestBodyStream(), n, limit)
-	if err != nil {
-		px.releaseBody(held)
+	var err error
+	if rb.b, err = readStream(ctx.RequestBodyStream(), n, limit); err != nil {
+		px.releaseBody(rb)
 		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 			px.refuseBody(ctx, fasthttp.StatusRequestEntityTooLarge, "body_too_large",
 				fmt.Sprintf("request body too large: more than max_request_body_bytes (%d)", limit))
@@ -68,9 +84,9 @@ func (px *Proxy) readBody(ctx *fasthttp.RequestCtx) (body []byte, held int64, ok
 			// A client that stopped sending (read_timeout) or hung up mid-body.
 			px.refuseBody(ctx, fasthttp.StatusBadRequest, "body_read", "request body not received whole: "+err.Error())
 		}
-		return nil, 0, false
+		return reqBody{}, false
 	}
-	return body, held, true
+	return rb, true
 }
 
 // readStream reads a body of n bytes (n < 0: until the end of its chunks, at most limit)
@@ -101,10 +117,14 @@ func (px *Proxy) takeBody(n int64) bool {
 	return px.bodies.Acquire(ctx, n) == nil
 }
 
-// releaseBody gives a body's bytes back to the budget.
-func (px *Proxy) releaseBody(held int64) {
-	if held > 0 {
-		px.bodies.Release(held)
+// releaseBody gives a body's bytes back to the budget and its buffer to the pool: the
+// caller holds no reference to it any more.
+func (px *Proxy) releaseBody(rb reqBody) {
+	if rb.held > 0 {
+		px.bodies.Release(rb.held)
+	}
+	if rb.pooled != nil {
+		px.bodyBufs.Put(rb.pooled)
 	}
 }
 

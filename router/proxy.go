@@ -61,7 +61,9 @@ type Proxy struct {
 	largeBudget int64
 	// bodies budgets the bytes of large request bodies held at once (max_body_buffer_bytes).
 	bodies *semaphore.Weighted
-	rngs   sync.Pool
+	// bodyBufs holds buffers for bodies that came whole with their headers.
+	bodyBufs sync.Pool
+	rngs     sync.Pool
 }
 
 // NewProxy wires a proxy over a pool.
@@ -93,6 +95,7 @@ func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, 
 		}
 		px.policies[name] = p
 	}
+	px.bodyBufs.New = func() any { b := make([]byte, prefetchedBody); return &b }
 	// New runs concurrently from every handler that finds the pool empty.
 	var seed atomic.Uint64
 	px.rngs.New = func() any {
@@ -233,18 +236,19 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 			px.keyDone(key, ctx.Response.StatusCode())
 		}
 	}()
-	body, held, ok := px.readBody(ctx)
+	body, ok := px.readBody(ctx)
 	if !ok {
 		return
 	}
 	defer func() {
-		// Retries are over once the handler returns: a streaming call keeps no body.
+		// Retries are over once the handler returns (the replica has had the request): a
+		// streaming call keeps no body.
 		if c != nil {
 			c.body = nil
 		}
-		px.releaseBody(held)
+		px.releaseBody(body)
 	}()
-	c, ok = px.newCall(ctx, kind, body)
+	c, ok = px.newCall(ctx, kind, body.b)
 	if !ok {
 		return
 	}
