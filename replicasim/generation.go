@@ -92,9 +92,15 @@ func (g *generation) stream(w *bufio.Writer) {
 		}
 		buf = buf[:0]
 		if sent == 0 && g.kind == oai.Chat {
-			// vLLM sends the role chunk with the first token, not before it.
+			// vLLM sends the role chunk with the first token, not before it, and the echoed
+			// last message in a chunk of its own after it.
 			for c := range g.sp.n {
 				buf = g.appendChunk(buf, c, -1)
+			}
+			if g.echoText != "" {
+				for c := range g.sp.n {
+					buf = g.appendChunk(buf, c, -2)
+				}
 			}
 		}
 		for ; sent < have; sent++ {
@@ -178,7 +184,8 @@ func (g *generation) appendUsage(b []byte) []byte {
 // completion is the tokens generated over all choices.
 func (g *generation) completion() int { return g.sp.n * g.max }
 
-// appendChunk appends one SSE event for token i of a choice (i = -1: the chat role preamble).
+// appendChunk appends one SSE event for token i of a choice (i = -1: the chat role preamble;
+// -2: a chat's echoed last message).
 func (g *generation) appendChunk(b []byte, choice, i int) []byte {
 	b = append(b, "data: "...)
 	b = g.appendHead(b, true)
@@ -186,15 +193,18 @@ func (g *generation) appendChunk(b []byte, choice, i int) []byte {
 	b = strconv.AppendInt(b, int64(choice), 10)
 	b = append(b, ',')
 	text := ""
-	if i >= 0 {
+	switch {
+	case i >= 0:
 		text = words[i%len(words)]
+	case i == -2:
+		text = g.echoText
 	}
-	if i == 0 && g.sp.echo {
-		text = g.echoText + text // vLLM sends the echoed prompt with the first token
+	if i == 0 && g.kind != oai.Chat {
+		text = g.echoText + text // vLLM sends a completion's echoed prompt with the first token
 	}
 	if g.kind == oai.Chat {
 		b = append(b, `"delta":{`...)
-		if i < 0 {
+		if i == -1 {
 			b = append(b, `"role":"assistant","content":""`...)
 		} else {
 			b = append(b, `"content":`...)
@@ -207,7 +217,7 @@ func (g *generation) appendChunk(b []byte, choice, i int) []byte {
 	}
 	b = append(b, `,"logprobs":`...)
 	if i >= 0 {
-		b = g.appendLogprobs(b, i, i+1, 0)
+		b = g.appendLogprobs(b, i, i+1, g.textOffset(i))
 	} else {
 		b = append(b, "null"...)
 	}
@@ -258,6 +268,25 @@ func (g *generation) appendResponse(b []byte) []byte {
 	b = g.appendUsage(b)
 	return append(b, '}')
 }
+
+// textOffset is where token i's text starts in the whole text of its choice, the echoed
+// prompt included: a streamed chunk's text_offset counts from there, not from the chunk
+// (vllm/entrypoints/openai/serving_completion.py, initial_text_offset = previous_text_lens).
+func (g *generation) textOffset(i int) int {
+	off := 0
+	if g.kind != oai.Chat {
+		off = len(g.echoText)
+	}
+	return off + i/len(words)*wordsBefore[len(words)] + wordsBefore[i%len(words)]
+}
+
+// wordsBefore[i] is the length of the text of words[:i].
+var wordsBefore = func() (n [len(words) + 1]int) {
+	for i, w := range words {
+		n[i+1] = n[i] + len(w)
+	}
+	return n
+}()
 
 // appendLogprobs appends the log-probabilities of tokens [from, to), or null when the request
 // asked for none. The values are made up (there is no model) but shaped as vLLM's:

@@ -29,7 +29,8 @@ type sampling struct {
 	// logprobs: -1 for none; else the number of alternatives per token (completions'
 	// integer logprobs, or chat's top_logprobs when logprobs is true).
 	logprobs int
-	// echo prepends the prompt to a completion's text.
+	// echo prepends the prompt to a completion's text, or a chat's last message to the
+	// answer when that message is the answer's own role (chatEcho).
 	echo bool
 }
 
@@ -82,13 +83,6 @@ func parseSampling(v *fastjson.Value, kind oai.Kind) (sampling, error) {
 			}
 			sp.logprobs = k
 		}
-		if x, ok := num("echo"); ok {
-			b, err := x.Bool()
-			if err != nil {
-				return sp, fmt.Errorf("'echo' must be a boolean")
-			}
-			sp.echo = b
-		}
 	case oai.Chat:
 		want := false
 		if x, ok := num("logprobs"); ok {
@@ -115,6 +109,13 @@ func parseSampling(v *fastjson.Value, kind oai.Kind) (sampling, error) {
 		if want {
 			sp.logprobs = top
 		}
+	}
+	if x, ok := num("echo"); ok {
+		b, err := x.Bool()
+		if err != nil {
+			return sp, fmt.Errorf("'echo' must be a boolean")
+		}
+		sp.echo = b
 	}
 	if sp.logprobs > maxLogprobs {
 		return sp, fmt.Errorf("Requested sample logprobs of %d, which is greater than max allowed: %d", sp.logprobs, maxLogprobs)
@@ -149,4 +150,41 @@ func vllmError(ctx *fasthttp.RequestCtx, status int, message string) {
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
+}
+
+// chatEcho is what vLLM echoes before a chat answer with echo set
+// (vllm/entrypoints/openai/serving_chat.py, chat_completion_stream_generator and
+// chat_completion_full_generator): the last message's content, if that message has the
+// role the answer takes (get_chat_request_role: "assistant", or the last message's own role
+// when add_generation_prompt is false, so then always); a content given as parts is their
+// texts joined by newlines.
+func chatEcho(v *fastjson.Value) string {
+	msgs := v.GetArray("messages")
+	if len(msgs) == 0 {
+		return ""
+	}
+	last := msgs[len(msgs)-1]
+	role := "assistant"
+	if agp := v.Get("add_generation_prompt"); agp != nil && agp.Type() == fastjson.TypeFalse {
+		role = string(last.GetStringBytes("role"))
+	}
+	if string(last.GetStringBytes("role")) != role {
+		return ""
+	}
+	content := last.Get("content")
+	switch {
+	case content == nil:
+		return ""
+	case content.Type() == fastjson.TypeString:
+		return string(content.GetStringBytes())
+	case content.Type() == fastjson.TypeArray:
+		var parts []string
+		for _, part := range content.GetArray() {
+			if t := part.Get("text"); t != nil {
+				parts = append(parts, string(t.GetStringBytes()))
+			}
+		}
+		return strings.Join(parts, "\n")
+	}
+	return ""
 }

@@ -496,7 +496,10 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 		prompt: promptN, max: maxTokens, finish: finish, usage: req.IncludeUsage, fault: f,
 		start: time.Now(), conn: ctx.Conn(), sp: sp, maxSet: req.MaxTokensSet,
 	}
-	if sp.echo {
+	switch {
+	case sp.echo && kind == oai.Chat:
+		g.echoText = chatEcho(v)
+	case sp.echo:
 		g.echoText = s.promptText(&req)
 	}
 	s.met.paramsN.Observe(float64(sp.n))

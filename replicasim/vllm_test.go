@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"strconv"
@@ -340,5 +341,96 @@ func TestMetricsAreVLLMsFamiliesUpdatedAsTokensCome(t *testing.T) {
 	}
 	if got := metricValue(t, text, "vllm:request_generation_tokens_count") - beforeGen; got != 3 {
 		t.Errorf("request_generation_tokens observed %v times for n=3, want 3 (one per sequence)", got)
+	}
+}
+
+// vLLM echoes a chat's last message only when it has the answer's role (an assistant turn
+// being continued), or always when add_generation_prompt is false; streamed, it comes in a
+// chunk of its own after the role chunk (vllm/entrypoints/openai/serving_chat.py).
+func TestChatEcho(t *testing.T) {
+	_, url := start(t, true)
+	content := func(out string) string {
+		var r struct {
+			Choices []struct {
+				Message struct{ Content string } `json:"message"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.Choices) != 1 {
+			t.Fatalf("%s: %v", out, err)
+		}
+		return r.Choices[0].Message.Content
+	}
+	user := `"messages":[{"role":"user","content":"Name a fox."}]`
+	prefill := `"messages":[{"role":"user","content":"Name a fox."},{"role":"assistant","content":"Its name is"}]`
+	for _, c := range []struct {
+		name, body, prefix string
+	}{
+		{"last message the user's: nothing echoed", user + `,"echo":true`, " The"},
+		{"an assistant turn continued: echoed", prefill + `,"echo":true`, "Its name is The"},
+		{"no echo asked", prefill, " The"},
+		{"add_generation_prompt false: the last message whatever its role", user + `,"echo":true,"add_generation_prompt":false`, "Name a fox. The"},
+		{"content as parts: their texts joined by newlines", `"messages":[{"role":"assistant","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"echo":true`, "a\nb The"},
+	} {
+		_, out := post(t, url+"/v1/chat/completions", `{"model":"m","max_tokens":1,`+c.body+`}`)
+		if got := content(out); got != c.prefix {
+			t.Errorf("%s: content %q, want %q", c.name, got, c.prefix)
+		}
+	}
+	_, out := post(t, url+"/v1/chat/completions", `{"model":"m","max_tokens":2,"stream":true,"echo":true,`+prefill+`}`)
+	var deltas []string
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, "data: {") {
+			continue
+		}
+		var ch struct {
+			Choices []struct {
+				Delta map[string]string `json:"delta"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(line[len("data: "):]), &ch); err != nil {
+			t.Fatalf("chunk %s: %v", line, err)
+		}
+		if len(ch.Choices) > 0 {
+			d := ch.Choices[0].Delta
+			deltas = append(deltas, d["role"]+"|"+d["content"])
+		}
+	}
+	if want := []string{"assistant|", "|Its name is", "| The", "| replica"}; strings.Join(deltas, ",") != strings.Join(want, ",") {
+		t.Errorf("streamed deltas %q, want %q", deltas, want)
+	}
+}
+
+// A streamed completion's text_offset counts from the start of the choice's whole text (the
+// echoed prompt included), as the non-streamed response's does, not from each chunk.
+func TestStreamedTextOffsetsMatchTheWholeResponse(t *testing.T) {
+	_, url := start(t, true)
+	req := `{"model":"m","prompt":"Tell me a story","max_tokens":14,"logprobs":1,"echo":true`
+	_, whole := post(t, url+"/v1/completions", req+"}")
+	var r struct {
+		Choices []struct {
+			Logprobs struct {
+				TextOffset []int `json:"text_offset"`
+			} `json:"logprobs"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal([]byte(whole), &r); err != nil || len(r.Choices) != 1 {
+		t.Fatalf("%s: %v", whole, err)
+	}
+	want := append([]int(nil), r.Choices[0].Logprobs.TextOffset...) // r is reused below
+	_, out := post(t, url+"/v1/completions", req+`,"stream":true}`)
+	var got []int
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, "data: {") {
+			continue
+		}
+		if err := json.Unmarshal([]byte(line[len("data: "):]), &r); err != nil {
+			t.Fatalf("chunk %s: %v", line, err)
+		}
+		if len(r.Choices) > 0 {
+			got = append(got, r.Choices[0].Logprobs.TextOffset...)
+		}
+	}
+	if len(want) != 14 || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("streamed text offsets %v, want the whole response's %v", got, want)
 	}
 }
