@@ -92,3 +92,29 @@ func TestFreedBlocksAreEvictedLeastRecentlyUsedAndTailFirst(t *testing.T) {
 		t.Errorf("%d blocks held after every request finished", e.kv.used())
 	}
 }
+
+// A conversation's next turn repeats the last answer after its prompt: vLLM caches the
+// answer's full blocks as they are computed, so the next turn finds the prompt and the
+// answer cached, not the prompt alone.
+func TestGeneratedBlocksAreCached(t *testing.T) {
+	e := newEngine(t, nil)
+	// Turn 1: a 1,000-token prompt (62 full blocks) and a 300-token answer. Its sequence's
+	// full blocks: 1,299 computed tokens (the last token's KV is never computed), 81 blocks.
+	turn1 := chain(5000, 81)
+	must(t, e.Add(Request{ID: 1, PromptTokens: 1000, MaxTokens: 300, BlockHashes: turn1}))
+	drive(t, e)
+	// Turn 2: the same 1,300 tokens and 200 more: its first 81 blocks are turn 1's.
+	turn2 := append(append([]uint64(nil), turn1...), chain(9000, 12)...)
+	must(t, e.Add(Request{ID: 2, PromptTokens: 1500, MaxTokens: 1, BlockHashes: turn2}))
+	var cached int
+	for !e.Idle() {
+		for _, em := range e.Step().Emits {
+			if em.ID == 2 && em.Index == 0 {
+				cached = em.CachedTokens
+			}
+		}
+	}
+	if cached != 81*16 {
+		t.Fatalf("turn 2 found %d tokens cached, want the 81 full blocks of turn 1's prompt and answer (%d)", cached, 81*16)
+	}
+}

@@ -20,8 +20,12 @@ type Request struct {
 	PromptTokens int
 	// MaxTokens is the number of tokens to generate (the simulator has no EOS).
 	MaxTokens int
-	// BlockHashes are chained hashes of the prompt's full BlockSize-token blocks, in order;
-	// nil disables prefix caching for the request.
+	// BlockHashes are chained hashes of the sequence's full BlockSize-token blocks, in
+	// order: the prompt's, then those its generated tokens will fill, as far as the caller
+	// knows them (a block is published once all its tokens' KV is computed, so a later
+	// prompt that repeats an answer finds it cached, as vLLM v1 caches generated blocks:
+	// vllm/v1/core/single_type_kv_cache_manager.py cache_blocks, called by
+	// KVCacheManager.allocate_slots for every full block). nil disables prefix caching.
 	BlockHashes []uint64
 }
 
@@ -59,7 +63,7 @@ type seq struct {
 	generated int
 	cached    int     // prompt tokens that came from the prefix cache on admission
 	blocks    []int32 // KV blocks held, in token order
-	published int     // leading prompt blocks published to the prefix cache
+	published int     // leading blocks published to the prefix cache
 	emitted   int     // tokens already handed to the caller (survives preemption)
 	admitted  bool    // left the queue once (a preempted sequence returns to it)
 }
@@ -187,6 +191,7 @@ func (e *Engine) Step() StepResult {
 		decodeCtx += s.total()
 		s.computed++
 		budget--
+		e.publish(s)
 	}
 
 	// Admit from the queue in FIFO order while the batch, KV cache and token budget allow.
@@ -313,9 +318,10 @@ func (e *Engine) growForChunk(s *seq, n int) int {
 	return min(n, len(s.blocks)*e.p.BlockSize-s.computed)
 }
 
-// publish makes the sequence's computed full prompt blocks findable by later prompts.
+// publish makes the sequence's computed full blocks, its prompt's and then its answer's,
+// findable by later prompts.
 func (e *Engine) publish(s *seq) {
-	full := min(s.computed, s.req.PromptTokens) / e.p.BlockSize
+	full := s.computed / e.p.BlockSize
 	for ; s.published < min(full, len(s.req.BlockHashes)); s.published++ {
 		e.kv.publish(s.blocks[s.published], s.req.BlockHashes[s.published])
 	}

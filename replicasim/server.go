@@ -72,6 +72,8 @@ type Server struct {
 	reqSeq   atomic.Uint64
 	faults   faultState
 	created  int64
+	// wordIDs are the simulated output's tokens (words), as the tokenizer numbers them.
+	wordIDs [len(words)]int
 
 	mu        sync.Mutex // guards unhealthy, preemptAt, readyAt
 	unhealthy bool
@@ -114,6 +116,10 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s := &Server{cfg: cfg, reg: prometheus.NewRegistry(), created: time.Now().Unix()}
+	for i, w := range words {
+		// One token each in Llama 3's and cl100k's vocabularies; the approx counter may split.
+		s.wordIDs[i] = cfg.Tokenizer.Encode(nil, w)[0]
+	}
 	var eng *engine.Engine
 	if !cfg.Echo {
 		var err error
@@ -243,33 +249,51 @@ const (
 )
 
 // promptIDs is the prompt the engine prefills, as token ids: BOS and the text's tokens, or the
-// client's ids as they are (vLLM adds nothing to a token prompt). A chat adds Llama 3's
-// template framing: a header per message, an end-of-turn after each and the assistant header.
-// The simulator keeps the message texts joined, so the framing comes after them; the count
-// is the template's, and a conversation's earlier turns still form a shared prefix.
-func (s *Server) promptIDs(r *oai.Request) []int {
+// client's ids as they are (vLLM adds nothing to a token prompt). A chat (v its parsed body)
+// is rendered in Llama 3's template order: per message a header with its role, the content
+// and an end-of-turn, then the assistant header; so a conversation's next turn repeats the
+// last turn's prompt and answer token for token, as it does on a real Llama 3 server.
+func (s *Server) promptIDs(r *oai.Request, v *fastjson.Value) []int {
 	if len(r.TokenIDs) > 0 && r.Prompt == "" {
 		return append([]int(nil), r.TokenIDs...)
 	}
-	ids := append(make([]int, 0, len(r.Prompt)/3+8), bosID)
-	ids = s.cfg.Tokenizer.Encode(ids, r.Prompt)
-	ids = append(ids, r.TokenIDs...)
-	if r.Kind == oai.Chat {
-		for range r.Messages {
-			ids = append(ids, startHeaderID, 882 /* "user" */, endHeaderID, doubleNLID, eotID)
-		}
-		ids = append(ids, startHeaderID, 78191 /* "assistant" */, endHeaderID, doubleNLID)
+	ids := append(make([]int, 0, len(r.Prompt)/3+8+6*r.Messages), bosID)
+	if r.Kind != oai.Chat || v == nil {
+		ids = s.cfg.Tokenizer.Encode(ids, r.Prompt)
+		return append(ids, r.TokenIDs...)
 	}
-	return ids
+	var text strings.Builder
+	for _, m := range v.GetArray("messages") {
+		ids = append(ids, startHeaderID)
+		ids = s.cfg.Tokenizer.Encode(ids, string(m.GetStringBytes("role")))
+		ids = append(ids, endHeaderID, doubleNLID)
+		text.Reset()
+		switch c := m.Get("content"); {
+		case c == nil:
+		case c.Type() == fastjson.TypeString:
+			text.Write(c.GetStringBytes())
+		case c.Type() == fastjson.TypeArray:
+			for _, part := range c.GetArray() {
+				text.Write(part.GetStringBytes("text"))
+			}
+		}
+		ids = s.cfg.Tokenizer.Encode(ids, text.String())
+		ids = append(ids, eotID)
+	}
+	return append(ids, startHeaderID, 78191 /* "assistant" */, endHeaderID, doubleNLID)
 }
 
-// promptTokens counts what the engine will prefill and returns the chained hashes of its
-// full KV blocks, by which the engine finds cached prefixes (vLLM hashes each full block
-// with its parent's hash: vllm/v1/core/kv_cache_utils.py hash_block_tokens).
-func (s *Server) promptTokens(r *oai.Request) (int, []uint64) {
-	ids := s.promptIDs(r)
+// blockHashes returns the chained hashes of the full KV blocks of a prompt's ids followed by
+// the first gen-1 tokens of its answer (the last token's KV is never computed), by which the
+// engine finds cached prefixes: vLLM hashes each full block with its parent's hash
+// (vllm/v1/core/kv_cache_utils.py hash_block_tokens) and caches an answer's blocks as they
+// fill. nil without an engine.
+func (s *Server) blockHashes(ids []int, gen int) []uint64 {
 	if s.drv == nil {
-		return len(ids), nil
+		return nil
+	}
+	for i := range max(gen-1, 0) {
+		ids = append(ids, s.wordIDs[i%len(words)])
 	}
 	bs := s.drv.eng.Profile().BlockSize
 	hashes := make([]uint64, 0, len(ids)/bs)
@@ -286,7 +310,7 @@ func (s *Server) promptTokens(r *oai.Request) (int, []uint64) {
 		prev = d.Sum64()
 		hashes = append(hashes, prev)
 	}
-	return len(ids), hashes
+	return hashes
 }
 
 // tokenize answers vLLM's /tokenize (vllm/entrypoints/openai/serving_tokenization.py): a
@@ -314,7 +338,7 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 	}
 	addSpecial := v.Get("add_special_tokens") == nil || v.GetBool("add_special_tokens")
 	withStrs := v.GetBool("return_token_strs")
-	ids := s.promptIDs(&req)
+	ids := s.promptIDs(&req, v)
 	if !addSpecial && len(ids) > 0 && ids[0] == bosID && len(req.TokenIDs) == 0 {
 		ids = ids[1:]
 	}
@@ -467,7 +491,8 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 	if s.preFault(ctx, f) {
 		return
 	}
-	promptN, hashes := s.promptTokens(&req)
+	ids := s.promptIDs(&req, v)
+	promptN := len(ids)
 	// vLLM's checks and default (vllm/entrypoints/openai/serving_engine.py _validate_input;
 	// vllm/entrypoints/utils.py get_max_tokens): the prompt must leave room for one token,
 	// max_tokens must fit in what is left, and without max_tokens the limit is the rest of
@@ -504,6 +529,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 	}
 	s.met.paramsN.Observe(float64(sp.n))
 	if s.drv != nil {
+		hashes := s.blockHashes(ids, maxTokens)
 		for range sp.n {
 			id, p, err := s.drv.submit(engine.Request{PromptTokens: promptN, MaxTokens: maxTokens, BlockHashes: hashes})
 			if err != nil {
@@ -559,7 +585,7 @@ func (s *Server) embed(ctx *fasthttp.RequestCtx) {
 	counts := make([]int, len(inputs))
 	for i, in := range inputs {
 		one := oai.Request{Kind: oai.Embedding, Prompt: in.text, TokenIDs: in.ids}
-		counts[i], _ = s.promptTokens(&one)
+		counts[i] = len(s.promptIDs(&one, nil))
 		if counts[i] > s.maxModelLen() {
 			vllmError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens in the input for embedding generation. Please reduce the length of the input.", s.maxModelLen(), counts[i]))
 			return

@@ -1,6 +1,7 @@
 package replicasim
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -432,5 +433,46 @@ func TestStreamedTextOffsetsMatchTheWholeResponse(t *testing.T) {
 	}
 	if len(want) != 14 || fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("streamed text offsets %v, want the whole response's %v", got, want)
+	}
+}
+
+// A conversation's next turn repeats the last turn's prompt and answer: on a real Llama 3
+// server vLLM finds both in its prefix cache (the answer's blocks are cached as they fill).
+func TestNextTurnFindsTheLastAnswerCached(t *testing.T) {
+	s, ln := newServer(t, false)
+	s.cfg.PromptTokensDetails = true
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go s.Run(ctx)
+	go func() { _ = s.Serve(ctx, ln) }()
+	url := "http://" + ln.Addr().String()
+	type usage struct {
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+		Usage struct {
+			Prompt  int `json:"prompt_tokens"`
+			Details struct {
+				Cached int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	ask := func(body string) usage {
+		t.Helper()
+		code, out := post(t, url+"/v1/chat/completions", body)
+		var u usage
+		if err := json.Unmarshal([]byte(out), &u); err != nil || code != 200 || len(u.Choices) != 1 {
+			t.Fatalf("%d %s", code, out)
+		}
+		return u
+	}
+	q1 := `{"role":"system","content":"` + strings.Repeat("You answer questions about foxes. ", 30) + `"},{"role":"user","content":"Where do foxes live?"}`
+	t1 := ask(`{"model":"m","max_tokens":200,"messages":[` + q1 + `]}`)
+	answer, _ := json.Marshal(t1.Choices[0].Message.Content)
+	t2 := ask(`{"model":"m","max_tokens":1,"messages":[` + q1 + `,{"role":"assistant","content":` + string(answer) + `},{"role":"user","content":"And what do they eat?"}]}`)
+	// Turn 1's prompt and the first 199 tokens of its answer (the last one's KV is never
+	// computed), in whole 16-token blocks.
+	if want := (t1.Usage.Prompt + 199) / 16 * 16; t2.Usage.Details.Cached != want {
+		t.Fatalf("turn 2 (%d prompt tokens) found %d cached; want turn 1's %d prompt tokens and its answer's, %d", t2.Usage.Prompt, t2.Usage.Details.Cached, t1.Usage.Prompt, want)
 	}
 }
