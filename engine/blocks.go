@@ -10,18 +10,20 @@ type blockPool struct {
 	blocks []kvBlock
 	// free is an intrusive doubly linked list over blocks; the sentinel is index len(blocks).
 	nfree  int
-	cached map[uint64]int32
+	cached blockIndex
 }
 
 type kvBlock struct {
 	ref        int32
 	prev, next int32
-	hashed     bool
-	hash       uint64
+	// hashed: the block answers lookups of hash (it is cached[hash]). A block whose content
+	// another block published again later keeps its hash but answers nothing.
+	hashed bool
+	hash   uint64
 }
 
 func newBlockPool(n int) *blockPool {
-	p := &blockPool{blocks: make([]kvBlock, n+1), cached: make(map[uint64]int32)}
+	p := &blockPool{blocks: make([]kvBlock, n+1), cached: newBlockIndex(n)}
 	s := int32(n)
 	p.blocks[s].prev, p.blocks[s].next = s, s
 	for i := range n {
@@ -54,34 +56,34 @@ func (p *blockPool) unlink(id int32) {
 	p.nfree--
 }
 
-// hits counts the leading blocks of a prompt found in the cache, at most limit.
-func (p *blockPool) hits(hashes []uint64, limit int) int {
-	n := 0
+// hits appends to dst the ids of the leading blocks of a prompt found in the cache, at most
+// limit of them.
+func (p *blockPool) hits(dst []int32, hashes []uint64, limit int) []int32 {
 	for _, h := range hashes[:min(len(hashes), limit)] {
-		if _, ok := p.cached[h]; !ok {
+		id, ok := p.cached.get(h)
+		if !ok {
 			break
 		}
-		n++
+		dst = append(dst, id)
 	}
-	return n
+	return dst
 }
 
-// evictableHits is how many of the first n cached blocks nobody holds: touching them takes
-// them off the free queue, so they cannot also serve as new blocks.
-func (p *blockPool) evictableHits(hashes []uint64, n int) int {
+// evictable is how many of the blocks nobody holds: touching them takes them off the free
+// queue, so they cannot also serve as new blocks.
+func (p *blockPool) evictable(ids []int32) int {
 	k := 0
-	for _, h := range hashes[:n] {
-		if p.blocks[p.cached[h]].ref == 0 {
+	for _, id := range ids {
+		if p.blocks[id].ref == 0 {
 			k++
 		}
 	}
 	return k
 }
 
-// touch takes a reference on the first n cached blocks of a prompt and appends their ids.
-func (p *blockPool) touch(dst []int32, hashes []uint64, n int) []int32 {
-	for _, h := range hashes[:n] {
-		id := p.cached[h]
+// touch takes a reference on cached blocks and appends their ids to dst.
+func (p *blockPool) touch(dst []int32, ids []int32) []int32 {
+	for _, id := range ids {
 		if p.blocks[id].ref == 0 {
 			p.unlink(id)
 		}
@@ -103,9 +105,7 @@ func (p *blockPool) allocate(dst []int32, n int) ([]int32, bool) {
 		p.unlink(id)
 		b := &p.blocks[id]
 		if b.hashed {
-			if p.cached[b.hash] == id {
-				delete(p.cached, b.hash)
-			}
+			p.cached.del(b.hash)
 			b.hashed = false
 		}
 		b.ref = 1
@@ -135,5 +135,7 @@ func (p *blockPool) release(ids []int32) {
 func (p *blockPool) publish(id int32, hash uint64) {
 	b := &p.blocks[id]
 	b.hashed, b.hash = true, hash
-	p.cached[hash] = id
+	if old, had := p.cached.set(hash, id); had && old != id {
+		p.blocks[old].hashed = false
+	}
 }

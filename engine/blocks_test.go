@@ -66,7 +66,7 @@ func TestBlocksInUseAreNeverEvicted(t *testing.T) {
 		must(t, e.Add(Request{ID: id, PromptTokens: 2000, MaxTokens: 1, BlockHashes: chain(uint64(1000*(i+1)), 125)}))
 		runUntilFirstToken(t, e, id)
 	}
-	if n := e.kv.hits(held, len(held)); n != len(held) {
+	if n := len(e.kv.hits(nil, held, len(held))); n != len(held) {
 		t.Errorf("only %d of the running request's %d blocks are still cached", n, len(held))
 	}
 }
@@ -82,10 +82,10 @@ func TestFreedBlocksAreEvictedLeastRecentlyUsedAndTailFirst(t *testing.T) {
 	// prompt, from its tail: b keeps its first 40 blocks, a keeps all.
 	must(t, e.Add(Request{ID: 9, PromptTokens: 116 * 16, MaxTokens: 1}))
 	drive(t, e)
-	if n := e.kv.hits(a, 100); n != 100 {
+	if n := len(e.kv.hits(nil, a, 100)); n != 100 {
 		t.Errorf("recently used prompt a: %d of 100 blocks cached, want 100", n)
 	}
-	if n := e.kv.hits(b, 100); n != 40 {
+	if n := len(e.kv.hits(nil, b, 100)); n != 40 {
 		t.Errorf("older prompt b: leading %d blocks cached, want 40 (its tail evicted first)", n)
 	}
 	if e.kv.used() != 0 {

@@ -81,6 +81,7 @@ type Engine struct {
 	stats      Stats
 	emits      []Emit
 	scheduled  []uint64
+	hitIDs     []int32 // admit's scratch: the cached blocks of the prompt it admits
 }
 
 // New returns an engine for the profile.
@@ -285,15 +286,15 @@ func (e *Engine) Step() StepResult {
 // last token, so at most (tokens-1)/BlockSize blocks hit. It reports false, changing
 // nothing, when the free blocks do not suffice.
 func (e *Engine) admit(s *seq, budget int) bool {
-	hashes := s.req.BlockHashes
-	hit := e.kv.hits(hashes, (s.total()-1)/e.p.BlockSize)
+	e.hitIDs = e.kv.hits(e.hitIDs[:0], s.req.BlockHashes, (s.total()-1)/e.p.BlockSize)
+	hit := len(e.hitIDs)
 	computed := hit * e.p.BlockSize
 	chunk := min(s.total()-computed, budget)
 	need := e.blocksFor(computed+chunk) - hit
-	if need > e.kv.nfree-e.kv.evictableHits(hashes, hit) {
+	if need > e.kv.nfree-e.kv.evictable(e.hitIDs) {
 		return false
 	}
-	s.blocks = e.kv.touch(s.blocks[:0], hashes, hit)
+	s.blocks = e.kv.touch(s.blocks[:0], e.hitIDs)
 	s.blocks, _ = e.kv.allocate(s.blocks, need)
 	s.computed, s.published = computed, hit
 	// vLLM 0.11 counts every lookup, a preempted request's again, over all its tokens

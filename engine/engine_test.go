@@ -227,9 +227,19 @@ func TestRandomLoadEmitsEveryTokenOnce(t *testing.T) {
 	if e.kv.used() != 0 || e.kv.nfree != e.totalBlock {
 		t.Errorf("after all finished: %d blocks used, %d of %d free", e.kv.used(), e.kv.nfree, e.totalBlock)
 	}
-	for h, id := range e.kv.cached {
-		if b := e.kv.blocks[id]; !b.hashed || b.hash != h || b.ref != 0 {
-			t.Fatalf("cache entry %x -> block %d holding %+v", h, id, b)
+	ix := &e.kv.cached
+	for _, sl := range ix.slots {
+		if sl.id < 0 {
+			continue
+		}
+		if b := e.kv.blocks[sl.id]; !b.hashed || b.hash != sl.hash || b.ref != 0 {
+			t.Fatalf("cache entry %x -> block %d holding %+v", sl.hash, sl.id, b)
+		}
+	}
+	// Every block that says it answers its hash does.
+	for id, b := range e.kv.blocks[:e.totalBlock] {
+		if got, ok := ix.get(b.hash); b.hashed && (!ok || got != int32(id)) {
+			t.Fatalf("block %d holds hash %x, which finds block %d (%v)", id, b.hash, got, ok)
 		}
 	}
 	if st := e.Stats(); st.PrefixHits == 0 || st.Preemptions == 0 {

@@ -147,6 +147,10 @@ type calib struct {
 	at  time.Time
 	n   int
 	obs [calibWindow]calibObs // a ring; the last min(n, calibWindow) are in use
+	// factor's last answer: a prediction asks for it at one instant once per simulated step,
+	// and two exponentials each time were a tenth of a simulated day's time.
+	memoAt  time.Time
+	memoVal float64
 }
 
 type calibObs struct {
@@ -161,7 +165,10 @@ func (c *calib) factor(now time.Time) float64 {
 	if c.n == 0 {
 		return 1
 	}
-	return math.Exp(c.log * forgetting(now.Sub(c.at)))
+	if !now.Equal(c.memoAt) {
+		c.memoAt, c.memoVal = now, math.Exp(c.log*forgetting(now.Sub(c.at)))
+	}
+	return c.memoVal
 }
 
 func forgetting(d time.Duration) float64 {
@@ -191,6 +198,7 @@ func (c *calib) observe(now time.Time, ratio float64) {
 		c.log = (v[k/2-1] + v[k/2]) / 2
 	}
 	c.at = now
+	c.memoAt = time.Time{} // the median moved
 }
 
 // deadband takes a prefill ratio within 25 % of the profile for the profile itself. Where a
