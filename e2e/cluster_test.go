@@ -173,6 +173,32 @@ func (c *cluster) status(name string) control.ServiceStatus {
 	return st[0]
 }
 
+// apiStatus reads a service's status straight from the control plane's API: a few
+// milliseconds, where the CLI's status is a process start (hundreds on a loaded machine),
+// for states that last well under a second. ok is false while the API does not answer.
+func (c *cluster) apiStatus(name string) (st control.ServiceStatus, ok bool) {
+	c.t.Helper()
+	base := c.apiURL
+	if base == "" {
+		base = "http://" + c.api
+	}
+	token, err := os.ReadFile(control.TokenPath(c.home))
+	if err != nil {
+		return st, false
+	}
+	req, err := http.NewRequest(http.MethodGet, base+"/v1/services/"+name, nil)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return st, false
+	}
+	defer resp.Body.Close()
+	return st, resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&st) == nil
+}
+
 // waitFor polls cond until it holds or the timeout passes.
 func (c *cluster) waitFor(what string, timeout time.Duration, cond func() bool) {
 	c.t.Helper()
