@@ -68,8 +68,8 @@ arbiter:
 		during := []string{"launching", "draining"}[rng.IntN(2)]
 		delay := time.Duration(rng.Int64N(int64(600 * time.Millisecond)))
 		killAt := func() {
-			// A phase can be shorter than one `serve status` poll on a loaded machine: if it is
-			// not seen within 30 s, kill anyway, wherever the service is.
+			// A phase can be shorter than one poll on a loaded machine: if it is not seen
+			// within 30 s, kill anyway, wherever the service is.
 			seen := during
 			for deadline := time.Now().Add(30 * time.Second); c.phase(name) != during; {
 				if time.Now().After(deadline) {
@@ -108,7 +108,10 @@ arbiter:
 
 // phase names what a service is doing, for the log of where kills landed.
 func (c *cluster) phase(name string) string {
-	st := c.status(name)
+	st, ok := c.apiStatus(name) // a drain can be shorter than one `serve status`
+	if !ok {
+		return "unknown"
+	}
 	states := map[string]bool{}
 	for _, r := range st.Replicas {
 		states[r.State] = true
