@@ -32,12 +32,12 @@ func TestCLIErrors(t *testing.T) {
 	expect(3, "no control plane is running", "status")
 	expect(3, "no control plane is running", "down", "--all")
 	bad := c.writeSpec("bad", "service:\n  replicas: two\nrun: x\n")
-	expect(1, "bad.yaml:2:", "validate", bad)
+	expect(2, "bad.yaml:2:", "validate", bad) // an invalid file exits 2 from every command
 	expect(2, "bad.yaml:2:", append([]string{"up"}, append(c.daemonFlags(), bad)...)...)
-	expect(1, "no such file", "validate", "/nonexistent/service.yaml")
+	expect(2, "no such file", "validate", "/nonexistent/service.yaml")
 	expect(0, "spot $", "validate", "../examples/skyserve-vllm.yaml") // priced from the catalogs, with the placement rule
 	typo := c.writeSpec("typo", "resources: {accelerators: A10O}\nservice: {replicas: 1}\nrun: x\n")
-	expect(1, `closest known: A100`, "validate", typo)
+	expect(2, `closest known: A100`, "validate", typo)
 
 	spec := simService("cli-model", `  replica_policy: {min_replicas: 0, max_replicas: 1}`, "")
 	c.up("cli", spec)
@@ -45,6 +45,10 @@ func TestCLIErrors(t *testing.T) {
 	expect(1, `no service named "nope"`, "status", "nope")
 	expect(1, `no service named "nope"`, "logs", "nope")
 	expect(1, "not found", "update", "nope", c.writeSpec("cli3", spec))
+	// The service is named once, not by the CLI and again by the control plane's error.
+	if out, _ := c.serveErr("update", "nope", c.writeSpec("cli4", spec)); strings.Count(out, "nope") != 1 {
+		t.Errorf("serve update nope: %q names the service %d times, want once", out, strings.Count(out, "nope"))
+	}
 	expect(2, "give service names or --all", "down")
 	expect(0, "version 1 submitted", "logs", "cli")
 

@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -177,7 +178,7 @@ func upCmd(g *globals) *cobra.Command {
 			}
 			var res struct{ Version int }
 			if _, err := c.do(cmd.Context(), http.MethodPost, "/v1/services", control.SubmitRequest{Name: name, Spec: string(raw), Envs: envs}, &res); err != nil {
-				return fail(exitErr, "service %s: %v", name, err)
+				return serviceErr(name, err)
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "Service %s version %d submitted.\n", name, res.Version)
@@ -236,7 +237,7 @@ func waitService(ctx context.Context, c *client, name string, version int, wait 
 			if ctx.Err() != nil {
 				return fail(exitErr, "service %s not ready within %s; `serve status %s` shows where it is", name, wait, name)
 			}
-			return fail(exitErr, "service %s: %v", name, err)
+			return serviceErr(name, err)
 		}
 		newReady, old := 0, 0
 		for _, r := range st.Replicas {
@@ -340,15 +341,19 @@ func validateCmd() *cobra.Command {
 			}
 			sp, _, err := loadSpec(args[0], envs)
 			if err != nil {
-				return &cliError{code: exitErr, err: err}
+				return err // an invalid or missing file exits 2, as from every command
 			}
 			b, err := sp.ResolvedYAML()
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "# %s is valid. Resolved (defaults filled in):\n%s", args[0], b)
-			return quotePreview(out, sp)
+			// The catalog check can still find the file wrong: say "valid" only after it.
+			var preview strings.Builder
+			if err := quotePreview(&preview, sp); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "# %s is valid. Resolved (defaults filled in):\n%s%s", args[0], b, preview.String())
+			return nil
 		},
 	}
 	cmd.Flags().StringArrayVar(&envFlags, "env", nil, "set or fill an env of the spec (K=V)")
@@ -378,7 +383,7 @@ func updateCmd(g *globals) *cobra.Command {
 			}
 			var res struct{ Version int }
 			if _, err := c.do(cmd.Context(), http.MethodPut, "/v1/services/"+args[0], control.SubmitRequest{Spec: string(raw), Envs: envs}, &res); err != nil {
-				return fail(exitErr, "service %s: %v", args[0], err)
+				return serviceErr(args[0], err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "Service %s: rolling update to version %d.\n", args[0], res.Version)
 			if detach {
@@ -423,7 +428,7 @@ func downCmd(g *globals) *cobra.Command {
 			out := cmd.OutOrStdout()
 			for _, name := range args {
 				if _, err := c.do(cmd.Context(), http.MethodDelete, "/v1/services/"+name, nil, nil); err != nil {
-					return fail(exitErr, "service %s: %v", name, err)
+					return serviceErr(name, err)
 				}
 				fmt.Fprintf(out, "Service %s: shutting down.\n", name)
 			}
@@ -488,7 +493,7 @@ func quotePreview(out io.Writer, sp *spec.Service) error {
 	var unknown *pricing.UnknownAcceleratorError
 	switch {
 	case errors.As(err, &unknown):
-		return fail(exitErr, "resources: %v", err)
+		return fail(exitUsage, "resources: %v", err) // the file is wrong: exit 2
 	case err != nil:
 		fmt.Fprintf(out, "# price catalogs: %v\n", err)
 		return nil
@@ -537,4 +542,13 @@ func keysCmd() *cobra.Command {
 		},
 	})
 	return keys
+}
+
+// serviceErr is a failed operation on a service, named once: the control plane's errors
+// often name the service already ("service \"x\": not found").
+func serviceErr(name string, err error) error {
+	if msg := err.Error(); strings.Contains(msg, strconv.Quote(name)) || strings.Contains(msg, "service "+name) {
+		return fail(exitErr, "%v", err)
+	}
+	return fail(exitErr, "service %s: %v", name, err)
 }
