@@ -123,6 +123,8 @@ type SubmitRequest struct {
 type SubmitResponse struct {
 	Name    string `json:"name"`
 	Version int    `json:"version"`
+	// Unchanged: an update whose spec is the current version's; nothing rolls.
+	Unchanged bool `json:"unchanged,omitempty"`
 }
 
 func (c *Controller) createService(w http.ResponseWriter, r *http.Request) {
@@ -146,12 +148,12 @@ func (c *Controller) updateService(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
-	v, err := c.Update(r.Context(), name, req.Spec, req.Envs)
+	v, changed, err := c.Update(r.Context(), name, req.Spec, req.Envs)
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, SubmitResponse{Name: name, Version: v})
+	writeJSON(w, http.StatusOK, SubmitResponse{Name: name, Version: v, Unchanged: !changed})
 }
 
 func (c *Controller) deleteService(w http.ResponseWriter, r *http.Request) {

@@ -108,7 +108,11 @@ func TestAPIServicesAndErrors(t *testing.T) {
 	if code, _ := call(t, srv, "PUT", "/v1/services/nope", "secret", submit("", zeroSpec)); code != 404 {
 		t.Fatalf("update unknown: %d; want 404", code)
 	}
-	if code, body := call(t, srv, "PUT", "/v1/services/svc", "secret", submit("", zeroSpec)); code != 200 || !strings.Contains(body, `"version":2`) {
+	if code, body := call(t, srv, "PUT", "/v1/services/svc", "secret", submit("", zeroSpec+"# unchanged\n")); code != 200 || !strings.Contains(body, `"version":1,"unchanged":true`) {
+		t.Fatalf("update with the spec version 1 runs: %d %s; want version 1, unchanged", code, body)
+	}
+	changed := strings.Replace(zeroSpec, "max_replicas: 2", "max_replicas: 3", 1)
+	if code, body := call(t, srv, "PUT", "/v1/services/svc", "secret", submit("", changed)); code != 200 || !strings.Contains(body, `"version":2`) || strings.Contains(body, "unchanged") {
 		t.Fatalf("update: %d %s", code, body)
 	}
 	code, body := call(t, srv, "GET", "/v1/services/svc", "secret", "")

@@ -69,7 +69,7 @@ func TestServiceLargerThanItsBoundsIsRefused(t *testing.T) {
 	if _, err := c.Create(ctx, "fits", sized("8"), nil); err != nil {
 		t.Fatalf("a service that fits: %v", err)
 	}
-	if _, err := c.Update(ctx, "fits", sized("9"), nil); err == nil || httpStatus(err) != 400 {
+	if _, _, err := c.Update(ctx, "fits", sized("9"), nil); err == nil || httpStatus(err) != 400 {
 		t.Fatalf("an update past the providers' capacity: %v", err)
 	}
 }
@@ -117,7 +117,7 @@ func TestLaunchesStopAtTheCeilingAndAreRateLimited(t *testing.T) {
 	if err := c.Delete(ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Update(ctx, "a", strings.Replace(sized("5"), "run: x", "run: y", 1), nil); err != nil {
+	if _, _, err := c.Update(ctx, "a", strings.Replace(sized("5"), "run: x", "run: y", 1), nil); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 40 {

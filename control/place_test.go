@@ -210,7 +210,7 @@ func TestUpdateKeepsCoolingZones(t *testing.T) {
 	c, _ := newMarketController(t, mkt, &now)
 	order := launchOrder(c, &now, mkt, 3)
 	now = now.Add(scaling.DefaultRefusalBackoff) // the refused place is offered again; the placer still cools it
-	if _, err := c.Update(ctx, "svc", strings.Replace(marketSpec, "replicas: 2", "replicas: 3", 1), nil); err != nil {
+	if _, _, err := c.Update(ctx, "svc", strings.Replace(marketSpec, "replicas: 2", "replicas: 3", 1), nil); err != nil {
 		t.Fatal(err)
 	}
 	asked := fmt.Sprint(append(order, launchOrder(c, &now, mkt, 3)...))
@@ -267,7 +267,7 @@ func TestSecretsReachReplicas(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	mkt := threeSpotZones()
 	c, _ := newMarketController(t, mkt, &now)
-	if _, err := c.Update(context.Background(), "svc", marketSpec+"envs: {MODEL: m}\nsecrets: {HF_TOKEN: hf_abc}\n", nil); err != nil {
+	if _, _, err := c.Update(context.Background(), "svc", marketSpec+"envs: {MODEL: m}\nsecrets: {HF_TOKEN: hf_abc}\n", nil); err != nil {
 		t.Fatal(err)
 	}
 	ticks(c, &now, 3)

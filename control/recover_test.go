@@ -301,7 +301,7 @@ arbiter:
 	}
 
 	// Refused before anything is stored, as the API's 400.
-	if _, err := c.Update(ctx, "old", broken, nil); err == nil || httpStatus(err) != 400 {
+	if _, _, err := c.Update(ctx, "old", broken, nil); err == nil || httpStatus(err) != 400 {
 		t.Fatalf("update with a spec the autoscaler refuses: %v; want a 400", err)
 	}
 	if _, err := c.Create(ctx, "new", broken, nil); err == nil || httpStatus(err) != 400 {
@@ -310,7 +310,7 @@ arbiter:
 	if _, err := st.GetVersion(ctx, "new", 1); err == nil {
 		t.Fatal("a refused create was stored")
 	}
-	if _, err := c.Update(ctx, "old", strings.Replace(broken, "panic_threshold: 1", "panic_threshold: 2", 1), nil); err != nil {
+	if _, _, err := c.Update(ctx, "old", strings.Replace(broken, "panic_threshold: 1", "panic_threshold: 2", 1), nil); err != nil {
 		t.Fatal(err)
 	}
 	c.tick(ctx)

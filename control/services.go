@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -152,33 +153,38 @@ func (c *Controller) Create(ctx context.Context, name, text string, envs map[str
 }
 
 // Update submits a new version of a service: a rolling update.
-func (c *Controller) Update(ctx context.Context, name, text string, envs map[string]string) (int, error) {
+func (c *Controller) Update(ctx context.Context, name, text string, envs map[string]string) (version int, changed bool, err error) {
 	sp, err := c.parseSpec(name, text, envs)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, ok := c.services[name]
 	if !ok || s.deleting {
-		return 0, fmt.Errorf("service %q: %w", name, ErrNotFound)
+		return 0, false, fmt.Errorf("service %q: %w", name, ErrNotFound)
+	}
+	if s.decider != nil && reflect.DeepEqual(sp, s.specs[s.version]) {
+		// The same service (comments and layout aside, with the same envs): rolling a new
+		// version would replace every replica for nothing, as `sky serve update` does not.
+		return s.version, false, nil
 	}
 	cfg := scaling.ConfigFromSpec(sp)
 	// The new version is recorded first: a write that fails changes nothing, here either.
 	v, err := c.store.PutService(ctx, name, text, envsJSON(envs), c.cfg.Now())
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if s.decider == nil {
 		// The service had failed to load; a spec that loads brings it back.
 		d, err := scaling.NewDecider(cfg, c.cfg.Now())
 		if err != nil {
-			return 0, fmt.Errorf("service %s: autoscaling: %w", name, err)
+			return 0, false, fmt.Errorf("service %s: autoscaling: %w", name, err)
 		}
 		s.decider = d
 		c.event(ctx, name, "", "recover", fmt.Sprintf("version %d loads; the service is managed again", v))
 	} else if err := s.decider.SetConfig(cfg); err != nil {
-		return 0, fmt.Errorf("service %s: autoscaling: %w", name, err)
+		return 0, false, fmt.Errorf("service %s: autoscaling: %w", name, err)
 	}
 	s.failed = ""
 	s.version, s.specs[v] = v, sp
@@ -191,7 +197,7 @@ func (c *Controller) Update(ctx context.Context, name, text string, envs map[str
 	s.placement = ""
 	c.publish()
 	c.kickNow()
-	return v, nil
+	return v, true, nil
 }
 
 // Delete starts tearing a service down; it is gone once every replica is terminated.

@@ -51,6 +51,11 @@ func TestCLIErrors(t *testing.T) {
 	}
 	expect(2, "give service names or --all", "down")
 	expect(0, "version 1 submitted", "logs", "cli")
+	// An update with the file the service runs (a comment added) rolls nothing.
+	expect(0, "nothing to update", "update", "cli", c.writeSpec("cli-same", spec+"# the same service\n"))
+	if st := c.status("cli"); st.Version != 1 {
+		t.Errorf("after an update with an unchanged file: version %d, want 1", st.Version)
+	}
 
 	// SkyServe's `HF_TOKEN: null`: the value comes from --env, and survives a restart.
 	nullEnv := c.writeSpec("envs", strings.Replace(simService("env-model", `  replica_policy: {min_replicas: 0, max_replicas: 1}`, ""), "MODEL: env-model", "MODEL: null", 1))

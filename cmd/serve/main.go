@@ -381,9 +381,13 @@ func updateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var res struct{ Version int }
+			var res control.SubmitResponse
 			if _, err := c.do(cmd.Context(), http.MethodPut, "/v1/services/"+args[0], control.SubmitRequest{Spec: string(raw), Envs: envs}, &res); err != nil {
 				return serviceErr(args[0], err)
+			}
+			if res.Unchanged {
+				fmt.Fprintf(cmd.OutOrStdout(), "Service %s: %s is what version %d runs already; nothing to update.\n", args[0], args[1], res.Version)
+				return nil
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "Service %s: rolling update to version %d.\n", args[0], res.Version)
 			if detach {
