@@ -123,7 +123,8 @@ type SubmitRequest struct {
 type SubmitResponse struct {
 	Name    string `json:"name"`
 	Version int    `json:"version"`
-	// Unchanged: an update whose spec is the current version's; nothing rolls.
+	// Unchanged: the spec is the one the service's current version runs (a create of an
+	// existing service, or an update); nothing was stored and nothing rolls.
 	Unchanged bool `json:"unchanged,omitempty"`
 }
 
@@ -133,12 +134,15 @@ func (c *Controller) createService(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	v, err := c.Create(r.Context(), req.Name, req.Spec, req.Envs)
-	if err != nil {
+	v, created, err := c.Create(r.Context(), req.Name, req.Spec, req.Envs)
+	switch {
+	case err != nil:
 		writeErr(w, err)
-		return
+	case created:
+		writeJSON(w, http.StatusCreated, SubmitResponse{Name: req.Name, Version: v})
+	default:
+		writeJSON(w, http.StatusOK, SubmitResponse{Name: req.Name, Version: v, Unchanged: true})
 	}
-	writeJSON(w, http.StatusCreated, SubmitResponse{Name: req.Name, Version: v})
 }
 
 func (c *Controller) updateService(w http.ResponseWriter, r *http.Request) {

@@ -92,8 +92,11 @@ func TestAPIServicesAndErrors(t *testing.T) {
 	if code, body := call(t, srv, "POST", "/v1/services", "secret", submit("svc", zeroSpec)); code != 201 || !strings.Contains(body, `"version":1`) {
 		t.Fatalf("create: %d %s", code, body)
 	}
-	if code, body := call(t, srv, "POST", "/v1/services", "secret", submit("svc", zeroSpec)); code != 409 || !strings.Contains(body, "serve update") {
-		t.Fatalf("create twice: %d %s; want 409 pointing at serve update", code, body)
+	if code, body := call(t, srv, "POST", "/v1/services", "secret", submit("svc", zeroSpec)); code != 200 || !strings.Contains(body, `"version":1,"unchanged":true`) {
+		t.Fatalf("create twice with the same spec: %d %s; want 200, version 1, unchanged", code, body)
+	}
+	if code, body := call(t, srv, "POST", "/v1/services", "secret", submit("svc", strings.Replace(zeroSpec, "max_replicas: 2", "max_replicas: 3", 1))); code != 409 || !strings.Contains(body, "serve update") {
+		t.Fatalf("create twice with another spec: %d %s; want 409 pointing at serve update", code, body)
 	}
 	bad := strings.Replace(zeroSpec, "replica_policy", "replica_polcy", 1)
 	if code, body := call(t, srv, "POST", "/v1/services", "secret", submit("other", bad)); code != 400 || !strings.Contains(body, "other.yaml:3:") || !strings.Contains(body, "replica_policy") {
@@ -151,7 +154,7 @@ func TestReadySetLongPoll(t *testing.T) {
 		done <- got
 	}()
 	time.Sleep(100 * time.Millisecond)
-	if _, err := c.Create(context.Background(), "svc", zeroSpec, nil); err != nil {
+	if _, _, err := c.Create(context.Background(), "svc", zeroSpec, nil); err != nil {
 		t.Fatal(err)
 	}
 	select {

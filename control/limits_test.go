@@ -58,7 +58,7 @@ func TestServiceLargerThanItsBoundsIsRefused(t *testing.T) {
 		{"9", "hold at most 8 at once"},
 		{"1000", "runs at most 20"},
 	} {
-		_, err := c.Create(ctx, "big", sized(tc.size), nil)
+		_, _, err := c.Create(ctx, "big", sized(tc.size), nil)
 		if err == nil || httpStatus(err) != 400 || !strings.Contains(err.Error(), tc.want) {
 			t.Fatalf("%s replicas: %v (HTTP %d); want a 400 saying %q", tc.size, err, httpStatus(err), tc.want)
 		}
@@ -66,7 +66,7 @@ func TestServiceLargerThanItsBoundsIsRefused(t *testing.T) {
 	if _, err := st.GetVersion(ctx, "big", 1); err == nil {
 		t.Fatal("a refused service was stored")
 	}
-	if _, err := c.Create(ctx, "fits", sized("8"), nil); err != nil {
+	if _, _, err := c.Create(ctx, "fits", sized("8"), nil); err != nil {
 		t.Fatalf("a service that fits: %v", err)
 	}
 	if _, _, err := c.Update(ctx, "fits", sized("9"), nil); err == nil || httpStatus(err) != 400 {
@@ -81,10 +81,10 @@ func TestLaunchesStopAtTheCeilingAndAreRateLimited(t *testing.T) {
 	ctx := context.Background()
 	mem := &memProvider{running: map[string]replicas.Instance{}}
 	c, st := newLimitedController(t, mem, Config{MaxReplicas: 5, LaunchesPerSecond: 1000, LaunchBurst: 1000})
-	if _, err := c.Create(ctx, "a", sized("3"), nil); err != nil {
+	if _, _, err := c.Create(ctx, "a", sized("3"), nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Create(ctx, "b", sized("3"), nil); err != nil {
+	if _, _, err := c.Create(ctx, "b", sized("3"), nil); err != nil {
 		t.Fatal(err)
 	}
 	for range 5 {
@@ -152,7 +152,7 @@ func TestLaunchesStopAtTheCeilingAndAreRateLimited(t *testing.T) {
 	mem2 := &memProvider{running: map[string]replicas.Instance{}}
 	now := time.Unix(2_000_000_000, 0)
 	c2, _ := newLimitedController(t, mem2, Config{LaunchesPerSecond: 0.001, LaunchBurst: 2, Now: func() time.Time { return now }})
-	if _, err := c2.Create(ctx, "r", sized("6"), nil); err != nil {
+	if _, _, err := c2.Create(ctx, "r", sized("6"), nil); err != nil {
 		t.Fatal(err)
 	}
 	for range 3 {

@@ -70,7 +70,7 @@ func newMarketController(t *testing.T, mkt *marketMem, now *time.Time) (*Control
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Create(context.Background(), "svc", marketSpec, nil); err != nil {
+	if _, _, err := c.Create(context.Background(), "svc", marketSpec, nil); err != nil {
 		t.Fatal(err)
 	}
 	return c, st

@@ -304,7 +304,7 @@ arbiter:
 	if _, _, err := c.Update(ctx, "old", broken, nil); err == nil || httpStatus(err) != 400 {
 		t.Fatalf("update with a spec the autoscaler refuses: %v; want a 400", err)
 	}
-	if _, err := c.Create(ctx, "new", broken, nil); err == nil || httpStatus(err) != 400 {
+	if _, _, err := c.Create(ctx, "new", broken, nil); err == nil || httpStatus(err) != 400 {
 		t.Fatalf("create with a spec the autoscaler refuses: %v; want a 400", err)
 	}
 	if _, err := st.GetVersion(ctx, "new", 1); err == nil {

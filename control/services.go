@@ -121,35 +121,40 @@ func envsJSON(envs map[string]string) string {
 }
 
 // Create submits a new service; envs are --env values (they fill the spec's null envs).
-func (c *Controller) Create(ctx context.Context, name, text string, envs map[string]string) (int, error) {
+// Create adds a service. Submitting again the spec an existing service runs creates
+// nothing and answers its version (created false), so `serve up` can be run again.
+func (c *Controller) Create(ctx context.Context, name, text string, envs map[string]string) (version int, created bool, err error) {
 	if err := validName(name); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	sp, err := c.parseSpec(name, text, envs)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if s, ok := c.services[name]; ok {
-		if s.deleting {
-			return 0, fmt.Errorf("service %q is still shutting down; wait for `serve down` to finish: %w", name, ErrExists)
+		switch {
+		case s.deleting:
+			return 0, false, fmt.Errorf("service %q is still shutting down; wait for `serve down` to finish: %w", name, ErrExists)
+		case s.decider != nil && reflect.DeepEqual(sp, s.specs[s.version]):
+			return s.version, false, nil
 		}
-		return 0, fmt.Errorf("service %q: %w; use `serve update %s FILE` to change it", name, ErrExists, name)
+		return 0, false, fmt.Errorf("service %q: %w with another spec; use `serve update %s FILE` to change it", name, ErrExists, name)
 	}
 	now := c.cfg.Now()
 	v, err := c.store.PutService(ctx, name, text, envsJSON(envs), now)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	s, err := c.newService(name, v, sp, now)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	c.services[name] = s
 	c.publish()
 	c.kickNow()
-	return v, nil
+	return v, true, nil
 }
 
 // Update submits a new version of a service: a rolling update.

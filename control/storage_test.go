@@ -149,7 +149,7 @@ func TestDeathDuringALockIsRecordedWhenTheFileFrees(t *testing.T) {
 	}
 	spec := strings.Replace(fixedSpec, "replicas: 3", "replicas: 1", 1) + "  local: {price_per_hour: 3.6, capacity: on_demand}\n"
 	spec = strings.Replace(spec, "arbiter: {model: m}\n", "arbiter:\n  model: m\n", 1)
-	if _, err := c.Create(ctx, "svc", spec, nil); err != nil {
+	if _, _, err := c.Create(ctx, "svc", spec, nil); err != nil {
 		t.Fatal(err)
 	}
 	tick := func() {

@@ -41,7 +41,10 @@ func TestCLIErrors(t *testing.T) {
 
 	spec := simService("cli-model", `  replica_policy: {min_replicas: 0, max_replicas: 1}`, "")
 	c.up("cli", spec)
-	expect(1, "already exists", append([]string{"up", "-n", "cli"}, append(c.daemonFlags(), c.writeSpec("cli2", spec))...)...)
+	// `serve up` again with the same service is a no-op that shows it; with another, an error.
+	expect(0, "up already with this file (version 1)", append([]string{"up", "-n", "cli"}, append(c.daemonFlags(), c.writeSpec("cli2", spec))...)...)
+	expect(1, "already exists with another spec; use `serve update cli FILE`", append([]string{"up", "-n", "cli"}, append(c.daemonFlags(),
+		c.writeSpec("cli2b", strings.Replace(spec, "max_replicas: 1", "max_replicas: 2", 1)))...)...)
 	expect(1, `no service named "nope"`, "status", "nope")
 	expect(1, `no service named "nope"`, "logs", "nope")
 	expect(1, "not found", "update", "nope", c.writeSpec("cli3", spec))

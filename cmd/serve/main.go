@@ -176,12 +176,16 @@ func upCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var res struct{ Version int }
+			var res control.SubmitResponse
 			if _, err := c.do(cmd.Context(), http.MethodPost, "/v1/services", control.SubmitRequest{Name: name, Spec: string(raw), Envs: envs}, &res); err != nil {
 				return serviceErr(name, err)
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "Service %s version %d submitted.\n", name, res.Version)
+			if res.Unchanged {
+				fmt.Fprintf(out, "Service %s is up already with this file (version %d).\n", name, res.Version)
+			} else {
+				fmt.Fprintf(out, "Service %s version %d submitted.\n", name, res.Version)
+			}
 			if !detach {
 				if err := waitService(cmd.Context(), c, name, res.Version, wait, out); err != nil {
 					return err
