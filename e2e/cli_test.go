@@ -54,6 +54,11 @@ func TestCLIErrors(t *testing.T) {
 	}
 	expect(2, "give service names or --all", "down")
 	expect(0, "version 1 submitted", "logs", "cli")
+	if out := c.serve("status", "--endpoint", "cli"); out != "http://"+c.listen+"\n" {
+		t.Errorf("status --endpoint cli: %q, want the endpoint's URL alone", out)
+	}
+	expect(2, "one service name", "status", "--endpoint")
+	expect(0, "serve version", "--version")
 	// An update with the file the service runs (a comment added) rolls nothing.
 	expect(0, "nothing to update", "update", "cli", c.writeSpec("cli-same", spec+"# the same service\n"))
 	if st := c.status("cli"); st.Version != 1 {

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -15,6 +16,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -58,6 +60,7 @@ func root() *cobra.Command {
 		Short:         "Serve LLMs on the cheapest GPUs that meet your latency SLO",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       buildVersion(),
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&g.home, "home", envOr("ARBITER_HOME", filepath.Join(home, ".arbiter")), "state directory of the local control plane ($ARBITER_HOME)")
@@ -559,4 +562,23 @@ func serviceErr(name string, err error) error {
 		return fail(exitErr, "%v", err)
 	}
 	return fail(exitErr, "service %s: %v", name, err)
+}
+
+// version is set at link time for releases (-ldflags "-X main.version=v1.2.3").
+var version = ""
+
+// buildVersion is what `serve --version` prints: the release, else the module's version and
+// the commit it was built from when the build recorded one, and the Go toolchain.
+func buildVersion() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return cmp.Or(version, "unknown")
+	}
+	v := cmp.Or(version, bi.Main.Version)
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += " (" + s.Value[:12] + ")"
+		}
+	}
+	return v + " " + bi.GoVersion
 }

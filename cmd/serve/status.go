@@ -16,16 +16,24 @@ import (
 )
 
 func statusCmd(g *globals) *cobra.Command {
-	var asJSON, verbose bool
+	var asJSON, verbose, endpoint bool
 	cmd := &cobra.Command{
-		Use:   "status [NAME...] [-v]",
+		Use:   "status [NAME...] [-v] | --endpoint NAME",
 		Short: "Show services and their replicas",
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if endpoint && len(args) != 1 {
+				return fail(exitUsage, "--endpoint takes one service name")
+			}
 			svcs, err := fetch(cmd.Context(), g, args)
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
+			if endpoint {
+				// Just the URL, as `sky serve status --endpoint` prints it, for scripts.
+				fmt.Fprintln(out, svcs[0].Endpoint)
+				return nil
+			}
 			if asJSON {
 				return writeJSON(out, svcs)
 			}
@@ -74,6 +82,7 @@ func statusCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	cmd.Flags().BoolVar(&endpoint, "endpoint", false, "print only the service's endpoint URL")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "also the autoscaler's last decision and each replica's last transition reason")
 	return cmd
 }
