@@ -90,4 +90,9 @@ func TestCrashLoopBacksOff(t *testing.T) {
 	if log := c.serve("logs", "loop", "loop-1"); !strings.Contains(log, "crashing") {
 		t.Fatalf("replica log: %q", log)
 	}
+	// The log only grows: the last 2 lines now are 2 consecutive lines of the whole log after.
+	got := c.serve("logs", "--tail", "2", "--no-follow", "loop")
+	if all := c.serve("logs", "loop"); strings.Count(got, "\n") != 2 || !strings.Contains(all, got) {
+		t.Fatalf("logs --tail 2: %q; want 2 consecutive lines of\n%s", got, all)
+	}
 }

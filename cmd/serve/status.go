@@ -179,12 +179,19 @@ func writeJSON(out io.Writer, v any) error {
 }
 
 func logsCmd(g *globals) *cobra.Command {
-	var follow bool
+	var follow, noFollow bool
+	var tail int
 	cmd := &cobra.Command{
-		Use:   "logs NAME [REPLICA]",
+		Use:   "logs NAME [REPLICA] [--tail N] [--follow | --no-follow]",
 		Short: "Show a service's control-plane events, or a replica's own output",
 		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if follow && noFollow {
+				return fail(exitUsage, "give --follow or --no-follow, not both")
+			}
+			if tail < 0 {
+				return fail(exitUsage, "--tail %d: want a number of lines >= 0 (0: all)", tail)
+			}
 			ctx := cmd.Context()
 			c, _, err := connect(ctx, g.home, g.api)
 			if err != nil {
@@ -196,10 +203,13 @@ func logsCmd(g *globals) *cobra.Command {
 			out := cmd.OutOrStdout()
 			if len(args) == 1 {
 				var after int64
-				for {
+				for first := true; ; first = false {
 					ev, err := c.events(ctx, args[0], "", after)
 					if err != nil {
 						return err
+					}
+					if first && tail > 0 && len(ev) > tail {
+						ev = ev[len(ev)-tail:]
 					}
 					for _, e := range ev {
 						fmt.Fprintf(out, "%s  %-14s %-8s %s\n", e.At.Format(time.RFC3339), dash(e.Replica), e.Kind, e.Message)
@@ -214,7 +224,8 @@ func logsCmd(g *globals) *cobra.Command {
 				}
 			}
 			var off int64
-			for {
+			var kept []byte // with --tail: the last lines of what is read so far, until the end
+			for catchingUp := tail > 0; ; {
 				var b []byte
 				h, err := c.do(ctx, http.MethodGet, fmt.Sprintf("/v1/logs/%s?offset=%d", args[1], off), nil, &b)
 				if notFound(err) {
@@ -223,10 +234,17 @@ func logsCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				_, _ = out.Write(b)
 				if n, err := strconv.ParseInt(h.Get("X-Log-Offset"), 10, 64); err == nil {
 					off = n
 				}
+				if catchingUp {
+					// The API answers a long log a chunk at a time: read to its end first.
+					if kept = lastLines(append(kept, b...), tail); len(b) > 0 {
+						continue
+					}
+					b, catchingUp = kept, false
+				}
+				_, _ = out.Write(b)
 				if !follow {
 					return nil
 				}
@@ -237,7 +255,25 @@ func logsCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new lines")
+	cmd.Flags().BoolVar(&noFollow, "no-follow", false, "print what there is and return (the default)")
+	cmd.Flags().IntVar(&tail, "tail", 0, "start with only the last N lines (0: all)")
 	return cmd
+}
+
+// lastLines is the last n lines of b (a last line without its newline counts).
+func lastLines(b []byte, n int) []byte {
+	end := len(b)
+	if end > 0 && b[end-1] == '\n' {
+		end--
+	}
+	for i := end - 1; i >= 0; i-- {
+		if b[i] == '\n' {
+			if n--; n == 0 {
+				return b[i+1:]
+			}
+		}
+	}
+	return b
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
