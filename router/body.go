@@ -59,10 +59,20 @@ func (px *Proxy) readBody(ctx *fasthttp.RequestCtx) (reqBody, bool) {
 		}
 		return reqBody{b: b, pooled: buf}, true
 	}
-	// A chunked body's size is known only once read: it holds room for the largest.
+	var head []byte
 	want := int64(n)
 	if n < 0 {
-		want = int64(limit)
+		// A chunked body's size is known only once read: the first 64 KiB are read as a
+		// small body's are; past them it holds room for the largest.
+		b, err := io.ReadAll(io.LimitReader(ctx.RequestBodyStream(), smallBody+1))
+		if err == nil && len(b) <= smallBody {
+			return reqBody{b: b}, true
+		}
+		if err != nil {
+			px.refuseBody(ctx, fasthttp.StatusBadRequest, "body_read", "request body not received whole: "+err.Error())
+			return reqBody{}, false
+		}
+		head, want = b, int64(limit)
 	}
 	var rb reqBody
 	if want > smallBody {
@@ -75,7 +85,7 @@ func (px *Proxy) readBody(ctx *fasthttp.RequestCtx) (reqBody, bool) {
 		rb.held = want
 	}
 	var err error
-	if rb.b, err = readStream(ctx.RequestBodyStream(), n, limit); err != nil {
+	if rb.b, err = readStream(ctx.RequestBodyStream(), head, n, limit); err != nil {
 		px.releaseBody(rb)
 		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 			px.refuseBody(ctx, fasthttp.StatusRequestEntityTooLarge, "body_too_large",
@@ -89,9 +99,9 @@ func (px *Proxy) readBody(ctx *fasthttp.RequestCtx) (reqBody, bool) {
 	return rb, true
 }
 
-// readStream reads a body of n bytes (n < 0: until the end of its chunks, at most limit)
-// into a buffer of its own, sized once.
-func readStream(r io.Reader, n, limit int) ([]byte, error) {
+// readStream reads a body of n bytes into a buffer of its own, sized once; or, n < 0, the
+// rest of a chunked body after its head, at most limit bytes in all.
+func readStream(r io.Reader, head []byte, n, limit int) ([]byte, error) {
 	if n >= 0 {
 		b := make([]byte, n)
 		if _, err := io.ReadFull(r, b); err != nil {
@@ -99,7 +109,8 @@ func readStream(r io.Reader, n, limit int) ([]byte, error) {
 		}
 		return b, nil
 	}
-	b, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
+	rest, err := io.ReadAll(io.LimitReader(r, int64(limit-len(head))+1))
+	b := append(head, rest...)
 	if err == nil && len(b) > limit {
 		err = fasthttp.ErrBodyTooLarge
 	}

@@ -80,7 +80,7 @@ func TestLargeBodiesAreHeldWithinTheBudget(t *testing.T) {
 
 func TestChunkedBodiesAreBounded(t *testing.T) {
 	s := startSim(t, simOpts{echo: true})
-	r := startRouter(t, func(c *Config) { c.MaxRequestBodyBytes = 64 << 10 }, replica("a", s, fleet.Reserved, 0))
+	r := startRouter(t, func(c *Config) { c.MaxRequestBodyBytes = 256 << 10 }, replica("a", s, fleet.Reserved, 0))
 	send := func(body string) (int, string) {
 		t.Helper()
 		c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
@@ -104,14 +104,27 @@ func TestChunkedBodiesAreBounded(t *testing.T) {
 		_, _ = bufio.NewReader(resp.Body).WriteTo(&sb)
 		return resp.StatusCode, sb.String()
 	}
-	if code, out := send(largeChat(32 << 10)); code != 200 {
-		t.Fatalf("a chunked body within the limit: %d %s", code, out)
+	if code, out := send(largeChat(100 << 10)); code != 200 {
+		t.Fatalf("a large chunked body within the limit: %d %s", code, out)
 	}
-	if code, out := send(largeChat(100 << 10)); code != 413 || !strings.Contains(out, "too large") {
+	if code, out := send(largeChat(300 << 10)); code != 413 || !strings.Contains(out, "too large") {
 		t.Fatalf("a chunked body over the limit: %d %s; want 413", code, out)
 	}
 	if !r.budgetFree(int64(r.cfg.MaxBodyBufferBytes)) {
-		t.Fatal("the refused chunked body kept its room in the budget")
+		t.Fatal("the chunked bodies kept their room in the budget")
+	}
+	// With the budget taken, a small chunked body (most clients' streamed uploads) is still
+	// read: only one past 64 KiB holds room for the largest.
+	all := int64(r.cfg.MaxBodyBufferBytes)
+	if !r.px.bodies.TryAcquire(all) {
+		t.Fatal("budget not free")
+	}
+	defer r.px.bodies.Release(all)
+	if code, out := send(largeChat(32 << 10)); code != 200 {
+		t.Fatalf("a small chunked body with the budget full: %d %s", code, out)
+	}
+	if code, out := send(largeChat(100 << 10)); code != 503 || !strings.Contains(out, "max_body_buffer_bytes") {
+		t.Fatalf("a large chunked body with the budget full: %d %s; want 503", code, out)
 	}
 }
 

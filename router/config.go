@@ -28,7 +28,7 @@ type Config struct {
 	MaxParseBytes int `yaml:"max_parse_bytes"`
 	// MaxBodyBufferBytes bounds the request bodies over 64 KiB held in memory at once
 	// (read, parsed, forwarded); a request whose body does not fit within 2 s is answered
-	// 503 with Retry-After, its body unread. A chunked body holds max_request_body_bytes
+	// 503 with Retry-After, its body unread. A chunked body past 64 KiB holds max_request_body_bytes
 	// until it is read. Bodies are read only after the request is authenticated.
 	MaxBodyBufferBytes int `yaml:"max_body_buffer_bytes"`
 	// MemoryLimitBytes is the Go runtime's soft memory limit (debug.SetMemoryLimit): near it
