@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -54,7 +55,7 @@ func (px *Proxy) readBody(ctx *fasthttp.RequestCtx) (reqBody, bool) {
 		b := (*buf)[:n]
 		if _, err := io.ReadFull(ctx.RequestBodyStream(), b); err != nil {
 			px.bodyBufs.Put(buf)
-			px.refuseBody(ctx, fasthttp.StatusBadRequest, "body_read", "request body not received whole: "+err.Error())
+			px.refuseUnread(ctx, err)
 			return reqBody{}, false
 		}
 		return reqBody{b: b, pooled: buf}, true
@@ -69,7 +70,7 @@ func (px *Proxy) readBody(ctx *fasthttp.RequestCtx) (reqBody, bool) {
 			return reqBody{b: b}, true
 		}
 		if err != nil {
-			px.refuseBody(ctx, fasthttp.StatusBadRequest, "body_read", "request body not received whole: "+err.Error())
+			px.refuseUnread(ctx, err)
 			return reqBody{}, false
 		}
 		head, want = b, int64(limit)
@@ -91,8 +92,7 @@ func (px *Proxy) readBody(ctx *fasthttp.RequestCtx) (reqBody, bool) {
 			px.refuseBody(ctx, fasthttp.StatusRequestEntityTooLarge, "body_too_large",
 				fmt.Sprintf("request body too large: more than max_request_body_bytes (%d)", limit))
 		} else {
-			// A client that stopped sending (read_timeout) or hung up mid-body.
-			px.refuseBody(ctx, fasthttp.StatusBadRequest, "body_read", "request body not received whole: "+err.Error())
+			px.refuseUnread(ctx, err)
 		}
 		return reqBody{}, false
 	}
@@ -109,12 +109,12 @@ func readStream(r io.Reader, head []byte, n, limit int) ([]byte, error) {
 		}
 		return b, nil
 	}
-	rest, err := io.ReadAll(io.LimitReader(r, int64(limit-len(head))+1))
-	b := append(head, rest...)
-	if err == nil && len(b) > limit {
+	buf := bytes.NewBuffer(head) // the rest goes after the head, not into a copy of its own
+	_, err := buf.ReadFrom(io.LimitReader(r, int64(limit-len(head))+1))
+	if err == nil && buf.Len() > limit {
 		err = fasthttp.ErrBodyTooLarge
 	}
-	return b, err
+	return buf.Bytes(), err
 }
 
 // takeBody takes n bytes from the body budget, waiting at most bodyWait (and never past
@@ -137,6 +137,12 @@ func (px *Proxy) releaseBody(rb reqBody) {
 	if rb.pooled != nil {
 		px.bodyBufs.Put(rb.pooled)
 	}
+}
+
+// refuseUnread answers a request whose body did not arrive whole: a client that stopped
+// sending (read_timeout) or hung up mid-body.
+func (px *Proxy) refuseUnread(ctx *fasthttp.RequestCtx, err error) {
+	px.refuseBody(ctx, fasthttp.StatusBadRequest, "body_read", "request body not received whole: "+err.Error())
 }
 
 // refuseBody answers a request whose body the router will not read (whole): the rest of it
