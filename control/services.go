@@ -121,8 +121,8 @@ func envsJSON(envs map[string]string) string {
 }
 
 // Create submits a new service; envs are --env values (they fill the spec's null envs).
-// Create adds a service. Submitting again the spec an existing service runs creates
-// nothing and answers its version (created false), so `serve up` can be run again.
+// Submitting again the spec an existing service runs creates nothing and answers its
+// version (created false), so `serve up` can be run again.
 func (c *Controller) Create(ctx context.Context, name, text string, envs map[string]string) (version int, created bool, err error) {
 	if err := validName(name); err != nil {
 		return 0, false, err
@@ -137,7 +137,7 @@ func (c *Controller) Create(ctx context.Context, name, text string, envs map[str
 		switch {
 		case s.deleting:
 			return 0, false, fmt.Errorf("service %q is still shutting down; wait for `serve down` to finish: %w", name, ErrExists)
-		case s.decider != nil && reflect.DeepEqual(sp, s.specs[s.version]):
+		case s.runs(sp):
 			return s.version, false, nil
 		}
 		return 0, false, fmt.Errorf("service %q: %w with another spec; use `serve update %s FILE` to change it", name, ErrExists, name)
@@ -169,9 +169,9 @@ func (c *Controller) Update(ctx context.Context, name, text string, envs map[str
 	if !ok || s.deleting {
 		return 0, false, fmt.Errorf("service %q: %w", name, ErrNotFound)
 	}
-	if s.decider != nil && reflect.DeepEqual(sp, s.specs[s.version]) {
-		// The same service (comments and layout aside, with the same envs): rolling a new
-		// version would replace every replica for nothing, as `sky serve update` does not.
+	if s.runs(sp) {
+		// Rolling a new version would replace every replica for nothing, as `sky serve
+		// update` does not.
 		return s.version, false, nil
 	}
 	cfg := scaling.ConfigFromSpec(sp)
@@ -203,6 +203,13 @@ func (c *Controller) Update(ctx context.Context, name, text string, envs map[str
 	c.publish()
 	c.kickNow()
 	return v, true, nil
+}
+
+// runs reports whether the service's current version is sp: the same service, comments
+// and layout of its file aside, with the same envs. A service whose stored spec failed to
+// load runs nothing.
+func (s *service) runs(sp *spec.Service) bool {
+	return s.decider != nil && reflect.DeepEqual(sp, s.specs[s.version])
 }
 
 // Delete starts tearing a service down; it is gone once every replica is terminated.
