@@ -171,20 +171,25 @@ func chatEcho(v *fastjson.Value) string {
 	if string(last.GetStringBytes("role")) != role {
 		return ""
 	}
-	content := last.Get("content")
+	return contentText(last.Get("content"), "\n")
+}
+
+// contentText is a chat message's text: its content string, or the texts of its parts
+// joined by sep ("" for none).
+func contentText(c *fastjson.Value, sep string) string {
 	switch {
-	case content == nil:
+	case c == nil:
 		return ""
-	case content.Type() == fastjson.TypeString:
-		return string(content.GetStringBytes())
-	case content.Type() == fastjson.TypeArray:
+	case c.Type() == fastjson.TypeString:
+		return string(c.GetStringBytes())
+	case c.Type() == fastjson.TypeArray:
 		var parts []string
-		for _, part := range content.GetArray() {
+		for _, part := range c.GetArray() {
 			if t := part.Get("text"); t != nil {
 				parts = append(parts, string(t.GetStringBytes()))
 			}
 		}
-		return strings.Join(parts, "\n")
+		return strings.Join(parts, sep)
 	}
 	return ""
 }

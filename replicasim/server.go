@@ -262,22 +262,11 @@ func (s *Server) promptIDs(r *oai.Request, v *fastjson.Value) []int {
 		ids = s.cfg.Tokenizer.Encode(ids, r.Prompt)
 		return append(ids, r.TokenIDs...)
 	}
-	var text strings.Builder
 	for _, m := range v.GetArray("messages") {
 		ids = append(ids, startHeaderID)
 		ids = s.cfg.Tokenizer.Encode(ids, string(m.GetStringBytes("role")))
 		ids = append(ids, endHeaderID, doubleNLID)
-		text.Reset()
-		switch c := m.Get("content"); {
-		case c == nil:
-		case c.Type() == fastjson.TypeString:
-			text.Write(c.GetStringBytes())
-		case c.Type() == fastjson.TypeArray:
-			for _, part := range c.GetArray() {
-				text.Write(part.GetStringBytes("text"))
-			}
-		}
-		ids = s.cfg.Tokenizer.Encode(ids, text.String())
+		ids = s.cfg.Tokenizer.Encode(ids, contentText(m.Get("content"), ""))
 		ids = append(ids, eotID)
 	}
 	return append(ids, startHeaderID, 78191 /* "assistant" */, endHeaderID, doubleNLID)
