@@ -22,13 +22,20 @@ func NewDetachedReplica(info fleet.Replica, prof *engine.Profile) *Replica {
 func (r *Replica) SetInfo(info fleet.Replica) { r.info.Store(&info) }
 
 // Begin counts a request as in flight on the replica (sent at req.Now), adds it to the
-// replica's model, and returns what the replica is expected to do with it: the same
-// prediction the pick saw, made before the request counts itself.
+// replica's model, and returns what the replica is expected to do with it: the prediction
+// the pick made (or, for a policy that predicts nothing, the same made now), before the
+// request counts itself.
 func (r *Replica) Begin(req *Request, staleAfter time.Duration) Prediction {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p := r.withKnownPrefix(req.shapeOn(r))
-	pred := r.predictLocked(req.Now, p, req.OutTokens, staleAfter)
+	var pred Prediction
+	if req.picked == r {
+		pred = req.pickedPred
+	} else {
+		pred = r.predictLocked(req.Now, p, req.OutTokens, staleAfter)
+	}
+	req.picked = nil // a retry's pick is its own
 	pred.seq = r.twin.add(req.Now, p, req.Streamed)
 	r.prefixes.add(p.prefix, float64(pred.Uncached+p.out), r.kvCapacity())
 	r.lastSent = req.Now

@@ -54,6 +54,11 @@ type Request struct {
 	// (set by a policy that follows prefixes); those tokens are not computed again there.
 	holder  *Replica
 	matched int
+	// picked is the replica the policy chose by prediction, and pickedPred that prediction:
+	// Begin takes it as the request's own rather than run the replica's model again (it
+	// was a third of a pick's cost), and it is the prediction that chose the replica.
+	picked     *Replica
+	pickedPred Prediction
 }
 
 // anyUsable reports whether req may use one of cands.
@@ -218,6 +223,7 @@ func (p *SLOCheapest) Pick(req *Request, cands []*Replica, rng *rand.Rand) *Repl
 	if p.OnPick != nil {
 		p.OnPick(choice.r, reason)
 	}
+	req.picked, req.pickedPred = choice.r, choice.p
 	return choice.r
 }
 
