@@ -785,8 +785,7 @@ func (w *twin) dryRun(now time.Time, target int, p shape, o others) dryRunResult
 			// Merged only when another step runs: most predictions end in the step that
 			// admits every prompt ahead, and sorting them in one by one was a third of a
 			// prediction's time.
-			ended = append(ended, joins...)
-			slices.SortFunc(ended, bySteps)
+			ended = mergeEnds(ended, joins)
 			joins = joins[:0]
 		}
 	}
@@ -819,6 +818,25 @@ func (w *twin) endsByStep() []seqEnd {
 	}
 	slices.SortFunc(w.ends, bySteps)
 	return w.ends
+}
+
+// mergeEnds adds joins to ended (sorted by steps), in place from the back: a step's joins
+// are few against the sequences generating, so sorting them alone and merging is linear.
+func mergeEnds(ended, joins []seqEnd) []seqEnd {
+	slices.SortFunc(joins, bySteps)
+	n := len(ended)
+	ended = append(ended, joins...)
+	i, j := n-1, len(joins)-1
+	for k := len(ended) - 1; j >= 0; k-- {
+		if i >= 0 && ended[i].steps >= joins[j].steps {
+			ended[k] = ended[i]
+			i--
+		} else {
+			ended[k] = joins[j]
+			j--
+		}
+	}
+	return ended
 }
 
 func bySteps(a, b seqEnd) int {
