@@ -84,6 +84,9 @@ type Quote struct {
 	// launch on (a node pool whose machine type no catalog lists): placement leaves such an
 	// offer out rather than take it as free, and reports it.
 	Unpriced string
+	// PriceSource says where PricePerHour comes from (a catalog file, a provider's price
+	// API), for decision logs; "" where the provider does not say.
+	PriceSource string
 }
 
 // Provider is where replicas run.

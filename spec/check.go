@@ -128,6 +128,31 @@ func (d *decoder) crossCheck(s *Service) {
 		}
 	}
 
+	// The aws provider's limits (replicas/aws): each replica is a fresh VM that boots an AMI
+	// and runs the spec from EC2 user data, which anyone allowed DescribeInstanceAttribute
+	// (and any process on the VM) can read, and which holds at most 16 KiB.
+	if slices.Contains(a.Providers, "aws") {
+		if len(s.Secrets) > 0 {
+			d.errorAt("secrets", "secrets: the aws provider does not pass secrets yet (in EC2 user data they would be readable by anyone allowed ec2:DescribeInstanceAttribute); give the replicas an instance profile and fetch the secret in setup (aws secretsmanager get-secret-value), or run this service on another provider")
+		}
+		if s.Workdir != "" {
+			d.errorAt("workdir", "workdir: the aws provider cannot sync a local folder onto its VMs; put it in the AMI or fetch it in setup")
+		}
+		for _, r := range append([]Resources{s.Resources}, append(s.Resources.AnyOf, s.Resources.Ordered...)...) {
+			if r.ImageID != "" && !strings.HasPrefix(r.ImageID, "ami-") {
+				d.errorAt("resources.image_id", "resources.image_id: %s: the aws provider boots AMIs (ami-…); container images on VMs are not supported yet", quote(r.ImageID))
+				break
+			}
+		}
+		size := len(s.Setup) + len(s.Run)
+		for k, v := range s.Envs {
+			size += len(k) + len(v) + len("export ='' --setenv=")
+		}
+		if size > awsScriptBudget {
+			d.errorAt("run", "run, setup and envs: %d bytes; the aws provider passes them as EC2 user data, which holds 16 KiB with the script around them (at most %d of yours): move long scripts into the AMI or fetch them in setup", size, awsScriptBudget)
+		}
+	}
+
 	for i, r := range a.Reserved {
 		if r.Provider != "" && !slices.Contains(a.Providers, r.Provider) {
 			d.errorAt("arbiter.reserved["+strconv.Itoa(i)+"].provider", "arbiter.reserved[%d].provider: %s is not in arbiter.providers (%s); add it there", i, r.Provider, strings.Join(a.Providers, ", "))
@@ -207,3 +232,7 @@ func (d *decoder) failed(paths ...string) bool {
 	}
 	return false
 }
+
+// awsScriptBudget is what of EC2's 16 KiB of user data the spec's setup, run and envs may
+// take: the aws provider's script around them takes about 1.5 KiB (replicas/aws.userData).
+const awsScriptBudget = 14 << 10

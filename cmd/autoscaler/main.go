@@ -17,7 +17,7 @@ import (
 	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/httplog"
 	"github.com/arbiter-serve/arbiter/replicas"
-	"github.com/arbiter-serve/arbiter/replicas/kubernetes"
+	"github.com/arbiter-serve/arbiter/replicas/providers"
 )
 
 func main() {
@@ -60,7 +60,7 @@ func main() {
 				if optional {
 					path = filepath.Join(*homeDir, "providers.yaml")
 				}
-				return kubernetes.FromFile(ctx, path, optional, owner, log)
+				return providers.FromFile(ctx, path, optional, owner, log)
 			}})
 	}
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/httplog"
 	"github.com/arbiter-serve/arbiter/replicas"
-	"github.com/arbiter-serve/arbiter/replicas/kubernetes"
+	"github.com/arbiter-serve/arbiter/replicas/providers"
 )
 
 // daemonInfo is what a running embedded daemon publishes in its home, so the CLI can find
@@ -199,7 +199,7 @@ func providersFrom(home, path string, log *slog.Logger) func(context.Context, st
 		if optional {
 			path = filepath.Join(home, "providers.yaml")
 		}
-		return kubernetes.FromFile(ctx, path, optional, owner, log)
+		return providers.FromFile(ctx, path, optional, owner, log)
 	}
 }
 

@@ -1,18 +1,14 @@
 package kubernetes
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"regexp"
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -80,35 +76,21 @@ type NodePool struct {
 	Capacity fleet.Capacity `yaml:"capacity"`
 }
 
-// File is the daemon's providers file (--providers, default $ARBITER_HOME/providers.yaml).
-type File struct {
-	Kubernetes []Cluster `yaml:"kubernetes"`
-}
-
-// LoadFile reads a providers file strictly: an unknown key is an error, not ignored.
-func LoadFile(path string) (File, error) {
-	var f File
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return f, err
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
-		return f, fmt.Errorf("%s: %w", path, err)
-	}
+// CheckClusters reports a cluster entry that cannot work, or two that would have the same
+// provider name; path names the file for the error.
+func CheckClusters(path string, clusters []Cluster) error {
 	seen := map[string]bool{}
-	for i := range f.Kubernetes {
-		c := &f.Kubernetes[i]
+	for i := range clusters {
+		c := &clusters[i]
 		if err := c.check(); err != nil {
-			return f, fmt.Errorf("%s: kubernetes[%d]: %w", path, i, err)
+			return fmt.Errorf("%s: kubernetes[%d]: %w", path, i, err)
 		}
 		if seen[c.ProviderName()] {
-			return f, fmt.Errorf("%s: kubernetes[%d]: %s is configured twice; give one of them a name:", path, i, c.ProviderName())
+			return fmt.Errorf("%s: kubernetes[%d]: %s is configured twice; give one of them a name:", path, i, c.ProviderName())
 		}
 		seen[c.ProviderName()] = true
 	}
-	return f, nil
+	return nil
 }
 
 func (c *Cluster) check() error {
@@ -221,20 +203,12 @@ func (c *Config) defaults() {
 
 func secondsOf(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
-// FromFile builds a provider for each cluster of a providers file, for owner. A missing
-// file configures no cluster when optional (the default path); a cluster that cannot be
-// reached is not an error here (it is reported and skipped until it answers), but a file
-// or kubeconfig that does not load is.
-func FromFile(ctx context.Context, path string, optional bool, owner string, log *slog.Logger) ([]replicas.Provider, error) {
-	f, err := LoadFile(path)
-	if optional && errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("providers file: %w", err)
-	}
+// Providers builds a provider for each cluster, for owner. A cluster that cannot be
+// reached is not an error here (it is reported and skipped until it answers), but a
+// kubeconfig that does not load is.
+func Providers(ctx context.Context, path string, clusters []Cluster, owner string, log *slog.Logger) ([]replicas.Provider, error) {
 	var out []replicas.Provider
-	for _, c := range f.Kubernetes {
+	for _, c := range clusters {
 		p, err := New(ctx, Config{Cluster: c, Owner: owner, Log: log})
 		if err != nil {
 			return nil, fmt.Errorf("providers file %s: %w", path, err)

@@ -1,0 +1,38 @@
+package providers
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func write(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "providers.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestLoadReadsBothSectionsStrictly(t *testing.T) {
+	f, err := Load(write(t, "kubernetes:\n  - {name: gke, context: gke}\naws:\n  regions: [us-east-1, eu-west-1]\n  subnets: {use1-az4: subnet-0abc}\n  public_ip: true\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Kubernetes) != 1 || f.AWS == nil || len(f.AWS.Regions) != 2 || f.AWS.Subnets["use1-az4"] != "subnet-0abc" || !f.AWS.PublicIP {
+		t.Fatalf("%+v %+v", f, f.AWS)
+	}
+	for body, want := range map[string]string{
+		"aws:\n  region: us-east-1\n":        "field region not found",
+		"aws:\n  regions: [US East]\n":       "not an AWS region name",
+		"gcp: {}\n":                          "field gcp not found",
+		"kubernetes:\n  - {}\n  - {}\n":      "configured twice",
+		"aws:\n  endpoint: 127.0.0.1:4566\n": "not an http(s) URL",
+	} {
+		if _, err := Load(write(t, body)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", body, err, want)
+		}
+	}
+}
