@@ -63,6 +63,9 @@ type cluster struct {
 	extraDaemonFlags   []string
 	// apiURL, if set, points the CLI at a control plane it did not start (cmd/autoscaler).
 	apiURL string
+	// env is added to the CLI's environment, and so to the daemon it starts (a cloud's
+	// credentials).
+	env []string
 }
 
 func freeAddr(t *testing.T) string {
@@ -113,7 +116,7 @@ func (c *cluster) cmd(args ...string) *exec.Cmd {
 		global = append(global, "--api", c.apiURL)
 	}
 	cmd := exec.Command(filepath.Join(binDir, "serve"), append(global, args...)...)
-	cmd.Env = append(os.Environ(), "ARBITER_HOME="+c.home)
+	cmd.Env = append(append(os.Environ(), c.env...), "ARBITER_HOME="+c.home)
 	return cmd
 }
 

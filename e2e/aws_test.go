@@ -1,0 +1,184 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/control"
+	"github.com/arbiter-serve/arbiter/replicas/aws"
+	"github.com/arbiter-serve/arbiter/replicas/aws/ec2fake"
+	"github.com/arbiter-serve/arbiter/state"
+)
+
+// The aws provider end to end: the real serve binary (control plane and router) calls the
+// official AWS SDK, which talks over loopback to a stateful fake of EC2's Query API
+// (replicas/aws/ec2fake). Each instance boots by running its user data, whose run is
+// replicasim bound to the instance's own loopback address, so the router talks to the
+// "VMs" over real HTTP.
+
+func awsSpec(model string) string {
+	return `service:
+  readiness_probe: {path: /health, initial_delay_seconds: 30, timeout_seconds: 2}
+  replica_policy: {min_replicas: 2, max_replicas: 2, dynamic_ondemand_fallback: true}
+  ports: 8000
+resources:
+  accelerators: A10G:1
+  use_spot: true
+run: exec replicasim -listen $ARBITER_HOST:$PORT -model ` + model + ` -profile h100-llama-3.2-1b -log-level warn
+arbiter:
+  model: ` + model + `
+  providers: [aws]
+  readiness: {probe_interval_seconds: 0.3, failure_threshold: 2}
+`
+}
+
+// awsAccount starts a fake EC2 account (us-east-1: four zones, g5.xlarge spot prices of
+// its own), writes a providers file pointing the aws provider at it, and gives the CLI
+// and daemon credentials the SDK's default chain reads from the environment.
+func awsAccount(t *testing.T, c *cluster) *ec2fake.Server {
+	t.Helper()
+	fake := ec2fake.New(ec2fake.Config{
+		Zones: map[string][]ec2fake.Zone{"us-east-1": {{Name: "us-east-1a", ID: "use1-az4"}, {Name: "us-east-1b", ID: "use1-az6"},
+			{Name: "us-east-1c", ID: "use1-az1"}, {Name: "us-east-1d", ID: "use1-az2"}}},
+		SpotPrices: map[string]map[string]float64{"g5.xlarge": {"use1-az4": 0.3801, "use1-az6": 0.4102, "use1-az1": 0.3950, "use1-az2": 0.3893}},
+		Images:     []ec2fake.Image{{ID: "ami-0dl", Name: "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20260901", CreationDate: "2026-09-01T00:00:00.000Z"}},
+		Dir:        t.TempDir(),
+		PendingFor: 500 * time.Millisecond, ShuttingDownFor: 300 * time.Millisecond, InvisibleFor: 700 * time.Millisecond,
+		Env: []string{"PATH=" + binDir + string(os.PathListSeparator) + os.Getenv("PATH")},
+	})
+	srv := httptest.NewServer(fake)
+	t.Cleanup(func() {
+		srv.Close()
+		fake.Close()
+	})
+	path := filepath.Join(c.home, "providers.yaml")
+	body := fmt.Sprintf("aws:\n  regions: [us-east-1]\n  endpoint: %s\n  start_seconds: 60\n  notice_poll_seconds: 0.5\n", srv.URL)
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.extraDaemonFlags = append(c.extraDaemonFlags, "--providers", path, "--zone-cooldown", "20s")
+	c.env = append(c.env, "AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE", "AWS_SECRET_ACCESS_KEY="+awsTestSecret, "AWS_REGION=us-east-1",
+		"AWS_CONFIG_FILE=/nonexistent", "AWS_SHARED_CREDENTIALS_FILE=/nonexistent", "AWS_EC2_METADATA_DISABLED=true")
+	return fake
+}
+
+const awsTestSecret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+// ownerInstances is the fake account's live instances tagged with this home's owner, by
+// replica id.
+func ownerInstances(t *testing.T, fake *ec2fake.Server, c *cluster) map[string]string {
+	owner, err := control.ProviderOwner(c.home)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for id, tags := range fake.Live() {
+		if tags[aws.TagOwner] == owner {
+			out[tags[aws.TagReplica]] = id
+		}
+	}
+	return out
+}
+
+// Two spot replicas on EC2 in its cheapest zones; one is interrupted under load while spot
+// is refused in every zone: it is drained on the notice and replaced on-demand, with no
+// failed request; a kill -9 of the control plane right after it asked for a replica
+// leaves no instance behind; serve down terminates every instance.
+func TestAWSSpotLifecycle(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	fake := awsAccount(t, c)
+	const name, model = "ec2", "ec2-model"
+	c.up(name, awsSpec(model))
+	// While spot replicas start, dynamic_ondemand_fallback runs on-demand ones, which go
+	// once the spot ones are ready.
+	c.waitFor("2 ready spot replicas on aws, and nothing else", 90*time.Second, func() bool {
+		st := c.status(name)
+		ready, _ := kubeReplicas(st)
+		return ready["spot"] == 2 && st.Live == 2 && len(ownerInstances(t, fake, c)) == 2
+	})
+	st := c.status(name)
+	for _, r := range st.Replicas {
+		if r.State != "ready" {
+			continue // the on-demand stand-ins, gone
+		}
+		if r.Provider != "aws" || r.Region != "us-east-1" || !strings.HasPrefix(r.Zone, "use1-az") || r.PricePerHour < 0.38 || r.PricePerHour > 0.42 {
+			t.Errorf("replica %s: %s %s/%s at $%.4f/h; want aws at EC2's g5.xlarge spot price", r.ID, r.Provider, r.Region, r.Zone, r.PricePerHour)
+		}
+	}
+	table := c.serve("status")
+	for _, want := range []string{"aws", "us-east-1/use1-az", "spot", "0.38"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("serve status does not show %q:\n%s", want, table)
+		}
+	}
+
+	streams := c.startLoad(model, 2, 40, true)
+	plain := c.startLoad(model, 2, 40, false)
+	time.Sleep(time.Second) // let load reach both replicas before the interruption
+	for _, z := range []string{"use1-az4", "use1-az6", "use1-az1", "use1-az2"} {
+		fake.RefuseCapacity("us-east-1", z, "spot", "InsufficientInstanceCapacity")
+	}
+	var victim state.Replica
+	for _, r := range st.Replicas {
+		if r.State == "ready" {
+			victim = r
+		}
+	}
+	instance := ownerInstances(t, fake, c)[victim.ID]
+	interrupted := time.Now()
+	if err := fake.Interrupt(instance, 4*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the interrupted replica replaced on-demand", 90*time.Second, func() bool {
+		ready, _ := kubeReplicas(c.status(name))
+		return ready["spot"] == 1 && ready["on_demand"] == 1
+	})
+	replaced := time.Since(interrupted)
+	streams.finish(t, "streams through a spot interruption")
+	plain.finish(t, "requests through a spot interruption")
+	logs := c.serve("logs", name)
+	for _, want := range []string{"marked-for-termination", "no capacity", "InsufficientInstanceCapacity"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the event log does not mention %q:\n%s", want, logs)
+		}
+	}
+	if got := ownerInstances(t, fake, c); len(got) != 2 {
+		t.Errorf("%d live instances after the replacement, want 2: %v", len(got), got)
+	}
+	t.Logf("interruption to a ready on-demand replacement: %s", replaced.Round(100*time.Millisecond))
+
+	// kill -9 of the control plane just after it asked EC2 for a third replica: the next
+	// one adopts or terminates it, and nothing is left that no row accounts for.
+	for _, z := range []string{"use1-az4", "use1-az6", "use1-az1", "use1-az2"} {
+		fake.RefuseCapacity("us-east-1", z, "spot", "")
+	}
+	runs := fake.Calls("RunInstances")
+	c.serve("update", name, c.writeSpec(name, strings.Replace(awsSpec(model), "min_replicas: 2, max_replicas: 2", "min_replicas: 3, max_replicas: 3", 1)))
+	c.waitFor("a launch asked of EC2", 30*time.Second, func() bool { return fake.Calls("RunInstances") > runs })
+	c.kill9()
+	c.startDaemon()
+	c.waitFor("3 ready replicas after the restart, one instance each", 120*time.Second, func() bool {
+		st := c.status(name)
+		return st.Ready == 3 && len(st.Replicas) == 3 && len(ownerInstances(t, fake, c)) == 3
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if code, body, err := c.request(ctx, model); err != nil || code != 200 {
+		t.Fatalf("request after the restart: %d %v %s", code, err, body)
+	}
+	c.serve("down", name, "--wait", "60s")
+	if left := ownerInstances(t, fake, c); len(left) != 0 {
+		t.Fatalf("serve down left instances: %v", left)
+	}
+	if strings.Contains(c.daemonLog(), awsTestSecret) {
+		t.Error("the secret access key reached the daemon's log")
+	}
+}
