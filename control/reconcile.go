@@ -292,7 +292,7 @@ func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, b
 			continue
 		}
 		offers = append(offers, scaling.Offer{Provider: q.Provider, Region: q.Region, Zone: q.Zone, Capacity: q.Capacity, PricePerHour: q.PricePerHour,
-			InstanceType: q.InstanceType, Accelerator: q.Accelerator, AcceleratorCount: q.AcceleratorCount})
+			InstanceType: q.InstanceType, Accelerator: q.Accelerator, AcceleratorCount: q.AcceleratorCount, PriceSource: q.PriceSource})
 	}
 	if msg := strings.Join(problems, "; "); msg != s.quoteErr {
 		s.quoteErr = msg
@@ -429,7 +429,16 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 	}
 	r := &replica{row: row, busy: true}
 	s.replicas[row.ID] = r
-	c.transition(ctx, s, r, replicas.Provisioning, "launching on "+p.Name())
+	launching := "launching on " + p.Name()
+	if at != nil && at.Offer.PricePerHour > 0 {
+		o := at.Offer
+		launching += fmt.Sprintf(" (%s %s in %s at $%.4f/h", o.Capacity, cmp.Or(o.InstanceType, o.Accelerator, "capacity"), cmp.Or(o.Zone, o.Region, "-"), o.PricePerHour)
+		if o.PriceSource != "" {
+			launching += ", priced by " + o.PriceSource
+		}
+		launching += ")"
+	}
+	c.transition(ctx, s, r, replicas.Provisioning, launching)
 	version, setupMu := s.version, s.setupLock(s.version)
 	// Secrets reach replicas as environment variables, as envs do (SkyPilot's rule); they
 	// differ only in being kept out of logs and status.
@@ -442,7 +451,7 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 	}
 	ls := replicas.LaunchSpec{ReplicaID: row.ID, Service: s.name, Version: version, Run: sp.Run, Setup: sp.Setup, Workdir: sp.Workdir, Envs: envs,
 		Image: strings.TrimPrefix(sp.Resources.ImageID, "docker:"), Capacity: fleet.Capacity(row.Capacity), Region: row.Region, Zone: row.Zone,
-		PricePerHour: &price, Port: sp.Service.Port}
+		PricePerHour: &price, Port: sp.Service.Port, DiskGiB: sp.Resources.DiskSize}
 	if at != nil {
 		ls.Accelerator, ls.AcceleratorCount, ls.InstanceType = at.Offer.Accelerator, at.Offer.AcceleratorCount, at.Offer.InstanceType
 	}

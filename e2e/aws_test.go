@@ -144,7 +144,7 @@ func TestAWSSpotLifecycle(t *testing.T) {
 	streams.finish(t, "streams through a spot interruption")
 	plain.finish(t, "requests through a spot interruption")
 	logs := c.serve("logs", name)
-	for _, want := range []string{"marked-for-termination", "no capacity", "InsufficientInstanceCapacity"} {
+	for _, want := range []string{"marked-for-termination", "no capacity", "InsufficientInstanceCapacity", "priced by ec2:DescribeSpotPriceHistory", "priced by catalog:aws_skypilot_catalog_subset"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the event log does not mention %q:\n%s", want, logs)
 		}

@@ -40,6 +40,9 @@ type LaunchSpec struct {
 	PricePerHour *float64
 	// Port is the replica port the spec names (service.ports); 0 if none.
 	Port int
+	// DiskGiB is the spec's resources.disk_size; 0: the provider's default. Only VM
+	// providers use it.
+	DiskGiB int
 }
 
 // Instance is a replica as a provider sees it.

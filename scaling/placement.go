@@ -27,6 +27,9 @@ type Offer struct {
 	// launch (placement itself compares places and prices only).
 	Accelerator      string
 	AcceleratorCount int
+	// PriceSource says where the price came from (a catalog file, a provider's price API),
+	// for the launch's log line.
+	PriceSource string
 }
 
 func (o Offer) place() string { return o.Provider + "/" + o.Region + "/" + o.Zone }

@@ -58,7 +58,7 @@ type Provider struct {
 
 	mu      sync.Mutex
 	clients map[string]*ec2.Client // by region
-	images  map[string]string      // region → AMI id of the account's default image
+	images  map[string]ami         // region|image id or name → the image
 	zones   map[string]zoneMap     // region → its zones
 	spot    map[string]spotPrices  // region → spot prices
 	// launched: instances this process created, by handle, with when: EC2 may not know
@@ -101,7 +101,7 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 		cfg.Regions = []string{base.Region}
 	}
 	p := &Provider{cfg: cfg, base: base, notices: make(chan replicas.Notice, 64),
-		clients: map[string]*ec2.Client{}, images: map[string]string{}, zones: map[string]zoneMap{}, spot: map[string]spotPrices{},
+		clients: map[string]*ec2.Client{}, images: map[string]ami{}, zones: map[string]zoneMap{}, spot: map[string]spotPrices{},
 		launched: map[string]time.Time{}, spotReqs: map[string]spotWatch{}, noticed: map[string]bool{}}
 	p.catalog = sync.OnceValues(cfg.Catalog)
 	go p.watchSpot(ctx)
@@ -182,11 +182,9 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 	if err != nil {
 		return replicas.Instance{}, err
 	}
-	image := ls.Image
-	if image == "" {
-		if image, err = p.image(ctx, region, c); err != nil {
-			return replicas.Instance{}, fmt.Errorf("%s: %w", what, err)
-		}
+	image, err := p.image(ctx, region, c, ls.Image)
+	if err != nil {
+		return replicas.Instance{}, fmt.Errorf("%s: %w", what, err)
 	}
 	port := ls.Port
 	if port == 0 {
@@ -201,7 +199,7 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 		price = *ls.PricePerHour
 	}
 	in := &ec2.RunInstancesInput{
-		ImageId:      aws.String(image),
+		ImageId:      aws.String(image.id),
 		InstanceType: types.InstanceType(ls.InstanceType),
 		MinCount:     aws.Int32(1),
 		MaxCount:     aws.Int32(1),
@@ -236,9 +234,11 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 			in.IamInstanceProfile = &types.IamInstanceProfileSpecification{Arn: aws.String(ip)}
 		}
 	}
-	if p.cfg.DiskGiB > 0 {
-		in.BlockDeviceMappings = []types.BlockDeviceMapping{{DeviceName: aws.String("/dev/sda1"),
-			Ebs: &types.EbsBlockDevice{VolumeSize: aws.Int32(int32(p.cfg.DiskGiB)), VolumeType: types.VolumeTypeGp3, DeleteOnTermination: aws.Bool(true)}}}
+	if disk := cmp.Or(ls.DiskGiB, p.cfg.DiskGiB); disk > 0 {
+		// The root volume, by the image's own root device name (Ubuntu's /dev/sda1, Amazon
+		// Linux's /dev/xvda): a mapping under another name would add a second volume.
+		in.BlockDeviceMappings = []types.BlockDeviceMapping{{DeviceName: aws.String(image.rootDevice),
+			Ebs: &types.EbsBlockDevice{VolumeSize: aws.Int32(int32(disk)), VolumeType: types.VolumeTypeGp3, DeleteOnTermination: aws.Bool(true)}}}
 	}
 	if ls.Capacity == fleet.Spot {
 		// One-time, terminated on interruption: a replaced replica is a new launch, never a
@@ -516,42 +516,51 @@ func (p *Provider) terminateQuietly(c *ec2.Client, id string) {
 	}
 }
 
-// image is the account's default AMI in a region: the configured id, or the newest image
-// whose name matches the configured pattern.
-func (p *Provider) image(ctx context.Context, region string, c *ec2.Client) (string, error) {
-	if strings.HasPrefix(p.cfg.Image, "ami-") {
-		return p.cfg.Image, nil
-	}
+// ami is an image to boot and the name of its root device.
+type ami struct{ id, rootDevice string }
+
+// image resolves the AMI a replica boots: the spec's (ami-…), else the account's, which is
+// an id or the newest image whose name matches its pattern. Cached per region and name.
+func (p *Provider) image(ctx context.Context, region string, c *ec2.Client, fromSpec string) (ami, error) {
+	want := cmp.Or(fromSpec, p.cfg.Image)
+	key := region + "|" + want
 	p.mu.Lock()
-	id := p.images[region]
+	im, ok := p.images[key]
 	p.mu.Unlock()
-	if id != "" {
-		return id, nil
+	if ok {
+		return im, nil
 	}
-	out, err := c.DescribeImages(ctx, &ec2.DescribeImagesInput{Owners: p.cfg.ImageOwners, Filters: []types.Filter{
-		{Name: aws.String("name"), Values: []string{p.cfg.Image}},
-		{Name: aws.String("state"), Values: []string{"available"}},
-		{Name: aws.String("architecture"), Values: []string{"x86_64"}},
-	}})
+	in := &ec2.DescribeImagesInput{}
+	if strings.HasPrefix(want, "ami-") {
+		in.ImageIds = []string{want}
+	} else {
+		in.Owners = p.cfg.ImageOwners
+		in.Filters = []types.Filter{
+			{Name: aws.String("name"), Values: []string{want}},
+			{Name: aws.String("state"), Values: []string{"available"}},
+			{Name: aws.String("architecture"), Values: []string{"x86_64"}},
+		}
+	}
+	out, err := c.DescribeImages(ctx, in)
 	if err != nil {
-		return "", classify(err, "find the image "+p.cfg.Image)
+		return ami{}, classify(err, "find the image "+want)
 	}
 	var newest types.Image
 	for _, im := range out.Images {
 		// CreationDate is RFC 3339, so text order is time order.
-		if aws.ToString(im.CreationDate) > aws.ToString(newest.CreationDate) {
+		if aws.ToString(im.CreationDate) >= aws.ToString(newest.CreationDate) {
 			newest = im
 		}
 	}
 	if newest.ImageId == nil {
-		return "", fmt.Errorf("no image named %q owned by %s in %s; set image in the providers file, or resources.image_id: ami-… in the spec",
-			p.cfg.Image, strings.Join(p.cfg.ImageOwners, ", "), region)
+		return ami{}, fmt.Errorf("no image %q (owners %s) in %s; set image in the providers file, or resources.image_id: ami-… in the spec",
+			want, strings.Join(p.cfg.ImageOwners, ", "), region)
 	}
-	id = aws.ToString(newest.ImageId)
+	im = ami{id: aws.ToString(newest.ImageId), rootDevice: cmp.Or(aws.ToString(newest.RootDeviceName), "/dev/sda1")}
 	p.mu.Lock()
-	p.images[region] = id
+	p.images[key] = im
 	p.mu.Unlock()
-	return id, nil
+	return im, nil
 }
 
 // isZoneID tells an AZ id (use1-az1, the same zone in every account) from a zone name

@@ -172,7 +172,9 @@ func get(t *testing.T, addr string) string {
 func TestLaunchListTerminateOnDemand(t *testing.T) {
 	r := newRig(t, nil)
 	ctx := ctxFor(t, time.Minute)
-	in, err := r.p.Launch(ctx, r.launchSpec("r-1", fleet.OnDemand, "use1-az6"))
+	ls := r.launchSpec("r-1", fleet.OnDemand, "use1-az6")
+	ls.DiskGiB = 300
+	in, err := r.p.Launch(ctx, ls)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,6 +198,8 @@ func TestLaunchListTerminateOnDemand(t *testing.T) {
 		"InstanceType": "g5.xlarge", "ImageId": "ami-0new", "Placement.AvailabilityZoneId": "use1-az6",
 		"InstanceInitiatedShutdownBehavior": "terminate", "InstanceMarketOptions.MarketType": "",
 		"TagSpecification.1.ResourceType": "instance", "TagSpecification.2.ResourceType": "volume",
+		// resources.disk_size on the image's root device, not a second volume.
+		"BlockDeviceMapping.1.DeviceName": "/dev/sda1", "BlockDeviceMapping.1.Ebs.VolumeSize": "300", "BlockDeviceMapping.1.Ebs.DeleteOnTermination": "true",
 	} {
 		if got := f.Get(k); got != want {
 			t.Errorf("RunInstances %s = %q, want %q", k, got, want)
@@ -301,12 +305,14 @@ func TestListFindsOnlyThisOwnersInstancesAcrossPages(t *testing.T) {
 func TestSpotInterruptionIsANoticeThenGone(t *testing.T) {
 	r := newRig(t, nil)
 	ctx := ctxFor(t, time.Minute)
-	in, err := r.p.Launch(ctx, r.launchSpec("s-1", fleet.Spot, "use1-az4"))
+	ls := r.launchSpec("s-1", fleet.Spot, "use1-az4")
+	ls.Image = "ami-0old" // resources.image_id outranks the account's image
+	in, err := r.p.Launch(ctx, ls)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := r.fake.Requests("RunInstances")[0]
-	for k, want := range map[string]string{"InstanceMarketOptions.MarketType": "spot", "InstanceMarketOptions.SpotOptions.SpotInstanceType": "one-time",
+	for k, want := range map[string]string{"ImageId": "ami-0old","InstanceMarketOptions.MarketType": "spot", "InstanceMarketOptions.SpotOptions.SpotInstanceType": "one-time",
 		"InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior": "terminate", "TagSpecification.3.ResourceType": "spot-instances-request"} {
 		if got := f.Get(k); got != want {
 			t.Errorf("RunInstances %s = %q, want %q", k, got, want)

@@ -718,13 +718,17 @@ func (s *Server) describeZones(region string) any {
 // describeImages: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeImages.html
 func (s *Server) describeImages(form url.Values) any {
 	fs := filters(form)
+	ids := list(form, "ImageId")
 	out := &describeImagesResponse{}
 	for _, im := range s.cfg.Images {
+		if len(ids) > 0 && !slices.Contains(ids, im.ID) {
+			continue
+		}
 		if pats, ok := fs["name"]; ok && !slices.ContainsFunc(pats, func(p string) bool { return globMatch(p, im.Name) }) {
 			continue
 		}
 		out.Images = append(out.Images, imageXML{ImageID: im.ID, Name: im.Name, CreationDate: im.CreationDate, State: "available",
-			Architecture: "x86_64", OwnerID: "898082745236", OwnerAlias: "amazon"})
+			Architecture: "x86_64", OwnerID: "898082745236", OwnerAlias: "amazon", RootDeviceName: "/dev/sda1", RootDeviceType: "ebs"})
 	}
 	return out
 }

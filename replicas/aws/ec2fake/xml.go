@@ -150,13 +150,15 @@ type describeZonesResponse struct {
 }
 
 type imageXML struct {
-	ImageID      string `xml:"imageId"`
-	Name         string `xml:"name"`
-	CreationDate string `xml:"creationDate"`
-	State        string `xml:"imageState"`
-	Architecture string `xml:"architecture"`
-	OwnerID      string `xml:"imageOwnerId"`
-	OwnerAlias   string `xml:"imageOwnerAlias"`
+	ImageID        string `xml:"imageId"`
+	Name           string `xml:"name"`
+	CreationDate   string `xml:"creationDate"`
+	State          string `xml:"imageState"`
+	Architecture   string `xml:"architecture"`
+	OwnerID        string `xml:"imageOwnerId"`
+	OwnerAlias     string `xml:"imageOwnerAlias"`
+	RootDeviceName string `xml:"rootDeviceName"`
+	RootDeviceType string `xml:"rootDeviceType"`
 }
 
 type describeImagesResponse struct {
