@@ -67,7 +67,7 @@ func writeErr(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, ErrNotFound):
 		code = http.StatusNotFound
-	case errors.Is(err, ErrExists):
+	case errors.Is(err, ErrExists), errors.Is(err, ErrModelTaken):
 		code = http.StatusConflict
 	case errors.As(err, &sl), errors.Is(err, errBadRequest):
 		code = http.StatusBadRequest

@@ -114,6 +114,20 @@ func TestAPIServicesAndErrors(t *testing.T) {
 	if code, body := call(t, srv, "PUT", "/v1/services/svc", "secret", submit("", zeroSpec+"# unchanged\n")); code != 200 || !strings.Contains(body, `"version":1,"unchanged":true`) {
 		t.Fatalf("update with the spec version 1 runs: %d %s; want version 1, unchanged", code, body)
 	}
+	// Another service claiming svc's model (m1) is refused, at create and at update, naming svc.
+	if code, body := call(t, srv, "POST", "/v1/services", "secret", submit("rival", zeroSpec)); code != 409 || !strings.Contains(body, `model \"m1\" is served by service \"svc\"`) {
+		t.Fatalf("a second service claiming svc's model: %d %s; want 409 naming svc", code, body)
+	}
+	own := strings.Replace(zeroSpec, "model: m1", "model: m2", 1)
+	if code, body := call(t, srv, "POST", "/v1/services", "secret", submit("rival", own)); code != 201 {
+		t.Fatalf("rival with its own model: %d %s", code, body)
+	}
+	if code, body := call(t, srv, "PUT", "/v1/services/rival", "secret", submit("", zeroSpec)); code != 409 || !strings.Contains(body, `served by service \"svc\"`) {
+		t.Fatalf("rival updated to claim svc's model: %d %s; want 409", code, body)
+	}
+	if code, body := call(t, srv, "DELETE", "/v1/services/rival", "secret", ""); code >= 300 {
+		t.Fatalf("delete rival: %d %s", code, body)
+	}
 	changed := strings.Replace(zeroSpec, "max_replicas: 2", "max_replicas: 3", 1)
 	if code, body := call(t, srv, "PUT", "/v1/services/svc", "secret", submit("", changed)); code != 200 || !strings.Contains(body, `"version":2`) || strings.Contains(body, "unchanged") {
 		t.Fatalf("update: %d %s", code, body)

@@ -84,7 +84,7 @@ func TestLaunchesStopAtTheCeilingAndAreRateLimited(t *testing.T) {
 	if _, _, err := c.Create(ctx, "a", sized("3"), nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := c.Create(ctx, "b", sized("3"), nil); err != nil {
+	if _, _, err := c.Create(ctx, "b", strings.Replace(sized("3"), "model: m}", "model: m-b}", 1), nil); err != nil {
 		t.Fatal(err)
 	}
 	for range 5 {

@@ -20,6 +20,31 @@ import (
 // ErrExists is returned by Create for a name already in use.
 var ErrExists = errors.New("already exists")
 
+// ErrModelTaken is returned by Create and Update for a spec that claims a model another
+// service serves: the router would attribute its tokens and load to one of the two.
+var ErrModelTaken = errors.New("model already served")
+
+// modelHolder names the service other than name that serves one of sp's models, and which
+// model; "" when there is none. Caller holds c.mu.
+func (c *Controller) modelHolder(name string, sp *spec.Service) (holder, model string) {
+	for other, s := range c.services {
+		if other == name || s.deleting {
+			continue
+		}
+		for _, m := range sp.Arbiter.Models {
+			if slices.Contains(s.models(), m) {
+				return other, m
+			}
+		}
+	}
+	return "", ""
+}
+
+func modelTaken(name, holder, model string) error {
+	return fmt.Errorf("service %q: model %q is served by service %q; two services cannot serve one model name (give this one another arbiter.model, or `serve update %s` instead): %w",
+		name, model, holder, holder, ErrModelTaken)
+}
+
 // ErrNotFound is returned for an unknown service.
 var ErrNotFound = state.ErrNotFound
 
@@ -142,6 +167,9 @@ func (c *Controller) Create(ctx context.Context, name, text string, envs map[str
 		}
 		return 0, false, fmt.Errorf("service %q: %w with another spec; use `serve update %s FILE` to change it", name, ErrExists, name)
 	}
+	if holder, model := c.modelHolder(name, sp); holder != "" {
+		return 0, false, modelTaken(name, holder, model)
+	}
 	now := c.cfg.Now()
 	v, err := c.store.PutService(ctx, name, text, envsJSON(envs), now)
 	if err != nil {
@@ -173,6 +201,9 @@ func (c *Controller) Update(ctx context.Context, name, text string, envs map[str
 		// Rolling a new version would replace every replica for nothing, as `sky serve
 		// update` does not.
 		return s.version, false, nil
+	}
+	if holder, model := c.modelHolder(name, sp); holder != "" {
+		return 0, false, modelTaken(name, holder, model)
 	}
 	cfg := scaling.ConfigFromSpec(sp)
 	// The new version is recorded first: a write that fails changes nothing, here either.

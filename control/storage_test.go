@@ -72,7 +72,7 @@ func TestStateFileLockedLaunchesNothing(t *testing.T) {
 
 	// Another process takes the write lock.
 	unlock := lockStateFile(t, path)
-	code, body := call(t, srv, http.MethodPost, "/v1/services", "secret", submit("second", fixedSpec))
+	code, body := call(t, srv, http.MethodPost, "/v1/services", "secret", submit("second", strings.Replace(fixedSpec, "model: m}", "model: m2}", 1)))
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "locked by another process") {
 		t.Fatalf("submit while the state file is locked: %d %s; want 503 saying it is locked", code, body)
 	}

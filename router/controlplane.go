@@ -97,6 +97,23 @@ func (cp *ControlPlane) Knows(model string) bool {
 	return fleet.ServiceFor(cp.services, model) >= 0
 }
 
+// Models lists the models the control plane's services declare, sorted: what a client may
+// ask for while a service is at zero replicas.
+func (cp *ControlPlane) Models() []string {
+	cp.mu.RLock()
+	defer cp.mu.RUnlock()
+	var out []string
+	for _, s := range cp.services {
+		for _, m := range s.Models {
+			if !slices.Contains(out, m) {
+				out = append(out, m)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Routing returns the routing policy and SLO the control plane set for model's service
 // (ok false when it set none).
 func (cp *ControlPlane) Routing(model string) (policy string, slo SLO, ok bool) {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -93,6 +94,17 @@ func TestHeldAtZeroUntilTheControlPlanePublishesAReplica(t *testing.T) {
 	if pol, slo, ok := cp.Routing(testModel); !ok || pol != "round_robin" || slo.TTFT != 0.5 {
 		t.Fatalf("Routing = %q %+v %v", pol, slo, ok)
 	}
+	// At zero replicas the endpoint lists the model its service declares (clients that list
+	// models first work), and a model no service declares is 404 model_not_found, as when
+	// replicas run.
+	resp, body := get(t, rig.url+"/v1/models")
+	if resp.StatusCode != 200 || !strings.Contains(body, `"id":"`+testModel+`"`) {
+		t.Fatalf("/v1/models at zero: %d %s", resp.StatusCode, body)
+	}
+	resp, body = post(t, rig.url+"/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`)
+	if resp.StatusCode != 404 || !strings.Contains(body, "model_not_found") || !strings.Contains(body, testModel) {
+		t.Fatalf("unknown model at zero: %d %s; want 404 model_not_found naming the served model", resp.StatusCode, body)
+	}
 
 	type result struct {
 		code int
@@ -136,7 +148,7 @@ func TestHeldAtZeroUntilTheControlPlanePublishesAReplica(t *testing.T) {
 		t.Fatal("held request not answered after a replica was published")
 	}
 	// An unknown model is still refused at once, not held.
-	resp, _ := post(t, rig.url+"/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`)
+	resp, _ = post(t, rig.url+"/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`)
 	if resp.StatusCode != 404 {
 		t.Fatalf("unknown model: %d; want 404", resp.StatusCode)
 	}

@@ -237,3 +237,17 @@ func (r *rig) settled(id string) bool {
 	rep.mu.Unlock()
 	return rep.InFlight() == 0 && !queued
 }
+
+func get(t *testing.T, url string) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading body: %v", err)
+	}
+	return resp, string(b)
+}

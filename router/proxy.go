@@ -180,9 +180,25 @@ func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 	oai.WriteError(ctx, status, oai.InvalidRequest, msg)
 }
 
+// servedModels is what the endpoint serves: the models of ready replicas and, with a
+// control plane, those its services declare (a service at zero replicas still serves its
+// model: a request for it is held while a replica starts).
+func (px *Proxy) servedModels() []string {
+	models := px.pool.Models()
+	if px.ControlPlane != nil {
+		for _, m := range px.ControlPlane.Models() {
+			if !slices.Contains(models, m) {
+				models = append(models, m)
+			}
+		}
+		slices.Sort(models)
+	}
+	return models
+}
+
 func (px *Proxy) models(ctx *fasthttp.RequestCtx) {
 	b := []byte(`{"object":"list","data":[`)
-	for i, m := range px.pool.Models() {
+	for i, m := range px.servedModels() {
 		if i > 0 {
 			b = append(b, ',')
 		}
@@ -403,7 +419,7 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 	}
 	if req.Model == "" {
 		// vLLM serves its only model to a request that names none; so does a router of one.
-		models := px.pool.Models()
+		models := px.servedModels()
 		if len(models) != 1 {
 			px.met.errors.WithLabelValues("bad_request").Inc()
 			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, fmt.Sprintf("'model' is required: this endpoint serves %v", models))
@@ -412,7 +428,9 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 		req.Model = models[0]
 	}
 	if !px.pool.HasModel(req.Model) && (px.ControlPlane == nil || !px.ControlPlane.Knows(req.Model)) {
-		if len(px.pool.Models()) == 0 {
+		// Without replicas a standalone router cannot tell an unknown model from one whose
+		// replicas are not up yet; with a control plane it can, once it has its services.
+		if len(px.pool.Models()) == 0 && (px.ControlPlane == nil || px.ControlPlane.Revision() == 0) {
 			px.met.errors.WithLabelValues("no_replica").Inc()
 			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable, "no replicas are serving yet")
 			return nil, false
@@ -421,7 +439,7 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 		ctx.Response.Reset()
 		ctx.SetStatusCode(fasthttp.StatusNotFound)
 		ctx.SetContentType("application/json")
-		ctx.SetBody(oai.ErrorBody(oai.InvalidRequest, fmt.Sprintf("The model `%s` does not exist. Served models: %v", req.Model, px.pool.Models()), "model_not_found"))
+		ctx.SetBody(oai.ErrorBody(oai.InvalidRequest, fmt.Sprintf("The model `%s` does not exist. Served models: %v", req.Model, px.servedModels()), "model_not_found"))
 		return nil, false
 	}
 	now := px.Now()
