@@ -312,7 +312,7 @@ func TestSpotInterruptionIsANoticeThenGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := r.fake.Requests("RunInstances")[0]
-	for k, want := range map[string]string{"ImageId": "ami-0old","InstanceMarketOptions.MarketType": "spot", "InstanceMarketOptions.SpotOptions.SpotInstanceType": "one-time",
+	for k, want := range map[string]string{"ImageId": "ami-0old", "InstanceMarketOptions.MarketType": "spot", "InstanceMarketOptions.SpotOptions.SpotInstanceType": "one-time",
 		"InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior": "terminate", "TagSpecification.3.ResourceType": "spot-instances-request"} {
 		if got := f.Get(k); got != want {
 			t.Errorf("RunInstances %s = %q, want %q", k, got, want)
