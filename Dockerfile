@@ -9,5 +9,5 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/...
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/ /usr/local/bin/
 USER nonroot:nonroot
-EXPOSE 8080 9090
+EXPOSE 8080 8082
 ENTRYPOINT ["/usr/local/bin/router"]

@@ -26,7 +26,7 @@ func run() error {
 	host, _ := os.Hostname()
 	var (
 		listen    = flag.String("listen", "127.0.0.1:8080", "client-facing address")
-		admin     = flag.String("admin", "127.0.0.1:9090", "admin address (/metrics, /health, /replicas)")
+		admin     = flag.String("admin", "127.0.0.1:8082", "admin address (/metrics, /health, /replicas; not 9090, which is Prometheus' own)")
 		config    = flag.String("config", "", "router config YAML (defaults if empty)")
 		replicas  = flag.String("replicas", "", "replica list YAML, reloaded when it changes")
 		control   = flag.String("control", "", "control plane URL (e.g. http://127.0.0.1:8081); instead of -replicas")
