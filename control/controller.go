@@ -97,6 +97,9 @@ type Controller struct {
 }
 
 type service struct {
+	// places are where the service's last quotes offered to run (provider, region, zone,
+	// capacity): its spend series exist, at 0, from the moment a place is known.
+	places   []place
 	name     string
 	version  int
 	specs    map[int]*spec.Service

@@ -2,11 +2,13 @@ package control
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/state"
 )
@@ -70,6 +72,9 @@ var (
 		"Dollars each replica has cost: its price per hour × its billed time. Divide increase() by arbiter_router_tokens_total's for $ per token.", billLabels, nil)
 	priceDs = prometheus.NewDesc("arbiter_control_replica_price_dollars_per_hour",
 		"Price per hour of each replica that is billed now (not yet terminated).", billLabels, nil)
+	spendDs = prometheus.NewDesc("arbiter_control_spend_dollars_total",
+		"Dollars spent per service and place: every replica there, ended ones included. Each series starts at 0 when the place is first quoted, so rate() and increase() count every dollar, short-lived replicas' too (a per-replica series first seen already above 0 loses what it cost before that scrape).",
+		[]string{"service", "provider", "region", "zone", "capacity"}, nil)
 	replicasDs = prometheus.NewDesc("arbiter_control_replicas",
 		"Replicas by life-cycle state, provider and capacity kind.", []string{"service", "state", "provider", "capacity"}, nil)
 	targetDs = prometheus.NewDesc("arbiter_control_target_replicas",
@@ -83,6 +88,7 @@ func (b *billCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- replicaSecondsDs
 	ch <- dollarsDs
 	ch <- priceDs
+	ch <- spendDs
 	ch <- replicasDs
 	ch <- targetDs
 }
@@ -97,11 +103,13 @@ func (b *billCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	now := c.cfg.Now()
+	spend := map[spendKey]float64{}
 	for _, r := range rows {
+		secs := billedSeconds(r, now)
+		spend[spendKey{r.Service, place{r.Provider, r.Region, r.Zone, r.Capacity}}] += r.PricePerHour * secs / 3600
 		if !r.EndedAt.IsZero() && now.Sub(r.EndedAt) > endedRetention {
 			continue
 		}
-		secs := billedSeconds(r, now)
 		lv := []string{r.Service, r.ID, r.Provider, r.Region, r.Zone, r.Capacity}
 		ch <- prometheus.MustNewConstMetric(replicaSecondsDs, prometheus.CounterValue, secs, lv...)
 		ch <- prometheus.MustNewConstMetric(dollarsDs, prometheus.CounterValue, r.PricePerHour*secs/3600, lv...)
@@ -113,6 +121,10 @@ func (b *billCollector) Collect(ch chan<- prometheus.Metric) {
 	counts := map[key]int{}
 	c.mu.Lock()
 	for _, s := range c.services {
+		for _, pl := range s.places {
+			k := spendKey{s.name, pl}
+			spend[k] += 0 // known, so present from 0
+		}
 		ch <- prometheus.MustNewConstMetric(targetDs, prometheus.GaugeValue, float64(s.target), s.name)
 		for _, r := range s.replicas {
 			counts[key{s.name, r.row.State, r.row.Provider, r.row.Capacity}]++
@@ -122,6 +134,30 @@ func (b *billCollector) Collect(ch chan<- prometheus.Metric) {
 	for k, n := range counts {
 		ch <- prometheus.MustNewConstMetric(replicasDs, prometheus.GaugeValue, float64(n), k.service, k.state, k.provider, k.capacity)
 	}
+	for k, v := range spend {
+		ch <- prometheus.MustNewConstMetric(spendDs, prometheus.CounterValue, v, k.service, k.provider, k.region, k.zone, k.capacity)
+	}
+}
+
+// place is where a replica runs, as billing groups it.
+type place struct{ provider, region, zone, capacity string }
+
+// knowPlace records a place the service may run in, so that its spend series, and its
+// preemption count where it is spot, are scraped at 0 before anything happens there: a
+// counter first seen above 0 is invisible to rate() and increase(). Caller holds c.mu.
+func (c *Controller) knowPlace(s *service, pl place) {
+	if slices.Contains(s.places, pl) {
+		return
+	}
+	s.places = append(s.places, pl)
+	if pl.capacity == string(fleet.Spot) {
+		c.metrics.preemptions.WithLabelValues(s.name, pl.provider, pl.region, pl.zone, pl.capacity)
+	}
+}
+
+type spendKey struct {
+	service string
+	place
 }
 
 // billedSeconds is how long a replica has been paid for by now: launch to termination.

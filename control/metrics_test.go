@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/arbiter-serve/arbiter/replicas"
@@ -112,6 +113,12 @@ func TestMetricsBillFromTheStateRows(t *testing.T) {
 			t.Errorf("dollars[%s] = %v; want %v", id, dollars[id], w)
 		}
 	}
+	// The place's spend counts every replica there, the one ended beyond retention too
+	// ($15), so its series never loses what departed replicas cost.
+	spend := gathered(t, reg, "arbiter_control_spend_dollars_total", "zone")
+	if math.Abs(spend["us-central1-a"]-(15+4+0.75+0.5)) > 1e-9 {
+		t.Errorf("spend by zone %v; want 20.25 in us-central1-a", spend)
+	}
 	secs := gathered(t, reg, "arbiter_control_replica_seconds_total", "replica")
 	if secs[starting] != 1800 || secs[ended] != 7200 {
 		t.Errorf("replica seconds %v; want 1800 for the starting one and 7200 for the ended one", secs)
@@ -167,5 +174,32 @@ func TestScaleCause(t *testing.T) {
 		if d, c := scaleCause(tc.from, tc.to, tc.panic); d != tc.dir || c != tc.want {
 			t.Errorf("scaleCause(%d→%d, panic %v) = %s/%s; want %s/%s", tc.from, tc.to, tc.panic, d, c, tc.dir, tc.want)
 		}
+	}
+}
+
+// A place the service's quotes offer has its spend series at 0 before any replica runs
+// there, so the first dollar spent there is an increase Prometheus sees, not a series
+// born above 0.
+func TestSpendSeriesStartAtZeroWhereQuoted(t *testing.T) {
+	c := newTestController(t)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&billCollector{c: c})
+	c.mu.Lock()
+	c.services["svc"] = &service{name: "svc", replicas: map[string]*replica{}}
+	c.knowPlace(c.services["svc"], place{"aws", "us-east-1", "use1-az4", "spot"})
+	c.knowPlace(c.services["svc"], place{"aws", "us-east-1", "use1-az4", "spot"})
+	c.knowPlace(c.services["svc"], place{"aws", "us-east-1", "use1-az4", "on_demand"})
+	c.mu.Unlock()
+	spend := gathered(t, reg, "arbiter_control_spend_dollars_total", "capacity")
+	if v, ok := spend["spot"]; !ok || v != 0 || len(spend) != 2 {
+		t.Fatalf("spend %v; want a series at 0 for each quoted place", spend)
+	}
+	// A spot place's preemption count exists at 0 too (in the controller's own registry).
+	var m dto.Metric
+	if err := c.metrics.preemptions.WithLabelValues("svc", "aws", "us-east-1", "use1-az4", "spot").Write(&m); err != nil || m.Counter.GetValue() != 0 {
+		t.Fatalf("preemptions: %v %v", &m, err)
+	}
+	if n := testutil.CollectAndCount(c.metrics.preemptions); n != 1 {
+		t.Fatalf("%d preemption series; want the spot place's only", n)
 	}
 }

@@ -283,6 +283,11 @@ func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, b
 		quotes = append(quotes, qs...)
 	}
 	if !market {
+		// Replicas take arbiter.local's labels: that is the one place they bill in.
+		sp := s.spec()
+		if ps := c.providersFor(sp); len(ps) > 0 {
+			c.knowPlace(s, place{ps[0].Name(), sp.Arbiter.Local.Region, sp.Arbiter.Local.Zone, sp.Arbiter.Local.Capacity})
+		}
 		return nil, false
 	}
 	offers := make([]scaling.Offer, 0, len(quotes))
@@ -293,6 +298,9 @@ func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, b
 		}
 		offers = append(offers, scaling.Offer{Provider: q.Provider, Region: q.Region, Zone: q.Zone, Capacity: q.Capacity, PricePerHour: q.PricePerHour,
 			InstanceType: q.InstanceType, Accelerator: q.Accelerator, AcceleratorCount: q.AcceleratorCount, PriceSource: q.PriceSource})
+	}
+	for _, o := range offers {
+		c.knowPlace(s, place{o.Provider, o.Region, o.Zone, string(o.Capacity)})
 	}
 	if msg := strings.Join(problems, "; "); msg != s.quoteErr {
 		s.quoteErr = msg

@@ -321,6 +321,10 @@ arbiter:
 	if math.Abs(promPerM-wantPerM)/wantPerM > 0.01 {
 		t.Errorf("$ per million tokens: Prometheus %.5f, client tokens and state bill %.5f: off by more than 1 %%", promPerM, wantPerM)
 	}
+	// The per-place spend the dashboard and the rules sum carries the same dollars.
+	if promSpend := p.scalar(`sum(arbiter_control_spend_dollars_total{service="paid"})`); math.Abs(promSpend-stateDollars)/stateDollars > 0.01 {
+		t.Errorf("spend by place %v vs the state file's %v: off by more than 1 %%", promSpend, stateDollars)
+	}
 	if math.Abs(promDollars-stateDollars)/stateDollars > 0.01 || math.Abs(promTokens-clientTokens)/clientTokens > 0.01 {
 		t.Errorf("dollars %v vs %v, tokens %v vs %v: off by more than 1 %%", promDollars, stateDollars, promTokens, clientTokens)
 	}
