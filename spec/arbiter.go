@@ -29,7 +29,7 @@ var (
 	simKeys       = []string{"cloud", "spot_trace", "speedup", "start_hours", "prices_at", "notice_seconds"}
 
 	routingPolicies = []string{"slo_cheapest", "least_load", "round_robin"}
-	knownProviders  = []string{"local", "sim", "kubernetes", "aws"}
+	knownProviders  = []string{"local", "sim", "kubernetes", "aws", "runpod"}
 	signals         = []string{"qps", "concurrency", "tokens_per_second"}
 	capacities      = []string{"reserved", "spot", "on_demand"}
 )

@@ -153,6 +153,23 @@ func (d *decoder) crossCheck(s *Service) {
 		}
 	}
 
+	// The runpod provider's limits (replicas/runpod): each replica is a container on a
+	// RunPod host, started from the image with the spec's scripts in its environment.
+	if slices.Contains(a.Providers, "runpod") {
+		if len(s.Secrets) > 0 {
+			d.errorAt("secrets", "secrets: the runpod provider does not pass secrets yet (in a pod's environment they are readable in RunPod's console and API); use a RunPod secret ({{ RUNPOD_SECRET_name }}) in envs, or run this service on another provider")
+		}
+		if s.Workdir != "" {
+			d.errorAt("workdir", "workdir: the runpod provider cannot sync a local folder into pods; build it into the image (resources.image_id: docker:IMAGE) or fetch it in setup")
+		}
+		for _, r := range append([]Resources{s.Resources}, append(s.Resources.AnyOf, s.Resources.Ordered...)...) {
+			if r.ImageID != "" && !strings.HasPrefix(r.ImageID, "docker:") {
+				d.errorAt("resources.image_id", "resources.image_id: %s: the runpod provider runs container images; write docker:IMAGE (one without an entrypoint of its own, e.g. docker:runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04)", quote(r.ImageID))
+				break
+			}
+		}
+	}
+
 	for i, r := range a.Reserved {
 		if r.Provider != "" && !slices.Contains(a.Providers, r.Provider) {
 			d.errorAt("arbiter.reserved["+strconv.Itoa(i)+"].provider", "arbiter.reserved[%d].provider: %s is not in arbiter.providers (%s); add it there", i, r.Provider, strings.Join(a.Providers, ", "))

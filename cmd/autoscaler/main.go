@@ -31,7 +31,7 @@ func main() {
 		drain     = flag.Duration("drain-timeout", 120*time.Second, "longest wait for a draining replica's requests")
 		grace     = flag.Duration("grace", 10*time.Second, "SIGTERM to SIGKILL grace for local replicas")
 		logLevel  = flag.String("log-level", "info", "debug, info, warn or error")
-		provFile  = flag.String("providers", "", "providers file: the Kubernetes clusters and AWS account replicas may run on (default: <home>/providers.yaml if it exists)")
+		provFile  = flag.String("providers", "", "providers file: the Kubernetes clusters, AWS account and RunPod account replicas may run on (default: <home>/providers.yaml if it exists)")
 		tokenFile = flag.String("token-file", "", "file holding the API token routers and the CLI send (default: <home>/token, created if missing)")
 		cooldown  = flag.Duration("zone-cooldown", 10*time.Minute, "how long spot stays out of a zone that preempted a replica or refused a launch")
 		maxReps   = flag.Int("max-replicas", control.DefaultMaxReplicas, "the most replicas this control plane runs at once, all services together")

@@ -76,7 +76,7 @@ func root() *cobra.Command {
 		f.DurationVar(&df.grace, "grace", 10*time.Second, "SIGTERM to SIGKILL grace for local replicas")
 		f.StringVar(&df.logLevel, "log-level", "info", "daemon log level")
 		f.StringVar(&df.apiKeys, "api-keys", "", "client API keys file for the router (see `serve keys new`); default: $"+router.KeysEnv+", else no key needed")
-		f.StringVar(&df.providers, "providers", "", "providers file: the Kubernetes clusters and AWS account replicas may run on (default: <home>/providers.yaml if it exists)")
+		f.StringVar(&df.providers, "providers", "", "providers file: the Kubernetes clusters, AWS account and RunPod account replicas may run on (default: <home>/providers.yaml if it exists)")
 		f.DurationVar(&df.zoneCooldown, "zone-cooldown", 10*time.Minute, "how long spot stays out of a zone that preempted a replica or refused a launch")
 		f.IntVar(&df.maxReplicas, "max-replicas", control.DefaultMaxReplicas, "the most replicas the control plane runs at once, all services together")
 		f.IntVar(&df.localMaxReplicas, "local-max-replicas", replicas.DefaultLocalMaxReplicas(), "the most replicas the local and sim providers run on this machine at once")

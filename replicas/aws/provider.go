@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
@@ -133,6 +134,17 @@ func (p *Provider) client(region string) (*ec2.Client, error) {
 		if p.cfg.Endpoint != "" {
 			o.BaseEndpoint = aws.String(p.cfg.Endpoint)
 		}
+		// EC2 answers capacity refusals with HTTP 500, which the standard retryer retries
+		// (with backoff) as a server fault; asking the same zone again at once does not
+		// make capacity appear, and placement has other zones to try.
+		o.Retryer = retry.NewStandard(func(so *retry.StandardOptions) {
+			so.Retryables = append([]retry.IsErrorRetryable{retry.IsErrorRetryableFunc(func(err error) aws.Ternary {
+				if capacityCodes[errorCode(err)] {
+					return aws.FalseTernary
+				}
+				return aws.UnknownTernary
+			})}, so.Retryables...)
+		})
 	})
 	p.clients[region] = c
 	return c, nil

@@ -373,6 +373,10 @@ func TestLaunchErrorsAreClassified(t *testing.T) {
 			t.Fatalf("%s: %v: want ErrNoCapacity naming the code", code, err)
 		}
 	}
+	// A refusal is not retried by the SDK: the zone has no capacity now.
+	if n := r.fake.Calls("RunInstances"); n != 3 {
+		t.Errorf("RunInstances called %d times for 3 refused launches: capacity refusals were retried", n)
+	}
 	// Spot where EC2 has no spot market for the type: Unsupported, also not here.
 	if _, err := r.p.Launch(ctx, replicas.LaunchSpec{ReplicaID: "u", Service: "s", Capacity: fleet.Spot, Region: "us-east-1", Zone: "use1-az1",
 		InstanceType: "p5.48xlarge", Run: "true"}); !errors.Is(err, replicas.ErrNoCapacity) {

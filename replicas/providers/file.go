@@ -1,6 +1,6 @@
 // Package providers reads the daemon's providers file (--providers, default
-// $ARBITER_HOME/providers.yaml): the Kubernetes clusters and the AWS account a control
-// plane launches replicas in, beside the built-in local and sim providers.
+// $ARBITER_HOME/providers.yaml): the Kubernetes clusters, the AWS account and the RunPod
+// account a control plane launches replicas in, beside the built-in local and sim providers.
 package providers
 
 import (
@@ -17,6 +17,7 @@ import (
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/replicas/aws"
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes"
+	"github.com/arbiter-serve/arbiter/replicas/runpod"
 )
 
 // File is the providers file.
@@ -24,6 +25,8 @@ type File struct {
 	Kubernetes []kubernetes.Cluster `yaml:"kubernetes"`
 	// AWS is the account EC2 replicas run in (provider aws); nil: none.
 	AWS *aws.Account `yaml:"aws"`
+	// RunPod is the account RunPod pods run in (provider runpod); nil: none.
+	RunPod *runpod.Account `yaml:"runpod"`
 }
 
 // Load reads a providers file strictly: an unknown key is an error, not ignored.
@@ -44,6 +47,11 @@ func Load(path string) (File, error) {
 	if f.AWS != nil {
 		if err := f.AWS.Check(); err != nil {
 			return f, fmt.Errorf("%s: aws: %w", path, err)
+		}
+	}
+	if f.RunPod != nil {
+		if err := f.RunPod.Check(); err != nil {
+			return f, fmt.Errorf("%s: runpod: %w", path, err)
 		}
 	}
 	return f, nil
@@ -71,6 +79,14 @@ func FromFile(ctx context.Context, path string, optional bool, owner string, log
 			return nil, fmt.Errorf("providers file %s: %w", path, err)
 		}
 		log.Info("aws account configured", "provider", p.Name(), "regions", p.Regions())
+		out = append(out, p)
+	}
+	if f.RunPod != nil {
+		p, err := runpod.New(ctx, runpod.Config{Account: *f.RunPod, Owner: owner, Log: log})
+		if err != nil {
+			return nil, fmt.Errorf("providers file %s: %w", path, err)
+		}
+		log.Info("runpod account configured", "provider", p.Name())
 		out = append(out, p)
 	}
 	return out, nil

@@ -17,9 +17,12 @@ func write(t *testing.T, body string) string {
 }
 
 func TestLoadReadsBothSectionsStrictly(t *testing.T) {
-	f, err := Load(write(t, "kubernetes:\n  - {name: gke, context: gke}\naws:\n  regions: [us-east-1, eu-west-1]\n  subnets: {use1-az4: subnet-0abc}\n  public_ip: true\n"))
+	f, err := Load(write(t, "kubernetes:\n  - {name: gke, context: gke}\naws:\n  regions: [us-east-1, eu-west-1]\n  subnets: {use1-az4: subnet-0abc}\n  public_ip: true\nrunpod:\n  cloud_type: SECURE\n  bid_margin: 0.2\n"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if f.RunPod == nil || f.RunPod.CloudType != "SECURE" || *f.RunPod.BidMargin != 0.2 {
+		t.Fatalf("runpod section %+v", f.RunPod)
 	}
 	if len(f.Kubernetes) != 1 || f.AWS == nil || len(f.AWS.Regions) != 2 || f.AWS.Subnets["use1-az4"] != "subnet-0abc" || !f.AWS.PublicIP {
 		t.Fatalf("%+v %+v", f, f.AWS)

@@ -1,0 +1,144 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/control"
+	"github.com/arbiter-serve/arbiter/replicas/runpod"
+	"github.com/arbiter-serve/arbiter/replicas/runpod/runpodfake"
+)
+
+// One service whose resources both clouds offer (an A10G on EC2 or an L40S on RunPod),
+// placed by price across providers: EC2 spot first, its cheapest; when EC2 interrupts it
+// and refuses spot in every zone, RunPod's interruptible L40S (dearer than EC2 spot, and
+// within max_price_ratio of the cheapest on-demand, RunPod's) takes its place with no
+// failed request; when RunPod stops
+// that pod unannounced, a replacement serves again; serve down leaves nothing in either.
+func TestSpotAcrossAWSAndRunPod(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	ec2 := awsAccount(t, c)
+	pods := runpodfake.New(runpodfake.Config{APIKey: "rpa_e2e_key", Dir: t.TempDir(), PendingFor: 500 * time.Millisecond,
+		Env: []string{"PATH=" + binDir + string(os.PathListSeparator) + os.Getenv("PATH")},
+		// A minimum bid low enough that spot passes the spec's default max_price_ratio (0.6)
+		// against the cheapest on-demand offer, RunPod's own $0.86.
+		GPUs: []runpodfake.GPU{{ID: "NVIDIA L40S", DisplayName: "L40S", MinimumBidPrice: 0.39, UninterruptablePrice: 0.86, StockStatus: "High"}}})
+	srv := httptest.NewServer(pods)
+	t.Cleanup(func() { srv.Close(); pods.Close() })
+	path := filepath.Join(c.home, "providers.yaml")
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "runpod:\n  endpoint: %s\n  poll_seconds: 0.5\n  start_seconds: 60\n", srv.URL)
+	f.Close()
+	c.env = append(c.env, "RUNPOD_API_KEY=rpa_e2e_key")
+
+	const name, model = "multi", "multi-model"
+	defer func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(c.home, "daemon.log"))
+			_ = os.WriteFile("/tmp/mc-daemon.log", b, 0o644)
+		}
+	}()
+	c.up(name, `service:
+  readiness_probe: {path: /health, initial_delay_seconds: 30, timeout_seconds: 2}
+  replica_policy: {min_replicas: 1, max_replicas: 1}
+  ports: 8000
+resources:
+  accelerators: {A10G: 1, L40S: 1}
+  use_spot: true
+run: exec replicasim -listen $ARBITER_HOST:$PORT -model `+model+` -profile h100-llama-3.2-1b -log-level warn
+arbiter:
+  model: `+model+`
+  providers: [aws, runpod]
+  readiness: {probe_interval_seconds: 0.3, failure_threshold: 2}
+`)
+	readyOn := func(provider, capacity string) func() bool {
+		return func() bool {
+			st := c.status(name)
+			for _, r := range st.Replicas {
+				if r.State == "ready" && r.Provider == provider && r.Capacity == capacity {
+					return st.Live == 1
+				}
+			}
+			return false
+		}
+	}
+	c.waitFor("one ready replica on EC2 spot, the cheapest offer", 90*time.Second, readyOn("aws", "spot"))
+
+	load := c.startLoad(model, 2, 40, true)
+	time.Sleep(time.Second)
+	for _, z := range []string{"use1-az4", "use1-az6", "use1-az1", "use1-az2"} {
+		ec2.RefuseCapacity("us-east-1", z, "spot", "InsufficientInstanceCapacity")
+	}
+	var victim string
+	for _, inst := range ownerInstances(t, ec2, c) {
+		victim = inst
+	}
+	if err := ec2.Interrupt(victim, 4*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the replacement on RunPod's interruptible L40S", 90*time.Second, readyOn("runpod", "spot"))
+	served := load.ok.Load()
+	c.waitFor("streams served by the RunPod replica", 60*time.Second, func() bool { return load.ok.Load() >= served+10 })
+	load.finish(t, "streams through an EC2 interruption into RunPod")
+	st := c.status(name)
+	for _, r := range st.Replicas {
+		if r.State == "ready" && (r.PricePerHour < 0.428 || r.PricePerHour > 0.43) {
+			t.Errorf("RunPod replica at $%.4f/h; want the minimum bid $0.39 + 10 %%", r.PricePerHour)
+		}
+	}
+	logs := c.serve("logs", name)
+	if !strings.Contains(logs, "priced by "+runpod.SourceGPUTypes) {
+		t.Errorf("the launch on RunPod does not say where its price came from:\n%s", logs)
+	}
+
+	// RunPod stops the pod unannounced: a replacement serves again.
+	owner, err := control.ProviderOwner(c.home)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pod string
+	for id, env := range pods.Live() {
+		for _, kv := range env {
+			if kv == runpod.EnvOwner+"="+owner {
+				pod = id
+			}
+		}
+	}
+	if err := pods.Interrupt(pod); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("a ready replacement after RunPod stopped the pod", 90*time.Second, func() bool {
+		st := c.status(name)
+		return st.Ready == 1 && st.Live == 1 && !strings.Contains(fmt.Sprint(st.Replicas), pod)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if code, body, err := c.request(ctx, model); err != nil || code != 200 {
+		t.Fatalf("request after the RunPod interruption: %d %v %s", code, err, body)
+	}
+	if logs := c.serve("logs", name); !strings.Contains(logs, "RunPod stopped the interruptible pod") {
+		t.Errorf("the event log does not say RunPod stopped the pod:\n%s", logs)
+	}
+
+	c.serve("down", name, "--wait", "60s")
+	if left := ownerInstances(t, ec2, c); len(left) != 0 {
+		t.Errorf("serve down left EC2 instances: %v", left)
+	}
+	for id, env := range pods.Live() {
+		for _, kv := range env {
+			if kv == runpod.EnvOwner+"="+owner {
+				t.Errorf("serve down left RunPod pod %s", id)
+			}
+		}
+	}
+}
