@@ -69,7 +69,9 @@ rule_files: [%q, %q]
 scrape_configs:
   - job_name: arbiter
     static_configs: [{targets: [%q]}]
-`, abs("../monitoring/rules.yml"), abs("../monitoring/alerts.yml"), target)
+  - job_name: arbiter-replicas
+    http_sd_configs: [{url: "http://%s/sd/replicas", refresh_interval: 1s}]
+`, abs("../monitoring/rules.yml"), abs("../monitoring/alerts.yml"), target, target)
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -232,6 +234,16 @@ arbiter:
 	c.waitFor("the preempted replica replaced", 60*time.Second, func() bool {
 		st := c.status("paid")
 		return st.Ready >= 1 && len(p.query(`arbiter_control_preemptions_total`)) > 0
+	})
+	// The replicas' own metrics, found through the daemon's service discovery, carry the
+	// labels that join them to Arbiter's: the engine's running requests by service.
+	c.waitFor("replica metrics scraped through /sd/replicas", 30*time.Second, func() bool {
+		for _, s := range p.query(`vllm:num_requests_running{job="arbiter-replicas"}`) {
+			if s.Metric["service"] == "paid" && s.Metric["capacity"] == "spot" && s.Metric["provider"] == "local" && s.Metric["replica"] != "" {
+				return true
+			}
+		}
+		return false
 	})
 	time.Sleep(4 * time.Second) // a few more scrapes under load
 	close(stop)

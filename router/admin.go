@@ -14,7 +14,8 @@ import (
 	"github.com/arbiter-serve/arbiter/oai"
 )
 
-// AdminHandler serves /metrics, /health and /replicas (the router's view, as JSON) on the
+// AdminHandler serves /metrics, /health, /replicas (the router's view, as JSON) and
+// /sd/replicas (Prometheus HTTP service discovery of the replicas' own /metrics) on the
 // admin port, away from client traffic.
 // withPprof adds /debug/pprof (router config pprof: true).
 func AdminHandler(reg prometheus.Gatherer, pool *Pool, withPprof bool) fasthttp.RequestHandler {
@@ -53,8 +54,38 @@ func AdminHandler(reg prometheus.Gatherer, pool *Pool, withPprof bool) fasthttp.
 			b, _ := json.Marshal(out)
 			ctx.SetContentType("application/json")
 			ctx.SetBody(b)
+		case "/sd/replicas":
+			ctx.SetContentType("application/json")
+			ctx.SetBody(serviceDiscovery(pool.Snapshot()))
 		default:
 			oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, "unknown admin path")
 		}
 	}
+}
+
+// sdTarget is one target group of Prometheus' HTTP service discovery
+// (https://prometheus.io/docs/prometheus/latest/http_sd/).
+type sdTarget struct {
+	Targets []string          `json:"targets"`
+	Labels  map[string]string `json:"labels"`
+}
+
+// serviceDiscovery lists the replicas the router serves (ready, or draining their last
+// requests) with the labels that join their engine metrics (vllm:…) to Arbiter's own:
+// service, replica, model, provider, region, zone and capacity. Always a list, never null:
+// Prometheus refuses null.
+func serviceDiscovery(rs []*Replica) []byte {
+	out := make([]sdTarget, 0, len(rs))
+	for _, r := range rs {
+		info := r.Info()
+		labels := map[string]string{"replica": info.ID, "model": info.Model, "capacity": string(info.Capacity)}
+		for k, v := range map[string]string{"service": info.Service, "provider": info.Provider, "region": info.Region, "zone": info.Zone} {
+			if v != "" {
+				labels[k] = v
+			}
+		}
+		out = append(out, sdTarget{Targets: []string{info.Address}, Labels: labels})
+	}
+	b, _ := json.Marshal(out)
+	return b
 }
