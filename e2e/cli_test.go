@@ -74,6 +74,25 @@ func TestCLIErrors(t *testing.T) {
 	if st := c.status("envs"); len(st.Models) == 0 || st.Models[0] != "env-model" {
 		t.Fatalf("after a restart: %+v", st)
 	}
+
+	// The lifecycle after `serve stop`: replicas keep running; `serve start` adopts them;
+	// `serve down --all` after another stop starts the control plane itself to end them.
+	c.up("life", simService("life-model", `  replica_policy: {min_replicas: 1, max_replicas: 1}`, ""))
+	c.waitFor("a ready replica", 60*time.Second, func() bool { return c.status("life").Ready == 1 })
+	expect(0, "Control plane stopped", "stop")
+	if len(c.owned()) == 0 {
+		t.Fatal("serve stop ended the replica; it should keep running for the next control plane")
+	}
+	expect(0, "life  version 1", append([]string{"start"}, c.daemonFlags()...)...)
+	expect(0, "already running", append([]string{"start"}, c.daemonFlags()...)...)
+	if st := c.status("life"); st.Ready != 1 {
+		t.Fatalf("after serve start: %+v", st)
+	}
+	expect(0, "Control plane stopped", "stop")
+	expect(0, "Service life: every replica terminated", append([]string{"down", "--all", "--wait", "60s"}, c.daemonFlags()...)...)
+	if left := c.owned(); len(left) != 0 {
+		t.Fatalf("serve down --all after serve stop left replicas: %v", left)
+	}
 }
 
 // A run: that dies at once must not be relaunched every tick: launches back off.

@@ -83,7 +83,9 @@ func newCluster(t *testing.T) *cluster {
 	t.Cleanup(func() {
 		// Whatever a test did, it must not leave replicas behind: end them the way a user
 		// would, then stop the daemon, then check the process table.
-		_, _ = c.serveErr("down", "--all", "--wait", "60s")
+		// With the daemon's flags: after `serve stop`, down starts the control plane again
+		// (on this test's ports, not the defaults another test may hold).
+		_, _ = c.serveErr(append([]string{"down", "--all", "--wait", "60s"}, c.daemonFlags()...)...)
 		router := c.routerPID()
 		_, _ = c.serveErr("stop")
 		if alive(router) {

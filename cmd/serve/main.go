@@ -65,27 +65,28 @@ func root() *cobra.Command {
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&g.home, "home", envOr("ARBITER_HOME", filepath.Join(home, ".arbiter")), "state directory of the local control plane ($ARBITER_HOME)")
 	pf.StringVar(&g.api, "api", os.Getenv("ARBITER_API"), "control plane URL (default: the one running for --home)")
-	df := &g.daemon
-	addDaemonFlags := func(c *cobra.Command) {
-		f := c.Flags()
-		f.StringVar(&df.api, "control-listen", "127.0.0.1:8081", "control plane API address (embedded daemon)")
-		f.StringVar(&df.listen, "listen", "127.0.0.1:8080", "router endpoint address (embedded daemon)")
-		f.StringVar(&df.admin, "admin", "127.0.0.1:8082", "router admin/metrics address (embedded daemon; not 9090, which is Prometheus' own)")
-		f.DurationVar(&df.tick, "tick", time.Second, "control loop interval (embedded daemon)")
-		f.DurationVar(&df.drain, "drain-timeout", 120*time.Second, "longest wait for a draining replica's requests")
-		f.DurationVar(&df.grace, "grace", 10*time.Second, "SIGTERM to SIGKILL grace for local replicas")
-		f.StringVar(&df.logLevel, "log-level", "info", "daemon log level")
-		f.StringVar(&df.apiKeys, "api-keys", "", "client API keys file for the router (see `serve keys new`); default: $"+router.KeysEnv+", else no key needed")
-		f.StringVar(&df.providers, "providers", "", "providers file: the Kubernetes clusters, AWS account and RunPod account replicas may run on (default: <home>/providers.yaml if it exists)")
-		f.DurationVar(&df.zoneCooldown, "zone-cooldown", 10*time.Minute, "how long spot stays out of a zone that preempted a replica or refused a launch")
-		f.IntVar(&df.maxReplicas, "max-replicas", control.DefaultMaxReplicas, "the most replicas the control plane runs at once, all services together")
-		f.IntVar(&df.localMaxReplicas, "local-max-replicas", replicas.DefaultLocalMaxReplicas(), "the most replicas the local and sim providers run on this machine at once")
-	}
 	up, daemon := upCmd(g), daemonCmd(g)
-	addDaemonFlags(up)
-	addDaemonFlags(daemon)
-	cmd.AddCommand(up, daemon, statusCmd(g), replicasCmd(g), updateCmd(g), downCmd(g), validateCmd(), logsCmd(g), stopCmd(g), preemptCmd(g), keysCmd(), routerCmd(g))
+	addDaemonFlags(up, &g.daemon)
+	addDaemonFlags(daemon, &g.daemon)
+	cmd.AddCommand(up, daemon, startCmd(g), statusCmd(g), replicasCmd(g), updateCmd(g), downCmd(g), validateCmd(), logsCmd(g), stopCmd(g), preemptCmd(g), keysCmd(), routerCmd(g))
 	return cmd
+}
+
+// addDaemonFlags adds the embedded daemon's flags to a command that may start it.
+func addDaemonFlags(c *cobra.Command, df *daemonFlags) {
+	f := c.Flags()
+	f.StringVar(&df.api, "control-listen", "127.0.0.1:8081", "control plane API address (embedded daemon)")
+	f.StringVar(&df.listen, "listen", "127.0.0.1:8080", "router endpoint address (embedded daemon)")
+	f.StringVar(&df.admin, "admin", "127.0.0.1:8082", "router admin/metrics address (embedded daemon; not 9090, which is Prometheus' own)")
+	f.DurationVar(&df.tick, "tick", time.Second, "control loop interval (embedded daemon)")
+	f.DurationVar(&df.drain, "drain-timeout", 120*time.Second, "longest wait for a draining replica's requests")
+	f.DurationVar(&df.grace, "grace", 10*time.Second, "SIGTERM to SIGKILL grace for local replicas")
+	f.StringVar(&df.logLevel, "log-level", "info", "daemon log level")
+	f.StringVar(&df.apiKeys, "api-keys", "", "client API keys file for the router (see `serve keys new`); default: $"+router.KeysEnv+", else no key needed")
+	f.StringVar(&df.providers, "providers", "", "providers file: the Kubernetes clusters, AWS account and RunPod account replicas may run on (default: <home>/providers.yaml if it exists)")
+	f.DurationVar(&df.zoneCooldown, "zone-cooldown", 10*time.Minute, "how long spot stays out of a zone that preempted a replica or refused a launch")
+	f.IntVar(&df.maxReplicas, "max-replicas", control.DefaultMaxReplicas, "the most replicas the control plane runs at once, all services together")
+	f.IntVar(&df.localMaxReplicas, "local-max-replicas", replicas.DefaultLocalMaxReplicas(), "the most replicas the local and sim providers run on this machine at once")
 }
 
 func envOr(k, def string) string {
@@ -419,7 +420,7 @@ func downCmd(g *globals) *cobra.Command {
 			if all == (len(args) > 0) {
 				return fail(exitUsage, "give service names or --all (not both)")
 			}
-			c, _, err := connect(cmd.Context(), g.home, g.api)
+			c, err := connectOrStart(cmd, g)
 			if err != nil {
 				return err
 			}
@@ -463,7 +464,67 @@ func downCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "every service")
 	cmd.Flags().DurationVar(&wait, "wait", 5*time.Minute, "how long to wait for termination")
+	addDaemonFlags(cmd, &g.daemon)
 	return cmd
+}
+
+// connectOrStart returns a client for the home's control plane, starting it (with the
+// command's daemon flags) when it is stopped but the home holds state: after `serve stop`
+// the replicas still run, and the services can only be taken down by a control plane that
+// adopts them.
+func connectOrStart(cmd *cobra.Command, g *globals) (*client, error) {
+	c, _, err := connect(cmd.Context(), g.home, g.api)
+	var ce *cliError
+	if err == nil || g.api != "" || !errors.As(err, &ce) || ce.code != exitUnreachable {
+		return c, err
+	}
+	if _, serr := os.Stat(control.StatePath(g.home)); serr != nil {
+		return nil, err // nothing was ever run here
+	}
+	fmt.Fprintln(cmd.OutOrStdout(), "Starting the control plane (it adopts the replicas still running).")
+	log, _ := httplog.NewLogger("warn")
+	c, _, err = ensureDaemon(cmd.Context(), g.home, g.daemon, log)
+	return c, err
+}
+
+func startCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "start",
+		Short: "Start the local control plane and router for --home, adopting the replicas that still run (after `serve stop`, or a reboot)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := cmd.OutOrStdout()
+			if c, info, err := connect(cmd.Context(), g.home, ""); err == nil {
+				fmt.Fprintf(out, "The control plane is already running (API %s, endpoint %s).\n", info.API, info.Endpoint)
+				return printServices(cmd, c)
+			}
+			log, _ := httplog.NewLogger("warn")
+			c, info, err := ensureDaemon(cmd.Context(), g.home, g.daemon, log)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "Control plane started (API %s, endpoint %s).\n", info.API, info.Endpoint)
+			return printServices(cmd, c)
+		},
+	}
+	addDaemonFlags(cmd, &g.daemon)
+	return cmd
+}
+
+// printServices prints one line per service: name, version, status, ready replicas.
+func printServices(cmd *cobra.Command, c *client) error {
+	svcs, err := c.services(cmd.Context())
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	if len(svcs) == 0 {
+		fmt.Fprintln(out, "No services.")
+	}
+	for _, s := range svcs {
+		fmt.Fprintf(out, "  %s  version %d  %s  %d/%d ready\n", s.Name, s.Version, s.Status, s.Ready, s.Target)
+	}
+	return nil
 }
 
 func preemptCmd(g *globals) *cobra.Command {
