@@ -427,6 +427,7 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 	if at != nil {
 		o := at.Offer
 		intent.Reason, intent.Capacity, intent.Region, intent.Zone, price = at.Reason, string(o.Capacity), o.Region, o.Zone, o.PricePerHour
+		intent.PriceSource = o.PriceSource
 	}
 	row, err := c.store.NewReplica(ctx, intent, c.cfg.Now())
 	if err != nil {
@@ -462,6 +463,7 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 		PricePerHour: &price, Port: sp.Service.Port, DiskGiB: sp.Resources.DiskSize}
 	if at != nil {
 		ls.Accelerator, ls.AcceleratorCount, ls.InstanceType = at.Offer.Accelerator, at.Offer.AcceleratorCount, at.Offer.InstanceType
+		ls.PriceSource = at.Offer.PriceSource
 	}
 	c.wg.Add(1)
 	go func() {
@@ -546,6 +548,9 @@ func (c *Controller) liveReplicas() int {
 func (c *Controller) adopt(r *replica, inst replicas.Instance) {
 	r.row.Handle, r.row.Address = inst.Handle, inst.Address
 	r.row.Capacity, r.row.Region, r.row.Zone, r.row.PricePerHour = string(inst.Capacity), inst.Region, inst.Zone, inst.PricePerHour
+	if inst.PriceSource != "" {
+		r.row.PriceSource = inst.PriceSource
+	}
 }
 
 func (s *service) setupLock(version int) *sync.Mutex {

@@ -41,9 +41,10 @@ arbiter:
 // awsAccount starts a fake EC2 account (us-east-1: four zones, g5.xlarge spot prices of
 // its own), writes a providers file pointing the aws provider at it, and gives the CLI
 // and daemon credentials the SDK's default chain reads from the environment.
-func awsAccount(t *testing.T, c *cluster) *ec2fake.Server {
+func awsAccount(t *testing.T, c *cluster, network string) *ec2fake.Server {
 	t.Helper()
 	fake := ec2fake.New(ec2fake.Config{
+		Network: network, // each test's instances on addresses of their own
 		Zones: map[string][]ec2fake.Zone{"us-east-1": {{Name: "us-east-1a", ID: "use1-az4"}, {Name: "us-east-1b", ID: "use1-az6"},
 			{Name: "us-east-1c", ID: "use1-az1"}, {Name: "us-east-1d", ID: "use1-az2"}}},
 		SpotPrices: map[string]map[string]float64{"g5.xlarge": {"use1-az4": 0.3801, "use1-az6": 0.4102, "use1-az1": 0.3950, "use1-az2": 0.3893}},
@@ -93,7 +94,7 @@ func ownerInstances(t *testing.T, fake *ec2fake.Server, c *cluster) map[string]s
 func TestAWSSpotLifecycle(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
-	fake := awsAccount(t, c)
+	fake := awsAccount(t, c, "127.0.61")
 	const name, model = "ec2", "ec2-model"
 	c.up(name, awsSpec(model))
 	// While spot replicas start, dynamic_ondemand_fallback runs on-demand ones, which go
@@ -113,7 +114,7 @@ func TestAWSSpotLifecycle(t *testing.T) {
 		}
 	}
 	table := c.serve("status")
-	for _, want := range []string{"aws", "us-east-1/use1-az", "spot", "0.38"} {
+	for _, want := range []string{"aws", "us-east-1/use1-az", "spot", "0.38", "PRICED BY", "ec2:DescribeSpotPriceHistory"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("serve status does not show %q:\n%s", want, table)
 		}

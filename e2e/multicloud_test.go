@@ -24,8 +24,8 @@ import (
 func TestSpotAcrossAWSAndRunPod(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
-	ec2 := awsAccount(t, c)
-	pods := runpodfake.New(runpodfake.Config{APIKey: "rpa_e2e_key", Dir: t.TempDir(), PendingFor: 500 * time.Millisecond,
+	ec2 := awsAccount(t, c, "127.0.62")
+	pods := runpodfake.New(runpodfake.Config{APIKey: "rpa_e2e_key", Dir: t.TempDir(), PendingFor: 500 * time.Millisecond, Network: "127.0.63",
 		Env: []string{"PATH=" + binDir + string(os.PathListSeparator) + os.Getenv("PATH")},
 		// A minimum bid low enough that spot passes the spec's default max_price_ratio (0.6)
 		// against the cheapest on-demand offer, RunPod's own $0.86.
@@ -95,6 +95,9 @@ arbiter:
 		if r.State == "ready" && (r.PricePerHour < 0.428 || r.PricePerHour > 0.43) {
 			t.Errorf("RunPod replica at $%.4f/h; want the minimum bid $0.39 + 10 %%", r.PricePerHour)
 		}
+	}
+	if table := c.serve("status"); !strings.Contains(table, runpod.SourcePodCost) {
+		t.Errorf("serve status does not say the RunPod replica is priced by what RunPod bills it:\n%s", table)
 	}
 	logs := c.serve("logs", name)
 	if !strings.Contains(logs, "priced by "+runpod.SourceGPUTypes) {

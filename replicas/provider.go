@@ -38,6 +38,8 @@ type LaunchSpec struct {
 	// PricePerHour, if set, is what the replica is billed (the local provider's
 	// arbiter.local.price_per_hour); nil: the provider's own price.
 	PricePerHour *float64
+	// PriceSource says where PricePerHour came from (the quote's), for the instance to carry.
+	PriceSource string
 	// Port is the replica port the spec names (service.ports); 0 if none.
 	Port int
 	// DiskGiB is the spec's resources.disk_size; 0: the provider's default. Only VM
@@ -53,6 +55,9 @@ type Instance struct {
 	Capacity     fleet.Capacity
 	Region, Zone string
 	PricePerHour float64
+	// PriceSource says where PricePerHour came from (a catalog file, a provider's price
+	// API); "" where the provider does not say.
+	PriceSource string
 }
 
 // Status is what a provider says about one handle.

@@ -104,6 +104,7 @@ CREATE TABLE IF NOT EXISTS replicas (
 	region         TEXT NOT NULL DEFAULT '',
 	zone           TEXT NOT NULL DEFAULT '',
 	price_per_hour REAL NOT NULL DEFAULT 0,
+	price_source   TEXT NOT NULL DEFAULT '',
 	launched_at    INTEGER NOT NULL,
 	ready_at       INTEGER NOT NULL DEFAULT 0,
 	updated_at     INTEGER NOT NULL,
@@ -170,7 +171,38 @@ func OpenWith(path string, o Options) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("state %s: create schema: %w", path, err)
 	}
+	if err := s.addColumn(context.Background(), "replicas", "price_source", "TEXT NOT NULL DEFAULT ''"); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("state %s: %w", path, err)
+	}
 	return s, nil
+}
+
+// addColumn adds a column a state file written by an older version lacks (CREATE TABLE IF
+// NOT EXISTS leaves an existing table as it was).
+func (s *Store) addColumn(ctx context.Context, table, column, decl string) error {
+	rows, err := s.db.QueryContext(ctx, "SELECT name FROM pragma_table_info(?)", table)
+	if err != nil {
+		return fmt.Errorf("read %s's columns: %w", table, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return err
+		}
+		if name == column {
+			return nil
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rows.Close()
+	if _, err := s.db.ExecContext(ctx, "ALTER TABLE "+table+" ADD COLUMN "+column+" "+decl); err != nil {
+		return fmt.Errorf("add %s.%s: %w", table, column, err)
+	}
+	return nil
 }
 
 // Check runs SQLite's full integrity check over the file.
@@ -250,23 +282,26 @@ type Version struct {
 // Replica is one replica's row. Handle is the provider's own name for it (a process
 // group, a pod, an instance ID); empty until the provider has answered the launch.
 type Replica struct {
-	ID           string    `json:"id"`
-	Service      string    `json:"service"`
-	Version      int       `json:"version"`
-	Provider     string    `json:"provider"`
-	Handle       string    `json:"handle"`
-	Address      string    `json:"address"`
-	Model        string    `json:"model"`
-	State        string    `json:"state"`
-	Reason       string    `json:"reason"`
-	Capacity     string    `json:"capacity"`
-	Region       string    `json:"region"`
-	Zone         string    `json:"zone"`
-	PricePerHour float64   `json:"price_per_hour"`
-	LaunchedAt   time.Time `json:"launched_at"`
-	ReadyAt      time.Time `json:"ready_at,omitzero"`
-	UpdatedAt    time.Time `json:"updated_at"`
-	EndedAt      time.Time `json:"ended_at,omitzero"`
+	ID           string  `json:"id"`
+	Service      string  `json:"service"`
+	Version      int     `json:"version"`
+	Provider     string  `json:"provider"`
+	Handle       string  `json:"handle"`
+	Address      string  `json:"address"`
+	Model        string  `json:"model"`
+	State        string  `json:"state"`
+	Reason       string  `json:"reason"`
+	Capacity     string  `json:"capacity"`
+	Region       string  `json:"region"`
+	Zone         string  `json:"zone"`
+	PricePerHour float64 `json:"price_per_hour"`
+	// PriceSource says where PricePerHour came from (a catalog file, a provider's price
+	// API); "" where the provider does not say.
+	PriceSource string    `json:"price_source,omitempty"`
+	LaunchedAt  time.Time `json:"launched_at"`
+	ReadyAt     time.Time `json:"ready_at,omitzero"`
+	UpdatedAt   time.Time `json:"updated_at"`
+	EndedAt     time.Time `json:"ended_at,omitzero"`
 }
 
 // Event is one entry of the event log.
@@ -495,9 +530,9 @@ func (s *Store) newReplica(ctx context.Context, r Replica, now time.Time) (Repli
 	}
 	r.ID = fmt.Sprintf("%s-%d", r.Service, seq)
 	r.LaunchedAt, r.UpdatedAt = now, now
-	_, err = tx.ExecContext(ctx, `INSERT INTO replicas (id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, launched_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		r.ID, r.Service, r.Version, r.Provider, r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, ms(now), ms(now))
+	_, err = tx.ExecContext(ctx, `INSERT INTO replicas (id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, launched_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		r.ID, r.Service, r.Version, r.Provider, r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, r.PriceSource, ms(now), ms(now))
 	if err != nil {
 		return r, fmt.Errorf("new replica %s: %w", r.ID, err)
 	}
@@ -527,8 +562,8 @@ func (s *Store) saveReplica(ctx context.Context, r Replica, prevState string, no
 	defer tx.Rollback()
 	r.UpdatedAt = now
 	res, err := tx.ExecContext(ctx, `UPDATE replicas SET handle = ?, address = ?, model = ?, state = ?, reason = ?, capacity = ?, region = ?, zone = ?,
-		price_per_hour = ?, ready_at = ?, updated_at = ?, ended_at = ? WHERE id = ?`,
-		r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, ms(r.ReadyAt), ms(now), ms(r.EndedAt), r.ID)
+		price_per_hour = ?, price_source = ?, ready_at = ?, updated_at = ?, ended_at = ? WHERE id = ?`,
+		r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, r.PriceSource, ms(r.ReadyAt), ms(now), ms(r.EndedAt), r.ID)
 	if err != nil {
 		return fmt.Errorf("save replica %s: %w", r.ID, err)
 	}
@@ -546,7 +581,7 @@ func (s *Store) saveReplica(ctx context.Context, r Replica, prevState string, no
 	return nil
 }
 
-const replicaCols = `id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, launched_at, ready_at, updated_at, ended_at`
+const replicaCols = `id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, launched_at, ready_at, updated_at, ended_at`
 
 // Replicas lists a service's replicas ("" = all services); ended ones only when withEnded.
 func (s *Store) Replicas(ctx context.Context, service string, withEnded bool) ([]Replica, error) {
@@ -564,7 +599,7 @@ func (s *Store) Replicas(ctx context.Context, service string, withEnded bool) ([
 		var r Replica
 		var l, rd, u, e int64
 		if err := rows.Scan(&r.ID, &r.Service, &r.Version, &r.Provider, &r.Handle, &r.Address, &r.Model, &r.State, &r.Reason,
-			&r.Capacity, &r.Region, &r.Zone, &r.PricePerHour, &l, &rd, &u, &e); err != nil {
+			&r.Capacity, &r.Region, &r.Zone, &r.PricePerHour, &r.PriceSource, &l, &rd, &u, &e); err != nil {
 			return nil, err
 		}
 		r.LaunchedAt, r.ReadyAt, r.UpdatedAt, r.EndedAt = fromMS(l), fromMS(rd), fromMS(u), fromMS(e)

@@ -106,3 +106,43 @@ func TestStateFilesAreOwnerOnly(t *testing.T) {
 		s.Close()
 	}
 }
+
+// A state file written before replicas had a price source opens with the column added,
+// its rows intact, and the source is kept from then on.
+func TestOlderFileGainsThePriceSourceColumn(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.UnixMilli(1_700_000_000_000)
+	if _, err := s.PutService(ctx, "llm", "run: x", "", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.NewReplica(ctx, Replica{Service: "llm", Version: 1, Provider: "aws", State: "pending", PricePerHour: 0.38}, now); err != nil {
+		t.Fatal(err)
+	}
+	// What the previous version's file looks like.
+	if _, err := s.db.ExecContext(ctx, "ALTER TABLE replicas DROP COLUMN price_source"); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = Open(path)
+	if err != nil {
+		t.Fatalf("reopening an older file: %v", err)
+	}
+	defer s.Close()
+	rows, err := s.Replicas(ctx, "llm", true)
+	if err != nil || len(rows) != 1 || rows[0].PricePerHour != 0.38 || rows[0].PriceSource != "" {
+		t.Fatalf("rows %+v %v", rows, err)
+	}
+	r := rows[0]
+	r.PriceSource = "ec2:DescribeSpotPriceHistory"
+	if err := s.SaveReplica(ctx, r, r.State, now); err != nil {
+		t.Fatal(err)
+	}
+	if rows, _ := s.Replicas(ctx, "llm", true); rows[0].PriceSource != "ec2:DescribeSpotPriceHistory" {
+		t.Fatalf("price source not kept: %+v", rows[0])
+	}
+}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -141,14 +143,23 @@ func fetch(ctx context.Context, g *globals, names []string) ([]control.ServiceSt
 
 func printReplicas(out io.Writer, svcs []control.ServiceStatus) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SERVICE\tID\tVERSION\tPROVIDER\tREGION/ZONE\tCAPACITY\t$/HOUR\tSTATUS\tLAUNCHED\tENDPOINT")
+	fmt.Fprintln(tw, "SERVICE\tID\tVERSION\tPROVIDER\tREGION/ZONE\tCAPACITY\t$/HOUR\tSTATUS\tLAUNCHED\tENDPOINT\tPRICED BY")
 	for _, s := range svcs {
 		for _, r := range s.Replicas {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s/%s\t%s\t%.2f\t%s\t%s ago\t%s\n", s.Name, r.ID, r.Version, r.Provider, dash(r.Region), dash(r.Zone),
-				dash(r.Capacity), r.PricePerHour, r.State, since(r.LaunchedAt), dash(r.Address))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s/%s\t%s\t%.2f\t%s\t%s ago\t%s\t%s\n", s.Name, r.ID, r.Version, r.Provider, dash(r.Region), dash(r.Zone),
+				dash(r.Capacity), r.PricePerHour, r.State, since(r.LaunchedAt), dash(r.Address), priceSource(r.PriceSource))
 		}
 	}
 	tw.Flush()
+}
+
+// priceSource names where a price came from, briefly: a catalog by its file, an API by
+// its call; "-" where the provider does not say (the local machine's price is the spec's).
+func priceSource(s string) string {
+	if file, ok := strings.CutPrefix(s, "catalog:"); ok {
+		return "catalog " + path.Base(file)
+	}
+	return dash(s)
 }
 
 func dash(s string) string {

@@ -43,6 +43,7 @@ const (
 	TagZone     = "arbiter:zone" // the zone as placement named it (AZ id or name)
 	TagPrice    = "arbiter:price-per-hour"
 	TagPort     = "arbiter:port"
+	TagSource   = "arbiter:price-source"
 	tagName     = "Name"
 	maxNotFound = 2 * time.Minute
 )
@@ -306,6 +307,7 @@ func (p *Provider) tagSpecs(ls replicas.LaunchSpec, price float64, port int) []t
 		{Key: aws.String(TagZone), Value: aws.String(ls.Zone)},
 		{Key: aws.String(TagPrice), Value: aws.String(strconv.FormatFloat(price, 'g', -1, 64))},
 		{Key: aws.String(TagPort), Value: aws.String(strconv.Itoa(port))},
+		{Key: aws.String(TagSource), Value: aws.String(ls.PriceSource)},
 		{Key: aws.String(tagName), Value: aws.String("arbiter-" + ls.Service + "-" + ls.ReplicaID)},
 	}
 	specs := []types.TagSpecification{
@@ -399,6 +401,7 @@ func (p *Provider) instance(region string, inst types.Instance) replicas.Instanc
 		in.Zone = cmp.Or(aws.ToString(inst.Placement.AvailabilityZoneId), aws.ToString(inst.Placement.AvailabilityZone))
 	}
 	in.PricePerHour, _ = strconv.ParseFloat(tags[TagPrice], 64)
+	in.PriceSource = tags[TagSource]
 	ip := aws.ToString(inst.PrivateIpAddress)
 	if p.cfg.PublicIP {
 		ip = aws.ToString(inst.PublicIpAddress)

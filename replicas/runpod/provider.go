@@ -35,6 +35,7 @@ const (
 	EnvCapacity = "ARBITER_CAPACITY"
 	EnvPrice    = "ARBITER_PRICE_PER_HOUR"
 	envSetup    = "ARBITER_SETUP"
+	envSource   = "ARBITER_PRICE_SOURCE"
 	envRun      = "ARBITER_RUN"
 )
 
@@ -164,8 +165,9 @@ func (p *Provider) instance(pd *pod) replicas.Instance {
 	env := envMap(pd.Env)
 	in := replicas.Instance{ReplicaID: env[EnvReplica], Handle: pd.ID, Capacity: fleet.Capacity(env[EnvCapacity]), Region: strings.ToLower(p.cfg.CloudType)}
 	in.PricePerHour, _ = strconv.ParseFloat(env[EnvPrice], 64)
+	in.PriceSource = env[envSource]
 	if pd.CostPerHr > 0 {
-		in.PricePerHour = pd.CostPerHr // what RunPod bills: the bid won, or the on-demand rate
+		in.PricePerHour, in.PriceSource = pd.CostPerHr, SourcePodCost // what RunPod bills: the bid won, or the on-demand rate
 	}
 	port, _ := strconv.Atoi(env["PORT"])
 	if pd.Runtime != nil {
@@ -200,7 +202,7 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 		env[k] = v
 	}
 	for k, v := range map[string]string{EnvOwner: p.cfg.Owner, EnvReplica: ls.ReplicaID, EnvService: ls.Service, EnvCapacity: string(ls.Capacity),
-		EnvPrice: formatPrice(*ls.PricePerHour), "PORT": strconv.Itoa(port), "SKYPILOT_NUM_GPUS_PER_NODE": strconv.Itoa(count),
+		EnvPrice: formatPrice(*ls.PricePerHour), envSource: ls.PriceSource, "PORT": strconv.Itoa(port), "SKYPILOT_NUM_GPUS_PER_NODE": strconv.Itoa(count),
 		envSetup: cmp.Or(ls.Setup, "true"), envRun: ls.Run} {
 		env[k] = v
 	}
@@ -433,8 +435,11 @@ func (p *Provider) gpuPrices(ctx context.Context, count int) ([]gpuType, error) 
 	return out.GPUTypes, nil
 }
 
-// SourceGPUTypes is where quotes' prices come from.
-const SourceGPUTypes = "runpod:gpuTypes.lowestPrice"
+// Where prices come from: quotes from gpuTypes, a running pod's from what RunPod bills it.
+const (
+	SourceGPUTypes = "runpod:gpuTypes.lowestPrice"
+	SourcePodCost  = "runpod:pod.costPerHr"
+)
 
 // Quote implements replicas.Provider: for each accelerator the spec accepts that RunPod
 // has, its on-demand price and, with use_spot, its minimum bid plus BidMargin, from the

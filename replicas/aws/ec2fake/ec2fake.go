@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
@@ -60,7 +61,11 @@ type Config struct {
 	// PageSize bounds DescribeInstances and DescribeSpotPriceHistory pages (default 5), so
 	// callers must follow NextToken.
 	PageSize int
-	Log      *slog.Logger
+	// Network is the first three octets of the instances' loopback addresses (127.0.61:
+	// 127.0.61.1, .2, …); default: a random 127.x.y, so fakes in tests that run at once
+	// (in one process or several) do not hand out the same address.
+	Network string
+	Log     *slog.Logger
 }
 
 // Image is an AMI.
@@ -111,6 +116,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Network == "" {
+		cfg.Network = fmt.Sprintf("127.%d.%d", 100+rand.IntN(150), rand.IntN(256))
 	}
 	return &Server{cfg: cfg, instances: map[string]*instance{}, spotReqs: map[string]*spotRequest{}, tokens: map[string]string{},
 		capacity: map[string]string{}, calls: map[string]int{}, drop: map[string]int{}}
@@ -453,7 +461,7 @@ func (s *Server) runInstances(region string, form url.Values) (any, *apiError) {
 	in := &instance{id: fmt.Sprintf("i-%017x", 0xa5000+s.seq), region: region, zoneID: z.ID, zoneName: z.Name, typ: form.Get("InstanceType"),
 		image: form.Get("ImageId"), token: token, spot: spot, state: "pending", tags: tags["instance"],
 		launched: now, visibleAt: now.Add(s.cfg.InvisibleFor), userData: ud, exited: make(chan struct{}),
-		ip: fmt.Sprintf("127.0.%d.%d", 1+s.seq/250, 1+s.seq%250)}
+		ip: fmt.Sprintf("%s.%d", s.cfg.Network, 1+s.seq%250)}
 	if spot {
 		in.spotReq = fmt.Sprintf("sir-%08x", 0xf00+s.seq)
 		s.spotReqs[in.spotReq] = &spotRequest{id: in.spotReq, instance: in.id, state: "active", code: "fulfilled",

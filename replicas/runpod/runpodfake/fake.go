@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
@@ -44,6 +45,9 @@ type Config struct {
 	Dir        string
 	Env        []string      // added to every pod's process (PATH to the test's binaries)
 	PendingFor time.Duration // before a pod's command runs and its port is mapped
+	// Network is the first three octets of the pods' loopback addresses; default: a random
+	// 127.x.y, so fakes in tests that run at once do not hand out the same address.
+	Network string
 }
 
 // Server is the fake endpoint; serve it with httptest.NewServer(s).
@@ -73,6 +77,9 @@ type pod struct {
 
 // New returns a fake account.
 func New(cfg Config) *Server {
+	if cfg.Network == "" {
+		cfg.Network = fmt.Sprintf("127.%d.%d", 100+rand.IntN(150), rand.IntN(256))
+	}
 	return &Server{cfg: cfg, pods: map[string]*pod{}, refuse: map[string]bool{}, calls: map[string]int{}}
 }
 
@@ -268,7 +275,7 @@ func (s *Server) create(field string, in map[string]any) (any, string) {
 	}
 	s.seq++
 	p := &pod{id: fmt.Sprintf("fake%010d", s.seq), name: fmt.Sprint(in["name"]), status: "RUNNING", gpu: gpuID, spot: spot,
-		cost: price * count, env: env, port: port, ip: fmt.Sprintf("127.0.%d.%d", 100+s.seq/250, 1+s.seq%250), exited: make(chan struct{})}
+		cost: price * count, env: env, port: port, ip: fmt.Sprintf("%s.%d", s.cfg.Network, 1+s.seq%250), exited: make(chan struct{})}
 	s.pods[p.id] = p
 	args, _ := in["dockerArgs"].(string)
 	time.AfterFunc(s.cfg.PendingFor, func() { s.start(p, args) })
