@@ -110,63 +110,32 @@ func (d *decoder) crossCheck(s *Service) {
 		d.errorAt("arbiter.scale_to_zero_after_seconds", "arbiter.scale_to_zero_after_seconds: must be > 0 when min_replicas is 0, got %g: the service would count as idle the instant a request arrives and never leave zero", a.ScaleToZeroAfterSeconds)
 	}
 
-	// What a container provider cannot do is refused here, not ignored at launch.
-	if slices.ContainsFunc(a.Providers, IsKubernetes) {
+	// What a remote provider cannot run is refused here, not found out at launch.
+	for _, l := range providerLimits {
+		if !slices.ContainsFunc(a.Providers, l.uses) {
+			continue
+		}
 		if len(s.Secrets) > 0 {
-			// In a pod spec an env value is readable by anyone who may read pods; the provider
-			// does not yet keep secrets in a Kubernetes Secret, so it refuses them.
-			d.errorAt("secrets", "secrets: the kubernetes provider does not pass secrets yet (in a pod's spec they would be readable by anyone who can read pods); put them in a Kubernetes Secret the image reads, or run this service on another provider")
+			d.errorAt("secrets", "secrets: %s", l.secrets)
 		}
 		if s.Workdir != "" {
-			d.errorAt("workdir", "workdir: the kubernetes provider cannot sync a local folder into pods; build it into the image (resources.image_id: docker:IMAGE) or fetch it in setup")
+			d.errorAt("workdir", "workdir: %s", l.workdir)
 		}
 		for _, r := range append([]Resources{s.Resources}, append(s.Resources.AnyOf, s.Resources.Ordered...)...) {
-			if r.ImageID != "" && !strings.HasPrefix(r.ImageID, "docker:") {
-				d.errorAt("resources.image_id", "resources.image_id: %s: the kubernetes provider runs container images; write docker:IMAGE, e.g. docker:vllm/vllm-openai:latest", quote(r.ImageID))
+			if r.ImageID != "" && !strings.HasPrefix(r.ImageID, l.imagePrefix) {
+				d.errorAt("resources.image_id", "resources.image_id: %s: %s", quote(r.ImageID), l.image)
 				break
 			}
 		}
 	}
-
-	// The aws provider's limits (replicas/aws): each replica is a fresh VM that boots an AMI
-	// and runs the spec from EC2 user data, which anyone allowed DescribeInstanceAttribute
-	// (and any process on the VM) can read, and which holds at most 16 KiB.
+	// The aws provider passes setup, run and envs as EC2 user data, which holds 16 KiB.
 	if slices.Contains(a.Providers, "aws") {
-		if len(s.Secrets) > 0 {
-			d.errorAt("secrets", "secrets: the aws provider does not pass secrets yet (in EC2 user data they would be readable by anyone allowed ec2:DescribeInstanceAttribute); give the replicas an instance profile and fetch the secret in setup (aws secretsmanager get-secret-value), or run this service on another provider")
-		}
-		if s.Workdir != "" {
-			d.errorAt("workdir", "workdir: the aws provider cannot sync a local folder onto its VMs; put it in the AMI or fetch it in setup")
-		}
-		for _, r := range append([]Resources{s.Resources}, append(s.Resources.AnyOf, s.Resources.Ordered...)...) {
-			if r.ImageID != "" && !strings.HasPrefix(r.ImageID, "ami-") {
-				d.errorAt("resources.image_id", "resources.image_id: %s: the aws provider boots AMIs (ami-…); container images on VMs are not supported yet", quote(r.ImageID))
-				break
-			}
-		}
 		size := len(s.Setup) + len(s.Run)
 		for k, v := range s.Envs {
 			size += len(k) + len(v) + len("export ='' --setenv=")
 		}
 		if size > awsScriptBudget {
 			d.errorAt("run", "run, setup and envs: %d bytes; the aws provider passes them as EC2 user data, which holds 16 KiB with the script around them (at most %d of yours): move long scripts into the AMI or fetch them in setup", size, awsScriptBudget)
-		}
-	}
-
-	// The runpod provider's limits (replicas/runpod): each replica is a container on a
-	// RunPod host, started from the image with the spec's scripts in its environment.
-	if slices.Contains(a.Providers, "runpod") {
-		if len(s.Secrets) > 0 {
-			d.errorAt("secrets", "secrets: the runpod provider does not pass secrets yet (in a pod's environment they are readable in RunPod's console and API); use a RunPod secret ({{ RUNPOD_SECRET_name }}) in envs, or run this service on another provider")
-		}
-		if s.Workdir != "" {
-			d.errorAt("workdir", "workdir: the runpod provider cannot sync a local folder into pods; build it into the image (resources.image_id: docker:IMAGE) or fetch it in setup")
-		}
-		for _, r := range append([]Resources{s.Resources}, append(s.Resources.AnyOf, s.Resources.Ordered...)...) {
-			if r.ImageID != "" && !strings.HasPrefix(r.ImageID, "docker:") {
-				d.errorAt("resources.image_id", "resources.image_id: %s: the runpod provider runs container images; write docker:IMAGE (one without an entrypoint of its own, e.g. docker:runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04)", quote(r.ImageID))
-				break
-			}
 		}
 	}
 
@@ -253,3 +222,38 @@ func (d *decoder) failed(paths ...string) bool {
 // awsScriptBudget is what of EC2's 16 KiB of user data the spec's setup, run and envs may
 // take: the aws provider's script around them takes about 1.5 KiB (replicas/aws.userData).
 const awsScriptBudget = 14 << 10
+
+// providerLimits are what the remote providers cannot run yet, and what to do instead.
+var providerLimits = []struct {
+	uses                                 func(provider string) bool
+	secrets, workdir, imagePrefix, image string
+}{
+	{
+		uses: IsKubernetes,
+		// In a pod spec an env value is readable by anyone who may read pods; the provider
+		// does not yet keep secrets in a Kubernetes Secret.
+		secrets:     "the kubernetes provider does not pass secrets yet (in a pod's spec they would be readable by anyone who can read pods); put them in a Kubernetes Secret the image reads, or run this service on another provider",
+		workdir:     "the kubernetes provider cannot sync a local folder into pods; build it into the image (resources.image_id: docker:IMAGE) or fetch it in setup",
+		imagePrefix: "docker:",
+		image:       "the kubernetes provider runs container images; write docker:IMAGE, e.g. docker:vllm/vllm-openai:latest",
+	},
+	{
+		// Each replica is a fresh VM that boots an AMI and runs the spec from EC2 user
+		// data, which anyone allowed DescribeInstanceAttribute (and any process on the VM)
+		// can read (replicas/aws).
+		uses:        func(p string) bool { return p == "aws" },
+		secrets:     "the aws provider does not pass secrets yet (in EC2 user data they would be readable by anyone allowed ec2:DescribeInstanceAttribute); give the replicas an instance profile and fetch the secret in setup (aws secretsmanager get-secret-value), or run this service on another provider",
+		workdir:     "the aws provider cannot sync a local folder onto its VMs; put it in the AMI or fetch it in setup",
+		imagePrefix: "ami-",
+		image:       "the aws provider boots AMIs (ami-…); container images on VMs are not supported yet",
+	},
+	{
+		// Each replica is a container on a RunPod host, started from the image with the
+		// spec's scripts in its environment (replicas/runpod).
+		uses:        func(p string) bool { return p == "runpod" },
+		secrets:     "the runpod provider does not pass secrets yet (in a pod's environment they are readable in RunPod's console and API); use a RunPod secret ({{ RUNPOD_SECRET_name }}) in envs, or run this service on another provider",
+		workdir:     "the runpod provider cannot sync a local folder into pods; build it into the image (resources.image_id: docker:IMAGE) or fetch it in setup",
+		imagePrefix: "docker:",
+		image:       "the runpod provider runs container images; write docker:IMAGE (one without an entrypoint of its own, e.g. docker:runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04)",
+	},
+}
