@@ -168,8 +168,11 @@ func (c *Controller) deleteService(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, map[string]string{"status": "shutting_down"})
 }
 
+// withEnded reads ?all=1: every ended replica too (`serve status -a`).
+func withEnded(r *http.Request) bool { return r.URL.Query().Get("all") == "1" }
+
 func (c *Controller) listServices(w http.ResponseWriter, r *http.Request) {
-	st, err := c.Status(r.Context(), "")
+	st, err := c.status(r.Context(), "", withEnded(r))
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -181,7 +184,7 @@ func (c *Controller) listServices(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Controller) getService(w http.ResponseWriter, r *http.Request) {
-	st, err := c.Status(r.Context(), r.PathValue("name"))
+	st, err := c.status(r.Context(), r.PathValue("name"), withEnded(r))
 	if err != nil {
 		writeErr(w, err)
 		return

@@ -469,8 +469,13 @@ func finite(x float64) float64 {
 	return x
 }
 
-// Status returns every service ("" ) or one.
+// Status returns every service ("" ) or one, with the replicas the control plane manages.
 func (c *Controller) Status(ctx context.Context, name string) ([]ServiceStatus, error) {
+	return c.status(ctx, name, false)
+}
+
+// status is Status, with every ended replica of the state file too when withEnded.
+func (c *Controller) status(ctx context.Context, name string, withEnded bool) ([]ServiceStatus, error) {
 	rows, err := c.store.Services(ctx)
 	if err != nil {
 		return nil, err
@@ -507,6 +512,13 @@ func (c *Controller) Status(ctx context.Context, name string) ([]ServiceStatus, 
 			}
 			if live(replicas.State(r.row.State)) {
 				st.Live++
+			}
+		}
+		if withEnded {
+			for _, r := range mine {
+				if s.replicas[r.ID] == nil {
+					st.Replicas = append(st.Replicas, r)
+				}
 			}
 		}
 		switch {

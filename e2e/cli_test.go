@@ -88,6 +88,20 @@ func TestCLIErrors(t *testing.T) {
 	if st := c.status("life"); st.Ready != 1 {
 		t.Fatalf("after serve start: %+v", st)
 	}
+	// Ended replicas are counted in serve status and listed with -a; SPOT is the ready
+	// replicas' spot share.
+	c.serve("preempt", "life-1", "--notice", "1s")
+	c.waitFor("the preempted replica replaced", 60*time.Second, func() bool {
+		st := c.status("life")
+		return st.Ready == 1 && st.Replicas[0].ID != "life-1"
+	})
+	c.waitFor("the preempted replica ended", 60*time.Second, func() bool {
+		out, _ := c.serveErr("status", "-a", "life")
+		return strings.Contains(out, "life-1") && strings.Contains(out, "terminated")
+	})
+	if out := c.serve("status", "life"); strings.Contains(out, "life-1 ") || !strings.Contains(out, "1 ended replicas not shown") || !strings.Contains(out, "SPOT") {
+		t.Errorf("serve status without -a:\n%s", out)
+	}
 	expect(0, "Control plane stopped", "stop")
 	expect(0, "Service life: every replica terminated", append([]string{"down", "--all", "--wait", "60s"}, c.daemonFlags()...)...)
 	if left := c.owned(); len(left) != 0 {

@@ -100,14 +100,23 @@ func (c *client) healthy(ctx context.Context) bool {
 }
 
 func (c *client) services(ctx context.Context) ([]control.ServiceStatus, error) {
+	return c.servicesWith(ctx, "")
+}
+
+// servicesWith lists the services; query is appended to the path (?all=1: ended replicas too).
+func (c *client) servicesWith(ctx context.Context, query string) ([]control.ServiceStatus, error) {
 	var out []control.ServiceStatus
-	_, err := c.do(ctx, http.MethodGet, "/v1/services", nil, &out)
+	_, err := c.do(ctx, http.MethodGet, "/v1/services"+query, nil, &out)
 	return out, err
 }
 
 func (c *client) service(ctx context.Context, name string) (control.ServiceStatus, error) {
+	return c.serviceWith(ctx, name, "")
+}
+
+func (c *client) serviceWith(ctx context.Context, name, query string) (control.ServiceStatus, error) {
 	var out control.ServiceStatus
-	_, err := c.do(ctx, http.MethodGet, "/v1/services/"+name, nil, &out)
+	_, err := c.do(ctx, http.MethodGet, "/v1/services/"+name+query, nil, &out)
 	return out, err
 }
 

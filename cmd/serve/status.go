@@ -18,15 +18,21 @@ import (
 )
 
 func statusCmd(g *globals) *cobra.Command {
-	var asJSON, verbose, endpoint bool
+	var asJSON, verbose, endpoint, all bool
 	cmd := &cobra.Command{
-		Use:   "status [NAME...] [-v] | --endpoint NAME",
+		Use:   "status [NAME...] [-v] [-a] | --endpoint NAME",
 		Short: "Show services and their replicas",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if endpoint && len(args) != 1 {
 				return fail(exitUsage, "--endpoint takes one service name")
 			}
-			svcs, err := fetch(cmd.Context(), g, args)
+			// Every replica, ended ones too: -a shows them, and the table counts them without
+			// it. --json alone answers what the control plane manages, as before.
+			query := "?all=1"
+			if asJSON && !all {
+				query = ""
+			}
+			svcs, err := fetchWith(cmd.Context(), g, args, query)
 			if err != nil {
 				return err
 			}
@@ -35,6 +41,10 @@ func statusCmd(g *globals) *cobra.Command {
 				// Just the URL, as `sky serve status --endpoint` prints it, for scripts.
 				fmt.Fprintln(out, svcs[0].Endpoint)
 				return nil
+			}
+			ended := 0
+			if !all && !asJSON {
+				svcs, ended = liveOnly(svcs)
 			}
 			if asJSON {
 				return writeJSON(out, svcs)
@@ -45,14 +55,14 @@ func statusCmd(g *globals) *cobra.Command {
 			}
 			fmt.Fprintln(out, "Services")
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tVERSION\tUPTIME\tSTATUS\tREPLICAS\t$/HOUR\t$ SO FAR\tTOKENS\t$/M TOKENS\tENDPOINT")
+			fmt.Fprintln(tw, "NAME\tVERSION\tUPTIME\tSTATUS\tREPLICAS\tSPOT\t$/HOUR\t$ SO FAR\tTOKENS\t$/M TOKENS\tENDPOINT")
 			for _, s := range svcs {
 				perM := "-"
 				if s.Tokens > 0 {
 					perM = fmt.Sprintf("%.4f", s.DollarsPerMillionTokens)
 				}
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d/%d\t%.2f\t%.4f\t%.0f\t%s\t%s\n", s.Name, s.Version, since(s.CreatedAt), s.Status, s.Ready, s.Target,
-					s.DollarsPerHour, s.Dollars, s.Tokens, perM, s.Endpoint)
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d/%d\t%s\t%.2f\t%.4f\t%.0f\t%s\t%s\n", s.Name, s.Version, since(s.CreatedAt), s.Status, s.Ready, s.Target,
+					spotShare(s), s.DollarsPerHour, s.Dollars, s.Tokens, perM, s.Endpoint)
 			}
 			tw.Flush()
 			for _, s := range svcs {
@@ -73,6 +83,9 @@ func statusCmd(g *globals) *cobra.Command {
 			}
 			fmt.Fprintln(out, "\nReplicas")
 			printReplicas(out, svcs)
+			if ended > 0 {
+				fmt.Fprintf(out, "(%d ended replicas not shown: -a lists every replica)\n", ended)
+			}
 			if verbose {
 				for _, s := range svcs {
 					for _, r := range s.Replicas {
@@ -86,7 +99,44 @@ func statusCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
 	cmd.Flags().BoolVar(&endpoint, "endpoint", false, "print only the service's endpoint URL")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "also the autoscaler's last decision and each replica's last transition reason")
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "every replica, ended ones too (default: the live ones)")
 	return cmd
+}
+
+// spotShare is the share of a service's ready replicas on spot, as ready spot/ready.
+func spotShare(s control.ServiceStatus) string {
+	ready, spot := 0, 0
+	for _, r := range s.Replicas {
+		if r.State == "ready" {
+			ready++
+			if r.Capacity == "spot" {
+				spot++
+			}
+		}
+	}
+	if ready == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%d", spot, ready)
+}
+
+// liveOnly drops the replicas that ended (terminated, their bill closed), and counts them.
+func liveOnly(svcs []control.ServiceStatus) ([]control.ServiceStatus, int) {
+	out := make([]control.ServiceStatus, len(svcs))
+	ended := 0
+	for i, s := range svcs {
+		live := s.Replicas[:0:0]
+		for _, r := range s.Replicas {
+			if r.EndedAt.IsZero() {
+				live = append(live, r)
+			} else {
+				ended++
+			}
+		}
+		s.Replicas = live
+		out[i] = s
+	}
+	return out, ended
 }
 
 func replicasCmd(g *globals) *cobra.Command {
@@ -120,16 +170,21 @@ func replicasCmd(g *globals) *cobra.Command {
 }
 
 func fetch(ctx context.Context, g *globals, names []string) ([]control.ServiceStatus, error) {
+	return fetchWith(ctx, g, names, "")
+}
+
+// fetchWith is fetch with a query on each call (?all=1: ended replicas too).
+func fetchWith(ctx context.Context, g *globals, names []string, query string) ([]control.ServiceStatus, error) {
 	c, _, err := connect(ctx, g.home, g.api)
 	if err != nil {
 		return nil, err
 	}
 	if len(names) == 0 {
-		return c.services(ctx)
+		return c.servicesWith(ctx, query)
 	}
 	var out []control.ServiceStatus
 	for _, n := range names {
-		s, err := c.service(ctx, n)
+		s, err := c.serviceWith(ctx, n, query)
 		if notFound(err) {
 			return nil, fail(exitErr, "no service named %q (`serve status` lists them)", n)
 		}
