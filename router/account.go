@@ -52,7 +52,7 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	if code != 200 || res.clientGone || res.failed != "" {
 		return
 	}
-	ms := px.met.model(c.model)
+	ms := px.met.model(c.model, info.Service)
 	e2e := res.endAt.Sub(res.sentAt).Seconds()
 	ms.e2e.Observe(e2e)
 	ttft := e2e

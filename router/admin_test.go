@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -41,5 +43,46 @@ func TestServiceDiscoveryListsReplicasWithTheirLabels(t *testing.T) {
 	}
 	if l := byTarget["127.0.0.1:9000"]; l["replica"] != "r2" || l["service"] != "" || len(l) != 3 {
 		t.Errorf("standalone replica's labels %v: want replica, model and capacity only", l)
+	}
+}
+
+// A replica that left the set keeps its counters for goneRetention (every scrape sees its
+// last requests' tokens), then they are deleted; one still in the set keeps them.
+func TestGoneReplicasSeriesAreDeletedAfterRetention(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	pool := NewPool(&Config{}, slog.New(slog.NewTextHandler(io.Discard, nil)), m, nil)
+	pool.SetReplicas([]fleet.Replica{{ID: "a", Address: "127.0.0.1:1", Model: "m"}, {ID: "b", Address: "127.0.0.1:2", Model: "m"}})
+	for _, r := range pool.Snapshot() {
+		m.request("m", r, 200)
+		m.replica(r).prompt.Add(10)
+	}
+	count := func(id string) int {
+		n := 0
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			for _, mt := range mf.GetMetric() {
+				for _, l := range mt.GetLabel() {
+					if l.GetName() == "replica" && l.GetValue() == id && strings.HasSuffix(mf.GetName(), "_total") {
+						n++
+					}
+				}
+			}
+		}
+		return n
+	}
+	if count("a") == 0 || count("b") == 0 {
+		t.Fatal("no series to start with")
+	}
+	now := time.Now()
+	keep := pool.Snapshot()[1:] // a leaves
+	m.forgetGone(keep, now)
+	m.forgetGone(keep, now.Add(goneRetention/2))
+	if count("a") == 0 {
+		t.Fatal("a's series deleted before the retention")
+	}
+	m.forgetGone(keep, now.Add(goneRetention+time.Second))
+	if count("a") != 0 || count("b") == 0 {
+		t.Fatalf("after the retention: a %d series (want 0), b %d (want kept)", count("a"), count("b"))
 	}
 }

@@ -12,12 +12,12 @@ import (
 
 // Metrics are the router's Prometheus metrics (namespace arbiter, subsystem router).
 type Metrics struct {
-	requests    *prometheus.CounterVec // model, replica, code
+	requests    *prometheus.CounterVec // model, service, replica, code
 	errors      *prometheus.CounterVec // reason
 	retries     prometheus.Counter
 	ejections   *prometheus.CounterVec   // replica
 	tokens      *prometheus.CounterVec   // model, service, replica, provider, region, capacity, type
-	slo         *prometheus.CounterVec   // model, result
+	slo         *prometheus.CounterVec   // model, service, result
 	ttft        *prometheus.HistogramVec // model
 	itl         *prometheus.HistogramVec // model
 	e2e         *prometheus.HistogramVec // model
@@ -29,7 +29,13 @@ type Metrics struct {
 	held        prometheus.Gauge
 	holdWait    *prometheus.HistogramVec // model
 	replicaInfo *replicaCollector
-	models      sync.Map // model → *modelSeries
+	// gone: replicas that left the set, and when; present: those in it (forgetGone).
+	goneMu  sync.Mutex
+	gone    map[string]time.Time
+	present map[string]bool
+	models  sync.Map // model → *modelSeries, for the service it is served under
+	// modelsByService holds a model's series under any other service (model\x00service).
+	modelsByService sync.Map
 }
 
 var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120}
@@ -48,20 +54,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		return v
 	}
 	m := &Metrics{
-		requests:    cv("requests_total", "Requests answered, by model, replica and HTTP status code.", "model", "replica", "code"),
+		requests:    cv("requests_total", "Requests answered, by model, service, replica and HTTP status code.", "model", "service", "replica", "code"),
 		errors:      cv("errors_total", "Requests that failed in the router, by reason.", "reason"),
 		ejections:   cv("ejections_total", "Passive ejections of a replica after consecutive failures.", "replica"),
 		tokens:      cv("tokens_total", "Tokens served, from each response's usage.", "model", "service", "replica", "provider", "region", "capacity", "type"),
 		keyRequests: cv("key_requests_total", "Requests per client API key (its name, never the key), by HTTP status code.", "key", "code"),
 		keyTokens:   cv("key_tokens_total", "Tokens served per client API key, from each response's usage.", "key", "type"),
-		slo:         cv("slo_requests_total", "Requests by whether they met their model's latency SLO.", "model", "result"),
-		ttft:        hv("time_to_first_token_seconds", "Time to first token as the router saw it.", latencyBuckets, "model"),
-		itl:         hv("inter_token_latency_seconds", "Mean gap between streamed tokens of a request.", latencyBuckets, "model"),
-		e2e:         hv("e2e_request_latency_seconds", "Request latency as the router saw it.", latencyBuckets, "model"),
+		slo:         cv("slo_requests_total", "Requests by whether they met their model's latency SLO.", "model", "service", "result"),
+		ttft:        hv("time_to_first_token_seconds", "Time to first token as the router saw it.", latencyBuckets, "model", "service"),
+		itl:         hv("inter_token_latency_seconds", "Mean gap between streamed tokens of a request.", latencyBuckets, "model", "service"),
+		e2e:         hv("e2e_request_latency_seconds", "Request latency as the router saw it.", latencyBuckets, "model", "service"),
 		picks:       cv("picks_total", "slo_cheapest's picks by reason: cheapest (predicted to meet the SLO), prefix_holder (its cache saves more than it costs over the cheapest), fastest (none predicted to meet it), resample (a cheaper replica predicted to miss, tried again).", "model", "reason"),
-		predicted:   hv("predicted_ttft_seconds", "TTFT predicted for streamed requests, on the replica that served them (compare with ttft_seconds).", latencyBuckets, "model"),
+		predicted:   hv("predicted_ttft_seconds", "TTFT predicted for streamed requests, on the replica that served them (compare with ttft_seconds).", latencyBuckets, "model", "service"),
 		predErr: hv("ttft_prediction_error_seconds", "Measured minus predicted TTFT of streamed requests.",
-			[]float64{-5, -1, -0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 5}, "model"),
+			[]float64{-5, -1, -0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 5}, "model", "service"),
 	}
 	m.held = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "held_requests", Help: "Requests waiting because their service has no ready replica (scale from zero)."})
 	reg.MustRegister(m.held)
@@ -69,8 +75,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "retries_total", Help: "Attempts retried on another replica before the first response byte."})
 	reg.MustRegister(m.retries)
 	m.replicaInfo = &replicaCollector{
-		inflight: prometheus.NewDesc("arbiter_router_in_flight_requests", "Requests this router has open on a replica.", []string{"replica"}, nil),
-		load:     prometheus.NewDesc("arbiter_router_predicted_load", "Predicted requests in the replica's engine (running + waiting).", []string{"replica"}, nil),
+		inflight: prometheus.NewDesc("arbiter_router_in_flight_requests", "Requests this router has open on a replica.", []string{"service", "replica"}, nil),
+		load:     prometheus.NewDesc("arbiter_router_predicted_load", "Predicted requests in the replica's engine (running + waiting).", []string{"service", "replica"}, nil),
 		calib: prometheus.NewDesc("arbiter_router_replica_step_scale", "What the router's model of the replica multiplies its profile's step times by, learned from the replica's answers (1: as profiled), by part: prefill or decode.",
 			[]string{"replica", "profile", "part"}, nil),
 		avail: prometheus.NewDesc("arbiter_router_replica_available", "1 if the replica takes new requests (ready, not ejected, not draining).", []string{"replica", "provider", "region", "capacity"}, nil),
@@ -83,6 +89,43 @@ func (m *Metrics) setReplicas(rs []*Replica) {
 	m.replicaInfo.mu.Lock()
 	m.replicaInfo.replicas = rs
 	m.replicaInfo.mu.Unlock()
+	m.forgetGone(rs, time.Now())
+}
+
+// goneRetention is how long a removed replica's counters stay exported: long enough for
+// every scrape to see their last value (its last requests' tokens), short enough that
+// churn does not grow the series without bound.
+const goneRetention = 10 * time.Minute
+
+// forgetGone deletes the per-replica series of replicas that left the set more than
+// goneRetention ago; one that comes back is kept.
+func (m *Metrics) forgetGone(rs []*Replica, now time.Time) {
+	m.goneMu.Lock()
+	defer m.goneMu.Unlock()
+	if m.gone == nil {
+		m.gone, m.present = map[string]time.Time{}, map[string]bool{}
+	}
+	present := make(map[string]bool, len(rs))
+	for _, r := range rs {
+		id := r.Info().ID
+		present[id] = true
+		delete(m.gone, id)
+	}
+	for id := range m.present {
+		if !present[id] {
+			m.gone[id] = now
+		}
+	}
+	m.present = present
+	for id, at := range m.gone {
+		if now.Sub(at) < goneRetention {
+			continue
+		}
+		for _, v := range []*prometheus.CounterVec{m.requests, m.tokens, m.ejections} {
+			v.DeletePartialMatch(prometheus.Labels{"replica": id})
+		}
+		delete(m.gone, id)
+	}
 }
 
 // replicaCollector reports per-replica gauges for the current set at scrape time, so a
@@ -107,8 +150,8 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
 	for _, r := range rs {
 		info := r.Info()
-		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(r.InFlight()), info.ID)
-		ch <- prometheus.MustNewConstMetric(c.load, prometheus.GaugeValue, r.Load(now, time.Second), info.ID)
+		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(r.InFlight()), info.Service, info.ID)
+		ch <- prometheus.MustNewConstMetric(c.load, prometheus.GaugeValue, r.Load(now, time.Second), info.Service, info.ID)
 		a := 0.0
 		if r.Available(now) {
 			a = 1
@@ -124,21 +167,35 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 // under the vector's lock; a proxy does that several times per request, so the children are
 // resolved once per model (and per replica description, below) and kept.
 type modelSeries struct {
+	service                            string
 	e2e, ttft, itl, predicted, predErr prometheus.Observer
 	sloMet, sloMissed                  prometheus.Counter
 }
 
-func (m *Metrics) model(name string) *modelSeries {
-	if v, ok := m.models.Load(name); ok {
+func (m *Metrics) model(name, service string) *modelSeries {
+	v, ok := m.models.Load(name)
+	if !ok {
+		v, _ = m.models.LoadOrStore(name, m.newModelSeries(name, service))
+	}
+	if s := v.(*modelSeries); s.service == service {
+		return s
+	}
+	// A model served under two service names (a standalone router's replicas, or a model
+	// that moved): rare, so its key may cost an allocation.
+	key := name + "\x00" + service
+	if v, ok := m.modelsByService.Load(key); ok {
 		return v.(*modelSeries)
 	}
-	s := &modelSeries{
-		e2e: m.e2e.WithLabelValues(name), ttft: m.ttft.WithLabelValues(name), itl: m.itl.WithLabelValues(name),
-		predicted: m.predicted.WithLabelValues(name), predErr: m.predErr.WithLabelValues(name),
-		sloMet: m.slo.WithLabelValues(name, "met"), sloMissed: m.slo.WithLabelValues(name, "missed"),
-	}
-	v, _ := m.models.LoadOrStore(name, s)
+	v, _ = m.modelsByService.LoadOrStore(key, m.newModelSeries(name, service))
 	return v.(*modelSeries)
+}
+
+func (m *Metrics) newModelSeries(name, service string) *modelSeries {
+	return &modelSeries{service: service,
+		e2e: m.e2e.WithLabelValues(name, service), ttft: m.ttft.WithLabelValues(name, service), itl: m.itl.WithLabelValues(name, service),
+		predicted: m.predicted.WithLabelValues(name, service), predErr: m.predErr.WithLabelValues(name, service),
+		sloMet: m.slo.WithLabelValues(name, service, "met"), sloMissed: m.slo.WithLabelValues(name, service, "missed"),
+	}
 }
 
 // replicaSeries are a replica's metric children for the description they were resolved
@@ -157,7 +214,7 @@ func (m *Metrics) replica(r *Replica) *replicaSeries {
 	tok := func(typ string) prometheus.Counter {
 		return m.tokens.WithLabelValues(info.Model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), typ)
 	}
-	s := &replicaSeries{info: info, ok: m.requests.WithLabelValues(info.Model, info.ID, "200"), prompt: tok("prompt"), completion: tok("completion")}
+	s := &replicaSeries{info: info, ok: m.requests.WithLabelValues(info.Model, info.Service, info.ID, "200"), prompt: tok("prompt"), completion: tok("completion")}
 	r.series.Store(s)
 	return s
 }
@@ -168,5 +225,5 @@ func (m *Metrics) request(model string, r *Replica, code int) {
 		s.ok.Inc()
 		return
 	}
-	m.requests.WithLabelValues(model, r.Info().ID, strconv.Itoa(code)).Inc()
+	m.requests.WithLabelValues(model, r.Info().Service, r.Info().ID, strconv.Itoa(code)).Inc()
 }
