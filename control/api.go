@@ -117,7 +117,11 @@ type SubmitRequest struct {
 	Spec string `json:"spec"` // the service.yaml text
 	// Envs are --env values: they add to the spec's envs and fill its null ones.
 	Envs map[string]string `json:"envs,omitempty"`
+	// Secrets are --secret values, the same for the spec's secrets; never logged or shown.
+	Secrets map[string]string `json:"secrets,omitempty"`
 }
+
+func (r SubmitRequest) vars() Vars { return Vars{Envs: r.Envs, Secrets: r.Secrets} }
 
 // SubmitResponse answers a submission.
 type SubmitResponse struct {
@@ -134,7 +138,7 @@ func (c *Controller) createService(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	v, created, err := c.Create(r.Context(), req.Name, req.Spec, req.Envs)
+	v, created, err := c.CreateWith(r.Context(), req.Name, req.Spec, req.vars())
 	switch {
 	case err != nil:
 		writeErr(w, err)
@@ -152,7 +156,7 @@ func (c *Controller) updateService(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
-	v, changed, err := c.Update(r.Context(), name, req.Spec, req.Envs)
+	v, changed, err := c.UpdateWith(r.Context(), name, req.Spec, req.vars())
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -198,7 +202,7 @@ func (c *Controller) validate(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	if _, err := c.parseSpec(req.Name, req.Spec, req.Envs); err != nil {
+	if _, err := c.parseSpec(req.Name, req.Spec, req.vars()); err != nil {
 		writeErr(w, err)
 		return
 	}

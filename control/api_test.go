@@ -221,3 +221,27 @@ func TestAbsurdLoadReportsAreRefused(t *testing.T) {
 		t.Fatalf("status after the reports: %d %s; want 1200 tokens counted", code, body)
 	}
 }
+
+// What a version stores beside its file: a flat map of --env values (all that earlier
+// versions stored, and still what one without secrets stores), or both kinds; either reads
+// back as it was given.
+func TestStoredVarsReadBothForms(t *testing.T) {
+	for _, v := range []Vars{
+		{},
+		{Envs: map[string]string{"MODEL": "m", "v": "2"}},
+		{Envs: map[string]string{"MODEL": "m"}, Secrets: map[string]string{"HF_TOKEN": "hf_x"}},
+		{Secrets: map[string]string{"HF_TOKEN": "hf_x"}},
+	} {
+		text := varsJSON(v)
+		got, err := storedVars(text)
+		if err != nil {
+			t.Fatalf("%s: %v", text, err)
+		}
+		if len(got.Envs) != len(v.Envs) || len(got.Secrets) != len(v.Secrets) || got.Envs["MODEL"] != v.Envs["MODEL"] || got.Secrets["HF_TOKEN"] != v.Secrets["HF_TOKEN"] {
+			t.Errorf("%s read back as %+v, want %+v", text, got, v)
+		}
+	}
+	if got, err := storedVars(`{"MODEL":"m"}`); err != nil || got.Envs["MODEL"] != "m" || got.Secrets != nil {
+		t.Errorf("an earlier version's envs: %+v %v", got, err)
+	}
+}

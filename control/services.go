@@ -48,9 +48,16 @@ func modelTaken(name, holder, model string) error {
 // ErrNotFound is returned for an unknown service.
 var ErrNotFound = state.ErrNotFound
 
+// Vars are the values a submission gives beside its file: --env and --secret. They add to
+// the spec's envs and secrets and fill the ones it leaves null (SkyServe's "give it at
+// launch").
+type Vars struct {
+	Envs, Secrets map[string]string
+}
+
 // parseSpec validates a submitted spec; the file name is only for messages.
-func (c *Controller) parseSpec(name, text string, envs map[string]string) (*spec.Service, error) {
-	sp, err := spec.ParseWith(name+".yaml", []byte(text), spec.Overrides{Envs: envs})
+func (c *Controller) parseSpec(name, text string, v Vars) (*spec.Service, error) {
+	sp, err := spec.ParseWith(name+".yaml", []byte(text), spec.Overrides{Envs: v.Envs, Secrets: v.Secrets})
 	if err != nil {
 		return nil, err
 	}
@@ -128,20 +135,50 @@ func (c *Controller) providerNames() []string {
 	return out
 }
 
-// parseStored loads a stored version with the --env values it was submitted with.
+// parseStored loads a stored version with the --env and --secret values it was submitted
+// with.
 func parseStored(name string, v state.Version) (*spec.Service, error) {
-	var envs map[string]string
-	if err := json.Unmarshal([]byte(v.Envs), &envs); err != nil {
+	vars, err := storedVars(v.Envs)
+	if err != nil {
 		return nil, fmt.Errorf("service %s version %d: stored envs: %w", name, v.Version, err)
 	}
-	return spec.ParseWith(name+".yaml", []byte(v.Spec), spec.Overrides{Envs: envs})
+	return spec.ParseWith(name+".yaml", []byte(v.Spec), spec.Overrides{Envs: vars.Envs, Secrets: vars.Secrets})
 }
 
-func envsJSON(envs map[string]string) string {
-	b, _ := json.Marshal(envs)
-	if envs == nil {
+// storedVars reads a version's stored values: a flat map of --env values (what versions
+// without secrets store, and all that earlier versions stored), or {"v": 2, "envs": …,
+// "secrets": …} (a flat map's values are strings, so a numeric "v" cannot be one).
+func storedVars(text string) (Vars, error) {
+	var probe map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(text), &probe); err != nil {
+		return Vars{}, err
+	}
+	if raw, ok := probe["v"]; ok && len(raw) > 0 && raw[0] != '"' {
+		var v struct {
+			Envs    map[string]string `json:"envs"`
+			Secrets map[string]string `json:"secrets"`
+		}
+		err := json.Unmarshal([]byte(text), &v)
+		return Vars{Envs: v.Envs, Secrets: v.Secrets}, err
+	}
+	var envs map[string]string
+	err := json.Unmarshal([]byte(text), &envs)
+	return Vars{Envs: envs}, err
+}
+
+func varsJSON(v Vars) string {
+	if len(v.Secrets) > 0 {
+		b, _ := json.Marshal(struct {
+			V       int               `json:"v"`
+			Envs    map[string]string `json:"envs,omitempty"`
+			Secrets map[string]string `json:"secrets"`
+		}{2, v.Envs, v.Secrets})
+		return string(b)
+	}
+	if v.Envs == nil {
 		return "{}"
 	}
+	b, _ := json.Marshal(v.Envs)
 	return string(b)
 }
 
@@ -149,10 +186,15 @@ func envsJSON(envs map[string]string) string {
 // Submitting again the spec an existing service runs creates nothing and answers its
 // version (created false), so `serve up` can be run again.
 func (c *Controller) Create(ctx context.Context, name, text string, envs map[string]string) (version int, created bool, err error) {
+	return c.CreateWith(ctx, name, text, Vars{Envs: envs})
+}
+
+// CreateWith is Create with --secret values too.
+func (c *Controller) CreateWith(ctx context.Context, name, text string, vars Vars) (version int, created bool, err error) {
 	if err := validName(name); err != nil {
 		return 0, false, err
 	}
-	sp, err := c.parseSpec(name, text, envs)
+	sp, err := c.parseSpec(name, text, vars)
 	if err != nil {
 		return 0, false, err
 	}
@@ -171,7 +213,7 @@ func (c *Controller) Create(ctx context.Context, name, text string, envs map[str
 		return 0, false, modelTaken(name, holder, model)
 	}
 	now := c.cfg.Now()
-	v, err := c.store.PutService(ctx, name, text, envsJSON(envs), now)
+	v, err := c.store.PutService(ctx, name, text, varsJSON(vars), now)
 	if err != nil {
 		return 0, false, err
 	}
@@ -187,7 +229,12 @@ func (c *Controller) Create(ctx context.Context, name, text string, envs map[str
 
 // Update submits a new version of a service: a rolling update.
 func (c *Controller) Update(ctx context.Context, name, text string, envs map[string]string) (version int, changed bool, err error) {
-	sp, err := c.parseSpec(name, text, envs)
+	return c.UpdateWith(ctx, name, text, Vars{Envs: envs})
+}
+
+// UpdateWith is Update with --secret values too.
+func (c *Controller) UpdateWith(ctx context.Context, name, text string, vars Vars) (version int, changed bool, err error) {
+	sp, err := c.parseSpec(name, text, vars)
 	if err != nil {
 		return 0, false, err
 	}
@@ -207,7 +254,7 @@ func (c *Controller) Update(ctx context.Context, name, text string, envs map[str
 	}
 	cfg := scaling.ConfigFromSpec(sp)
 	// The new version is recorded first: a write that fails changes nothing, here either.
-	v, err := c.store.PutService(ctx, name, text, envsJSON(envs), c.cfg.Now())
+	v, err := c.store.PutService(ctx, name, text, varsJSON(vars), c.cfg.Now())
 	if err != nil {
 		return 0, false, err
 	}

@@ -75,6 +75,24 @@ func TestCLIErrors(t *testing.T) {
 		t.Fatalf("after a restart: %+v", st)
 	}
 
+	// SkyServe's `secrets: {HF_TOKEN: null}`: valid for validate, which says it is needed at
+	// launch; up without it (no terminal to ask on) refuses naming --secret; with --secret
+	// the replica gets it (its run refuses to start without), and it survives a restart.
+	secret := c.writeSpec("secret", strings.Replace(simService("secret-model", `  replica_policy: {min_replicas: 1, max_replicas: 1}`, ""),
+		"run: exec", "secrets: {HF_TOKEN: null}\nrun: test \"$HF_TOKEN\" = hf_e2e && exec", 1))
+	expect(0, "secrets.HF_TOKEN has no value: give it at launch (serve up --secret HF_TOKEN=", "validate", secret)
+	expect(2, "with --secret HF_TOKEN=", append([]string{"up", "-n", "secret"}, append(c.daemonFlags(), secret)...)...)
+	expect(0, "ready", append([]string{"up", "-n", "secret", "--secret", "HF_TOKEN=hf_e2e"}, append(c.daemonFlags(), secret)...)...)
+	if out := c.serve("status", "-v", "secret"); strings.Contains(out, "hf_e2e") {
+		t.Errorf("serve status shows the secret:\n%s", out)
+	}
+	expect(0, "Control plane stopped", "stop")
+	c.startDaemon()
+	if st := c.status("secret"); st.Status == "failed" {
+		t.Fatalf("after a restart the service with a --secret no longer loads: %+v", st)
+	}
+	expect(0, "every replica terminated", append([]string{"down", "secret", "--wait", "60s"}, c.daemonFlags()...)...)
+
 	// The lifecycle after `serve stop`: replicas keep running; `serve start` adopts them;
 	// `serve down --all` after another stop starts the control plane itself to end them.
 	c.up("life", simService("life-model", `  replica_policy: {min_replicas: 1, max_replicas: 1}`, ""))

@@ -25,6 +25,9 @@ const maxFileSize = 256 << 10
 type decoder struct {
 	file string
 	errs ErrorList
+	// deferMissing and missing: null envs and secrets accepted, and which (Overrides.DeferMissing).
+	deferMissing bool
+	missing      []string
 	// keys and vals index every key given in the file by dotted path ("service.replicas"),
 	// so that rules spanning sections can blame the right place and can tell an explicit
 	// value from a default.

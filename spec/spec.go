@@ -19,7 +19,11 @@ type Service struct {
 	Envs    map[string]string
 	// Secrets are envs that SkyPilot keeps out of logs and dashboards; replicas get them as
 	// environment variables like Envs.
-	Secrets   map[string]string
+	Secrets map[string]string
+	// Missing are the envs and secrets the file leaves null and no override fills
+	// ("envs.HF_TOKEN", "secrets.HF_TOKEN"), when parsed with Overrides.DeferMissing; they
+	// must be given when the service is launched.
+	Missing   []string
 	Setup     string
 	Run       string
 	Resources Resources
@@ -211,6 +215,9 @@ type Overrides struct {
 	// Envs and Secrets add to or replace the file's; they also give values to keys the
 	// file leaves null, which SkyServe files do for tokens ("HF_TOKEN: null").
 	Envs, Secrets map[string]string
+	// DeferMissing accepts null envs and secrets that nothing fills, listing them in
+	// Service.Missing (serve validate: the values are given only at launch).
+	DeferMissing bool
 }
 
 // Load reads and validates a service.yaml. An unreadable file gives the os error; an invalid
@@ -280,8 +287,10 @@ func (d *decoder) service(root *yaml.Node, o Overrides) *Service {
 		// Multi-node replicas would need a gang launch no provider here does.
 		d.integer("num_nodes", n, "1 (a service replica runs on one node; remove num_nodes)", func(v int) bool { return v == 1 })
 	}
+	d.deferMissing = o.DeferMissing
 	s.Envs = d.vars("envs", top.get("envs"), o.Envs, "--env")
 	s.Secrets = d.vars("secrets", top.get("secrets"), o.Secrets, "--secret")
+	s.Missing = d.missing
 	top.str("setup", &s.Setup)
 	if top.has("run") {
 		top.str("run", &s.Run)
@@ -361,6 +370,10 @@ func (d *decoder) vars(path string, n *yaml.Node, override map[string]string, fl
 	}
 	for _, p := range missing {
 		if _, ok := out[p.name]; !ok {
+			if d.deferMissing {
+				d.missing = append(d.missing, path+"."+p.name)
+				continue
+			}
 			d.errorf(p.val, "%s.%s: no value; give one here or with %s %s=…", path, p.name, flag, p.name)
 		}
 	}

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -23,6 +24,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/httplog"
@@ -96,9 +98,26 @@ func envOr(k, def string) string {
 	return def
 }
 
-// parseEnvs reads --env K=V flags (a bare K takes the variable from this environment, as
-// SkyPilot's --env does).
-func parseEnvs(flags []string) (map[string]string, error) {
+// specVars are a command's --env and --secret flags.
+type specVars struct{ envs, secrets []string }
+
+func (v *specVars) add(c *cobra.Command) {
+	c.Flags().StringArrayVar(&v.envs, "env", nil, "set or fill an env of the spec (K=V, or K to take it from this environment)")
+	c.Flags().StringArrayVar(&v.secrets, "secret", nil, "set or fill a secret of the spec (K=V, or K to take it from this environment); never shown")
+}
+
+// overrides reads the flags (a bare K takes the variable from this environment, as
+// SkyPilot's --env and --secret do).
+func (v *specVars) overrides() (spec.Overrides, error) {
+	envs, err := parseVars("--env", v.envs)
+	if err != nil {
+		return spec.Overrides{}, err
+	}
+	secrets, err := parseVars("--secret", v.secrets)
+	return spec.Overrides{Envs: envs, Secrets: secrets}, err
+}
+
+func parseVars(flag string, flags []string) (map[string]string, error) {
 	if len(flags) == 0 {
 		return nil, nil
 	}
@@ -108,29 +127,74 @@ func parseEnvs(flags []string) (map[string]string, error) {
 		if !ok {
 			v, ok = os.LookupEnv(k)
 			if !ok {
-				return nil, fail(exitUsage, "--env %s: no value given and none in this environment; write --env %s=VALUE", k, k)
+				return nil, fail(exitUsage, "%s %s: no value given and none in this environment; write %s %s=VALUE", flag, k, flag, k)
 			}
 		}
 		if k == "" {
-			return nil, fail(exitUsage, "--env %q: want NAME=VALUE", f)
+			return nil, fail(exitUsage, "%s %q: want NAME=VALUE", flag, f)
 		}
 		out[k] = v
 	}
 	return out, nil
 }
 
-// loadSpec reads and validates a service file with --env values; errors exit with the
-// usage code.
-func loadSpec(path string, envs map[string]string) (*spec.Service, []byte, error) {
+// loadSpec reads and validates a service file with --env and --secret values; errors exit
+// with the usage code.
+func loadSpec(path string, o spec.Overrides) (*spec.Service, []byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, fail(exitUsage, "%v", err)
 	}
-	sp, err := spec.ParseWith(path, b, spec.Overrides{Envs: envs})
+	sp, err := spec.ParseWith(path, b, o)
 	if err != nil {
 		return nil, nil, fail(exitUsage, "%s is not a valid service:\n%v", path, err)
 	}
 	return sp, b, nil
+}
+
+// loadSpecAsking is loadSpec for a launch: the envs and secrets the file leaves null and
+// the flags do not fill (SkyServe's "give it at launch") are asked for when stdin is a
+// terminal (secrets without echo); otherwise the file is refused, naming the flag.
+func loadSpecAsking(cmd *cobra.Command, path string, o spec.Overrides) (*spec.Service, []byte, spec.Overrides, error) {
+	deferred := o
+	deferred.DeferMissing = true
+	sp, _, err := loadSpec(path, deferred)
+	if err != nil || len(sp.Missing) == 0 || !term.IsTerminal(int(os.Stdin.Fd())) {
+		sp, b, err := loadSpec(path, o)
+		return sp, b, o, err
+	}
+	in := bufio.NewReader(os.Stdin)
+	for _, m := range sp.Missing {
+		kind, key, _ := strings.Cut(m, ".")
+		fmt.Fprintf(cmd.ErrOrStderr(), "%s (%s): ", key, strings.TrimSuffix(kind, "s"))
+		var value string
+		if kind == "secrets" {
+			b, err := term.ReadPassword(int(os.Stdin.Fd()))
+			fmt.Fprintln(cmd.ErrOrStderr())
+			if err != nil {
+				return nil, nil, o, fail(exitUsage, "read %s: %v", key, err)
+			}
+			value = string(b)
+			o.Secrets = withValue(o.Secrets, key, value)
+		} else {
+			line, err := in.ReadString('\n')
+			if err != nil && line == "" {
+				return nil, nil, o, fail(exitUsage, "read %s: %v", key, err)
+			}
+			value = strings.TrimRight(line, "\r\n")
+			o.Envs = withValue(o.Envs, key, value)
+		}
+	}
+	sp, b, err := loadSpec(path, o)
+	return sp, b, o, err
+}
+
+func withValue(m map[string]string, k, v string) map[string]string {
+	if m == nil {
+		m = map[string]string{}
+	}
+	m[k] = v
+	return m
 }
 
 var nameRE = regexp.MustCompile(`[^a-z0-9-]+`)
@@ -151,20 +215,21 @@ func upCmd(g *globals) *cobra.Command {
 	var name string
 	var detach bool
 	var wait time.Duration
-	var envFlags []string
+	var vars specVars
 	cmd := &cobra.Command{
-		Use:   "up [-n NAME] [--env K=V]... FILE",
+		Use:   "up [-n NAME] [--env K=V]... [--secret K=V]... FILE",
 		Short: "Start a service (and the local control plane and router if none runs)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			envs, err := parseEnvs(envFlags)
+			o, err := vars.overrides()
 			if err != nil {
 				return err
 			}
-			sp, raw, err := loadSpec(args[0], envs)
+			sp, raw, o, err := loadSpecAsking(cmd, args[0], o)
 			if err != nil {
 				return err
 			}
+			envs := o.Envs
 			name = serviceName(name, sp, args[0])
 			if err := spec.CheckName(name); err != nil {
 				return fail(exitUsage, "%v", err)
@@ -181,7 +246,7 @@ func upCmd(g *globals) *cobra.Command {
 				return err
 			}
 			var res control.SubmitResponse
-			if _, err := c.do(cmd.Context(), http.MethodPost, "/v1/services", control.SubmitRequest{Name: name, Spec: string(raw), Envs: envs}, &res); err != nil {
+			if _, err := c.do(cmd.Context(), http.MethodPost, "/v1/services", control.SubmitRequest{Name: name, Spec: string(raw), Envs: envs, Secrets: o.Secrets}, &res); err != nil {
 				return serviceErr(name, err)
 			}
 			out := cmd.OutOrStdout()
@@ -207,7 +272,7 @@ func upCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&name, "name", "n", "", "service name (default: the file's name: key, else its file name)")
-	cmd.Flags().StringArrayVar(&envFlags, "env", nil, "set or fill an env of the spec (K=V, or K to take it from this environment)")
+	vars.add(cmd)
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "return once submitted, without waiting for replicas")
 	cmd.Flags().DurationVar(&wait, "wait", 15*time.Minute, "how long to wait for the service to be ready")
 	return cmd
@@ -337,17 +402,19 @@ func terminate(pid int, wait time.Duration) error {
 }
 
 func validateCmd() *cobra.Command {
-	var envFlags []string
+	var vars specVars
 	cmd := &cobra.Command{
-		Use:   "validate [--env K=V]... FILE",
+		Use:   "validate [--env K=V]... [--secret K=V]... FILE",
 		Short: "Check a service file without launching anything; print it with defaults filled in",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			envs, err := parseEnvs(envFlags)
+			o, err := vars.overrides()
 			if err != nil {
 				return err
 			}
-			sp, _, err := loadSpec(args[0], envs)
+			// Null envs and secrets are SkyServe's "give it at launch": valid here.
+			o.DeferMissing = true
+			sp, _, err := loadSpec(args[0], o)
 			if err != nil {
 				return err // an invalid or missing file exits 2, as from every command
 			}
@@ -361,27 +428,35 @@ func validateCmd() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "# %s is valid. Resolved (defaults filled in):\n%s%s", args[0], b, preview.String())
+			for _, m := range sp.Missing {
+				kind, key, _ := strings.Cut(m, ".")
+				flag := "--env"
+				if kind == "secrets" {
+					flag = "--secret"
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "# %s has no value: give it at launch (serve up %s %s=…, or typed when asked)\n", m, flag, key)
+			}
 			return nil
 		},
 	}
-	cmd.Flags().StringArrayVar(&envFlags, "env", nil, "set or fill an env of the spec (K=V)")
+	vars.add(cmd)
 	return cmd
 }
 
 func updateCmd(g *globals) *cobra.Command {
 	var detach bool
 	var wait time.Duration
-	var envFlags []string
+	var vars specVars
 	cmd := &cobra.Command{
-		Use:   "update NAME [--env K=V]... FILE",
+		Use:   "update NAME [--env K=V]... [--secret K=V]... FILE",
 		Short: "Roll a service to a new version: new replicas start, old ones drain as they get ready",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			envs, err := parseEnvs(envFlags)
+			o, err := vars.overrides()
 			if err != nil {
 				return err
 			}
-			_, raw, err := loadSpec(args[1], envs)
+			_, raw, o, err := loadSpecAsking(cmd, args[1], o)
 			if err != nil {
 				return err
 			}
@@ -390,7 +465,7 @@ func updateCmd(g *globals) *cobra.Command {
 				return err
 			}
 			var res control.SubmitResponse
-			if _, err := c.do(cmd.Context(), http.MethodPut, "/v1/services/"+args[0], control.SubmitRequest{Spec: string(raw), Envs: envs}, &res); err != nil {
+			if _, err := c.do(cmd.Context(), http.MethodPut, "/v1/services/"+args[0], control.SubmitRequest{Spec: string(raw), Envs: o.Envs, Secrets: o.Secrets}, &res); err != nil {
 				return serviceErr(args[0], err)
 			}
 			if res.Unchanged {
@@ -405,7 +480,7 @@ func updateCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "return once submitted")
-	cmd.Flags().StringArrayVar(&envFlags, "env", nil, "set or fill an env of the spec (K=V)")
+	vars.add(cmd)
 	cmd.Flags().DurationVar(&wait, "wait", 15*time.Minute, "how long to wait for the new version")
 	return cmd
 }
