@@ -151,14 +151,7 @@ func (p *Provider) client(region string) (*ec2.Client, error) {
 	return c, nil
 }
 
-func (p *Provider) servesRegion(region string) bool {
-	for _, r := range p.cfg.Regions {
-		if r == region {
-			return true
-		}
-	}
-	return false
-}
+func (p *Provider) servesRegion(region string) bool { return slices.Contains(p.cfg.Regions, region) }
 
 // A handle is region/instance-id: an id alone does not say which regional endpoint knows it.
 func handleOf(region, id string) string { return region + "/" + id }

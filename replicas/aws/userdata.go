@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,11 +44,7 @@ func userData(ls replicas.LaunchSpec, port int) (string, error) {
 	export("ARBITER_PROVIDER", ProviderName)
 	// SkyPilot's name, which SkyServe run commands use (--tensor-parallel-size).
 	export("SKYPILOT_NUM_GPUS_PER_NODE", strconv.Itoa(ls.AcceleratorCount))
-	keys := make([]string, 0, len(ls.Envs))
-	for k := range ls.Envs {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+	keys := slices.Sorted(maps.Keys(ls.Envs))
 	for _, k := range keys {
 		export(k, ls.Envs[k])
 	}

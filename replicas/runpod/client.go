@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -134,10 +136,10 @@ func truncate(b []byte, n int) []byte {
 	return b
 }
 
-// envList is RunPod's env input: a list of {key, value}.
-func envList(m map[string]string, keys []string) []map[string]string {
-	out := make([]map[string]string, 0, len(keys))
-	for _, k := range keys {
+// envList is RunPod's env input: a list of {key, value}, in key order.
+func envList(m map[string]string) []map[string]string {
+	out := make([]map[string]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		out = append(out, map[string]string{"key": k, "value": m[k]})
 	}
 	return out

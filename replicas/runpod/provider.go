@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -198,24 +199,15 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 	port := cmp.Or(ls.Port, DefaultPort)
 	count := max(ls.AcceleratorCount, 1)
 	env := map[string]string{}
-	for k, v := range ls.Envs {
-		env[k] = v
-	}
-	for k, v := range map[string]string{EnvOwner: p.cfg.Owner, EnvReplica: ls.ReplicaID, EnvService: ls.Service, EnvCapacity: string(ls.Capacity),
+	maps.Copy(env, ls.Envs)
+	maps.Copy(env, map[string]string{EnvOwner: p.cfg.Owner, EnvReplica: ls.ReplicaID, EnvService: ls.Service, EnvCapacity: string(ls.Capacity),
 		EnvPrice: formatPrice(*ls.PricePerHour), envSource: ls.PriceSource, "PORT": strconv.Itoa(port), "SKYPILOT_NUM_GPUS_PER_NODE": strconv.Itoa(count),
-		envSetup: cmp.Or(ls.Setup, "true"), envRun: ls.Run} {
-		env[k] = v
-	}
-	keys := make([]string, 0, len(env))
-	for k := range env {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+		envSetup: cmp.Or(ls.Setup, "true"), envRun: ls.Run})
 	input := map[string]any{
 		"cloudType": p.cfg.CloudType, "gpuCount": count, "gpuTypeId": ls.InstanceType,
 		"name": podName(ls.Service, ls.ReplicaID), "imageName": cmp.Or(ls.Image, p.cfg.Image), "dockerArgs": startCommand,
 		"ports": strconv.Itoa(port) + "/tcp", "containerDiskInGb": cmp.Or(ls.DiskGiB, p.cfg.ContainerDiskGiB), "volumeInGb": 0,
-		"supportPublicIp": true, "env": envList(env, keys),
+		"supportPublicIp": true, "env": envList(env),
 	}
 	if len(p.cfg.DataCenters) == 1 {
 		input["dataCenterId"] = p.cfg.DataCenters[0]

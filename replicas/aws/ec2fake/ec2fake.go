@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -171,12 +172,7 @@ func (s *Server) Calls(action string) int {
 func (s *Server) Actions() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.calls))
-	for a := range s.calls {
-		out = append(out, a)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(s.calls))
 }
 
 // Requests returns the forms of every call of an action, in order.
@@ -557,12 +553,7 @@ func (s *Server) instanceXML(in *instance) instanceXML {
 		x.StateReason = &reasonXML{Code: in.reasonCode, Message: in.reasonMsg}
 		x.Reason = in.reasonMsg
 	}
-	keys := make([]string, 0, len(in.tags))
-	for k := range in.tags {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(in.tags)) {
 		x.Tags = append(x.Tags, tagXML{k, in.tags[k]})
 	}
 	return x
@@ -685,7 +676,7 @@ func (s *Server) describeSpotPrices(region string, form url.Values) (any, *apiEr
 	want := list(form, "InstanceType")
 	var items []spotPriceXML
 	now := time.Now().UTC().Format(time.RFC3339)
-	for _, typ := range slices.Sorted(mapKeys(s.cfg.SpotPrices)) {
+	for _, typ := range slices.Sorted(maps.Keys(s.cfg.SpotPrices)) {
 		if len(want) > 0 && !slices.Contains(want, typ) {
 			continue
 		}
@@ -701,16 +692,6 @@ func (s *Server) describeSpotPrices(region string, form url.Values) (any, *apiEr
 		return nil, ae
 	}
 	return &describeSpotPricesResponse{Prices: items[page[0]:page[1]], NextToken: next}, nil
-}
-
-func mapKeys[V any](m map[string]V) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // describeZones: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeAvailabilityZones.html

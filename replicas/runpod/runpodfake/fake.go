@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -340,12 +341,7 @@ func (s *Server) list() any {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var pods []any
-	ids := make([]string, 0, len(s.pods))
-	for id := range s.pods {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
+	for _, id := range slices.Sorted(maps.Keys(s.pods)) {
 		if p := s.pods[id]; p.status != "TERMINATED" {
 			pods = append(pods, s.podJSON(p))
 		}
