@@ -75,13 +75,14 @@ func TestGoneReplicasSeriesAreDeletedAfterRetention(t *testing.T) {
 		t.Fatal("no series to start with")
 	}
 	now := time.Now()
-	keep := pool.Snapshot()[1:] // a leaves
-	m.forgetGone(keep, now)
-	m.forgetGone(keep, now.Add(goneRetention/2))
+	all := pool.Snapshot()
+	keep := all[1:] // a leaves
+	m.forgetGone(all, keep, now)
+	m.forgetGone(keep, keep, now.Add(goneRetention/2))
 	if count("a") == 0 {
 		t.Fatal("a's series deleted before the retention")
 	}
-	m.forgetGone(keep, now.Add(goneRetention+time.Second))
+	m.forgetGone(keep, keep, now.Add(goneRetention+time.Second))
 	if count("a") != 0 || count("b") == 0 {
 		t.Fatalf("after the retention: a %d series (want 0), b %d (want kept)", count("a"), count("b"))
 	}

@@ -29,11 +29,10 @@ type Metrics struct {
 	held        prometheus.Gauge
 	holdWait    *prometheus.HistogramVec // model
 	replicaInfo *replicaCollector
-	// gone: replicas that left the set, and when; present: those in it (forgetGone).
-	goneMu  sync.Mutex
-	gone    map[string]time.Time
-	present map[string]bool
-	models  sync.Map // model → *modelSeries, for the service it is served under
+	// gone: replicas that left the set, and when (forgetGone).
+	goneMu sync.Mutex
+	gone   map[string]time.Time
+	models sync.Map // model → *modelSeries, for the service it is served under
 	// modelsByService holds a model's series under any other service (model\x00service).
 	modelsByService sync.Map
 }
@@ -87,9 +86,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 func (m *Metrics) setReplicas(rs []*Replica) {
 	m.replicaInfo.mu.Lock()
+	prev := m.replicaInfo.replicas
 	m.replicaInfo.replicas = rs
 	m.replicaInfo.mu.Unlock()
-	m.forgetGone(rs, time.Now())
+	m.forgetGone(prev, rs, time.Now())
 }
 
 // goneRetention is how long a removed replica's counters stay exported: long enough for
@@ -97,13 +97,14 @@ func (m *Metrics) setReplicas(rs []*Replica) {
 // churn does not grow the series without bound.
 const goneRetention = 10 * time.Minute
 
-// forgetGone deletes the per-replica series of replicas that left the set more than
-// goneRetention ago; one that comes back is kept.
-func (m *Metrics) forgetGone(rs []*Replica, now time.Time) {
+// forgetGone notes the replicas of prev that rs no longer holds, and deletes the
+// per-replica series of those that left more than goneRetention ago; one that comes back
+// is kept.
+func (m *Metrics) forgetGone(prev, rs []*Replica, now time.Time) {
 	m.goneMu.Lock()
 	defer m.goneMu.Unlock()
 	if m.gone == nil {
-		m.gone, m.present = map[string]time.Time{}, map[string]bool{}
+		m.gone = map[string]time.Time{}
 	}
 	present := make(map[string]bool, len(rs))
 	for _, r := range rs {
@@ -111,12 +112,11 @@ func (m *Metrics) forgetGone(rs []*Replica, now time.Time) {
 		present[id] = true
 		delete(m.gone, id)
 	}
-	for id := range m.present {
-		if !present[id] {
+	for _, r := range prev {
+		if id := r.Info().ID; !present[id] {
 			m.gone[id] = now
 		}
 	}
-	m.present = present
 	for id, at := range m.gone {
 		if now.Sub(at) < goneRetention {
 			continue
