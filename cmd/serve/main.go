@@ -158,8 +158,14 @@ func loadSpec(path string, o spec.Overrides) (*spec.Service, []byte, error) {
 func loadSpecAsking(cmd *cobra.Command, path string, o spec.Overrides) (*spec.Service, []byte, spec.Overrides, error) {
 	deferred := o
 	deferred.DeferMissing = true
-	sp, _, err := loadSpec(path, deferred)
-	if err != nil || len(sp.Missing) == 0 || !term.IsTerminal(int(os.Stdin.Fd())) {
+	sp, b, err := loadSpec(path, deferred)
+	switch {
+	case err != nil:
+		return nil, nil, o, err
+	case len(sp.Missing) == 0:
+		return sp, b, o, nil // what a strict parse gives: nothing was deferred
+	case !term.IsTerminal(int(os.Stdin.Fd())):
+		// No one to ask: the strict parse says which flag gives each.
 		sp, b, err := loadSpec(path, o)
 		return sp, b, o, err
 	}
@@ -185,7 +191,7 @@ func loadSpecAsking(cmd *cobra.Command, path string, o spec.Overrides) (*spec.Se
 			o.Envs = withValue(o.Envs, key, value)
 		}
 	}
-	sp, b, err := loadSpec(path, o)
+	sp, b, err = loadSpec(path, o)
 	return sp, b, o, err
 }
 
