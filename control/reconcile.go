@@ -272,8 +272,10 @@ func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, b
 	market := false
 	var quotes []replicas.Quote
 	var problems []string
-	for _, p := range c.providersFor(s.spec()) {
-		qs, err := p.Quote(ctx, s.name, s.spec())
+	sp := s.spec()
+	ps := c.providersFor(sp)
+	for _, p := range ps {
+		qs, err := p.Quote(ctx, s.name, sp)
 		if err != nil {
 			market = true
 			problems = append(problems, err.Error())
@@ -284,8 +286,7 @@ func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, b
 	}
 	if !market {
 		// Replicas take arbiter.local's labels: that is the one place they bill in.
-		sp := s.spec()
-		if ps := c.providersFor(sp); len(ps) > 0 {
+		if len(ps) > 0 {
 			c.knowPlace(s, place{ps[0].Name(), sp.Arbiter.Local.Region, sp.Arbiter.Local.Zone, sp.Arbiter.Local.Capacity})
 		}
 		return nil, false
