@@ -310,7 +310,7 @@ func (p *Provider) Status(ctx context.Context, handle string) (replicas.Status, 
 	case pd.DesiredStatus == "RUNNING":
 		return replicas.StatusRunning, "", nil
 	case pd.DesiredStatus == "EXITED" && envMap(pd.Env)[EnvCapacity] == string(fleet.Spot):
-		return replicas.StatusGone, "interruptible pod stopped by RunPod (outbid, or its host reclaimed it)", nil
+		return replicas.StatusGone, interrupted, nil
 	}
 	return replicas.StatusGone, "pod " + strings.ToLower(pd.DesiredStatus), nil
 }
@@ -382,7 +382,7 @@ func (p *Provider) watch(ctx context.Context) {
 				continue
 			}
 			n := replicas.Notice{ReplicaID: env[EnvReplica], Handle: pd.ID, Deadline: p.cfg.Now(),
-				Reason: "RunPod stopped the interruptible pod (outbid, or its host reclaimed it)"}
+				Reason: interrupted}
 			p.cfg.Log.Info("runpod interruption", "replica", n.ReplicaID, "pod", pd.ID)
 			select {
 			case p.notices <- n:
@@ -394,6 +394,10 @@ func (p *Provider) watch(ctx context.Context) {
 		}
 	}
 }
+
+// interrupted says why an interruptible pod is gone, in the notice and in Status alike:
+// whichever sees it first, the control plane's log reads the same.
+const interrupted = "RunPod stopped the interruptible pod (outbid, or its host reclaimed it)"
 
 // priceTTL: RunPod's bids and stock move by the minute.
 const priceTTL = time.Minute
