@@ -40,8 +40,11 @@ arbiter:
 
 // awsAccount starts a fake EC2 account (us-east-1: four zones, g5.xlarge spot prices of
 // its own), writes a providers file pointing the aws provider at it, and gives the CLI
-// and daemon credentials the SDK's default chain reads from the environment.
-func awsAccount(t *testing.T, c *cluster, network string) *ec2fake.Server {
+// and daemon credentials the SDK's default chain reads from the environment. With
+// queue, the account has an EventBridge-fed interruption queue, the provider reads it,
+// and it polls the spot requests only once an hour, so that every notice comes from the
+// queue; without, the poll (every 0.5 s) is the only source.
+func awsAccount(t *testing.T, c *cluster, network string, queue bool) *ec2fake.Server {
 	t.Helper()
 	fake := ec2fake.New(ec2fake.Config{
 		Network: network, // each test's instances on addresses of their own
@@ -51,7 +54,8 @@ func awsAccount(t *testing.T, c *cluster, network string) *ec2fake.Server {
 		Images:     []ec2fake.Image{{ID: "ami-0dl", Name: "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20260901", CreationDate: "2026-09-01T00:00:00.000Z"}},
 		Dir:        t.TempDir(),
 		PendingFor: 500 * time.Millisecond, ShuttingDownFor: 300 * time.Millisecond, InvisibleFor: 700 * time.Millisecond,
-		Env: []string{"PATH=" + binDir + string(os.PathListSeparator) + os.Getenv("PATH")},
+		Env:    []string{"PATH=" + binDir + string(os.PathListSeparator) + os.Getenv("PATH")},
+		Queues: queue,
 	})
 	srv := httptest.NewServer(fake)
 	t.Cleanup(func() {
@@ -60,6 +64,10 @@ func awsAccount(t *testing.T, c *cluster, network string) *ec2fake.Server {
 	})
 	path := filepath.Join(c.home, "providers.yaml")
 	body := fmt.Sprintf("aws:\n  regions: [us-east-1]\n  endpoint: %s\n  start_seconds: 60\n  notice_poll_seconds: 0.5\n", srv.URL)
+	if queue {
+		body = fmt.Sprintf("aws:\n  regions: [us-east-1]\n  endpoint: %s\n  start_seconds: 60\n  notice_poll_seconds: 3600\n"+
+			"  sqs_endpoint: %[1]s\n  interruption_queues: {us-east-1: %s}\n", srv.URL, ec2fake.QueueURL("us-east-1"))
+	}
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -88,13 +96,14 @@ func ownerInstances(t *testing.T, fake *ec2fake.Server, c *cluster) map[string]s
 }
 
 // Two spot replicas on EC2 in its cheapest zones; one is interrupted under load while spot
-// is refused in every zone: it is drained on the notice and replaced on-demand, with no
-// failed request; a kill -9 of the control plane right after it asked for a replica
+// is refused in every zone: it is drained on EventBridge's warning (read from SQS) and
+// replaced on-demand, with no failed request; the other is replaced on a rebalance
+// recommendation, which only the queue tells; a kill -9 of the control plane right after it asked for a replica
 // leaves no instance behind; serve down terminates every instance.
 func TestAWSSpotLifecycle(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
-	fake := awsAccount(t, c, "127.0.61")
+	fake := awsAccount(t, c, "127.0.61", true)
 	const name, model = "ec2", "ec2-model"
 	c.up(name, awsSpec(model))
 	// While spot replicas start, dynamic_ondemand_fallback runs on-demand ones, which go
@@ -145,7 +154,7 @@ func TestAWSSpotLifecycle(t *testing.T) {
 	streams.finish(t, "streams through a spot interruption")
 	plain.finish(t, "requests through a spot interruption")
 	logs := c.serve("logs", name)
-	for _, want := range []string{"marked-for-termination", "no capacity", "InsufficientInstanceCapacity", "priced by ec2:DescribeSpotPriceHistory", "priced by catalog:aws_skypilot_catalog_subset"} {
+	for _, want := range []string{"EC2 Spot Instance Interruption Warning (EventBridge)", "no capacity", "InsufficientInstanceCapacity", "priced by ec2:DescribeSpotPriceHistory", "priced by catalog:aws_skypilot_catalog_subset"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the event log does not mention %q:\n%s", want, logs)
 		}
@@ -154,6 +163,27 @@ func TestAWSSpotLifecycle(t *testing.T) {
 		t.Errorf("%d live instances after the replacement, want 2: %v", len(got), got)
 	}
 	t.Logf("interruption to a ready on-demand replacement: %s", replaced.Round(100*time.Millisecond))
+
+	// The spot replica left gets a rebalance recommendation: replaced before EC2 warns.
+	var spotLeft string
+	for _, r := range c.status(name).Replicas {
+		if r.State == "ready" && r.Capacity == "spot" {
+			spotLeft = r.ID
+		}
+	}
+	if err := fake.Rebalance(ownerInstances(t, fake, c)[spotLeft]); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the replica with a rebalance recommendation replaced", 90*time.Second, func() bool {
+		ready, _ := kubeReplicas(c.status(name))
+		return ready["spot"] == 0 && ready["on_demand"] == 2 && len(ownerInstances(t, fake, c)) == 2
+	})
+	if logs := c.serve("logs", name); !strings.Contains(logs, "EC2 Instance Rebalance Recommendation (EventBridge)") {
+		t.Errorf("the event log does not mention the rebalance recommendation:\n%s", logs)
+	}
+	if n := fake.Calls("DescribeSpotInstanceRequests"); n != 0 {
+		t.Errorf("the spot requests were polled %d times: the notices must have come from the queue", n)
+	}
 
 	// kill -9 of the control plane just after it asked EC2 for a third replica: the next
 	// one adopts or terminates it, and nothing is left that no row accounts for.

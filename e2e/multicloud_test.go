@@ -24,7 +24,7 @@ import (
 func TestSpotAcrossAWSAndRunPod(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
-	ec2 := awsAccount(t, c, "127.0.62")
+	ec2 := awsAccount(t, c, "127.0.62", false)
 	pods := runpodfake.New(runpodfake.Config{APIKey: "rpa_e2e_key", Dir: t.TempDir(), PendingFor: 500 * time.Millisecond, Network: "127.0.63",
 		Env: []string{"PATH=" + binDir + string(os.PathListSeparator) + os.Getenv("PATH")},
 		// A minimum bid low enough that spot passes the spec's default max_price_ratio (0.6)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -60,6 +61,15 @@ type Account struct {
 	// NoticePollSeconds is how often spot requests are polled for an interruption notice
 	// (default 5; AWS gives two minutes).
 	NoticePollSeconds float64 `yaml:"notice_poll_seconds"`
+	// InterruptionQueues maps a region to the SQS queue an EventBridge rule there feeds
+	// with EC2's spot interruption warnings and rebalance recommendations
+	// (deploy/aws/interruption-queue.yaml makes both). Optional: spot requests are polled
+	// either way, but the queue hears of an interruption at once and of a rebalance
+	// recommendation at all. The queue must be this control plane's alone: it deletes
+	// every message it reads.
+	InterruptionQueues map[string]string `yaml:"interruption_queues"`
+	// SQSEndpoint replaces SQS's regional endpoint (a VPC endpoint, or a local fake).
+	SQSEndpoint string `yaml:"sqs_endpoint"`
 	// SpotPriceSeconds is how long a zone's spot price from DescribeSpotPriceHistory is used
 	// before it is asked again (default 300).
 	SpotPriceSeconds float64 `yaml:"spot_price_seconds"`
@@ -93,10 +103,20 @@ func (a *Account) Check() error {
 			return fmt.Errorf("regions: %q is not an AWS region name (e.g. us-east-1)", r)
 		}
 	}
-	if a.Endpoint != "" {
-		u, err := url.Parse(a.Endpoint)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("endpoint: %q is not an http(s) URL", a.Endpoint)
+	for _, e := range []struct{ field, url string }{{"endpoint", a.Endpoint}, {"sqs_endpoint", a.SQSEndpoint}} {
+		if e.url != "" && !isHTTPURL(e.url) {
+			return fmt.Errorf("%s: %q is not an http(s) URL", e.field, e.url)
+		}
+	}
+	for region, q := range a.InterruptionQueues {
+		if !regionRE.MatchString(region) {
+			return fmt.Errorf("interruption_queues: %q is not an AWS region name (e.g. us-east-1)", region)
+		}
+		if len(a.Regions) > 0 && !slices.Contains(a.Regions, region) {
+			return fmt.Errorf("interruption_queues: %s is not one of regions (%s)", region, strings.Join(a.Regions, ", "))
+		}
+		if !isHTTPURL(q) {
+			return fmt.Errorf("interruption_queues: %s: %q is not a queue URL (https://sqs.%s.amazonaws.com/ACCOUNT/NAME)", region, q, region)
 		}
 	}
 	if strings.HasPrefix(a.Image, "ami-") && strings.ContainsAny(a.Image, " *?") {
@@ -147,6 +167,11 @@ func (c *Config) defaults() {
 	if c.Catalog == nil {
 		c.Catalog = pricing.Embedded
 	}
+}
+
+func isHTTPURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

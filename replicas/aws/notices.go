@@ -88,22 +88,6 @@ func (p *Provider) noticeFrom(r types.SpotInstanceRequest, watched map[string]sp
 	if at.IsZero() {
 		at = p.cfg.Now()
 	}
-	p.mu.Lock()
-	if p.noticed[h] {
-		p.mu.Unlock()
-		return
-	}
-	p.noticed[h] = true
-	p.mu.Unlock()
-	n := replicas.Notice{ReplicaID: w.replicaID, Handle: h, Deadline: at.Add(spotNotice),
-		Reason: aws.ToString(r.Status.Code) + ": " + aws.ToString(r.Status.Message)}
-	p.cfg.Log.Info("aws spot interruption notice", "replica", w.replicaID, "instance", h, "reason", n.Reason, "deadline", n.Deadline)
-	select {
-	case p.notices <- n:
-	default:
-		// Nobody is reading now: the next poll says it again.
-		p.mu.Lock()
-		delete(p.noticed, h)
-		p.mu.Unlock()
-	}
+	p.notify(replicas.Notice{ReplicaID: w.replicaID, Handle: h, Deadline: at.Add(spotNotice),
+		Reason: aws.ToString(r.Status.Code) + ": " + aws.ToString(r.Status.Message)})
 }

@@ -106,7 +106,15 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 		clients: map[string]*ec2.Client{}, images: map[string]ami{}, zones: map[string]zoneMap{}, spot: map[string]spotPrices{},
 		launched: map[string]time.Time{}, spotReqs: map[string]spotWatch{}, noticed: map[string]bool{}}
 	p.catalog = sync.OnceValues(cfg.Catalog)
+	for region := range cfg.InterruptionQueues {
+		if !p.servesRegion(region) {
+			return nil, fmt.Errorf("aws provider: interruption_queues: %s is not one of the provider's regions (%s)", region, strings.Join(cfg.Regions, ", "))
+		}
+	}
 	go p.watchSpot(ctx)
+	for region, url := range cfg.InterruptionQueues {
+		go p.watchQueue(ctx, region, url)
+	}
 	return p, nil
 }
 

@@ -9,10 +9,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +24,7 @@ import (
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/replicas/aws/ec2fake"
 	"github.com/arbiter-serve/arbiter/spec"
+	"gopkg.in/yaml.v3"
 )
 
 // The test binary doubles as the program the instances' user data runs: with
@@ -113,6 +116,9 @@ func newRig(t *testing.T, mod func(*ec2fake.Config, *Config)) *rig {
 	srv := httptest.NewServer(fake)
 	t.Cleanup(func() { srv.Close(); fake.Close() })
 	cfg.Endpoint = srv.URL
+	if len(cfg.InterruptionQueues) > 0 {
+		cfg.SQSEndpoint = srv.URL
+	}
 	// Credentials come the SDK's default way, from the environment.
 	t.Setenv("AWS_ACCESS_KEY_ID", "AKIAIOSFODNN7EXAMPLE")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", testSecret)
@@ -533,12 +539,15 @@ func TestQuotePricesSpotFromEC2AndSkipsZonesTheAccountLacks(t *testing.T) {
 }
 
 func TestAccountChecks(t *testing.T) {
-	for _, a := range []Account{{Regions: []string{"us east 1"}}, {Endpoint: "ftp://x"}, {StartSeconds: -1}, {Image: "ami-0 *"}} {
+	for _, a := range []Account{{Regions: []string{"us east 1"}}, {Endpoint: "ftp://x"}, {StartSeconds: -1}, {Image: "ami-0 *"},
+		{SQSEndpoint: "127.0.0.1:9"}, {InterruptionQueues: map[string]string{"us-east-1": "arbiter-interruptions"}},
+		{Regions: []string{"us-east-1"}, InterruptionQueues: map[string]string{"us-west-2": ec2fake.QueueURL("us-west-2")}}} {
 		if err := a.Check(); err == nil {
 			t.Errorf("%+v accepted", a)
 		}
 	}
-	if err := (&Account{Regions: []string{"us-east-1", "eu-central-1"}, Endpoint: "http://127.0.0.1:1"}).Check(); err != nil {
+	if err := (&Account{Regions: []string{"us-east-1", "eu-central-1"}, Endpoint: "http://127.0.0.1:1",
+		InterruptionQueues: map[string]string{"eu-central-1": ec2fake.QueueURL("eu-central-1")}}).Check(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -574,11 +583,184 @@ func TestUserDataOfTheLargestAcceptedSpecFits(t *testing.T) {
 	}
 }
 
+// withQueue gives the rig's account an EventBridge-fed interruption queue in us-east-1
+// and the provider its URL, with the spot requests' poll slowed to once an hour, so that
+// what the provider hears, it hears from the queue.
+func withQueue(f *ec2fake.Config, c *Config) {
+	f.Queues = true
+	c.InterruptionQueues = map[string]string{"us-east-1": ec2fake.QueueURL("us-east-1")}
+	c.NoticePollSeconds = 3600
+}
+
+// EventBridge's interruption warning and rebalance recommendation, read from SQS, are
+// notices at once, one per instance whichever comes first; messages that are not EC2's
+// events or not about this owner's replicas are deleted, not read forever.
+func TestQueuedEventsAreNotices(t *testing.T) {
+	r := newRig(t, withQueue)
+	ctx := ctxFor(t, time.Minute)
+	r.fake.Send("us-east-1", "{not json")
+	r.fake.Send("us-east-1", `{"version":"0","detail-type":"EC2 Spot Instance Interruption Warning","source":"aws.ec2","region":"us-east-1","time":"2026-11-26T00:00:00Z","detail":{"instance-id":"i-0someoneelses","instance-action":"terminate"}}`)
+	a, err := r.p.Launch(ctx, r.launchSpec("q-1", fleet.Spot, "use1-az4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.p.Launch(ctx, r.launchSpec("q-2", fleet.Spot, "use1-az6"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func(what string) replicas.Notice {
+		t.Helper()
+		select {
+		case n := <-r.p.Notices():
+			return n
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no notice for %s", what)
+		}
+		return replicas.Notice{}
+	}
+	_, ida, _ := splitHandle(a.Handle)
+	before := time.Now()
+	if err := r.fake.Interrupt(ida, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	n := next("the interruption warning")
+	if n.ReplicaID != "q-1" || n.Handle != a.Handle || !strings.Contains(n.Reason, "Interruption Warning") {
+		t.Fatalf("notice %+v", n)
+	}
+	// The event's time has whole seconds.
+	if d := n.Deadline.Sub(before); d < 115*time.Second || d > 125*time.Second {
+		t.Fatalf("deadline %s after the warning: want EC2's two minutes", d)
+	}
+	_, idb, _ := splitHandle(b.Handle)
+	if err := r.fake.Rebalance(idb); err != nil {
+		t.Fatal(err)
+	}
+	if n := next("the rebalance recommendation"); n.ReplicaID != "q-2" || !strings.Contains(n.Reason, "Rebalance Recommendation") {
+		t.Fatalf("notice %+v", n)
+	}
+	// The warning that follows a recommendation is not a second notice.
+	if err := r.fake.Interrupt(idb, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for r.fake.Queued("us-east-1") > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d messages left on the queue", r.fake.Queued("us-east-1"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case n := <-r.p.Notices():
+		t.Fatalf("a second notice: %+v", n)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if c := r.fake.Calls("DescribeSpotInstanceRequests"); c != 0 {
+		t.Fatalf("the spot requests were polled %d times: the notices must have come from the queue", c)
+	}
+	if !strings.Contains(r.logs.String(), "not an EC2 event") {
+		t.Fatalf("the unreadable message was not reported:\n%s", r.logs.String())
+	}
+}
+
+// deploy/aws/interruption-queue.yaml routes exactly the events the provider acts on to a
+// queue whose name the IAM policy lets it read.
+func TestInterruptionQueueTemplateMatchesTheProvider(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/aws/interruption-queue.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tmpl struct {
+		Parameters struct {
+			QueueName struct {
+				Default        string `yaml:"Default"`
+				AllowedPattern string `yaml:"AllowedPattern"`
+			} `yaml:"QueueName"`
+		} `yaml:"Parameters"`
+		Resources map[string]struct {
+			Type       string `yaml:"Type"`
+			Properties struct {
+				EventPattern struct {
+					Source     []string `yaml:"source"`
+					DetailType []string `yaml:"detail-type"`
+				} `yaml:"EventPattern"`
+				Targets []struct {
+					Arn map[string][]string `yaml:"Arn"`
+				} `yaml:"Targets"`
+			} `yaml:"Properties"`
+		} `yaml:"Resources"`
+	}
+	if err := yaml.Unmarshal(b, &tmpl); err != nil {
+		t.Fatal(err)
+	}
+	routed := map[string]bool{}
+	for name, r := range tmpl.Resources {
+		if r.Type != "AWS::Events::Rule" {
+			continue
+		}
+		if !slices.Equal(r.Properties.EventPattern.Source, []string{"aws.ec2"}) || len(r.Properties.Targets) != 1 ||
+			!slices.Equal(r.Properties.Targets[0].Arn["Fn::GetAtt"], []string{"Queue", "Arn"}) {
+			t.Errorf("rule %s: %+v", name, r.Properties)
+		}
+		for _, d := range r.Properties.EventPattern.DetailType {
+			routed[d] = true
+		}
+	}
+	if len(routed) != 2 || !routed[interruptionWarning] || !routed[rebalanceRecommendation] {
+		t.Errorf("the rules route %v; the provider acts on %q and %q", slices.Sorted(maps.Keys(routed)), interruptionWarning, rebalanceRecommendation)
+	}
+	if tmpl.Resources["Queue"].Type != "AWS::SQS::Queue" {
+		t.Fatal("no queue")
+	}
+	policy, err := os.ReadFile("../../deploy/aws/iam-policy.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const granted = "arn:aws:sqs:*:*:arbiter-interruptions*"
+	if !strings.Contains(string(policy), granted) || !strings.HasPrefix(tmpl.Parameters.QueueName.Default, "arbiter-interruptions") ||
+		!strings.HasPrefix(tmpl.Parameters.QueueName.AllowedPattern, "arbiter-interruptions") {
+		t.Errorf("the queue's name (%+v) is not one the IAM policy grants (%s)", tmpl.Parameters.QueueName, granted)
+	}
+}
+
+// A queue that cannot be read is reported, and the spot requests' poll still gives the
+// notice.
+func TestMissingQueueFallsBackToPolling(t *testing.T) {
+	r := newRig(t, func(f *ec2fake.Config, c *Config) {
+		withQueue(f, c)
+		c.InterruptionQueues["us-east-1"] = "https://sqs.us-east-1.amazonaws.com/123456789012/no-such-queue"
+		c.NoticePollSeconds = 0.2
+	})
+	ctx := ctxFor(t, time.Minute)
+	in, err := r.p.Launch(ctx, r.launchSpec("m-1", fleet.Spot, "use1-az4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, id, _ := splitHandle(in.Handle)
+	if err := r.fake.Interrupt(id, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-r.p.Notices():
+		if !strings.HasPrefix(n.Reason, "marked-for-termination") {
+			t.Fatalf("notice %+v", n)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no notice")
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(r.logs.String(), "NonExistentQueue") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the missing queue was not reported:\n%s", r.logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // deploy/aws/iam-policy.json grants every EC2 action the provider calls in a whole life
 // cycle (quote, spot launch, list, interruption notice, terminate), so an operator who
 // attaches it is not refused half way.
 func TestIAMPolicyGrantsEveryActionCalled(t *testing.T) {
-	r := newRig(t, nil)
+	r := newRig(t, func(f *ec2fake.Config, c *Config) { withQueue(f, c); c.NoticePollSeconds = 0.2 })
 	ctx := ctxFor(t, time.Minute)
 	sp := &spec.Service{Resources: spec.Resources{Accelerators: []spec.Accelerator{{Name: "A10G", Count: 1}}, UseSpot: true}}
 	if _, err := r.p.Quote(ctx, "llama", sp); err != nil {
@@ -593,6 +775,13 @@ func TestIAMPolicyGrantsEveryActionCalled(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for r.fake.Calls("DescribeSpotInstanceRequests") == 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, id, _ := splitHandle(in.Handle)
+	if err := r.fake.Rebalance(id); err != nil { // read from the queue, then deleted
+		t.Fatal(err)
+	}
+	for r.fake.Calls("sqs:DeleteMessage") == 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if err := r.p.Terminate(ctx, in.Handle); err != nil {
@@ -626,11 +815,14 @@ func TestIAMPolicyGrantsEveryActionCalled(t *testing.T) {
 		}
 	}
 	called := r.fake.Actions()
-	if len(called) < 7 {
+	if len(called) < 9 {
 		t.Fatalf("only %v were called", called)
 	}
 	for _, a := range called {
-		if !granted["ec2:"+a] {
+		if !strings.Contains(a, ":") {
+			a = "ec2:" + a
+		}
+		if !granted[a] {
 			t.Errorf("the provider calls %s, which deploy/aws/iam-policy.json does not grant", a)
 		}
 	}

@@ -66,7 +66,10 @@ type Config struct {
 	// 127.0.61.1, .2, …); default: a random 127.x.y, so fakes in tests that run at once
 	// (in one process or several) do not hand out the same address.
 	Network string
-	Log     *slog.Logger
+	// Queues gives every region an SQS queue (QueueURL) that an EventBridge rule feeds
+	// with EC2's spot interruption warnings and rebalance recommendations.
+	Queues bool
+	Log    *slog.Logger
 }
 
 // Image is an AMI.
@@ -88,6 +91,7 @@ type Server struct {
 	drop      map[string]int // action → replies to drop after doing the call
 	calls     map[string]int
 	requests  []url.Values
+	queues    map[string]*queue // by URL
 }
 
 type instance struct {
@@ -121,8 +125,14 @@ func New(cfg Config) *Server {
 	if cfg.Network == "" {
 		cfg.Network = fmt.Sprintf("127.%d.%d", 100+rand.IntN(150), rand.IntN(256))
 	}
-	return &Server{cfg: cfg, instances: map[string]*instance{}, spotReqs: map[string]*spotRequest{}, tokens: map[string]string{},
-		capacity: map[string]string{}, calls: map[string]int{}, drop: map[string]int{}}
+	s := &Server{cfg: cfg, instances: map[string]*instance{}, spotReqs: map[string]*spotRequest{}, tokens: map[string]string{},
+		capacity: map[string]string{}, calls: map[string]int{}, drop: map[string]int{}, queues: map[string]*queue{}}
+	if cfg.Queues {
+		for region := range cfg.Zones {
+			s.queueLocked(QueueURL(region))
+		}
+	}
+	return s
 }
 
 // RefuseCapacity makes RunInstances in a zone (AZ id) and market ("spot" or "on-demand")
@@ -202,9 +212,11 @@ func (s *Server) Live() map[string]map[string]string {
 }
 
 // Interrupt reclaims a spot instance as EC2 does: its spot request is
-// marked-for-termination now, and the instance is terminated after notice, with the state
-// reason Server.SpotInstanceTermination
-// (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-request-status.html).
+// marked-for-termination now, EventBridge gets the "EC2 Spot Instance Interruption
+// Warning" (sent to the region's queue when Config.Queues), and the instance is
+// terminated after notice, with the state reason Server.SpotInstanceTermination
+// (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-request-status.html,
+// https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html).
 func (s *Server) Interrupt(id string, notice time.Duration) error {
 	s.mu.Lock()
 	in := s.instances[id]
@@ -215,6 +227,7 @@ func (s *Server) Interrupt(id string, notice time.Duration) error {
 	if r := s.spotReqs[in.spotReq]; r != nil {
 		r.code, r.msg, r.updated = "marked-for-termination", "Spot Instance is marked for termination.", time.Now()
 	}
+	s.emitLocked(in, "EC2 Spot Instance Interruption Warning", map[string]string{"instance-id": id, "instance-action": "terminate"})
 	s.mu.Unlock()
 	time.AfterFunc(notice, func() {
 		s.mu.Lock()
@@ -243,7 +256,7 @@ func (s *Server) Close() {
 	}
 }
 
-var credentialRE = regexp.MustCompile(`Credential=[^/]+/\d{8}/([a-z0-9-]+)/ec2/aws4_request`)
+var credentialRE = regexp.MustCompile(`Credential=[^/]+/\d{8}/([a-z0-9-]+)/(ec2|sqs)/aws4_request`)
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	reqID := fmt.Sprintf("%08x-fake-4000-8000-%012x", time.Now().UnixNano()&0xffffffff, time.Now().UnixNano())
@@ -254,6 +267,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	region := m[1]
+	if action, ok := strings.CutPrefix(r.Header.Get("X-Amz-Target"), "AmazonSQS."); ok && m[2] == "sqs" {
+		s.serveSQS(w, r, action)
+		return
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "InvalidParameterValue", err.Error(), reqID)
