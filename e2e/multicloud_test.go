@@ -6,11 +6,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/control"
+	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/replicas/runpod"
 	"github.com/arbiter-serve/arbiter/replicas/runpod/runpodfake"
 )
@@ -144,4 +146,113 @@ arbiter:
 			}
 		}
 	}
+}
+
+// One service on [local, aws, runpod]: the machine's own slot (arbiter.reserved, already
+// paid for) is filled first, then the cheapest offers across both clouds (EC2's g5.xlarge
+// spot, below RunPod's L40S bid); scaling to zero ends every replica in all three, and
+// leaves no instance or pod behind.
+func TestLocalBesideTheClouds(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	ec2 := awsAccount(t, c, "127.0.64", false)
+	pods := runpodfake.New(runpodfake.Config{APIKey: "rpa_e2e_key", Dir: t.TempDir(), PendingFor: 500 * time.Millisecond, Network: "127.0.65",
+		Env:  []string{"PATH=" + binDir + string(os.PathListSeparator) + os.Getenv("PATH")},
+		GPUs: []runpodfake.GPU{{ID: "NVIDIA L40S", DisplayName: "L40S", MinimumBidPrice: 0.39, UninterruptablePrice: 0.86, StockStatus: "High"}}})
+	srv := httptest.NewServer(pods)
+	t.Cleanup(func() { srv.Close(); pods.Close() })
+	path := filepath.Join(c.home, "providers.yaml")
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "runpod:\n  endpoint: %s\n  poll_seconds: 0.5\n  start_seconds: 60\n", srv.URL)
+	f.Close()
+	c.env = append(c.env, "RUNPOD_API_KEY=rpa_e2e_key")
+
+	const name, model = "mixed", "mixed-model"
+	svc := func(min int) string {
+		return fmt.Sprintf(`service:
+  readiness_probe: {path: /health, initial_delay_seconds: 30, timeout_seconds: 2}
+  replica_policy: {min_replicas: %d, max_replicas: 3, target_qps_per_replica: 50}
+  ports: 8000
+resources:
+  accelerators: {A10G: 1, L40S: 1}
+  use_spot: true
+run: exec replicasim -listen ${ARBITER_HOST:-127.0.0.1}:$PORT -model %s -profile h100-llama-3.2-1b -log-level warn
+arbiter:
+  model: %[2]s
+  providers: [local, aws, runpod]
+  reserved: [{provider: local, region: local, zone: local, accelerator: "A10G:1", count: 1, price_per_hour: 0}]
+  scale_to_zero_after_seconds: 3
+  readiness: {probe_interval_seconds: 0.3, failure_threshold: 2}
+`, min, model)
+	}
+	c.up(name, svc(3))
+	c.waitFor("3 ready replicas: the local slot and two on EC2 spot", 120*time.Second, func() bool {
+		st := c.status(name)
+		where := map[string]int{}
+		for _, r := range st.Replicas {
+			if r.State == "ready" {
+				where[r.Provider+"/"+r.Capacity]++
+			}
+		}
+		return st.Live == 3 && where["local/reserved"] == 1 && where["aws/spot"] == 2
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for range 6 {
+		if code, body, err := c.request(ctx, model); err != nil || code != 200 {
+			t.Fatalf("request: %d %v %s", code, err, body)
+		}
+	}
+	logs := c.serve("logs", name)
+	if !strings.Contains(logs, "reserved slot local/local/local") || !strings.Contains(logs, "priced by ec2:DescribeSpotPriceHistory") {
+		t.Errorf("the event log does not say why each replica went where it did:\n%s", logs)
+	}
+
+	// Scale to zero: nothing left running anywhere.
+	c.serve("update", name, c.writeSpec(name, svc(0)))
+	c.waitFor("zero replicas in all three providers", 90*time.Second, func() bool {
+		return c.status(name).Live == 0 && len(ownerInstances(t, ec2, c)) == 0 && len(livePods(t, pods, c)) == 0
+	})
+	if left := localReplicaProcesses(t, c); len(left) != 0 {
+		t.Errorf("local replica processes left after scaling to zero: %v", left)
+	}
+	c.serve("down", name, "--wait", "60s")
+}
+
+// livePods is the fake RunPod account's live pods launched by this home's control plane.
+func livePods(t *testing.T, pods *runpodfake.Server, c *cluster) []string {
+	owner, err := control.ProviderOwner(c.home)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for id, env := range pods.Live() {
+		if slices.Contains(env, runpod.EnvOwner+"="+owner) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// localReplicaProcesses lists the local provider's replicas of this home's control plane
+// still running, found as the provider itself finds them after a crash.
+func localReplicaProcesses(t *testing.T, c *cluster) []replicas.Instance {
+	owner, err := control.ProviderOwner(c.home)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := replicas.NewLocal(replicas.LocalConfig{Owner: owner, LogDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	in, err := l.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
 }

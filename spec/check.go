@@ -145,6 +145,14 @@ func (d *decoder) crossCheck(s *Service) {
 		}
 	}
 
+	// The local machine quotes no price. Beside providers that do, placement chooses among
+	// offers, and local capacity enters only as the slots arbiter.reserved gives it: without
+	// one, the control plane would never launch there.
+	if others := slices.DeleteFunc(slices.Clone(a.Providers), func(p string) bool { return p == "local" }); len(others) < len(a.Providers) && len(others) > 0 &&
+		!slices.ContainsFunc(a.Reserved, func(r ReservedCapacity) bool { return r.Provider == "local" }) {
+		d.errorAt("arbiter.providers", "arbiter.providers: local beside %s: the local machine quotes no price, so placement launches there only into the slots arbiter.reserved gives it, e.g. reserved: [{provider: local, accelerator: \"A10G:1\", count: 2, price_per_hour: 0}]", strings.Join(others, ", "))
+	}
+
 	if svc.Port == 0 && !d.given("service.ports") {
 		ports, path := s.Resources.Ports, "resources.ports"
 		if ports == nil {

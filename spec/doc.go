@@ -43,7 +43,7 @@
 //	| arbiter.spot_policy.max_price_ratio               | 0.6                                | use spot only while spot price < ratio × on-demand/reserved; in (0, 1] |
 //	| arbiter.spot_policy.rebalance_min_saving          | 0 (never)                          | move a ready spot replica to a zone at least this fraction cheaper and quiet for an hour (replacement first); in [0, 1) |
 //	| arbiter.reserved[]                                | none                               | capacity already paid for: provider, region, zone, accelerator ("H100:8"), count, price_per_hour |
-//	| arbiter.providers                                 | [local]                            | where replicas may run: local, sim, kubernetes, aws |
+//	| arbiter.providers                                 | [local]                            | where replicas may run: local, sim, kubernetes, aws, runpod; local beside another only through arbiter.reserved slots |
 //	| arbiter.scale_to_zero_after_seconds               | 300                                | idle time before the last replica goes, when min_replicas is 0 |
 //	| arbiter.autoscaling.signal                        | concurrency (qps if target_qps_per_replica is set) | qps, concurrency or tokens_per_second |
 //	| arbiter.autoscaling.target_concurrency_per_replica| 8                                  | in-flight requests one replica should carry |

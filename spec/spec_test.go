@@ -144,6 +144,7 @@ func TestErrors(t *testing.T) {
 		{"kubernetes image", minimal + "resources: {image_id: ami-0123}\narbiter: {providers: [local, kubernetes]}\n", 4, 23, `resources.image_id: "ami-0123": the kubernetes provider runs container images`},
 		{"aws secrets", minimal + "secrets: {HF_TOKEN: x}\narbiter: {providers: [aws]}\n", 4, 10, "secrets: the aws provider does not pass secrets yet"},
 		{"aws workdir", minimal + "workdir: ./app\narbiter: {providers: [local, aws]}\n", 4, 10, "workdir: the aws provider cannot sync a local folder"},
+		{"local beside a market, no slot", minimal + "arbiter: {providers: [local, runpod]}\n", 4, 22, "arbiter.providers: local beside runpod: the local machine quotes no price"},
 		{"aws image", minimal + "resources: {image_id: docker:vllm/vllm-openai}\narbiter: {providers: [aws]}\n", 4, 23, `resources.image_id: "docker:vllm/vllm-openai": the aws provider boots AMIs`},
 		{"aws script size", "run: " + strings.Repeat("x", 15000) + "\nservice:\n  readiness_probe: /health\narbiter: {providers: [aws]}\n", 1, 6, "the aws provider passes them as EC2 user data, which holds 16 KiB"},
 		{"runpod secrets", minimal + "secrets: {HF_TOKEN: x}\narbiter: {providers: [runpod]}\n", 4, 10, "secrets: the runpod provider does not pass secrets yet"},
@@ -594,7 +595,7 @@ var roundTripSources = []string{
 	"run: x\nresources:\n  use_spot: true\n  infra: gcp/*/us-east1-b\n  labels: {k: 'multi\n\n    line'}\n  any_of:\n    - {}\n    - {use_spot: true, cpus: 2+, infra: null, cloud: aws}\n    - {accelerators: [A100, V100]}\nservice:\n  replica_policy: {min_replicas: 1, base_ondemand_fallback_replicas: 1, dynamic_ondemand_fallback: true, spot_placer: dynamic_fallback}\n",
 	"run: x\nresources:\n  cloud: gcp\n  region: us-east1\n  disk_size: 100\n  ordered:\n    - {infra: aws, cloud: null, region: null, ports: 8000}\n    - {region: null, disk_size: null, ports: 8000}\nservice: {}\n",
 	"run: x\nservice:\n  load_balancing_policy: instance_aware_least_load\n  replica_policy: {min_replicas: 0, max_replicas: 9, target_qps_per_replica: {\"H100:8\": 40, L4: 1.5}}\n",
-	"run: x\nservice: {replica_policy: {min_replicas: 0, max_replicas: 2}}\narbiter:\n  autoscaling: {signal: tokens_per_second, target_tokens_per_second_per_replica: 1500}\n  providers: [sim, kubernetes, aws, local]\n  reserved: [{provider: aws, accelerator: \"H100:8\", zone: z, price_per_hour: 1e-7}]\n  local: {region: '', zone: '123'}\n  slo: {percentile: 1.5}\n",
+	"run: x\nservice: {replica_policy: {min_replicas: 0, max_replicas: 2}}\narbiter:\n  autoscaling: {signal: tokens_per_second, target_tokens_per_second_per_replica: 1500}\n  providers: [sim, kubernetes, aws, local]\n  reserved: [{provider: aws, accelerator: \"H100:8\", zone: z, price_per_hour: 1e-7}, {provider: local, accelerator: \"A10G:1\", count: 1}]\n  local: {region: '', zone: '123'}\n  slo: {percentile: 1.5}\n",
 }
 
 func TestResolvedYAMLRoundTrip(t *testing.T) {
