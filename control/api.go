@@ -47,6 +47,7 @@ func (c *Controller) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/wake", c.auth(c.wake))
 	mux.HandleFunc("POST /v1/validate", c.auth(c.validate))
 	mux.HandleFunc("POST /v1/replicas/{id}/preempt", c.auth(c.preempt))
+	mux.HandleFunc("POST /v1/replicas/{id}/down", c.auth(c.takeDown))
 	return mux
 }
 
@@ -165,7 +166,7 @@ func (c *Controller) updateService(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Controller) deleteService(w http.ResponseWriter, r *http.Request) {
-	if err := c.Delete(r.Context(), r.PathValue("name")); err != nil {
+	if err := c.Delete(r.Context(), r.PathValue("name"), r.URL.Query().Get("purge") == "1"); err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -353,6 +354,18 @@ func (c *Controller) wake(w http.ResponseWriter, r *http.Request) {
 }
 
 // preempt injects a preemption notice (?notice=30s, default 30 s as GCP gives).
+// takeDown drains and terminates one replica: ?service=NAME lets the id be the replica's
+// number in that service, ?purge=1 writes it off if its termination fails.
+func (c *Controller) takeDown(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	id, err := c.TakeDown(r.Context(), q.Get("service"), r.PathValue("id"), q.Get("purge") == "1")
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, map[string]string{"status": "draining", "replica": id})
+}
+
 func (c *Controller) preempt(w http.ResponseWriter, r *http.Request) {
 	warn := 30 * time.Second
 	if v := r.URL.Query().Get("notice"); v != "" {

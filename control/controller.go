@@ -107,6 +107,9 @@ type service struct {
 	target   int
 	decision scaling.Decision
 	deleting bool
+	// purge: a replica whose termination fails while the service is deleted is written
+	// off rather than retried (serve down --purge).
+	purge    bool
 	learned  []string // model names replicas reported
 	replicas map[string]*replica
 	setup    map[int]*sync.Mutex // per version: setup runs once, launches wait for it
@@ -152,6 +155,9 @@ type replica struct {
 	terminateAfter time.Time
 	terminateWait  time.Duration
 	terminateErr   string
+	// down: taken down by name (serve down --replica-id), drained as soon as nothing else
+	// holds it; purge: written off if its termination fails.
+	down, purge bool
 }
 
 type routerReport struct {

@@ -114,7 +114,7 @@ func TestLaunchesStopAtTheCeilingAndAreRateLimited(t *testing.T) {
 	}
 
 	// A ceiling-sized service updates, one replica over the ceiling at a time.
-	if err := c.Delete(ctx, "b"); err != nil {
+	if err := c.Delete(ctx, "b", false); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := c.Update(ctx, "a", strings.Replace(sized("5"), "run: x", "run: y", 1), nil); err != nil {

@@ -198,6 +198,9 @@ func (c *Controller) reconcile(ctx context.Context, s *service, routers routerVi
 		if r.busy {
 			continue
 		}
+		if r.down && live(replicas.State(r.row.State)) {
+			c.drainOne(ctx, s, r, "taken down by serve down --replica-id")
+		}
 		switch replicas.State(r.row.State) {
 		case replicas.Draining:
 			switch {
@@ -691,7 +694,19 @@ const terminateRetry = 10 * time.Second
 // call (the provider knows it is unreachable), and a cluster that comes back should see its
 // written-off replicas ended within seconds, not at the end of a long backoff. Caller holds
 // c.mu.
-func (c *Controller) terminateFailed(r *replica, err error) {
+func (c *Controller) terminateFailed(ctx context.Context, s *service, r *replica, err error) {
+	if r.purge || (s.deleting && s.purge) {
+		// Purged: the row ends here, and an instance that still runs is no row's, which
+		// the audit ends once the provider answers again.
+		msg := fmt.Sprintf("purged: termination not confirmed (%v); if %s still runs it, the audit ends it by its tags", err, r.row.Provider)
+		if r.row.Handle != "" {
+			msg += " (handle " + r.row.Handle + ")"
+		}
+		c.log.Warn("replica written off without a confirmed termination", "service", s.name, "replica", r.row.ID, "provider", r.row.Provider, "handle", r.row.Handle, "err", err)
+		c.event(ctx, s.name, r.row.ID, "purge", msg)
+		c.transition(ctx, s, r, replicas.Terminated, msg)
+		return
+	}
 	r.terminateWait = min(max(r.terminateWait*2, terminateRetry), 30*time.Second)
 	r.terminateAfter = c.cfg.Now().Add(r.terminateWait)
 	if msg := err.Error(); msg != r.terminateErr {
@@ -780,7 +795,7 @@ func (c *Controller) terminate(ctx context.Context, s *service, r *replica, reas
 	}
 	p, err := c.provider(r.row.Provider)
 	if err != nil {
-		c.terminateFailed(r, err)
+		c.terminateFailed(ctx, s, r, err)
 		return
 	}
 	r.busy = true
@@ -798,7 +813,7 @@ func (c *Controller) terminate(ctx context.Context, s *service, r *replica, reas
 		defer c.mu.Unlock()
 		r.busy = false
 		if err != nil {
-			c.terminateFailed(r, err)
+			c.terminateFailed(ctx, s, r, err)
 			return
 		}
 		c.transition(ctx, s, r, replicas.Terminated, reason)

@@ -8,6 +8,7 @@ import (
 	"math"
 	"reflect"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -291,7 +292,10 @@ func (s *service) runs(sp *spec.Service) bool {
 }
 
 // Delete starts tearing a service down; it is gone once every replica is terminated.
-func (c *Controller) Delete(ctx context.Context, name string) error {
+// With purge, a replica whose termination fails is written off instead of retried, so
+// the service goes even when its provider cannot be reached or is no longer configured;
+// if the instance still runs, the audit finds it by its tags and ends it once it can.
+func (c *Controller) Delete(ctx context.Context, name string, purge bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, ok := c.services[name]
@@ -302,8 +306,38 @@ func (c *Controller) Delete(ctx context.Context, name string) error {
 		return err
 	}
 	s.deleting = true
+	s.purge = s.purge || purge
 	c.kickNow()
 	return nil
+}
+
+// TakeDown drains one replica and terminates it (serve down --replica-id); the service
+// replaces it if its target still wants one. With purge, a failed termination writes it
+// off. id is a replica id, or a service's replica number (llama-3 or, with service, 3).
+func (c *Controller) TakeDown(ctx context.Context, service, id string, purge bool) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if service != "" {
+		if _, ok := c.services[service]; !ok {
+			return "", fmt.Errorf("service %q: %w", service, ErrNotFound)
+		}
+		if _, err := strconv.Atoi(id); err == nil {
+			id = service + "-" + id
+		}
+	}
+	for _, s := range c.services {
+		r := s.replicas[id]
+		if r == nil || (service != "" && s.name != service) {
+			continue
+		}
+		r.down, r.purge = true, r.purge || purge
+		if !r.busy && live(replicas.State(r.row.State)) {
+			c.drainOne(ctx, s, r, "taken down by serve down --replica-id")
+		}
+		c.kickNow()
+		return id, nil
+	}
+	return "", fmt.Errorf("replica %q: %w", id, ErrNotFound)
 }
 
 func validName(name string) error {

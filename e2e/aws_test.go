@@ -213,3 +213,68 @@ func TestAWSSpotLifecycle(t *testing.T) {
 		t.Error("the secret access key reached the daemon's log")
 	}
 }
+
+// serve down --replica-id takes one replica down (by its number) and the service replaces
+// it; serve down --purge removes a service whose provider is no longer configured, naming
+// the instances it wrote off, which a control plane that can reach EC2 again ends.
+func TestAWSReplicaDownAndPurge(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	fake := awsAccount(t, c, "127.0.66", false)
+	const name, model = "purged", "purged-model"
+	c.up(name, awsSpec(model))
+	c.waitFor("2 ready replicas on aws", 90*time.Second, func() bool {
+		st := c.status(name)
+		return st.Ready == 2 && st.Live == 2 && len(ownerInstances(t, fake, c)) == 2
+	})
+	var victim string
+	for _, r := range c.status(name).Replicas {
+		if r.State == "ready" {
+			victim = r.ID
+		}
+	}
+	number := strings.TrimPrefix(victim, name+"-")
+	if out := c.serve("down", name, "--replica-id", number, "--wait", "60s"); !strings.Contains(out, "Replica "+victim+": terminated.") {
+		t.Fatalf("serve down --replica-id %s:\n%s", number, out)
+	}
+	if _, left := ownerInstances(t, fake, c)[victim]; left {
+		t.Fatalf("replica %s taken down but its instance runs", victim)
+	}
+	c.waitFor("a replacement", 90*time.Second, func() bool {
+		st := c.status(name)
+		return st.Ready == 2 && len(ownerInstances(t, fake, c)) == 2 && !strings.Contains(fmt.Sprint(st.Replicas), victim+" ")
+	})
+	if out, err := c.serveErr("down", name, "--replica-id", "999"); err == nil || !strings.Contains(out, "not found") {
+		t.Fatalf("an unknown replica: %v\n%s", err, out)
+	}
+
+	// The daemon comes back without the aws provider: the service's replicas cannot be
+	// terminated, so a plain down waits in vain, and --purge writes them off.
+	c.serve("stop")
+	providers := filepath.Join(c.home, "providers.yaml")
+	withAWS, err := os.ReadFile(providers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(providers, []byte("# no aws section any more\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.startDaemon()
+	if out, err := c.serveErr("down", name, "--wait", "3s"); err == nil || !strings.Contains(out, "still has 2 replicas") {
+		t.Fatalf("serve down without the provider: %v\n%s", err, out)
+	}
+	out := c.serve("down", name, "--purge", "--wait", "60s")
+	if strings.Count(out, "written off") != 2 || !strings.Contains(out, "handle us-east-1/i-") || !strings.Contains(out, "removed") {
+		t.Fatalf("serve down --purge:\n%s", out)
+	}
+	if n := len(ownerInstances(t, fake, c)); n != 2 {
+		t.Fatalf("%d instances after the purge; the fake EC2 still runs both", n)
+	}
+	// With EC2 reachable again, what no row names is ended.
+	c.serve("stop")
+	if err := os.WriteFile(providers, withAWS, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.startDaemon()
+	c.waitFor("the written-off instances ended", 90*time.Second, func() bool { return len(ownerInstances(t, fake, c)) == 0 })
+}

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -492,18 +493,35 @@ func updateCmd(g *globals) *cobra.Command {
 }
 
 func downCmd(g *globals) *cobra.Command {
-	var all bool
+	var all, purge bool
 	var wait time.Duration
+	var replicaID string
 	cmd := &cobra.Command{
-		Use:   "down NAME... | --all",
-		Short: "Terminate every replica of the services and remove them",
+		Use:   "down NAME... | --all | NAME --replica-id ID",
+		Short: "Terminate every replica of the services and remove them, or one replica",
+		Long: `Terminate every replica of the services and remove them.
+
+--replica-id drains and terminates one replica of NAME (its id, or its number: 3 for NAME-3);
+the service replaces it if its target still wants one.
+--purge removes the services (or the replica) even where a termination fails: a replica
+whose provider cannot be reached or is no longer configured is written off, and each is
+named with its handle. An instance that still runs is ended by the control plane's audit,
+which finds it by its tags, once the provider answers again.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if all == (len(args) > 0) {
 				return fail(exitUsage, "give service names or --all (not both)")
 			}
+			if replicaID != "" && len(args) != 1 {
+				return fail(exitUsage, "--replica-id takes exactly one service name")
+			}
 			c, err := connectOrStart(cmd, g)
 			if err != nil {
 				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
+			defer cancel()
+			if replicaID != "" {
+				return downReplica(ctx, cmd, c, args[0], replicaID, purge, wait)
 			}
 			if all {
 				svcs, err := c.services(cmd.Context())
@@ -519,22 +537,31 @@ func downCmd(g *globals) *cobra.Command {
 				}
 			}
 			out := cmd.OutOrStdout()
+			since := map[string]int64{}
 			for _, name := range args {
-				if _, err := c.do(cmd.Context(), http.MethodDelete, "/v1/services/"+name, nil, nil); err != nil {
+				since[name] = lastEvent(ctx, c, name)
+				path := "/v1/services/" + name
+				if purge {
+					path += "?purge=1"
+				}
+				if _, err := c.do(cmd.Context(), http.MethodDelete, path, nil, nil); err != nil {
 					return serviceErr(name, err)
 				}
 				fmt.Fprintf(out, "Service %s: shutting down.\n", name)
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
-			defer cancel()
 			for _, name := range args {
 				for {
 					st, err := c.service(ctx, name)
 					if notFound(err) {
 						fmt.Fprintf(out, "Service %s: every replica terminated; removed.\n", name)
+						if purge {
+							printPurged(ctx, out, c, name, "", since[name])
+						}
 						break
 					}
 					if ctx.Err() != nil {
+						// st came from a call the deadline cut short: ask once more for the count.
+						st, _ = c.service(cmd.Context(), name)
 						return fail(exitErr, "service %s still has %d replicas after %s", name, len(st.Replicas), wait)
 					}
 					time.Sleep(200 * time.Millisecond)
@@ -544,9 +571,80 @@ func downCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "every service")
+	cmd.Flags().BoolVar(&purge, "purge", false, "remove even where a termination fails, writing such replicas off")
+	cmd.Flags().StringVar(&replicaID, "replica-id", "", "take down only this replica of the service (its id or number)")
 	cmd.Flags().DurationVar(&wait, "wait", 5*time.Minute, "how long to wait for termination")
 	addDaemonFlags(cmd, &g.daemon)
 	return cmd
+}
+
+// downReplica drains and terminates one replica and waits until it has ended.
+func downReplica(ctx context.Context, cmd *cobra.Command, c *client, service, id string, purge bool, wait time.Duration) error {
+	out := cmd.OutOrStdout()
+	since := lastEvent(ctx, c, service)
+	q := url.Values{"service": {service}}
+	if purge {
+		q.Set("purge", "1")
+	}
+	var resp struct{ Replica string }
+	if _, err := c.do(ctx, http.MethodPost, "/v1/replicas/"+url.PathEscape(id)+"/down?"+q.Encode(), nil, &resp); err != nil {
+		if notFound(err) {
+			return fail(exitErr, "%v (serve status %s lists its replicas)", err, service)
+		}
+		return err
+	}
+	fmt.Fprintf(out, "Replica %s: draining, then terminating.\n", resp.Replica)
+	for {
+		st, err := c.serviceWith(ctx, service, "?all=1")
+		if err != nil && !notFound(err) {
+			return err
+		}
+		ended := true
+		for _, r := range st.Replicas {
+			if r.ID == resp.Replica && r.EndedAt.IsZero() {
+				ended = false
+			}
+		}
+		if ended {
+			fmt.Fprintf(out, "Replica %s: terminated.\n", resp.Replica)
+			if purge {
+				printPurged(ctx, out, c, service, resp.Replica, since)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fail(exitErr, "replica %s still runs after %s", resp.Replica, wait)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// lastEvent is the id of the service's latest event, so that what a command caused can be
+// read after it.
+func lastEvent(ctx context.Context, c *client, service string) int64 {
+	var last int64
+	for after := int64(0); ; {
+		ev, err := c.events(ctx, service, "", after)
+		if err != nil || len(ev) == 0 {
+			return last
+		}
+		last = ev[len(ev)-1].ID
+		after = last
+	}
+}
+
+// printPurged names the replicas written off since the event id after.
+func printPurged(ctx context.Context, out io.Writer, c *client, service, replica string, after int64) {
+	ev, err := c.events(ctx, service, replica, after)
+	if err != nil {
+		fmt.Fprintf(out, "(cannot read which replicas were written off: %v)\n", err)
+		return
+	}
+	for _, e := range ev {
+		if e.Kind == "purge" {
+			fmt.Fprintf(out, "Replica %s: written off: %s\n", e.Replica, e.Message)
+		}
+	}
 }
 
 // connectOrStart returns a client for the home's control plane, starting it (with the
