@@ -120,6 +120,8 @@ type SubmitRequest struct {
 	Envs map[string]string `json:"envs,omitempty"`
 	// Secrets are --secret values, the same for the spec's secrets; never logged or shown.
 	Secrets map[string]string `json:"secrets,omitempty"`
+	// Mode is how an update replaces the old version: rolling (default) or blue_green.
+	Mode string `json:"mode,omitempty"`
 }
 
 func (r SubmitRequest) vars() Vars { return Vars{Envs: r.Envs, Secrets: r.Secrets} }
@@ -157,7 +159,7 @@ func (c *Controller) updateService(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
-	v, changed, err := c.UpdateWith(r.Context(), name, req.Spec, req.vars())
+	v, changed, err := c.UpdateWith(r.Context(), name, req.Spec, req.vars(), req.Mode)
 	if err != nil {
 		writeErr(w, err)
 		return

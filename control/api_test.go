@@ -244,4 +244,15 @@ func TestStoredVarsReadBothForms(t *testing.T) {
 	if got, err := storedVars(`{"MODEL":"m"}`); err != nil || got.Envs["MODEL"] != "m" || got.Secrets != nil {
 		t.Errorf("an earlier version's envs: %+v %v", got, err)
 	}
+	// The update mode rides with them, and an env named mode is not one.
+	text := versionJSON(Vars{Envs: map[string]string{"mode": "x"}}, ModeBlueGreen)
+	if got, err := storedVars(text); err != nil || got.Envs["mode"] != "x" || storedMode(text) != ModeBlueGreen {
+		t.Errorf("%s read back as %+v (mode %q) %v", text, got, storedMode(text), err)
+	}
+	if m := storedMode(varsJSON(Vars{Envs: map[string]string{"mode": "blue_green"}})); m != "" {
+		t.Errorf("an env named mode read as the update mode %q", m)
+	}
+	if text := versionJSON(Vars{Envs: map[string]string{"A": "b"}}, ModeRolling); text != `{"A":"b"}` {
+		t.Errorf("a rolling update stores %s; want the flat form earlier versions read", text)
+	}
 }

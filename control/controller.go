@@ -109,7 +109,11 @@ type service struct {
 	deleting bool
 	// purge: a replica whose termination fails while the service is deleted is written
 	// off rather than retried (serve down --purge).
-	purge    bool
+	purge bool
+	// blueGreen: the current version replaces the old one blue-green (serve update --mode
+	// blue_green): its replicas serve nothing, and the old ones keep serving, until as many
+	// of it are ready as the target, when traffic switches at once (switched).
+	blueGreen, switched bool
 	learned  []string // model names replicas reported
 	replicas map[string]*replica
 	setup    map[int]*sync.Mutex // per version: setup runs once, launches wait for it
@@ -269,9 +273,10 @@ func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
 		// A failed service's ready replicas keep serving what they served: nothing probes
 		// them now, but the routers' own health checks still do.
 		set.Services = append(set.Services, svc)
+		withhold := s.withholdsNewVersion()
 		for _, r := range sortedReplicas(s.replicas) {
 			st := replicas.State(r.row.State)
-			if !st.Serving() || r.row.Address == "" || r.row.Model == "" {
+			if !st.Serving() || r.row.Address == "" || r.row.Model == "" || (withhold && r.row.Version == s.version) {
 				continue
 			}
 			rep := fleet.Replica{ID: r.row.ID, Address: r.row.Address, Model: r.row.Model, Service: s.name,
@@ -287,6 +292,20 @@ func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
 }
 
 func (s *service) spec() *spec.Service { return s.specs[s.version] }
+
+// withholdsNewVersion reports whether a blue-green update keeps the new version out of
+// the routers: before the switch, while an old replica still serves.
+func (s *service) withholdsNewVersion() bool {
+	if !s.blueGreen || s.switched {
+		return false
+	}
+	for _, r := range s.replicas {
+		if r.row.Version != s.version && replicas.State(r.row.State) == replicas.Ready {
+			return true
+		}
+	}
+	return false
+}
 
 // models is what the service serves: its spec's names, then what replicas reported.
 func (s *service) models() []string {

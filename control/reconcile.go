@@ -191,6 +191,18 @@ func (c *Controller) reconcile(ctx context.Context, s *service, routers routerVi
 			oldReady++
 		}
 	}
+	if s.blueGreen && !s.switched {
+		// Blue-green: the old version keeps all the traffic until the new one could take
+		// it all, then both change at once (the routers get one ready set with the new
+		// replicas in and the old ones draining).
+		if newReady >= max(s.target, 1) || oldReady == 0 {
+			s.switched = true
+			c.event(ctx, s.name, "", "update", fmt.Sprintf("blue-green: %d of version %d ready (target %d): traffic switches to it; %d old replicas drain", newReady, s.version, s.target, len(old)))
+			c.publish()
+		} else {
+			keep = oldReady
+		}
+	}
 	if n := len(old) - min(keep, oldReady); n > 0 {
 		c.drainSome(ctx, s, old, n, fmt.Sprintf("replaced by version %d", s.version))
 	}

@@ -167,13 +167,36 @@ func storedVars(text string) (Vars, error) {
 	return Vars{Envs: envs}, err
 }
 
-func varsJSON(v Vars) string {
-	if len(v.Secrets) > 0 {
+// storedMode reads the update mode a version was stored with.
+func storedMode(text string) string {
+	var v struct {
+		V    any    `json:"v"`
+		Mode string `json:"mode"`
+	}
+	if json.Unmarshal([]byte(text), &v) != nil {
+		return ""
+	}
+	if _, versioned := v.V.(float64); !versioned {
+		return "" // a flat map of --env values, where "mode" would be an env's name
+	}
+	return v.Mode
+}
+
+func varsJSON(v Vars) string { return versionJSON(v, "") }
+
+// versionJSON is what a version stores beside its spec: its --env and --secret values and
+// the mode it was rolled out in ("" for rolling, and for a service's first version).
+func versionJSON(v Vars, mode string) string {
+	if mode == ModeRolling {
+		mode = ""
+	}
+	if len(v.Secrets) > 0 || mode != "" {
 		b, _ := json.Marshal(struct {
 			V       int               `json:"v"`
 			Envs    map[string]string `json:"envs,omitempty"`
-			Secrets map[string]string `json:"secrets"`
-		}{2, v.Envs, v.Secrets})
+			Secrets map[string]string `json:"secrets,omitempty"`
+			Mode    string            `json:"mode,omitempty"`
+		}{2, v.Envs, v.Secrets, mode})
 		return string(b)
 	}
 	if v.Envs == nil {
@@ -228,13 +251,26 @@ func (c *Controller) CreateWith(ctx context.Context, name, text string, vars Var
 	return v, true, nil
 }
 
+// Update modes (serve update --mode, SkyServe's): rolling replaces old replicas one by one
+// as new ones get ready, both serving meanwhile; blue_green keeps every request on the old
+// version until the new one has its target ready, then switches at once.
+const (
+	ModeRolling   = "rolling"
+	ModeBlueGreen = "blue_green"
+)
+
 // Update submits a new version of a service: a rolling update.
 func (c *Controller) Update(ctx context.Context, name, text string, envs map[string]string) (version int, changed bool, err error) {
-	return c.UpdateWith(ctx, name, text, Vars{Envs: envs})
+	return c.UpdateWith(ctx, name, text, Vars{Envs: envs}, ModeRolling)
 }
 
-// UpdateWith is Update with --secret values too.
-func (c *Controller) UpdateWith(ctx context.Context, name, text string, vars Vars) (version int, changed bool, err error) {
+// UpdateWith is Update with --secret values too, and an update mode.
+func (c *Controller) UpdateWith(ctx context.Context, name, text string, vars Vars, mode string) (version int, changed bool, err error) {
+	switch mode {
+	case "", ModeRolling, ModeBlueGreen:
+	default:
+		return 0, false, fmt.Errorf("%w: update mode %q: want %s or %s", errBadRequest, mode, ModeRolling, ModeBlueGreen)
+	}
 	sp, err := c.parseSpec(name, text, vars)
 	if err != nil {
 		return 0, false, err
@@ -255,9 +291,13 @@ func (c *Controller) UpdateWith(ctx context.Context, name, text string, vars Var
 	}
 	cfg := scaling.ConfigFromSpec(sp)
 	// The new version is recorded first: a write that fails changes nothing, here either.
-	v, err := c.store.PutService(ctx, name, text, varsJSON(vars), c.cfg.Now())
+	v, err := c.store.PutService(ctx, name, text, versionJSON(vars, mode), c.cfg.Now())
 	if err != nil {
 		return 0, false, err
+	}
+	s.blueGreen, s.switched = mode == ModeBlueGreen, false
+	if s.blueGreen {
+		c.event(ctx, name, "", "update", fmt.Sprintf("blue-green update to version %d: the old version serves every request until %d replicas of it are ready", v, max(s.target, 1)))
 	}
 	if s.decider == nil {
 		// The service had failed to load; a spec that loads brings it back.
@@ -383,6 +423,9 @@ func (c *Controller) recover(ctx context.Context) error {
 			c.event(ctx, sv.Name, "", "error", s.failed+"; fix it with `serve update`, or remove it with `serve down`")
 		}
 		s.deleting = sv.Status == "deleting"
+		// A blue-green update in progress stays one: the switch is worked out again from
+		// the replicas (switched at once if the new version is ready or nothing old serves).
+		s.blueGreen = storedMode(v.Envs) == ModeBlueGreen
 		c.services[sv.Name] = s
 	}
 	rows, err := c.store.Replicas(ctx, "", false)

@@ -454,11 +454,22 @@ func updateCmd(g *globals) *cobra.Command {
 	var detach bool
 	var wait time.Duration
 	var vars specVars
+	var mode string
 	cmd := &cobra.Command{
-		Use:   "update NAME [--env K=V]... [--secret K=V]... FILE",
+		Use:   "update NAME [--mode rolling|blue_green] [--env K=V]... [--secret K=V]... FILE",
 		Short: "Roll a service to a new version: new replicas start, old ones drain as they get ready",
-		Args:  cobra.ExactArgs(2),
+		Long: `Roll a service to a new version.
+
+--mode rolling (default): new replicas start, and old ones drain one by one as new ones get
+ready; both versions serve meanwhile.
+--mode blue_green: the old version serves every request until the new one has as many
+replicas ready as the target; then traffic switches at once and the old replicas drain.
+It needs room for both fleets at once.`,
+		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if mode != control.ModeRolling && mode != control.ModeBlueGreen {
+				return fail(exitUsage, "--mode %q: want %s or %s", mode, control.ModeRolling, control.ModeBlueGreen)
+			}
 			o, err := vars.overrides()
 			if err != nil {
 				return err
@@ -472,14 +483,18 @@ func updateCmd(g *globals) *cobra.Command {
 				return err
 			}
 			var res control.SubmitResponse
-			if _, err := c.do(cmd.Context(), http.MethodPut, "/v1/services/"+args[0], control.SubmitRequest{Spec: string(raw), Envs: o.Envs, Secrets: o.Secrets}, &res); err != nil {
+			if _, err := c.do(cmd.Context(), http.MethodPut, "/v1/services/"+args[0], control.SubmitRequest{Spec: string(raw), Envs: o.Envs, Secrets: o.Secrets, Mode: mode}, &res); err != nil {
 				return serviceErr(args[0], err)
 			}
 			if res.Unchanged {
 				fmt.Fprintf(cmd.OutOrStdout(), "Service %s: %s is what version %d runs already; nothing to update.\n", args[0], args[1], res.Version)
 				return nil
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "Service %s: rolling update to version %d.\n", args[0], res.Version)
+			if mode == control.ModeBlueGreen {
+				fmt.Fprintf(cmd.OutOrStdout(), "Service %s: blue-green update to version %d (the old version serves until the new one is ready).\n", args[0], res.Version)
+			} else {
+				fmt.Fprintf(cmd.OutOrStdout(), "Service %s: rolling update to version %d.\n", args[0], res.Version)
+			}
 			if detach {
 				return nil
 			}
@@ -489,6 +504,7 @@ func updateCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "return once submitted")
 	vars.add(cmd)
 	cmd.Flags().DurationVar(&wait, "wait", 15*time.Minute, "how long to wait for the new version")
+	cmd.Flags().StringVar(&mode, "mode", control.ModeRolling, "rolling or blue_green")
 	return cmd
 }
 
