@@ -114,9 +114,9 @@ type service struct {
 	// blue_green): its replicas serve nothing, and the old ones keep serving, until as many
 	// of it are ready as the target, when traffic switches at once (switched).
 	blueGreen, switched bool
-	learned  []string // model names replicas reported
-	replicas map[string]*replica
-	setup    map[int]*sync.Mutex // per version: setup runs once, launches wait for it
+	learned             []string // model names replicas reported
+	replicas            map[string]*replica
+	setup               map[int]*sync.Mutex // per version: setup runs once, launches wait for it
 
 	// Replicas that failed before ever getting ready, in a row: a broken run: or setup must
 	// not relaunch every tick, so launches back off until one gets ready.
