@@ -46,6 +46,7 @@ func (c *Controller) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/load", c.auth(c.load))
 	mux.HandleFunc("POST /v1/wake", c.auth(c.wake))
 	mux.HandleFunc("POST /v1/validate", c.auth(c.validate))
+	mux.HandleFunc("POST /v1/preview", c.auth(c.preview))
 	mux.HandleFunc("POST /v1/replicas/{id}/preempt", c.auth(c.preempt))
 	mux.HandleFunc("POST /v1/replicas/{id}/down", c.auth(c.takeDown))
 	return mux
@@ -210,6 +211,21 @@ func (c *Controller) validate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}
+
+// preview answers where a spec's first replicas would run and at what price.
+func (c *Controller) preview(w http.ResponseWriter, r *http.Request) {
+	var req SubmitRequest
+	if err := decode(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	pv, err := c.Preview(r.Context(), req.Name, req.Spec, req.vars())
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, pv)
 }
 
 func (c *Controller) events(w http.ResponseWriter, r *http.Request) {

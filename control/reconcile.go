@@ -284,21 +284,9 @@ const zoneCooldown = 10 * time.Minute
 // problem is logged and recorded as an event once, and again when it changes, and shown
 // by `serve status` while it lasts.
 func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, bool) {
-	market := false
-	var quotes []replicas.Quote
-	var problems []string
 	sp := s.spec()
 	ps := c.providersFor(sp)
-	for _, p := range ps {
-		qs, err := p.Quote(ctx, s.name, sp)
-		if err != nil {
-			market = true
-			problems = append(problems, err.Error())
-			continue
-		}
-		market = market || len(qs) > 0
-		quotes = append(quotes, qs...)
-	}
+	quotes, market, problems := quoteAll(ctx, ps, s.name, sp)
 	if !market {
 		// Replicas take arbiter.local's labels: that is the one place they bill in.
 		if len(ps) > 0 {
@@ -306,15 +294,7 @@ func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, b
 		}
 		return nil, false
 	}
-	offers := make([]scaling.Offer, 0, len(quotes))
-	for _, q := range quotes {
-		if q.Unpriced != "" {
-			problems = append(problems, "left out for want of a price: "+q.Unpriced)
-			continue
-		}
-		offers = append(offers, scaling.Offer{Provider: q.Provider, Region: q.Region, Zone: q.Zone, Capacity: q.Capacity, PricePerHour: q.PricePerHour,
-			InstanceType: q.InstanceType, Accelerator: q.Accelerator, AcceleratorCount: q.AcceleratorCount, PriceSource: q.PriceSource})
-	}
+	offers, problems := offersOf(quotes, problems)
 	for _, o := range offers {
 		c.knowPlace(s, place{o.Provider, o.Region, o.Zone, string(o.Capacity)})
 	}

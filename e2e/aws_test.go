@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -222,7 +223,33 @@ func TestAWSReplicaDownAndPurge(t *testing.T) {
 	c := newCluster(t)
 	fake := awsAccount(t, c, "127.0.66", false)
 	const name, model = "purged", "purged-model"
-	c.up(name, awsSpec(model))
+
+	// On a terminal, serve up shows the price and asks before launching on a paid provider.
+	path := c.writeSpec(name, awsSpec(model))
+	args := append(append([]string{filepath.Join(binDir, "serve"), "--home", c.home, "up", "-n", name}, c.daemonFlags()...), path)
+	tty := exec.Command("script", "-qec", shellJoin(args), "/dev/null")
+	tty.Env = append(append(os.Environ(), c.env...), "ARBITER_HOME="+c.home)
+	tty.Stdin = strings.NewReader("n\n")
+	out, err := tty.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "Launch? [Y/n]") || !strings.Contains(string(out), "not launched") {
+		t.Fatalf("serve up on a terminal, answered n: %v\n%s", err, out)
+	}
+	if n := fake.Calls("RunInstances"); n != 0 {
+		t.Fatalf("declined, yet %d RunInstances calls", n)
+	}
+	if _, ok := c.apiStatus(name); ok {
+		t.Fatal("declined, yet the service exists")
+	}
+	// Not on a terminal (or with -y), it shows the price and launches.
+	up := c.up(name, awsSpec(model))
+	for _, want := range []string{"Service purged on aws: min 2, max 2 replicas.", "spot      g5.xlarge (A10G:1) in aws us-east-1/use1-az4 at $0.3801/h, priced by ec2:DescribeSpotPriceHistory", "/h to start", "placement: "} {
+		if !strings.Contains(up, want) {
+			t.Errorf("serve up does not show %q:\n%s", want, up)
+		}
+	}
+	if strings.Contains(up, "Launch?") {
+		t.Errorf("serve up asked with no terminal to answer:\n%s", up)
+	}
 	c.waitFor("2 ready replicas on aws", 90*time.Second, func() bool {
 		st := c.status(name)
 		return st.Ready == 2 && st.Live == 2 && len(ownerInstances(t, fake, c)) == 2
@@ -263,8 +290,8 @@ func TestAWSReplicaDownAndPurge(t *testing.T) {
 	if out, err := c.serveErr("down", name, "--wait", "3s"); err == nil || !strings.Contains(out, "still has 2 replicas") {
 		t.Fatalf("serve down without the provider: %v\n%s", err, out)
 	}
-	out := c.serve("down", name, "--purge", "--wait", "60s")
-	if strings.Count(out, "written off") != 2 || !strings.Contains(out, "handle us-east-1/i-") || !strings.Contains(out, "removed") {
+	out = []byte(c.serve("down", name, "--purge", "--wait", "60s"))
+	if strings.Count(string(out), "written off") != 2 || !strings.Contains(string(out), "handle us-east-1/i-") || !strings.Contains(string(out), "removed") {
 		t.Fatalf("serve down --purge:\n%s", out)
 	}
 	if n := len(ownerInstances(t, fake, c)); n != 2 {
@@ -277,4 +304,13 @@ func TestAWSReplicaDownAndPurge(t *testing.T) {
 	}
 	c.startDaemon()
 	c.waitFor("the written-off instances ended", 90*time.Second, func() bool { return len(ownerInstances(t, fake, c)) == 0 })
+}
+
+// shellJoin quotes args for sh -c.
+func shellJoin(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
 }

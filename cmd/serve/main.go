@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -220,7 +221,7 @@ func serviceName(flag string, sp *spec.Service, path string) string {
 
 func upCmd(g *globals) *cobra.Command {
 	var name string
-	var detach bool
+	var detach, yes bool
 	var wait time.Duration
 	var vars specVars
 	cmd := &cobra.Command{
@@ -252,8 +253,12 @@ func upCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			req := control.SubmitRequest{Name: name, Spec: string(raw), Envs: envs, Secrets: o.Secrets}
+			if err := confirmLaunch(cmd, c, sp, req, yes); err != nil {
+				return err
+			}
 			var res control.SubmitResponse
-			if _, err := c.do(cmd.Context(), http.MethodPost, "/v1/services", control.SubmitRequest{Name: name, Spec: string(raw), Envs: envs, Secrets: o.Secrets}, &res); err != nil {
+			if _, err := c.do(cmd.Context(), http.MethodPost, "/v1/services", req, &res); err != nil {
 				return serviceErr(name, err)
 			}
 			out := cmd.OutOrStdout()
@@ -280,9 +285,77 @@ func upCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVarP(&name, "name", "n", "", "service name (default: the file's name: key, else its file name)")
 	vars.add(cmd)
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "launch on a paid provider without asking (the price is shown either way)")
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "return once submitted, without waiting for replicas")
 	cmd.Flags().DurationVar(&wait, "wait", 15*time.Minute, "how long to wait for the service to be ready")
 	return cmd
+}
+
+// confirmLaunch shows, for a service on a paid provider (anything but the local machine
+// and the simulated market), where its first replicas would run and at what price, from
+// the providers' live quotes, and asks before launching when stdin is a terminal and -y
+// was not given. A service that runs this file already launches nothing, so it is not
+// asked about.
+func confirmLaunch(cmd *cobra.Command, c *client, sp *spec.Service, req control.SubmitRequest, yes bool) error {
+	paid := slices.ContainsFunc(sp.Arbiter.Providers, func(p string) bool { return p != "local" && p != "sim" })
+	if !paid {
+		return nil
+	}
+	if st, err := c.service(cmd.Context(), req.Name); err == nil && st.Version > 0 {
+		return nil // up again: the control plane says whether it is the same file
+	}
+	out := cmd.OutOrStdout()
+	var pv control.Preview
+	if _, err := c.do(cmd.Context(), http.MethodPost, "/v1/preview", req, &pv); err != nil {
+		return serviceErr(req.Name, err)
+	}
+	printPreview(out, req.Name, sp, &pv)
+	if yes || !term.IsTerminal(int(os.Stdin.Fd())) {
+		return nil
+	}
+	fmt.Fprint(out, "Launch? [Y/n] ")
+	line, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(line)) {
+	case "", "y", "yes":
+		return nil
+	}
+	return fail(exitErr, "not launched")
+}
+
+// printPreview writes what placement would launch first and what it costs.
+func printPreview(out io.Writer, name string, sp *spec.Service, pv *control.Preview) {
+	fmt.Fprintf(out, "Service %s on %s: min %d, max %d replicas.\n", name, strings.Join(sp.Arbiter.Providers, ", "), pv.MinReplicas, pv.MaxReplicas)
+	for _, p := range pv.Problems {
+		fmt.Fprintf(out, "  note: %s\n", p)
+	}
+	if !pv.Market {
+		fmt.Fprintf(out, "  no provider quotes a price; replicas run as arbiter.local describes them ($%.4f/h each)\n", sp.Arbiter.Local.PricePerHour)
+		return
+	}
+	if len(pv.Launches) == 0 {
+		fmt.Fprintf(out, "  nothing can be placed now (%d priced offers): %s\n", pv.Offers, pv.Reason)
+		return
+	}
+	total, dearest := 0.0, 0.0
+	fmt.Fprintf(out, "  first %d replica(s), placed among %d offers:\n", len(pv.Launches), pv.Offers)
+	for _, l := range pv.Launches {
+		what := cmp.Or(l.InstanceType, "capacity")
+		if l.Accelerator != "" {
+			what += fmt.Sprintf(" (%s:%d)", l.Accelerator, max(l.AcceleratorCount, 1))
+		}
+		fmt.Fprintf(out, "    %-9s %s in %s %s/%s at $%.4f/h", l.Capacity, what, l.Provider, l.Region, l.Zone, l.PricePerHour)
+		if l.PriceSource != "" {
+			fmt.Fprintf(out, ", priced by %s", l.PriceSource)
+		}
+		fmt.Fprintln(out)
+		total += l.PricePerHour
+		dearest = max(dearest, l.PricePerHour)
+	}
+	fmt.Fprintf(out, "  $%.2f/h to start", total)
+	if pv.MaxReplicas > len(pv.Launches) {
+		fmt.Fprintf(out, "; about $%.2f/h at max_replicas (%d at up to $%.4f/h)", dearest*float64(pv.MaxReplicas), pv.MaxReplicas, dearest)
+	}
+	fmt.Fprintf(out, "\n  placement: %s\n", pv.Reason)
 }
 
 // waitService prints the service's events until version's replicas are ready (or, for a

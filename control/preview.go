@@ -1,0 +1,100 @@
+package control
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/scaling"
+	"github.com/arbiter-serve/arbiter/spec"
+)
+
+// quoteAll asks each provider for its offers; market says whether any is a market (a
+// provider that failed to quote counts as one: placement must wait for it, not launch as
+// if none were).
+func quoteAll(ctx context.Context, ps []replicas.Provider, service string, sp *spec.Service) (quotes []replicas.Quote, market bool, problems []string) {
+	for _, p := range ps {
+		qs, err := p.Quote(ctx, service, sp)
+		if err != nil {
+			market = true
+			problems = append(problems, err.Error())
+			continue
+		}
+		market = market || len(qs) > 0
+		quotes = append(quotes, qs...)
+	}
+	return quotes, market, problems
+}
+
+// offersOf turns priced quotes into placement's offers, and says which were left out.
+func offersOf(quotes []replicas.Quote, problems []string) ([]scaling.Offer, []string) {
+	offers := make([]scaling.Offer, 0, len(quotes))
+	for _, q := range quotes {
+		if q.Unpriced != "" {
+			problems = append(problems, "left out for want of a price: "+q.Unpriced)
+			continue
+		}
+		offers = append(offers, scaling.Offer{Provider: q.Provider, Region: q.Region, Zone: q.Zone, Capacity: q.Capacity, PricePerHour: q.PricePerHour,
+			InstanceType: q.InstanceType, Accelerator: q.Accelerator, AcceleratorCount: q.AcceleratorCount, PriceSource: q.PriceSource})
+	}
+	return offers, problems
+}
+
+// Preview is what a service would launch first, and at what price, from the providers'
+// live quotes (serve up's confirmation on a paid provider).
+type Preview struct {
+	// Market is false where no provider quotes (the local machine): the replicas take
+	// arbiter.local's labels and price.
+	Market      bool      `json:"market"`
+	MinReplicas int       `json:"min_replicas"`
+	MaxReplicas int       `json:"max_replicas"`
+	Reason      string    `json:"reason,omitempty"`
+	Launches    []Planned `json:"launches,omitempty"`
+	// Offers counts the priced offers placement chose among.
+	Offers   int      `json:"offers"`
+	Problems []string `json:"problems,omitempty"`
+}
+
+// Planned is one replica placement would launch.
+type Planned struct {
+	Provider, Region, Zone, Capacity string
+	InstanceType, Accelerator        string `json:",omitempty"`
+	AcceleratorCount                 int    `json:",omitempty"`
+	PricePerHour                     float64
+	PriceSource                      string `json:",omitempty"`
+	Reason                           string
+}
+
+// Preview quotes a spec as the control plane would place its first replicas (min_replicas,
+// at least one), without launching anything.
+func (c *Controller) Preview(ctx context.Context, name, text string, vars Vars) (*Preview, error) {
+	sp, err := c.parseSpec(name, text, vars)
+	if err != nil {
+		return nil, err
+	}
+	rp := sp.Service.ReplicaPolicy
+	pv := &Preview{MinReplicas: rp.MinReplicas, MaxReplicas: rp.MaxReplicas}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	quotes, market, problems := quoteAll(ctx, c.providersFor(sp), name, sp)
+	pv.Market = market
+	if !market {
+		return pv, nil
+	}
+	offers, problems := offersOf(quotes, problems)
+	pv.Offers, pv.Problems = len(offers), problems
+	pl, err := scaling.NewPlacer(scaling.PlacementFromSpec(sp, c.cfg.ZoneCooldown))
+	if err != nil {
+		return nil, fmt.Errorf("%w: placement: %v", errBadRequest, err)
+	}
+	plan := pl.Plan(c.cfg.Now(), max(rp.MinReplicas, 1), nil, offers)
+	pv.Reason = plan.Reason
+	for _, l := range plan.Launch {
+		o := l.Offer
+		pv.Launches = append(pv.Launches, Planned{Provider: o.Provider, Region: o.Region, Zone: o.Zone, Capacity: string(o.Capacity),
+			InstanceType: o.InstanceType, Accelerator: o.Accelerator, AcceleratorCount: o.AcceleratorCount, PricePerHour: o.PricePerHour,
+			PriceSource: o.PriceSource, Reason: l.Reason})
+	}
+	return pv, nil
+}
