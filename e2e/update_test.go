@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,7 +23,9 @@ func TestBlueGreenUpdateUnderLoad(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
 	const model = "bg-model"
-	c.up("bg", simService(model, "  replicas: 2", "-stop-after 32"))
+	if up := c.up("bg", simService(model, "  replicas: 2", "-stop-after 32")); strings.Contains(up, "\x1b[") {
+		t.Errorf("serve up with no terminal wrote control characters:\n%q", up)
+	}
 	if st := c.status("bg"); st.Ready != 2 {
 		t.Fatalf("after up: %d ready; want 2", st.Ready)
 	}
@@ -74,9 +79,16 @@ func TestBlueGreenUpdateUnderLoad(t *testing.T) {
 	time.Sleep(time.Second)
 	// The new version's replicas get ready 4 s apart (their numbers are 3 and 4).
 	path := c.writeSpec("bg-v2", simService(model, "  replicas: 2", `-stop-after 48 -ready-delay $(( ${ARBITER_REPLICA_ID##*-} % 2 * 4 ))s`))
-	out := c.serve("update", "bg", path, "--mode", "blue_green")
-	if !strings.Contains(out, "blue-green update to version 2") {
-		t.Errorf("serve update --mode blue_green says:\n%s", out)
+	// On a terminal, with a status line kept in place while the replicas start.
+	tty := exec.Command("script", "-qec", shellJoin([]string{filepath.Join(binDir, "serve"), "--home", c.home, "update", "bg", path, "--mode", "blue_green"}), "/dev/null")
+	tty.Env = append(append(os.Environ(), c.env...), "ARBITER_HOME="+c.home)
+	b, err := tty.CombinedOutput()
+	out := string(b)
+	if err != nil || !strings.Contains(out, "blue-green update to version 2") || !strings.Contains(out, "Service bg is ready: 2/2 replicas of version 2.") {
+		t.Errorf("serve update --mode blue_green: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "\r\x1b[K") || !strings.Contains(out, "bg version 2: ") {
+		t.Errorf("serve update on a terminal kept no status line:\n%q", out)
 	}
 	time.Sleep(2 * time.Second)
 	close(stop)

@@ -360,9 +360,11 @@ func printPreview(out io.Writer, name string, sp *spec.Service, pv *control.Prev
 
 // waitService prints the service's events until version's replicas are ready (or, for a
 // service at zero, until it is known to be scaled to zero), and older versions are gone.
-func waitService(ctx context.Context, c *client, name string, version int, wait time.Duration, out interface{ Write([]byte) (int, error) }) error {
+func waitService(ctx context.Context, c *client, name string, version int, wait time.Duration, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
+	p := newProgress(out)
+	defer p.clear()
 	var after int64
 	if ev, err := c.events(ctx, name, "", 0); err == nil && len(ev) > 0 {
 		// Show only what happens from the submission on.
@@ -381,7 +383,7 @@ func waitService(ctx context.Context, c *client, name string, version int, wait 
 				if who == "" {
 					who = e.Service
 				}
-				fmt.Fprintf(out, "  %s  %-14s %s\n", e.At.Format("15:04:05"), who, e.Message)
+				p.printf("  %s  %-14s %s\n", e.At.Format("15:04:05"), who, e.Message)
 				after = e.ID
 			}
 		}
@@ -393,9 +395,13 @@ func waitService(ctx context.Context, c *client, name string, version int, wait 
 			return serviceErr(name, err)
 		}
 		newReady, old := 0, 0
+		states := map[string]int{}
 		for _, r := range st.Replicas {
-			if r.Version == version && r.State == "ready" {
-				newReady++
+			if r.Version == version {
+				states[r.State]++
+				if r.State == "ready" {
+					newReady++
+				}
 			}
 			if r.Version < version {
 				old++
@@ -403,18 +409,67 @@ func waitService(ctx context.Context, c *client, name string, version int, wait 
 		}
 		switch {
 		case st.Target == 0 && st.Live == 0 && old == 0:
-			fmt.Fprintf(out, "Service %s is scaled to zero: the first request starts a replica (and waits for it).\n", name)
+			p.printf("Service %s is scaled to zero: the first request starts a replica (and waits for it).\n", name)
 			return nil
 		case st.Target > 0 && newReady >= st.Target && old == 0:
-			fmt.Fprintf(out, "Service %s is ready: %d/%d replicas of version %d.\n", name, newReady, st.Target, version)
+			p.printf("Service %s is ready: %d/%d replicas of version %d.\n", name, newReady, st.Target, version)
 			return nil
 		}
+		status := fmt.Sprintf("%s version %d: %d/%d ready", name, version, newReady, st.Target)
+		for _, state := range []string{"pending", "provisioning", "starting", "not_ready", "draining"} {
+			if n := states[state]; n > 0 {
+				status += fmt.Sprintf(" · %d %s", n, strings.ReplaceAll(state, "_", " "))
+			}
+		}
+		if old > 0 {
+			status += fmt.Sprintf(" · %d of older versions", old)
+		}
+		p.status(status)
 		select {
 		case <-ctx.Done():
 			return fail(exitErr, "service %s not ready within %s; `serve status %s` shows where it is", name, wait, name)
 		case <-time.After(300 * time.Millisecond):
 		}
 	}
+}
+
+// progress keeps one status line, rewritten in place, under the lines printed above it,
+// when out is a terminal; anywhere else it prints only those lines (a log or a pipe gets
+// no control characters, and the events say what happens).
+type progress struct {
+	out   io.Writer
+	tty   bool
+	shown bool
+	start time.Time
+	frame int
+}
+
+func newProgress(out io.Writer) *progress {
+	f, ok := out.(*os.File)
+	return &progress{out: out, tty: ok && term.IsTerminal(int(f.Fd())), start: time.Now()}
+}
+
+func (p *progress) clear() {
+	if p.shown {
+		fmt.Fprint(p.out, "\r\x1b[K")
+		p.shown = false
+	}
+}
+
+func (p *progress) printf(format string, args ...any) {
+	p.clear()
+	fmt.Fprintf(p.out, format, args...)
+}
+
+func (p *progress) status(s string) {
+	if !p.tty {
+		return
+	}
+	const spin = "|/-\\"
+	p.frame++
+	p.clear()
+	fmt.Fprintf(p.out, "%c %s · %s", spin[p.frame%len(spin)], s, time.Since(p.start).Round(time.Second))
+	p.shown = true
 }
 
 func daemonCmd(g *globals) *cobra.Command {
