@@ -125,6 +125,11 @@ type service struct {
 
 	// Load since the last tick, from router reports.
 	requests, tokens float64
+	// served is every token the routers reported for the service since this process
+	// started (arbiter_control_tokens_total: an ordinary counter, which a restart resets;
+	// starting from the stored total instead would dip after a crash lost the unsaved
+	// tokens, and a dip reads as a reset that counts the whole total again).
+	served float64
 	woken            bool
 
 	// placer chooses capacity kinds and zones when the service's provider is a market;
@@ -414,6 +419,7 @@ func (c *Controller) newService(name string, version int, sp *spec.Service, now 
 	if err != nil {
 		return nil, fmt.Errorf("service %s: autoscaling: %w", name, err)
 	}
+	c.knowService(name)
 	return &service{name: name, version: version, specs: map[int]*spec.Service{version: sp}, decider: d,
 		replicas: map[string]*replica{}, setup: map[int]*sync.Mutex{}}, nil
 }

@@ -69,7 +69,7 @@ var (
 	replicaSecondsDs = prometheus.NewDesc("arbiter_control_replica_seconds_total",
 		"Seconds each replica has been billed: from launch to termination, in every state (a replica loading weights is billed).", billLabels, nil)
 	dollarsDs = prometheus.NewDesc("arbiter_control_dollars_total",
-		"Dollars each replica has cost: its price per hour × its billed time. Divide increase() by arbiter_router_tokens_total's for $ per token.", billLabels, nil)
+		"Dollars each replica has cost: its price per hour × its billed time. For $ per token, divide the service's spend (arbiter_control_spend_dollars_total) by arbiter_control_tokens_total.", billLabels, nil)
 	priceDs = prometheus.NewDesc("arbiter_control_replica_price_dollars_per_hour",
 		"Price per hour of each replica that is billed now (not yet terminated).", billLabels, nil)
 	spendDs = prometheus.NewDesc("arbiter_control_spend_dollars_total",
@@ -77,6 +77,9 @@ var (
 		[]string{"service", "provider", "region", "zone", "capacity"}, nil)
 	replicasDs = prometheus.NewDesc("arbiter_control_replicas",
 		"Replicas by life-cycle state, provider and capacity kind.", []string{"service", "state", "provider", "capacity"}, nil)
+	tokensDs = prometheus.NewDesc("arbiter_control_tokens_total",
+		"Tokens served per service (prompt + completion), as the routers report them; at 0 from the service's creation (or the control plane's start), before any token, so increase() over any range counts every token, a new replica's first answers too. The denominator of $ per million tokens.",
+		[]string{"service"}, nil)
 	targetDs = prometheus.NewDesc("arbiter_control_target_replicas",
 		"The autoscaler's current replica target per service.", []string{"service"}, nil)
 )
@@ -91,6 +94,7 @@ func (b *billCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- spendDs
 	ch <- replicasDs
 	ch <- targetDs
+	ch <- tokensDs
 }
 
 func (b *billCollector) Collect(ch chan<- prometheus.Metric) {
@@ -126,6 +130,7 @@ func (b *billCollector) Collect(ch chan<- prometheus.Metric) {
 			spend[k] += 0 // known, so present from 0
 		}
 		ch <- prometheus.MustNewConstMetric(targetDs, prometheus.GaugeValue, float64(s.target), s.name)
+		ch <- prometheus.MustNewConstMetric(tokensDs, prometheus.CounterValue, s.served, s.name)
 		for _, r := range s.replicas {
 			counts[key{s.name, r.row.State, r.row.Provider, r.row.Capacity}]++
 		}
@@ -152,6 +157,17 @@ func (c *Controller) knowPlace(s *service, pl place) {
 	s.places = append(s.places, pl)
 	if pl.capacity == string(fleet.Spot) {
 		c.metrics.preemptions.WithLabelValues(s.name, pl.provider, pl.region, pl.zone, pl.capacity)
+	}
+	// The first replica's cold start counts too: a histogram that first appears with one
+	// observation shows none to increase().
+	c.metrics.coldStart.WithLabelValues(s.name, pl.provider, pl.capacity)
+}
+
+// knowService makes a service's scale-decision series exist at 0 (every direction and
+// cause scaleCause gives), so that its first decision counts in increase() and rate().
+func (c *Controller) knowService(name string) {
+	for _, dc := range [][2]string{{"up", "wake"}, {"up", "load"}, {"up", "panic"}, {"down", "load"}, {"down", "idle"}, {"down", "panic"}} {
+		c.metrics.decisions.WithLabelValues(name, dc[0], dc[1])
 	}
 }
 

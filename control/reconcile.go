@@ -117,6 +117,7 @@ func (c *Controller) Report(rep fleet.LoadReport) {
 		if s := c.serviceFor(m.Model); s != nil {
 			s.requests += m.Requests
 			s.tokens += m.Tokens
+			s.served += m.Tokens
 		}
 	}
 }

@@ -95,7 +95,10 @@ scrape_configs:
 	for {
 		if resp, err := http.Get(p.base + "/-/ready"); err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == 200 {
+			// Ready is not yet scraping: Prometheus applies its targets a few seconds
+			// later (its scrape manager reloads every 5 s). A counter whose first sample
+			// is already past 0 loses what came before to increase() and rate().
+			if resp.StatusCode == 200 && len(p.query(`up{job="arbiter"}`)) > 0 {
 				return p
 			}
 		}
@@ -111,10 +114,21 @@ type promSample struct {
 	Value  [2]any            `json:"value"`
 }
 
-// query runs an instant query and returns its vector.
+// query runs an instant query now and returns its vector.
 func (p *prom) query(q string) []promSample {
 	p.t.Helper()
-	resp, err := http.Get(p.base + "/api/v1/query?query=" + url.QueryEscape(q))
+	return p.queryAt(q, "")
+}
+
+// queryAt runs an instant query at a time (Unix seconds, as Prometheus writes them; ""
+// for now).
+func (p *prom) queryAt(q, at string) []promSample {
+	p.t.Helper()
+	u := p.base + "/api/v1/query?query=" + url.QueryEscape(q)
+	if at != "" {
+		u += "&time=" + at
+	}
+	resp, err := http.Get(u)
 	if err != nil {
 		p.t.Fatal(err)
 	}
@@ -136,17 +150,31 @@ func (p *prom) query(q string) []promSample {
 // scalar is the single value of a query that must return exactly one sample.
 func (p *prom) scalar(q string) float64 {
 	p.t.Helper()
-	r := p.query(q)
-	if len(r) != 1 {
-		p.t.Fatalf("query %s: %d samples; want 1: %v", q, len(r), r)
+	return p.sum(q, "", 1)
+}
+
+// sum adds the values of a query at a time; want is how many samples it must return
+// (0: any number but none).
+func (p *prom) sum(q, at string, want int) float64 {
+	p.t.Helper()
+	r := p.queryAt(q, at)
+	if want == 0 && len(r) == 0 {
+		p.t.Fatalf("query %s: no samples", q)
 	}
-	var v float64
-	if s, ok := r[0].Value[1].(string); !ok {
-		p.t.Fatalf("query %s: value %v", q, r[0].Value)
-	} else if _, err := fmt.Sscan(s, &v); err != nil {
-		p.t.Fatal(err)
+	total := 0.0
+	for _, s := range r {
+		var v float64
+		if str, ok := s.Value[1].(string); !ok {
+			p.t.Fatalf("query %s: value %v", q, s.Value)
+		} else if _, err := fmt.Sscan(str, &v); err != nil {
+			p.t.Fatal(err)
+		}
+		total += v
 	}
-	return v
+	if want > 0 && len(r) != want {
+		p.t.Fatalf("query %s: %d samples; want %d: %v", q, len(r), want, r)
+	}
+	return total
 }
 
 // tokenCount is what the test's own client saw in responses' usage.
@@ -158,6 +186,7 @@ type tokenCount struct{ prompt, completion atomic.Int64 }
 // million tokens Prometheus computes agrees within 1 % with the client's token count and
 // replica-seconds × price from the state file.
 func TestPrometheusDashboardAndCostAgree(t *testing.T) {
+	testStart := time.Now()
 	c := newCluster(t)
 	keysFile := filepath.Join(c.home, "keys.yaml")
 	const key = "sk-e2e-prometheus-0123456789"
@@ -332,6 +361,60 @@ arbiter:
 	}
 	if math.Abs(promPerM-wantPerM)/wantPerM > 0.01 {
 		t.Errorf("$ per million tokens: Prometheus %.5f, client tokens and state bill %.5f: off by more than 1 %%", promPerM, wantPerM)
+	}
+	// The dashboard's own queries, with $service the test's and a range that holds the whole
+	// test, evaluated at the last scrape (nothing extrapolated past it): each panel that
+	// shows a bill or a count shows the one the state file and the client have.
+	at := fmt.Sprintf("%.3f", p.scalar(`max(timestamp(arbiter_control_spend_dollars_total{service="paid"}))`))
+	readied := 0
+	for _, r := range rows {
+		if !r.ReadyAt.IsZero() {
+			readied++
+		}
+	}
+	events, err := st.Events(context.Background(), "paid", "", 0, 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decisions := 0
+	for _, e := range events {
+		if e.Kind == "scale" {
+			decisions++
+		}
+	}
+	panelVars := strings.NewReplacer("$__rate_interval", "1m", "$__range", fmt.Sprintf("%ds", int(time.Since(testStart).Seconds())+60), "$service", "paid")
+	truth := []struct {
+		title, exprHas string
+		want           float64
+		of             string
+	}{
+		{"$ per million tokens over the time range picked", "", wantPerM, "the state file's bill over the client's tokens"},
+		{"$ spent (range)", "", stateDollars, "the state file's bill"},
+		{"Preemptions", "", 1, "the one preemption drill"},
+		{"Cold starts: launch to ready (p90)", "_count", float64(readied), "the replicas that got ready, from the state file"},
+		{"Scale decisions", "", float64(decisions), "the scale decisions in the event log"},
+	}
+	for _, tr := range truth {
+		found := false
+		for _, panel := range dash.Panels {
+			if panel.Title != tr.title {
+				continue
+			}
+			for _, tg := range panel.Targets {
+				if !strings.Contains(tg.Expr, tr.exprHas) {
+					continue
+				}
+				found = true
+				got := p.sum(panelVars.Replace(tg.Expr), at, 0)
+				t.Logf("panel %q: %.6g; %s: %.6g", tr.title, got, tr.of, tr.want)
+				if math.Abs(got-tr.want) > 0.01*tr.want {
+					t.Errorf("panel %q shows %.6g; %s is %.6g: off by more than 1 %%", tr.title, got, tr.of, tr.want)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no panel %q with a query on %q", tr.title, tr.exprHas)
+		}
 	}
 	// The per-place spend the dashboard and the rules sum carries the same dollars.
 	if promSpend := p.scalar(`sum(arbiter_control_spend_dollars_total{service="paid"})`); math.Abs(promSpend-stateDollars)/stateDollars > 0.01 {

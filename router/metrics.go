@@ -89,6 +89,12 @@ func (m *Metrics) setReplicas(rs []*Replica) {
 	prev := m.replicaInfo.replicas
 	m.replicaInfo.replicas = rs
 	m.replicaInfo.mu.Unlock()
+	// A replica's token and request series exist at 0 from the moment it joins, so that
+	// its first answer counts in increase() and rate() (a series first seen at its first
+	// answer's tokens shows none).
+	for _, r := range rs {
+		m.replica(r)
+	}
 	m.forgetGone(prev, rs, time.Now())
 }
 
