@@ -130,7 +130,7 @@ type service struct {
 	// starting from the stored total instead would dip after a crash lost the unsaved
 	// tokens, and a dip reads as a reset that counts the whole total again).
 	served float64
-	woken            bool
+	woken  bool
 
 	// placer chooses capacity kinds and zones when the service's provider is a market;
 	// placement is its last plan's reason.
