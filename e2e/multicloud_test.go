@@ -27,21 +27,7 @@ func TestSpotAcrossAWSAndRunPod(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
 	ec2 := awsAccount(t, c, "127.0.62", false)
-	pods := runpodfake.New(runpodfake.Config{APIKey: "rpa_e2e_key", Dir: t.TempDir(), PendingFor: 500 * time.Millisecond, Network: "127.0.63",
-		Env: []string{"PATH=" + binDir + string(os.PathListSeparator) + os.Getenv("PATH")},
-		// A minimum bid low enough that spot passes the spec's default max_price_ratio (0.6)
-		// against the cheapest on-demand offer, RunPod's own $0.86.
-		GPUs: []runpodfake.GPU{{ID: "NVIDIA L40S", DisplayName: "L40S", MinimumBidPrice: 0.39, UninterruptablePrice: 0.86, StockStatus: "High"}}})
-	srv := httptest.NewServer(pods)
-	t.Cleanup(func() { srv.Close(); pods.Close() })
-	path := filepath.Join(c.home, "providers.yaml")
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Fprintf(f, "runpod:\n  endpoint: %s\n  poll_seconds: 0.5\n  start_seconds: 60\n", srv.URL)
-	f.Close()
-	c.env = append(c.env, "RUNPOD_API_KEY=rpa_e2e_key")
+	pods := runpodAccount(t, c, "127.0.63")
 
 	const name, model = "multi", "multi-model"
 	defer func() {
@@ -107,18 +93,11 @@ arbiter:
 	}
 
 	// RunPod stops the pod unannounced: a replacement serves again.
-	owner, err := control.ProviderOwner(c.home)
-	if err != nil {
-		t.Fatal(err)
+	mine := livePods(t, pods, c)
+	if len(mine) != 1 {
+		t.Fatalf("RunPod runs %d pods of this control plane; want 1: %v", len(mine), mine)
 	}
-	var pod string
-	for id, env := range pods.Live() {
-		for _, kv := range env {
-			if kv == runpod.EnvOwner+"="+owner {
-				pod = id
-			}
-		}
-	}
+	pod := mine[0]
 	if err := pods.Interrupt(pod); err != nil {
 		t.Fatal(err)
 	}
@@ -139,12 +118,8 @@ arbiter:
 	if left := ownerInstances(t, ec2, c); len(left) != 0 {
 		t.Errorf("serve down left EC2 instances: %v", left)
 	}
-	for id, env := range pods.Live() {
-		for _, kv := range env {
-			if kv == runpod.EnvOwner+"="+owner {
-				t.Errorf("serve down left RunPod pod %s", id)
-			}
-		}
+	if left := livePods(t, pods, c); len(left) != 0 {
+		t.Errorf("serve down left RunPod pods: %v", left)
 	}
 }
 
@@ -156,19 +131,7 @@ func TestLocalBesideTheClouds(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
 	ec2 := awsAccount(t, c, "127.0.64", false)
-	pods := runpodfake.New(runpodfake.Config{APIKey: "rpa_e2e_key", Dir: t.TempDir(), PendingFor: 500 * time.Millisecond, Network: "127.0.65",
-		Env:  []string{"PATH=" + binDir + string(os.PathListSeparator) + os.Getenv("PATH")},
-		GPUs: []runpodfake.GPU{{ID: "NVIDIA L40S", DisplayName: "L40S", MinimumBidPrice: 0.39, UninterruptablePrice: 0.86, StockStatus: "High"}}})
-	srv := httptest.NewServer(pods)
-	t.Cleanup(func() { srv.Close(); pods.Close() })
-	path := filepath.Join(c.home, "providers.yaml")
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Fprintf(f, "runpod:\n  endpoint: %s\n  poll_seconds: 0.5\n  start_seconds: 60\n", srv.URL)
-	f.Close()
-	c.env = append(c.env, "RUNPOD_API_KEY=rpa_e2e_key")
+	pods := runpodAccount(t, c, "127.0.65")
 
 	const name, model = "mixed", "mixed-model"
 	svc := func(min int) string {
@@ -255,4 +218,25 @@ func localReplicaProcesses(t *testing.T, c *cluster) []replicas.Instance {
 		t.Fatal(err)
 	}
 	return in
+}
+
+// runpodAccount starts a fake RunPod account with L40S GPUs, adds it to the providers file
+// awsAccount wrote, and gives the CLI and daemon its API key.
+func runpodAccount(t *testing.T, c *cluster, network string) *runpodfake.Server {
+	t.Helper()
+	pods := runpodfake.New(runpodfake.Config{APIKey: "rpa_e2e_key", Dir: t.TempDir(), PendingFor: 500 * time.Millisecond, Network: network,
+		Env: []string{"PATH=" + binDir + string(os.PathListSeparator) + os.Getenv("PATH")},
+		// A minimum bid low enough that spot passes the spec's default max_price_ratio (0.6)
+		// against the cheapest on-demand offer, RunPod's own $0.86.
+		GPUs: []runpodfake.GPU{{ID: "NVIDIA L40S", DisplayName: "L40S", MinimumBidPrice: 0.39, UninterruptablePrice: 0.86, StockStatus: "High"}}})
+	srv := httptest.NewServer(pods)
+	t.Cleanup(func() { srv.Close(); pods.Close() })
+	f, err := os.OpenFile(filepath.Join(c.home, "providers.yaml"), os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "runpod:\n  endpoint: %s\n  poll_seconds: 0.5\n  start_seconds: 60\n", srv.URL)
+	f.Close()
+	c.env = append(c.env, "RUNPOD_API_KEY=rpa_e2e_key")
+	return pods
 }

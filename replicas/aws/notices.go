@@ -50,7 +50,7 @@ func (p *Provider) pollSpot(ctx context.Context, region string) error {
 	watched := map[string]spotWatch{} // by request id
 	handles := map[string]string{}
 	for h, w := range p.spotReqs {
-		if r, _, err := splitHandle(h); err == nil && r == region && w.requestID != "" && !p.noticed[h] {
+		if r, _, err := splitHandle(h); err == nil && r == region && w.requestID != "" && !p.notices.Sent(h) {
 			watched[w.requestID] = w
 			handles[w.requestID] = h
 		}

@@ -55,7 +55,7 @@ var liveStates = []string{"pending", "running", "stopping", "stopped"}
 type Provider struct {
 	cfg     Config
 	base    aws.Config
-	notices chan replicas.Notice
+	notices *replicas.Notifier
 	catalog func() (*pricing.Catalog, error)
 
 	mu      sync.Mutex
@@ -68,7 +68,6 @@ type Provider struct {
 	launched map[string]time.Time
 	// spotReqs: this owner's spot instances, by handle, to watch for interruption notices.
 	spotReqs map[string]spotWatch
-	noticed  map[string]bool
 }
 
 type spotWatch struct {
@@ -102,9 +101,9 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 		}
 		cfg.Regions = []string{base.Region}
 	}
-	p := &Provider{cfg: cfg, base: base, notices: make(chan replicas.Notice, 64),
+	p := &Provider{cfg: cfg, base: base, notices: replicas.NewNotifier(64),
 		clients: map[string]*ec2.Client{}, images: map[string]ami{}, zones: map[string]zoneMap{}, spot: map[string]spotPrices{},
-		launched: map[string]time.Time{}, spotReqs: map[string]spotWatch{}, noticed: map[string]bool{}}
+		launched: map[string]time.Time{}, spotReqs: map[string]spotWatch{}}
 	p.catalog = sync.OnceValues(cfg.Catalog)
 	for region := range cfg.InterruptionQueues {
 		if !p.servesRegion(region) {
@@ -127,7 +126,7 @@ func (p *Provider) Setup(context.Context, string, int, string, string, map[strin
 }
 
 // Notices implements replicas.Provider.
-func (p *Provider) Notices() <-chan replicas.Notice { return p.notices }
+func (p *Provider) Notices() <-chan replicas.Notice { return p.notices.C() }
 
 func (p *Provider) client(region string) (*ec2.Client, error) {
 	if !p.servesRegion(region) {
@@ -518,8 +517,8 @@ func (p *Provider) forget(handle string) {
 	p.mu.Lock()
 	delete(p.launched, handle)
 	delete(p.spotReqs, handle)
-	delete(p.noticed, handle)
 	p.mu.Unlock()
+	p.notices.Forget(handle)
 }
 
 // terminateQuietly terminates an instance a launch gave up on, on its own deadline (the

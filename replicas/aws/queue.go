@@ -126,24 +126,12 @@ func (p *Provider) queuedEvent(region string, m types.Message) bool {
 }
 
 // notify sends one notice per instance, whichever source saw it first, and says whether
-// it was delivered or already had been. A notice nobody reads now is unmarked, so that
-// its source says it again.
+// the instance has had it (false: nobody read it now, and its source says it again).
 func (p *Provider) notify(n replicas.Notice) bool {
-	p.mu.Lock()
-	if p.noticed[n.Handle] {
-		p.mu.Unlock()
-		return true
-	}
-	p.noticed[n.Handle] = true
-	p.mu.Unlock()
-	select {
-	case p.notices <- n:
+	first := !p.notices.Sent(n.Handle)
+	ok := p.notices.Send(n)
+	if first && ok {
 		p.cfg.Log.Info("aws spot interruption notice", "replica", n.ReplicaID, "instance", n.Handle, "reason", n.Reason, "deadline", n.Deadline)
-		return true
-	default:
-		p.mu.Lock()
-		delete(p.noticed, n.Handle)
-		p.mu.Unlock()
-		return false
 	}
+	return ok
 }

@@ -79,14 +79,14 @@ type pod struct {
 type Provider struct {
 	cfg     Config
 	api     *client
-	notices chan replicas.Notice
+	notices *replicas.Notifier
 
 	mu sync.Mutex
 	// prices by GPU count, with when they were asked.
 	prices map[int]priceList
 	// ending: pods this provider is terminating (their stop is not an interruption);
-	// noticed: pods already reported interrupted.
-	ending, noticed map[string]bool
+	// ending: pods this provider is terminating (not interrupted).
+	ending map[string]bool
 }
 
 type priceList struct {
@@ -117,8 +117,8 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	p := &Provider{cfg: cfg, notices: make(chan replicas.Notice, 64), prices: map[int]priceList{},
-		ending: map[string]bool{}, noticed: map[string]bool{}}
+	p := &Provider{cfg: cfg, notices: replicas.NewNotifier(64), prices: map[int]priceList{},
+		ending: map[string]bool{}}
 	p.api = &client{endpoint: cfg.Endpoint, key: cfg.APIKey, http: &http.Client{Timeout: time.Minute}, log: cfg.Log.Warn}
 	go p.watch(ctx)
 	return p, nil
@@ -133,7 +133,7 @@ func (p *Provider) Setup(context.Context, string, int, string, string, map[strin
 }
 
 // Notices implements replicas.Provider.
-func (p *Provider) Notices() <-chan replicas.Notice { return p.notices }
+func (p *Provider) Notices() <-chan replicas.Notice { return p.notices.C() }
 
 func (p *Provider) pod(ctx context.Context, id string) (*pod, error) {
 	var out struct {
@@ -328,8 +328,8 @@ func (p *Provider) Terminate(ctx context.Context, handle string) error {
 		if err == nil && (pd == nil || pd.DesiredStatus == "TERMINATED") {
 			p.mu.Lock()
 			delete(p.ending, handle)
-			delete(p.noticed, handle)
 			p.mu.Unlock()
+			p.notices.Forget(handle)
 			return nil
 		}
 		select {
@@ -373,23 +373,14 @@ func (p *Provider) watch(ctx context.Context) {
 				continue
 			}
 			p.mu.Lock()
-			skip := p.ending[pd.ID] || p.noticed[pd.ID]
-			if !skip {
-				p.noticed[pd.ID] = true
-			}
+			ending := p.ending[pd.ID]
 			p.mu.Unlock()
-			if skip {
+			if ending || p.notices.Sent(pd.ID) {
 				continue
 			}
-			n := replicas.Notice{ReplicaID: env[EnvReplica], Handle: pd.ID, Deadline: p.cfg.Now(),
-				Reason: interrupted}
-			p.cfg.Log.Info("runpod interruption", "replica", n.ReplicaID, "pod", pd.ID)
-			select {
-			case p.notices <- n:
-			default:
-				p.mu.Lock()
-				delete(p.noticed, pd.ID) // said again at the next poll
-				p.mu.Unlock()
+			n := replicas.Notice{ReplicaID: env[EnvReplica], Handle: pd.ID, Deadline: p.cfg.Now(), Reason: interrupted}
+			if p.notices.Send(n) { // else said again at the next poll
+				p.cfg.Log.Info("runpod interruption", "replica", n.ReplicaID, "pod", pd.ID)
 			}
 		}
 	}
