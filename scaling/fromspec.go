@@ -52,6 +52,7 @@ func PlacementFromSpec(sp *spec.Service, cooldown time.Duration) PlacementPolicy
 		Overprovision:      rp.NumOverprovision,
 		ZoneCooldown:       cooldown,
 		RefusalBackoff:     DefaultRefusalBackoff,
+		MaxReplicas:        rp.MaxReplicas,
 	}
 	for _, r := range sp.Arbiter.Reserved {
 		p.Reserved = append(p.Reserved, Slot{Provider: r.Provider, Region: r.Region, Zone: r.Zone, Count: r.Count, PricePerHour: r.PricePerHour})

@@ -48,6 +48,9 @@ type Placed struct {
 	Provider, Region, Zone string
 	PricePerHour           float64
 	Ready                  bool
+	// Leaving: draining, or reclaimed after a notice; it runs (and counts against
+	// MaxReplicas) but is neither wanted nor drained again.
+	Leaving bool
 }
 
 func (p Placed) place() string { return p.Provider + "/" + p.Region + "/" + p.Zone }
@@ -80,6 +83,11 @@ type PlacementPolicy struct {
 	// run out of zones: an empty market is not asked again at every decision. 0: a refusal
 	// only cools the zone.
 	RefusalBackoff time.Duration
+	// MaxReplicas bounds the replicas alive at once (max_replicas): those leaving, the
+	// on-demand stand-ins and a rebalance's replacement included. A plan that would pass it
+	// launches what fits, the wanted kinds first (reserved, spot, then on-demand), and says
+	// so in its reason. 0: no bound.
+	MaxReplicas int
 }
 
 // DefaultRefusalBackoff is the control plane's RefusalBackoff.
@@ -94,8 +102,8 @@ func (p PlacementPolicy) Validate() error {
 	if !(p.RebalanceMinSaving >= 0 && p.RebalanceMinSaving < 1) {
 		errs = append(errs, fmt.Errorf("rebalance minimum saving %v: want a fraction in [0, 1), e.g. 0.2 (0: never move)", p.RebalanceMinSaving))
 	}
-	if p.BaseOnDemand < 0 || p.Overprovision < 0 || p.ZoneCooldown < 0 || p.RefusalBackoff < 0 {
-		errs = append(errs, errors.New("base on-demand replicas, overprovision, zone cooldown and refusal backoff must be ≥ 0"))
+	if p.BaseOnDemand < 0 || p.Overprovision < 0 || p.ZoneCooldown < 0 || p.RefusalBackoff < 0 || p.MaxReplicas < 0 {
+		errs = append(errs, errors.New("base on-demand replicas, overprovision, zone cooldown, refusal backoff and max replicas must be ≥ 0"))
 	}
 	for i, s := range p.Reserved {
 		if s.Count < 0 || s.PricePerHour < 0 {
@@ -237,6 +245,8 @@ func cheapest(offers []Offer, capacity fleet.Capacity, ok func(Offer) bool) (Off
 func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Offer) Plan {
 	p := pl.policy
 	offers = pl.offered(now, offers)
+	alive := len(existing)
+	existing = slices.DeleteFunc(slices.Clone(existing), func(r Placed) bool { return r.Leaving })
 	have := map[fleet.Capacity][]Placed{}
 	readySpot, ready := 0, 0
 	for _, r := range existing {
@@ -346,6 +356,17 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	if n := want[fleet.OnDemand] - len(have[fleet.OnDemand]); n > 0 && !haveOD {
 		plan.Reason += fmt.Sprintf("; %d on-demand replicas wanted but no on-demand offer", n)
 	}
+	heldSpot := 0
+	if room := max(0, p.MaxReplicas-alive); p.MaxReplicas > 0 && len(plan.Launch) > room {
+		plan.Reason += fmt.Sprintf("; max_replicas %d binding: %d alive (%d leaving), %d of %d launches held",
+			p.MaxReplicas, alive, alive-len(existing), len(plan.Launch)-room, len(plan.Launch))
+		for _, l := range plan.Launch[room:] {
+			if l.Offer.Capacity == fleet.Spot {
+				heldSpot++
+			}
+		}
+		plan.Launch = plan.Launch[:room]
+	}
 	pl.followMove(now, &plan, have[fleet.Spot])
 	// On-demand replicas already there that cover spot replicas not ready yet stay until
 	// those are (whether or not they are stand-ins by policy): the shortfall bought while
@@ -411,7 +432,25 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	if kept > 0 {
 		plan.Reason += fmt.Sprintf("; %d ready replicas of the old mix serve until their replacements are ready", kept)
 	}
-	if useSpot && len(plan.Launch) == 0 && len(plan.Drain) == 0 && readySpot == want[fleet.Spot] && len(have[fleet.Spot]) == want[fleet.Spot] {
+	if heldSpot > 0 && alive == len(existing) && len(plan.Drain) == 0 && len(have[fleet.OnDemand]) > base {
+		// At the bound, on-demand stand-ins would hold the room of the spot replicas they
+		// stand in for forever: one at a time, one makes room (the service is one replica
+		// short for a cold start, which is what max_replicas asks for).
+		order := slices.Clone(have[fleet.OnDemand])
+		slices.Reverse(order) // newest first
+		slices.SortStableFunc(order, func(a, b Placed) int {
+			if a.Ready != b.Ready {
+				if !a.Ready {
+					return -1
+				}
+				return 1
+			}
+			return 0
+		})
+		plan.Drain = append(plan.Drain, Drain{ID: order[0].ID, Reason: fmt.Sprintf("max_replicas %d binding: an on-demand stand-in makes room for a spot replica (%s)", p.MaxReplicas, why)})
+	}
+	if useSpot && len(plan.Launch) == 0 && len(plan.Drain) == 0 && readySpot == want[fleet.Spot] && len(have[fleet.Spot]) == want[fleet.Spot] &&
+		(p.MaxReplicas == 0 || alive < p.MaxReplicas) {
 		pl.startMove(now, &plan, have[fleet.Spot], offers, active, spotIn)
 	}
 	return plan

@@ -351,3 +351,39 @@ func TestSpotMoveEdges(t *testing.T) {
 	third := spotAt("c", "us-east-1c", true)
 	eq(t, "third spot ready", drained(pl.Plan(p0.Add(10*time.Minute), 3, append(spot, od, third), offers())), "od")
 }
+
+// max_replicas bounds everything alive: stand-ins and replacements wait for room, the
+// reason says the bound binds, a replica leaving still counts, and at the bound an
+// on-demand stand-in makes room for the spot replica it stands in for, one at a time.
+func TestMaxReplicasBoundsTheWholeFleet(t *testing.T) {
+	pl := policy(func(p *PlacementPolicy) { p.DynamicFallback = true; p.MaxReplicas = 3 })
+	plan := pl.Plan(p0, 3, nil, offers())
+	eq(t, "from nothing", zones(plan.Launch), "spot@us-east-1b", "spot@us-east-1a", "spot@us-east-1c")
+	if !strings.Contains(plan.Reason, "max_replicas 3 binding: 0 alive (0 leaving), 3 of 6 launches held") {
+		t.Fatalf("reason %q does not say the bound binds", plan.Reason)
+	}
+	// A spot replica reclaimed after a notice: its replacement waits until it is gone.
+	s := func(id, zone string, ready, leaving bool) Placed {
+		return Placed{ID: id, Capacity: fleet.Spot, Provider: "aws", Region: "us-east-1", Zone: zone, Ready: ready, Leaving: leaving}
+	}
+	existing := []Placed{s("s1", "us-east-1b", true, false), s("s2", "us-east-1a", true, false), s("s3", "us-east-1c", true, true)}
+	if plan := pl.Plan(p0, 3, existing, offers()); len(plan.Launch) != 0 {
+		t.Fatalf("launched %v beside a leaving replica at the bound", zones(plan.Launch))
+	}
+	// Spot refused for a while: two on-demand stand-ins fill the room; when spot is back,
+	// one stand-in at a time makes room.
+	od := func(id string) Placed {
+		return Placed{ID: id, Capacity: fleet.OnDemand, Provider: "aws", Region: "us-east-1", Zone: "us-east-1a", Ready: true}
+	}
+	existing = []Placed{s("s1", "us-east-1b", true, false), od("od1"), od("od2")}
+	plan = pl.Plan(p0, 3, existing, offers())
+	if len(plan.Launch) != 0 || len(plan.Drain) != 1 || plan.Drain[0].ID != "od2" || !strings.Contains(plan.Drain[0].Reason, "makes room for a spot replica") {
+		t.Fatalf("at the bound with stand-ins: launches %v, drains %+v", zones(plan.Launch), plan.Drain)
+	}
+	existing[2].Leaving = true // od2 drains
+	if plan := pl.Plan(p0, 3, existing, offers()); len(plan.Drain) != 0 || len(plan.Launch) != 0 {
+		t.Fatalf("a second swap while the first is under way: %+v", plan)
+	}
+	existing = existing[:2] // od2 gone: room for one spot replica
+	eq(t, "after the swap", zones(pl.Plan(p0, 3, existing, offers()).Launch), "spot@us-east-1a")
+}

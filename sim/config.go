@@ -142,6 +142,9 @@ func wire(sys System, in *Inputs) (wiring, error) {
 		// A refused launch only cools its zone: SkyServe has no refusal backoff (sky launch
 		// fails over across zones within one launch).
 		w.placement.RefusalBackoff = 0
+		// As shipped, SkyServe's dynamic fallback adds on-demand replicas beyond
+		// max_replicas, and a preempted replica's replacement launches beside it.
+		w.placement.MaxReplicas = 0
 		w.slo = slo
 		w.useNotices = false
 		w.holdAtZero = false

@@ -501,14 +501,12 @@ func (s *simulation) decide() {
 	ready := 0
 	var placed []scaling.Placed
 	for _, r := range s.live {
-		if r.draining || r.known {
-			continue
-		}
-		if r.ready {
+		leaving := r.draining || r.known
+		if r.ready && !leaving {
 			ready++
 		}
 		placed = append(placed, scaling.Placed{ID: r.id, Capacity: r.offer.Capacity, Provider: r.offer.Provider,
-			Region: r.offer.Region, Zone: r.offer.Zone, PricePerHour: r.offer.PricePerHour, Ready: r.ready})
+			Region: r.offer.Region, Zone: r.offer.Zone, PricePerHour: r.offer.PricePerHour, Ready: r.ready, Leaving: leaving})
 	}
 	d := s.dec.Decide(s.clock(), ready, s.target)
 	if s.in.Trace != nil && d.Target != s.target {

@@ -243,3 +243,21 @@ func TestRouterPredictsTheEngine(t *testing.T) {
 		}
 	}
 }
+
+// Issue 20: the fleet never exceeds max_replicas over a day, with demand above it, a
+// volatile spot trace (replacements after notices) and dynamic on-demand fallback
+// (stand-ins for spot replicas not ready): every replica alive counts, those leaving too.
+func TestFleetNeverExceedsMaxReplicas(t *testing.T) {
+	in := inputs(t, "azure-conversation", volatile, 24*time.Hour)
+	sp := *in.Spec
+	sp.Service.ReplicaPolicy.MinReplicas, sp.Service.ReplicaPolicy.MaxReplicas = 2, 4
+	sp.Arbiter.Autoscaling.TargetConcurrencyPerReplica = 4 // demand asks for more than 4
+	in.Spec = &sp
+	r := run(t, Arbiter, in)
+	if r.PeakReplicas > 4 {
+		t.Errorf("%d replicas alive at once with max_replicas 4", r.PeakReplicas)
+	}
+	if r.Preemptions == 0 || r.ReplicaHours["on_demand/gcp"] == 0 {
+		t.Fatalf("the day exercised no preemption (%d) or no on-demand cover (%v): the bound was not tested", r.Preemptions, r.ReplicaHours)
+	}
+}
