@@ -63,9 +63,9 @@ func run(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "| requests | spot trace | system | $ | $/M tokens | SLO attainment | TTFT p%g | TPOT p%g | availability | preemptions | spot h | on-demand h | zero waits (max) | wall |\n",
-		sp.Arbiter.SLO.Percentile*100, sp.Arbiter.SLO.Percentile*100)
-	fmt.Fprintln(out, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintf(out, "| requests | spot trace | system | $ | $/M tokens | SLO attainment | TTFT p%g | TPOT p%g | availability | preemptions | spot h | on-demand h | launches | peak replicas (max %d) | zero waits (max) | wall |\n",
+		sp.Arbiter.SLO.Percentile*100, sp.Arbiter.SLO.Percentile*100, sp.Service.ReplicaPolicy.MaxReplicas)
+	fmt.Fprintln(out, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, rn := range strings.Split(*reqNames, ",") {
 		rt, err := traces.NamedRequests(rn)
 		if err != nil {
@@ -97,10 +97,10 @@ func run(args []string, out io.Writer) error {
 			in := base
 			in.Spot = st
 			row := func(label string, r *sim.Result) {
-				fmt.Fprintf(out, "| %s | %s | %s | %.2f | %.3f | %.2f%% | %.2fs | %.1fms | %.2f%% | %d | %.1f | %.1f | %d (%.0fs) | %.1fs |\n",
+				fmt.Fprintf(out, "| %s | %s | %s | %.2f | %.3f | %.2f%% | %.2fs | %.1fms | %.2f%% | %d | %.1f | %.1f | %d | %d | %d (%.0fs) | %.1fs |\n",
 					rn, sn, label, r.Dollars, r.DollarsPerMillionTokens(), 100*r.SLOAttainment(), r.TTFT, 1000*r.TPOT,
 					100*r.Availability(), r.Preemptions, capacityHours(r, "spot"), capacityHours(r, "on_demand"),
-					r.ZeroWaits, r.MaxZeroWait.Seconds(), r.Wall.Seconds())
+					r.Launches, r.PeakReplicas, r.ZeroWaits, r.MaxZeroWait.Seconds(), r.Wall.Seconds())
 				slog.Info("run", "requests", rn, "spot", sn, "system", label, "failed", r.Failed, "launches", r.Launches,
 					"launch_refused", r.LaunchFailures, "peak_replicas", r.PeakReplicas, "events", r.Events)
 			}

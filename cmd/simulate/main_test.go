@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -16,8 +17,12 @@ func TestPrintsOneRowPerSystem(t *testing.T) {
 	for _, line := range strings.Split(out.String(), "\n") {
 		if strings.HasPrefix(line, "| azure-conversation | skypilot-preemption-aws-04-22-2023-v100_1 | ") {
 			rows++
-			if cells := strings.Split(line, "|"); len(cells) != 16 {
+			cells := strings.Split(line, "|")
+			if len(cells) != 18 {
 				t.Fatalf("%d cells in %q", len(cells), line)
+			}
+			if peak, err := strconv.Atoi(strings.TrimSpace(cells[14])); err != nil || (strings.Contains(cells[3], "arbiter") && peak > 16) {
+				t.Errorf("peak replicas %q (max_replicas 16) in %q", cells[14], line)
 			}
 		}
 	}
