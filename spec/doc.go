@@ -19,6 +19,10 @@
 //   - replica_policy: min_replicas is required; max_replicas defaults to it, must be ≥ it,
 //     and must equal it unless target_qps_per_replica is set. Arbiter relaxes the last rule
 //     when arbiter.autoscaling.signal is set to concurrency or tokens_per_second.
+//     Unlike SkyServe, Arbiter holds every replica alive to max_replicas: on-demand
+//     stand-ins (dynamic_ondemand_fallback), num_overprovision, a preempted replica's
+//     replacement and replicas still draining all count; what does not fit waits, and the
+//     placement's reason says the bound binds (an update's old version is the exception).
 //   - target_qps_per_replica as a map (per accelerator) requires load_balancing_policy
 //     instance_aware_least_load, and that policy requires the map.
 //   - base_ondemand_fallback_replicas, dynamic_ondemand_fallback and spot_placer require
