@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -159,6 +160,18 @@ func TestAWSSpotLifecycle(t *testing.T) {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the event log does not mention %q:\n%s", want, logs)
 		}
+	}
+	// Spot refused in one zone sends placement to the next, and only then on-demand.
+	refused := map[string]bool{}
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, "launch failed") && strings.Contains(line, "no capacity") {
+			for _, z := range regexp.MustCompile(`use1-az\d`).FindAllString(line, -1) {
+				refused[z] = true
+			}
+		}
+	}
+	if len(refused) < 2 {
+		t.Errorf("spot refused in %d zones before on-demand; want the next zone tried first:\n%s", len(refused), logs)
 	}
 	if got := ownerInstances(t, fake, c); len(got) != 2 {
 		t.Errorf("%d live instances after the replacement, want 2: %v", len(got), got)

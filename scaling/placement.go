@@ -361,7 +361,9 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		plan.Reason += fmt.Sprintf("; max_replicas %d binding: %d alive (%d leaving), %d of %d launches held",
 			p.MaxReplicas, alive, alive-len(existing), len(plan.Launch)-room, len(plan.Launch))
 		for _, l := range plan.Launch[room:] {
-			if l.Offer.Capacity == fleet.Spot {
+			// Only a quiet zone is worth a swap: one that preempted or refused lately would
+			// likely send the stand-in's room back to on-demand within the hour.
+			if at, took := pl.preempted[l.Offer.place()]; l.Offer.Capacity == fleet.Spot && (!took || now.Sub(at) >= moveQuiet) {
 				heldSpot++
 			}
 		}
