@@ -17,13 +17,15 @@ import (
 // refused and avoided, on-demand stand-ins while spot replicas start (SpotHedge's dynamic
 // fallback) and drained once they are ready; then the trace's capacity drop in a zone
 // becomes a preemption notice, the replica there drains and is replaced in another zone,
-// and a load loop running through it all sees no failed request.
+// and a load loop running through it all sees no failed request. The target stays at 3
+// (min_replicas; the load asks for fewer), and max_replicas 6 leaves the stand-ins room:
+// every replica alive counts against it.
 func TestPlacementInASimulatedSpotMarket(t *testing.T) {
 	c := newCluster(t)
 	const name, model = "spot", "spot-model"
 	c.up(name, `service:
   readiness_probe: {path: /health, initial_delay_seconds: 30, timeout_seconds: 2}
-  replica_policy: {min_replicas: 3, max_replicas: 3, dynamic_ondemand_fallback: true}
+  replica_policy: {min_replicas: 3, max_replicas: 6, dynamic_ondemand_fallback: true}
 resources:
   accelerators: H100:1
   use_spot: true
@@ -32,6 +34,7 @@ arbiter:
   model: `+model+`
   providers: [sim]
   sim: {spot_trace: skypilot-preemption-aws-04-22-2023-v100_1, speedup: 120, start_hours: 3, notice_seconds: 3}
+  autoscaling: {signal: concurrency, target_concurrency_per_replica: 64}
   readiness: {probe_interval_seconds: 0.3, failure_threshold: 2}
 `)
 	spotReady := func() (zones []string, ok bool) {

@@ -361,9 +361,9 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		plan.Reason += fmt.Sprintf("; max_replicas %d binding: %d alive (%d leaving), %d of %d launches held",
 			p.MaxReplicas, alive, alive-len(existing), len(plan.Launch)-room, len(plan.Launch))
 		for _, l := range plan.Launch[room:] {
-			// Only a quiet zone is worth a swap: one that preempted or refused lately would
-			// likely send the stand-in's room back to on-demand within the hour.
-			if at, took := pl.preempted[l.Offer.place()]; l.Offer.Capacity == fleet.Spot && (!took || now.Sub(at) >= moveQuiet) {
+			// Only a zone that has cooled down since its last preemption or refusal is worth a
+			// swap: one still cooling would likely send the room back to on-demand soon.
+			if at, took := pl.preempted[l.Offer.place()]; l.Offer.Capacity == fleet.Spot && (!took || now.Sub(at) >= p.ZoneCooldown) {
 				heldSpot++
 			}
 		}

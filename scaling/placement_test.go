@@ -386,15 +386,15 @@ func TestMaxReplicasBoundsTheWholeFleet(t *testing.T) {
 	}
 	existing = existing[:2] // od2 gone: room for one spot replica
 	eq(t, "after the swap", zones(pl.Plan(p0, 3, existing, offers()).Launch), "spot@us-east-1a")
-	// No swap for a zone that preempted within the hour: the room would likely go back to
-	// on-demand soon, a launch and a cold start for nothing.
+	// No swap toward a zone still cooling after a preemption (10 minutes here): the room
+	// would likely go back to on-demand soon, a launch and a cold start for nothing.
 	pl.Preempted("aws", "us-east-1", "us-east-1a", p0)
 	pl.Preempted("aws", "us-east-1", "us-east-1c", p0)
 	existing = []Placed{s("s1", "us-east-1b", true, false), od("od1"), od("od2")}
-	if plan := pl.Plan(p0.Add(20*time.Minute), 3, existing, offers()); len(plan.Drain) != 0 {
-		t.Fatalf("a stand-in swapped out for a zone that preempted 20 minutes ago: %+v", plan.Drain)
+	if plan := pl.Plan(p0.Add(5*time.Minute), 3, existing, offers()); len(plan.Drain) != 0 {
+		t.Fatalf("a stand-in swapped out for a zone that preempted 5 minutes ago: %+v", plan.Drain)
 	}
-	if plan := pl.Plan(p0.Add(61*time.Minute), 3, existing, offers()); len(plan.Drain) != 1 {
-		t.Fatalf("no swap an hour after the preemption: %+v", plan)
+	if plan := pl.Plan(p0.Add(11*time.Minute), 3, existing, offers()); len(plan.Drain) != 1 {
+		t.Fatalf("no swap once the zone has cooled: %+v", plan)
 	}
 }
