@@ -371,12 +371,11 @@ func (c *Controller) wake(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
 }
 
-// preempt injects a preemption notice (?notice=30s, default 30 s as GCP gives).
 // takeDown drains and terminates one replica: ?service=NAME lets the id be the replica's
 // number in that service, ?purge=1 writes it off if its termination fails.
 func (c *Controller) takeDown(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	id, err := c.TakeDown(r.Context(), q.Get("service"), r.PathValue("id"), q.Get("purge") == "1")
+	id, err := c.TakeDown(q.Get("service"), r.PathValue("id"), q.Get("purge") == "1")
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -384,6 +383,7 @@ func (c *Controller) takeDown(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, map[string]string{"status": "draining", "replica": id})
 }
 
+// preempt injects a preemption notice (?notice=30s, default 30 s as GCP gives).
 func (c *Controller) preempt(w http.ResponseWriter, r *http.Request) {
 	warn := 30 * time.Second
 	if v := r.URL.Query().Get("notice"); v != "" {

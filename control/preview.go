@@ -46,24 +46,15 @@ func offersOf(quotes []replicas.Quote, problems []string) ([]scaling.Offer, []st
 type Preview struct {
 	// Market is false where no provider quotes (the local machine): the replicas take
 	// arbiter.local's labels and price.
-	Market      bool      `json:"market"`
-	MinReplicas int       `json:"min_replicas"`
-	MaxReplicas int       `json:"max_replicas"`
-	Reason      string    `json:"reason,omitempty"`
-	Launches    []Planned `json:"launches,omitempty"`
+	Market      bool   `json:"market"`
+	MinReplicas int    `json:"min_replicas"`
+	MaxReplicas int    `json:"max_replicas"`
+	Reason      string `json:"reason,omitempty"`
+	// Launches are the placer's own plan, each offer with its rule.
+	Launches []scaling.Launch `json:"launches,omitempty"`
 	// Offers counts the priced offers placement chose among.
 	Offers   int      `json:"offers"`
 	Problems []string `json:"problems,omitempty"`
-}
-
-// Planned is one replica placement would launch.
-type Planned struct {
-	Provider, Region, Zone, Capacity string
-	InstanceType, Accelerator        string `json:",omitempty"`
-	AcceleratorCount                 int    `json:",omitempty"`
-	PricePerHour                     float64
-	PriceSource                      string `json:",omitempty"`
-	Reason                           string
 }
 
 // Preview quotes a spec as the control plane would place its first replicas (min_replicas,
@@ -89,12 +80,6 @@ func (c *Controller) Preview(ctx context.Context, name, text string, vars Vars) 
 		return nil, fmt.Errorf("%w: placement: %v", errBadRequest, err)
 	}
 	plan := pl.Plan(c.cfg.Now(), max(rp.MinReplicas, 1), nil, offers)
-	pv.Reason = plan.Reason
-	for _, l := range plan.Launch {
-		o := l.Offer
-		pv.Launches = append(pv.Launches, Planned{Provider: o.Provider, Region: o.Region, Zone: o.Zone, Capacity: string(o.Capacity),
-			InstanceType: o.InstanceType, Accelerator: o.Accelerator, AcceleratorCount: o.AcceleratorCount, PricePerHour: o.PricePerHour,
-			PriceSource: o.PriceSource, Reason: l.Reason})
-	}
+	pv.Reason, pv.Launches = plan.Reason, plan.Launch
 	return pv, nil
 }

@@ -369,17 +369,20 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 		}
 		s.placer = pl
 	}
+	placed := func(r *replica) scaling.Placed {
+		st := replicas.State(r.row.State)
+		return scaling.Placed{ID: r.row.ID, Capacity: fleet.Capacity(r.row.Capacity), Provider: r.row.Provider, Region: r.row.Region,
+			Zone: r.row.Zone, PricePerHour: r.row.PricePerHour, Ready: st == replicas.Ready, Leaving: st == replicas.Draining}
+	}
 	existing := make([]scaling.Placed, 0, len(cur))
 	for _, r := range cur {
-		existing = append(existing, scaling.Placed{ID: r.row.ID, Capacity: fleet.Capacity(r.row.Capacity), Provider: r.row.Provider,
-			Region: r.row.Region, Zone: r.row.Zone, PricePerHour: r.row.PricePerHour, Ready: replicas.State(r.row.State) == replicas.Ready})
+		existing = append(existing, placed(r))
 	}
 	// Draining replicas of this version still run: they count against max_replicas.
 	// (An update's old version does not: a rolling or blue-green update needs room beside it.)
 	for _, r := range sortedReplicas(s.replicas) {
 		if r.row.Version == s.version && replicas.State(r.row.State) == replicas.Draining {
-			existing = append(existing, scaling.Placed{ID: r.row.ID, Capacity: fleet.Capacity(r.row.Capacity), Provider: r.row.Provider,
-				Region: r.row.Region, Zone: r.row.Zone, PricePerHour: r.row.PricePerHour, Leaving: true})
+			existing = append(existing, placed(r))
 		}
 	}
 	plan := s.placer.Plan(now, s.target, existing, offers)

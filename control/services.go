@@ -354,7 +354,7 @@ func (c *Controller) Delete(ctx context.Context, name string, purge bool) error 
 // TakeDown drains one replica and terminates it (serve down --replica-id); the service
 // replaces it if its target still wants one. With purge, a failed termination writes it
 // off. id is a replica id, or a service's replica number (llama-3 or, with service, 3).
-func (c *Controller) TakeDown(ctx context.Context, service, id string, purge bool) (string, error) {
+func (c *Controller) TakeDown(service, id string, purge bool) (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if service != "" {
@@ -370,10 +370,8 @@ func (c *Controller) TakeDown(ctx context.Context, service, id string, purge boo
 		if r == nil || (service != "" && s.name != service) {
 			continue
 		}
+		// The next tick (now) drains it, or, if it is launching, the first one after.
 		r.down, r.purge = true, r.purge || purge
-		if !r.busy && live(replicas.State(r.row.State)) {
-			c.drainOne(ctx, s, r, "taken down by serve down --replica-id")
-		}
 		c.kickNow()
 		return id, nil
 	}

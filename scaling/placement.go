@@ -391,28 +391,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		if extra <= 0 {
 			continue
 		}
-		order := slices.Clone(have[kind])
-		slices.Reverse(order) // newest first
-		slices.SortStableFunc(order, func(a, b Placed) int {
-			if m := pl.moving; m != nil && kind == fleet.Spot && (a.ID == m.from.ID) != (b.ID == m.from.ID) {
-				// A move under way: the replica it replaces goes first, and only once the
-				// ready budget says its replacement serves.
-				if a.ID == m.from.ID {
-					return -1
-				}
-				return 1
-			}
-			if a.Ready != b.Ready {
-				if !a.Ready {
-					return -1
-				}
-				return 1
-			}
-			if kind == fleet.Spot {
-				return cmp.Compare(spotIn[b.place()], spotIn[a.place()])
-			}
-			return 0
-		})
+		order := pl.drainOrder(kind, have[kind], spotIn)
 		for _, r := range order[:extra] {
 			if r.Ready {
 				if readyBudget == 0 {
@@ -438,17 +417,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		// At the bound, on-demand stand-ins would hold the room of the spot replicas they
 		// stand in for forever: one at a time, one makes room (the service is one replica
 		// short for a cold start, which is what max_replicas asks for).
-		order := slices.Clone(have[fleet.OnDemand])
-		slices.Reverse(order) // newest first
-		slices.SortStableFunc(order, func(a, b Placed) int {
-			if a.Ready != b.Ready {
-				if !a.Ready {
-					return -1
-				}
-				return 1
-			}
-			return 0
-		})
+		order := pl.drainOrder(fleet.OnDemand, have[fleet.OnDemand], spotIn)
 		plan.Drain = append(plan.Drain, Drain{ID: order[0].ID, Reason: fmt.Sprintf("max_replicas %d binding: an on-demand stand-in makes room for a spot replica (%s)", p.MaxReplicas, why)})
 	}
 	if useSpot && len(plan.Launch) == 0 && len(plan.Drain) == 0 && readySpot == want[fleet.Spot] && len(have[fleet.Spot]) == want[fleet.Spot] &&
@@ -456,6 +425,34 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		pl.startMove(now, &plan, have[fleet.Spot], offers, active, spotIn)
 	}
 	return plan
+}
+
+// drainOrder sorts replicas of one kind in the order they leave: a move's replica first
+// (spot), then the not-ready, then the newest; spot from the most crowded zone (spotIn).
+func (pl *Placer) drainOrder(kind fleet.Capacity, rs []Placed, spotIn map[string]int) []Placed {
+	order := slices.Clone(rs)
+	slices.Reverse(order) // newest first
+	slices.SortStableFunc(order, func(a, b Placed) int {
+		if m := pl.moving; m != nil && kind == fleet.Spot && (a.ID == m.from.ID) != (b.ID == m.from.ID) {
+			// A move under way: the replica it replaces goes first, and only once the
+			// ready budget says its replacement serves.
+			if a.ID == m.from.ID {
+				return -1
+			}
+			return 1
+		}
+		if a.Ready != b.Ready {
+			if !a.Ready {
+				return -1
+			}
+			return 1
+		}
+		if kind == fleet.Spot {
+			return cmp.Compare(spotIn[b.place()], spotIn[a.place()])
+		}
+		return 0
+	})
+	return order
 }
 
 // followMove follows the move under way: it is over when the replica it replaces has

@@ -338,7 +338,8 @@ func printPreview(out io.Writer, name string, sp *spec.Service, pv *control.Prev
 	}
 	total, dearest := 0.0, 0.0
 	fmt.Fprintf(out, "  first %d replica(s), placed among %d offers:\n", len(pv.Launches), pv.Offers)
-	for _, l := range pv.Launches {
+	for _, launch := range pv.Launches {
+		l := launch.Offer
 		what := cmp.Or(l.InstanceType, "capacity")
 		if l.Accelerator != "" {
 			what += fmt.Sprintf(" (%s:%d)", l.Accelerator, max(l.AcceleratorCount, 1))
