@@ -8,6 +8,7 @@ package market
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -28,6 +29,33 @@ type Config struct {
 	Spot  *traces.SpotTrace
 	// Offset is where in the spot trace t=0 falls.
 	Offset time.Duration
+	// Reading is how a trace's values limit spot capacity (default ReadAvailability).
+	Reading Reading
+}
+
+// Reading is how a spot trace's values say how much spot capacity a zone has.
+type Reading string
+
+const (
+	// ReadAvailability reads a value > 0 as "spot can be had here", without limit: the
+	// availability bit a 1-node trace records (a probe got one instance).
+	ReadAvailability Reading = "availability"
+	// ReadCount reads a value as what its source documents it to be: the number of spot
+	// instances obtainable (availability traces) or running (preemption traces) in the
+	// zone, so no more spot replicas than that run there, and a fall from n to m takes
+	// back all but m of them.
+	ReadCount Reading = "count"
+)
+
+// ParseReading accepts the names of the two readings.
+func ParseReading(s string) (Reading, error) {
+	switch r := Reading(s); r {
+	case ReadAvailability, ReadCount:
+		return r, nil
+	case "":
+		return ReadAvailability, nil
+	}
+	return "", fmt.Errorf("market: capacity reading %q: want %q or %q", s, ReadAvailability, ReadCount)
 }
 
 // Market answers where and at what price a replica can be bought at a time t.
@@ -37,10 +65,18 @@ type Market struct {
 	start   time.Time
 	spot    *traces.SpotTrace
 	offset  time.Duration
-	// traceZone maps a catalog place (provider/region/zone) to the trace zone that drives it.
-	traceZone map[string]string
-	// byTrace lists the catalog places each trace zone drives.
+	reading Reading
+	// drivers maps a catalog place (provider/region/zone) to the trace zones that drive it
+	// (sorted; more than one where a catalog has fewer zones than the trace): their values
+	// add up.
+	drivers map[string][]string
+	// domain lists, for each place, the places of its catalog zone, which share its drivers
+	// and capacity; zonePlaces the same by catalog zone.
+	domain     map[string][]string
+	zonePlaces map[string][]string
+	// byTrace lists the catalog zones each trace zone drives.
 	byTrace map[string][]string
+	mapping []traces.ZoneMapping
 
 	quotedAt time.Duration
 	offers   []scaling.Offer
@@ -55,8 +91,12 @@ func New(cfg Config) (*Market, error) {
 	if cfg.Catalog == nil || cfg.Spot == nil {
 		return nil, errors.New("market: a catalog and a spot trace are required")
 	}
-	m := &Market{catalog: cfg.Catalog, res: cfg.Resources, start: cfg.Start, spot: cfg.Spot, offset: cfg.Offset,
-		traceZone: map[string]string{}, byTrace: map[string][]string{}}
+	reading, err := ParseReading(string(cfg.Reading))
+	if err != nil {
+		return nil, err
+	}
+	m := &Market{catalog: cfg.Catalog, res: cfg.Resources, start: cfg.Start, spot: cfg.Spot, offset: cfg.Offset, reading: reading,
+		drivers: map[string][]string{}, domain: map[string][]string{}, zonePlaces: map[string][]string{}, byTrace: map[string][]string{}}
 	quotes, err := m.catalog.Quote(m.res, m.start)
 	if err != nil {
 		return nil, fmt.Errorf("market: quote at %s: %w", m.start.Format(time.DateOnly), err)
@@ -79,15 +119,16 @@ func New(cfg Config) (*Market, error) {
 		}
 		zones = append(zones, z)
 	}
+	m.zonePlaces = byZone
 	if len(zones) > 0 {
-		mapping, err := m.spot.MapZones(zones)
-		if err != nil {
+		if m.mapping, err = m.spot.ExplainZones(zones); err != nil {
 			return nil, fmt.Errorf("market: map spot trace zones: %w", err)
 		}
-		for tz, cz := range mapping {
-			for _, p := range byZone[cz] {
-				m.traceZone[p] = tz
-				m.byTrace[tz] = append(m.byTrace[tz], p)
+		for _, zm := range m.mapping { // sorted by trace zone, so drivers are too
+			m.byTrace[zm.Trace] = append(m.byTrace[zm.Trace], zm.Catalog)
+			for _, p := range byZone[zm.Catalog] {
+				m.drivers[p] = append(m.drivers[p], zm.Trace)
+				m.domain[p] = byZone[zm.Catalog]
 			}
 		}
 	}
@@ -95,12 +136,18 @@ func New(cfg Config) (*Market, error) {
 	return m, nil
 }
 
+// Mapping is how the trace's zones were mapped onto the catalog's, each with its rule.
+func (m *Market) Mapping() []traces.ZoneMapping { return m.mapping }
+
+// Reading is how the market reads the trace's values.
+func (m *Market) Reading() Reading { return m.reading }
+
 // convert keeps on-demand offers and the spot offers some trace zone drives.
 func (m *Market) convert(quotes []pricing.Offer) []scaling.Offer {
 	var out []scaling.Offer
 	for _, o := range quotes {
 		if o.Capacity == fleet.Spot {
-			if _, ok := m.traceZone[Place(o.Provider, o.Region, o.Zone)]; !ok {
+			if _, ok := m.drivers[Place(o.Provider, o.Region, o.Zone)]; !ok {
 				continue
 			}
 		}
@@ -132,23 +179,51 @@ func (m *Market) Length() time.Duration {
 	return max(end-m.offset, 0)
 }
 
-// SpotCapacity reports whether a spot replica can be obtained at the place at t.
-func (m *Market) SpotCapacity(p string, t time.Duration) bool {
-	tz, ok := m.traceZone[p]
-	if !ok {
-		return false
+// SpotCapacity reports whether a spot replica can be obtained at the place at t, were
+// none running there.
+func (m *Market) SpotCapacity(p string, t time.Duration) bool { return m.SpotLimit(p, t) > 0 }
+
+// SpotLimit is how many spot replicas the place's domain (its catalog zone: every
+// instance type and provider quoted there) can hold at t: the sum of its trace zones'
+// values when the market reads counts, unlimited (math.MaxInt) where any is > 0 when it
+// reads availability, 0 where the trace says nothing.
+func (m *Market) SpotLimit(p string, t time.Duration) int {
+	n, any := m.driven(m.drivers[p], "", 0, m.offset+t)
+	if m.reading == ReadAvailability && any {
+		return math.MaxInt
 	}
-	n, ok := m.spot.Available(tz, m.offset+t)
-	return ok && n > 0
+	return n
 }
 
-// Drop is a fall in a trace zone's capacity: at At the share Share of the spot replicas
-// in the places it drives are gone.
+// Domain lists the places that share p's spot capacity (p's catalog zone).
+func (m *Market) Domain(p string) []string { return m.domain[p] }
+
+// driven sums the trace zones' values at trace time at, with zone except's value taken as
+// exceptN instead (the value an event has just changed it to); any says one is > 0.
+func (m *Market) driven(zones []string, except string, exceptN int, at time.Duration) (n int, any bool) {
+	for _, tz := range zones {
+		v, ok := m.spot.Available(tz, at)
+		if tz == except {
+			v, ok = exceptN, true
+		}
+		if ok && v > 0 {
+			n += v
+			any = true
+		}
+	}
+	return n, any
+}
+
+// Drop is a fall in a catalog zone's spot capacity: at At the share Share of the spot
+// replicas in its places are gone (the availability reading), or all but Remaining (the
+// count reading).
 type Drop struct {
 	At     time.Duration
-	Zone   string   // trace zone
-	Places []string // the catalog places it drives
+	Zone   string   // the trace zone whose fall it is
+	Places []string // the catalog places that lose capacity
 	Share  float64
+	// Remaining is the domain's capacity after the fall.
+	Remaining int
 	// Notice is how long before At the places' provider warns (Notice).
 	Notice time.Duration
 }
@@ -157,15 +232,24 @@ type Drop struct {
 func (m *Market) Drops(from, to time.Duration) []Drop {
 	var out []Drop
 	for _, e := range m.spot.Events(m.offset+from, m.offset+to) {
-		if (e.Kind != traces.KindPreempted && e.Kind != traces.KindUnavailable) || len(m.byTrace[e.Zone]) == 0 {
+		if e.Kind != traces.KindPreempted && e.Kind != traces.KindUnavailable {
 			continue
 		}
-		share := 1.0
-		if before := e.Count + e.Delta; e.Count > 0 {
-			share = float64(e.Delta) / float64(before)
+		for _, cz := range m.byTrace[e.Zone] {
+			places := m.zonePlaces[cz]
+			if len(places) == 0 {
+				continue
+			}
+			drivers := m.drivers[places[0]]
+			before, _ := m.driven(drivers, e.Zone, e.Count+e.Delta, e.At)
+			after, _ := m.driven(drivers, e.Zone, e.Count, e.At)
+			if after >= before {
+				continue
+			}
+			share := float64(before-after) / float64(before)
+			provider, _, _ := strings.Cut(places[0], "/")
+			out = append(out, Drop{At: e.At - m.offset, Zone: e.Zone, Places: places, Share: share, Remaining: after, Notice: Notice(provider)})
 		}
-		provider, _, _ := strings.Cut(m.byTrace[e.Zone][0], "/")
-		out = append(out, Drop{At: e.At - m.offset, Zone: e.Zone, Places: m.byTrace[e.Zone], Share: share, Notice: Notice(provider)})
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/market"
 	"github.com/arbiter-serve/arbiter/pricing"
 	"github.com/arbiter-serve/arbiter/router"
 	"github.com/arbiter-serve/arbiter/scaling"
@@ -22,6 +23,9 @@ const (
 	Arbiter  System = "arbiter"
 	SkyServe System = "skyserve"
 	OnDemand System = "ondemand"
+	// SkyServeOnDemand is SkyServe's autoscaler, router and fallbacks on on-demand capacity
+	// only: the on-demand baseline as a SkyServe user would run it.
+	SkyServeOnDemand System = "skyserve-ondemand"
 )
 
 // Systems lists them in table order.
@@ -35,8 +39,11 @@ type Inputs struct {
 	// Spot is the spot capacity trace; SpotOffset is where in it the simulation starts.
 	Spot       *traces.SpotTrace
 	SpotOffset time.Duration
-	Catalog    *pricing.Catalog
-	Profile    engine.Profile
+	// Reading is how the spot trace's values limit capacity (market.ReadAvailability when
+	// empty).
+	Reading market.Reading
+	Catalog *pricing.Catalog
+	Profile engine.Profile
 	// Start is the wall-clock time of the simulation's t=0, at which prices are quoted.
 	Start    time.Time
 	Duration time.Duration
@@ -122,7 +129,7 @@ func wire(sys System, in *Inputs) (wiring, error) {
 	case Arbiter:
 	case OnDemand:
 		w.placement.UseSpot = false
-	case SkyServe:
+	case SkyServe, SkyServeOnDemand:
 		rp := sp.Service.ReplicaPolicy
 		if rp.TargetQPSPerReplica <= 0 && rp.MinReplicas != rp.MaxReplicas {
 			return w, errors.New("sim: the SkyServe baseline needs service.replica_policy.target_qps_per_replica")
@@ -145,6 +152,9 @@ func wire(sys System, in *Inputs) (wiring, error) {
 		// As shipped, SkyServe's dynamic fallback adds on-demand replicas beyond
 		// max_replicas, and a preempted replica's replacement launches beside it.
 		w.placement.MaxReplicas = 0
+		if sys == SkyServeOnDemand {
+			w.placement.UseSpot = false
+		}
 		w.slo = slo
 		w.useNotices = false
 		w.holdAtZero = false
@@ -161,7 +171,7 @@ func wire(sys System, in *Inputs) (wiring, error) {
 			return d
 		}
 	default:
-		return w, fmt.Errorf("sim: unknown system %q: want %s, %s or %s", sys, Arbiter, SkyServe, OnDemand)
+		return w, fmt.Errorf("sim: unknown system %q: want %s, %s, %s or %s", sys, Arbiter, SkyServe, OnDemand, SkyServeOnDemand)
 	}
 	if w.decideInt <= 0 {
 		w.decideInt = time.Second

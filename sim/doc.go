@@ -30,14 +30,21 @@
 //   - Streams: every request is streamed, so a request whose replica dies after accepting
 //     it has already had its response headers and fails; one sent to a replica that is
 //     already gone (a stale balancer list) gets a connection error and may be retried.
-//   - Spot capacity: a spot replica may launch in a zone while the trace shows capacity
-//     there (availability > 0, or running > 0 for preemption traces). A drop in the trace
+//   - Spot capacity, read one of two ways (Inputs.Reading). As availability (the default):
+//     a spot replica may launch in a zone while the trace shows capacity there
+//     (availability > 0, or running > 0 for preemption traces), without limit, and a drop
 //     preempts the same share of the service's spot replicas in that zone (all of them when
-//     the zone goes to 0), newest first. The drop's tick is the moment the VM is gone; the
-//     provider's notice (AWS 120 s, GCP and Azure 30 s, shared/data/README.md) arrives that
-//     long before it.
+//     the zone goes to 0). As counts: a value is the number of spot instances the zone
+//     has (what the source documents: obtainable for availability traces, running for
+//     preemption traces), so the service holds at most that many there and a fall to m
+//     takes back all but m. Victims go newest first. The drop's tick is the moment the VM
+//     is gone; the provider's notice (AWS 120 s, GCP and Azure 30 s, shared/data/README.md)
+//     arrives that long before it.
 //   - Trace zones are mapped onto the catalog zones that quote the service's resources with
-//     traces.SpotTrace.MapZones; spot offers in zones no trace zone maps to are not used.
+//     traces.SpotTrace.MapZones: the same zone, else the same region, country, continent,
+//     in that order (an AWS us-east-1 trace drives GCP's US zones); the mapping and its
+//     rules are printed by cmd/simulate. A catalog zone that several trace zones map onto
+//     has the sum of their values. Spot offers in zones no trace zone maps to are not used.
 //   - Cold start: launch to ready is Inputs.ColdStart for every system (default 294 s, the
 //     published vLLM cold start with nothing cached; VM provisioning has no published
 //     measurement and is not added).

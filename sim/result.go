@@ -33,10 +33,17 @@ type Result struct {
 	// longest such wait.
 	ZeroWaits   int
 	MaxZeroWait time.Duration
-	// PeakReplicas is the most replicas alive at once.
-	PeakReplicas int
-	Events       int
-	Wall         time.Duration
+	// HeldLong counts the succeeded requests that first waited longer than HoldBound for a
+	// replica (none was ready): answered, but not served as a user would call it.
+	// HoldBound is the SLO's end-to-end bound, or 60 s where it has none.
+	HeldLong  int
+	HoldBound time.Duration
+	// PeakReplicas is the most replicas alive at once; PeakSpotInZone the most spot VMs
+	// held at once in one capacity domain (a catalog zone).
+	PeakReplicas   int
+	PeakSpotInZone int
+	Events         int
+	Wall           time.Duration
 
 	ttfts, tpots   []float64
 	requestSeconds float64
@@ -108,6 +115,15 @@ func (r *Result) Availability() float64 {
 		return 1
 	}
 	return float64(r.Succeeded) / float64(r.Requests)
+}
+
+// Served is Availability without the requests held longer than HoldBound: the share
+// answered without a wait no user would sit through.
+func (r *Result) Served() float64 {
+	if r.Requests == 0 {
+		return 1
+	}
+	return float64(r.Succeeded-r.HeldLong) / float64(r.Requests)
 }
 
 // SLOAttainment is the share of all requests answered successfully within the SLO.

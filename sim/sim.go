@@ -66,6 +66,8 @@ type request struct {
 	attempts int
 	heldAt   time.Duration
 	held     bool
+	// heldFor is how long it waited for a replica because none was ready.
+	heldFor time.Duration
 }
 
 type simulation struct {
@@ -112,7 +114,7 @@ func Run(sys System, in Inputs) (*Result, error) {
 	}
 	s := &simulation{sys: sys, in: &in, w: w, end: in.Duration, byView: map[*router.Replica]*replica{},
 		rng: rand.New(rand.NewPCG(in.Seed, uint64(len(sys)))), blockTok: in.Requests.BlockTokens}
-	if s.mkt, err = market.New(market.Config{Catalog: in.Catalog, Resources: in.Spec.Resources, Start: in.Start, Spot: in.Spot, Offset: in.SpotOffset}); err != nil {
+	if s.mkt, err = market.New(market.Config{Catalog: in.Catalog, Resources: in.Spec.Resources, Start: in.Start, Spot: in.Spot, Offset: in.SpotOffset, Reading: in.Reading}); err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
 	if s.blockTok > 0 {
@@ -137,6 +139,10 @@ func Run(sys System, in Inputs) (*Result, error) {
 	s.res = &Result{System: sys, Simulated: in.Duration, Failed: map[string]int{}, ReplicaHours: map[string]float64{},
 		Percentile: w.slo.Percentile}
 	s.res.SLO.TTFT, s.res.SLO.TPOT = w.slo.TTFT, w.slo.TPOT
+	s.res.HoldBound = time.Minute
+	if e2e := in.Spec.Arbiter.SLO.E2ESeconds; e2e > 0 {
+		s.res.HoldBound = time.Duration(e2e * float64(time.Second))
+	}
 	if s.res.Percentile <= 0 {
 		s.res.Percentile = 0.9
 	}
@@ -304,6 +310,7 @@ func (s *simulation) dispatch(req *request) {
 	if req.held {
 		req.held = false
 		wait := s.now - req.heldAt
+		req.heldFor += wait
 		s.res.ZeroWaits++
 		s.res.MaxZeroWait = max(s.res.MaxZeroWait, wait)
 	}
@@ -407,6 +414,9 @@ func (s *simulation) complete(r *replica, req *request) {
 	r.view.Completed(&req.route, req.pred, (req.firstAt - req.sentAt).Seconds(), (s.now - req.sentAt).Seconds(), out, true)
 	res := s.res
 	res.Succeeded++
+	if req.heldFor > res.HoldBound {
+		res.HeldLong++
+	}
 	res.requestSeconds += e2e
 	res.InputTokens += int64(req.route.PromptTokens)
 	res.OutputTokens += int64(out)
@@ -531,7 +541,7 @@ func (s *simulation) decide() {
 }
 
 func (s *simulation) launch(o scaling.Offer) {
-	if o.Capacity == fleet.Spot && !s.mkt.SpotCapacity(market.Place(o.Provider, o.Region, o.Zone), s.now) {
+	if o.Capacity == fleet.Spot && s.spotHeld(market.Place(o.Provider, o.Region, o.Zone)) >= s.mkt.SpotLimit(market.Place(o.Provider, o.Region, o.Zone), s.now) {
 		s.res.LaunchFailures++
 		s.placer.Refused(o, s.clock())
 		return
@@ -549,6 +559,9 @@ func (s *simulation) launch(o scaling.Offer) {
 	s.live = append(s.live, r)
 	s.res.Launches++
 	s.res.PeakReplicas = max(s.res.PeakReplicas, len(s.live))
+	if o.Capacity == fleet.Spot {
+		s.res.PeakSpotInZone = max(s.res.PeakSpotInZone, s.spotHeld(market.Place(o.Provider, o.Region, o.Zone)))
+	}
 	s.at(s.in.ColdStart, event{kind: evReady, rep: r, gen: r.gen})
 }
 
@@ -635,8 +648,22 @@ func (s *simulation) bill(r *replica) {
 
 // --- spot capacity: notices, preemptions, detection ---
 
-// announceDrop picks the victims of a capacity drop: the drop's share of the service's
-// spot replicas in its zone, newest first. With notices they drain now; all die at d.At.
+// spotHeld counts the spot VMs the service holds in p's capacity domain: every one not yet
+// taken back, a noticed one included (its VM is still there).
+func (s *simulation) spotHeld(p string) int {
+	n := 0
+	domain := s.mkt.Domain(p)
+	for _, r := range s.live {
+		if r.offer.Capacity == fleet.Spot && !r.dead && slices.Contains(domain, market.Place(r.offer.Provider, r.offer.Region, r.offer.Zone)) {
+			n++
+		}
+	}
+	return n
+}
+
+// announceDrop picks the victims of a capacity drop, newest first: the drop's share of the
+// service's spot replicas in its zone (availability reading), or all but what remains
+// (count reading). With notices they drain now; all die at d.At.
 func (s *simulation) announceDrop(i int) {
 	d := s.drops[i]
 	var in []*replica
@@ -646,6 +673,9 @@ func (s *simulation) announceDrop(i int) {
 		}
 	}
 	n := int(math.Ceil(d.Share * float64(len(in))))
+	if s.mkt.Reading() == market.ReadCount {
+		n = len(in) - min(d.Remaining, len(in)) // those already noticed are leaving anyway
+	}
 	for _, r := range in[len(in)-n:] {
 		r.noticed = true
 		s.res.Preemptions++

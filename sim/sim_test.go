@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/market"
 	"github.com/arbiter-serve/arbiter/pricing"
 	"github.com/arbiter-serve/arbiter/spec"
 	"github.com/arbiter-serve/arbiter/traces"
@@ -226,7 +227,10 @@ func TestRouterPredictsTheEngine(t *testing.T) {
 		loneMAPE           float64 // over the requests that reached their replica alone
 	}{
 		{"azure-conversation", 0.10, 0.30, 0.95, 0.10},
-		{"mooncake-conversation-30min", 0.35, 0.85, 0.95, 0.20},
+		// Lone arrivals: 18.3 % when AWS trace zones drove GCP zones on any continent, 20.3 %
+		// on US zones only (other prices, so other replicas serve: the figure moves with the
+		// fleet by a couple of points).
+		{"mooncake-conversation-30min", 0.35, 0.85, 0.95, 0.23},
 	} {
 		in := inputs(t, c.trace, volatile, 30*time.Minute)
 		r := run(t, Arbiter, in)
@@ -259,5 +263,32 @@ func TestFleetNeverExceedsMaxReplicas(t *testing.T) {
 	}
 	if r.Preemptions == 0 || r.ReplicaHours["on_demand/gcp"] == 0 {
 		t.Fatalf("the day exercised no preemption (%d) or no on-demand cover (%v): the bound was not tested", r.Preemptions, r.ReplicaHours)
+	}
+}
+
+// Read as counts, a 1-node trace lets the service hold one spot VM per zone it drives, and
+// a preemption takes it; read as availability bits, the same day stacks many in a zone.
+func TestCountReadingCapsSpotPerZone(t *testing.T) {
+	in := inputs(t, "azure-conversation", volatile, 6*time.Hour)
+	sp := *in.Spec
+	sp.Service.ReplicaPolicy.MinReplicas = 6 // more than the trace has zones
+	in.Spec = &sp
+	in.Reading = market.ReadCount
+	c := run(t, Arbiter, in)
+	if c.PeakSpotInZone != 1 {
+		t.Errorf("count reading: %d spot VMs at once in one zone of a 1-node trace, want 1", c.PeakSpotInZone)
+	}
+	if c.ReplicaHours["on_demand/gcp"] == 0 || c.LaunchFailures == 0 {
+		t.Errorf("count reading: no refusal (%d) or no on-demand beyond the zones' spot (%v)", c.LaunchFailures, c.ReplicaHours)
+	}
+	if c.Preemptions == 0 {
+		t.Error("count reading: the trace's falls to 0 preempted nothing")
+	}
+	if s := run(t, SkyServe, in); s.PeakSpotInZone != 1 {
+		t.Errorf("count reading, SkyServe: %d spot VMs in one zone, want 1", s.PeakSpotInZone)
+	}
+	in.Reading = market.ReadAvailability
+	if a := run(t, Arbiter, in); a.PeakSpotInZone < 2 {
+		t.Errorf("availability reading: at most %d spot VM in a zone; the test's demand does not tell the readings apart", a.PeakSpotInZone)
 	}
 }

@@ -103,8 +103,11 @@
 //     no other trace zone has taken first, round robin (so four us-east-1
 //     trace zones and catalog ids use1-az1, -az2, -az4, -az6 pair up in that
 //     order; two us-east-2 zones and one catalog id share it);
-//  3. a zone whose region the catalog lacks, or whose name has no region
-//     (UnknownZone), takes zones of the whole catalog in the same manner.
+//  3. a zone whose region the catalog lacks takes, in the same manner, the
+//     catalog zones of its country (US) or else of its continent (Geography);
+//  4. only a zone with no catalog zone on its continent, or whose name has no
+//     region (UnknownZone), takes zones of the whole catalog, and
+//     ExplainZones's rule says it crossed continents.
 //
 // Regions are compared via AWS's AZ-id prefix convention (us-east-1 → use1,
 // ap-southeast-2 → apse2, checked against every region of the catalog) and

@@ -665,8 +665,8 @@ func TestMapZones(t *testing.T) {
 		t.Error("MapZones depends on catalog order")
 	}
 
-	// Identity wins, and a zone whose region the catalog lacks takes the
-	// first zone nobody has taken.
+	// Identity wins, and a zone whose region the catalog lacks takes a zone of
+	// its own country, even one already taken, before any abroad.
 	gcp, err := NamedSpot("skypilot-preemption-gcp-04-30-2023-c3-88")
 	if err != nil {
 		t.Fatal(err)
@@ -678,9 +678,46 @@ func TestMapZones(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = map[string]string{"us-central1-a": "us-central1-a", "us-central1-b": "us-central1-b", "us-central1-c": "us-central1-c", "us-east1-b": "asia-east1-a"}
+	want = map[string]string{"us-central1-a": "us-central1-a", "us-central1-b": "us-central1-b", "us-central1-c": "us-central1-c", "us-east1-b": "us-central1-a"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("GCP MapZones = %v, want %v", got, want)
+	}
+
+	// The AWS US trace on a GCP catalog (the simulator's case): US zones only, each
+	// mapping saying which rule made it, and the continent before the rest of the world.
+	ms, err := a9.ExplainZones([]string{"us-central1-a", "us-east4-c", "asia-east1-a", "europe-west4-b", "northamerica-northeast1-a", "me-west1-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if !strings.HasPrefix(m.Catalog, "us-") || m.Rule != "same country" {
+			t.Errorf("%v: want a US zone by the same-country rule", m)
+		}
+	}
+	ms, err = a9.ExplainZones([]string{"northamerica-northeast1-a", "europe-west4-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.Catalog != "northamerica-northeast1-a" || m.Rule != "same continent" {
+			t.Errorf("%v: want Montreal by the same-continent rule", m)
+		}
+	}
+	ms, err = a9.ExplainZones([]string{"europe-west4-b", "asia-east1-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if !strings.HasPrefix(m.Rule, "anywhere") {
+			t.Errorf("%v: crossing continents must say so", m)
+		}
+	}
+	for zone, want := range map[string]string{"use1-az4": "north america", "us-west-2b": "north america", "us-central1-a": "north america",
+		"cac1-az1": "north america", "sae1-az1": "south america", "euc1-az2": "europe", "europe-west4-b": "europe",
+		"apne2-az1": "asia pacific", "australia-southeast1-a": "asia pacific", "me-west1-a": "middle east", "afs1-az2": "africa", UnknownZone: ""} {
+		if got := Geography(zone); got != want {
+			t.Errorf("Geography(%q) = %q, want %q", zone, got, want)
+		}
 	}
 
 	ss, err := NamedSpot("spotserve-g4dn")

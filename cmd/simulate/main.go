@@ -4,15 +4,21 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
+	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/market"
 	"github.com/arbiter-serve/arbiter/pricing"
 	"github.com/arbiter-serve/arbiter/sim"
 	"github.com/arbiter-serve/arbiter/spec"
@@ -29,10 +35,14 @@ func main() {
 func run(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	specPath := fs.String("spec", "bench/sim/h100-gcp.yaml", "service.yaml to simulate")
-	reqNames := fs.String("requests", "azure-conversation", "request traces, comma-separated: "+strings.Join(traces.RequestNames(), ", "))
+	reqNames := fs.String("requests", "azure-conversation", "request traces, comma-separated: "+strings.Join(traces.RequestNames(), ", ")+", or file:PATH (an Azure CSV or Mooncake JSONL file)")
 	spotNames := fs.String("spot", "skypilot-preemption-aws-04-22-2023-v100_1", "spot traces, comma-separated (see traces.SpotNames)")
-	systems := fs.String("systems", "ondemand,skyserve,arbiter", "systems to run")
-	hours := fs.Float64("hours", 24, "simulated hours")
+	systems := fs.String("systems", "ondemand,skyserve,arbiter", "systems to run: arbiter, skyserve, ondemand, skyserve-ondemand")
+	hours := fs.Float64("hours", 24, "simulated hours per day run")
+	days := fs.Int("days", 1, "days to run each cell, one after another in the spot trace (fewer where the trace ends sooner)")
+	startDay := fs.Int("start-day", 0, "the spot trace's day the first run starts on")
+	readings := fs.String("capacity", "availability", "how spot trace values limit capacity, comma-separated: availability (> 0: unlimited), count (at most that many spot replicas in the zone)")
+	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "day runs at once")
 	profile := fs.String("profile", "h100-llama-3.1-8b", "engine profile: "+strings.Join(engine.ProfileNames(), ", "))
 	start := fs.String("start", "2026-08-01", "date whose catalog prices are used (UTC)")
 	cold := fs.Duration("cold-start", sim.DefaultColdStart, "replica launch to ready")
@@ -41,7 +51,8 @@ func run(args []string, out io.Writer) error {
 	verbose := fs.Bool("v", false, "print every target change to stderr")
 	calibrate := fs.Bool("calibrate", true, "set target_qps_per_replica and target_concurrency_per_replica per request trace from a fixed-fleet calibration run (see sim.Calibrate)")
 	calMax := fs.Int("calibrate-max", 32, "largest fixed fleet the calibration tries")
-	isoSLO := fs.Bool("iso-slo", true, "when SkyServe misses Arbiter's SLO attainment, also show SkyServe with target_qps_per_replica lowered until it does not")
+	isoSLO := fs.Bool("iso-slo", true, "when SkyServe misses Arbiter's SLO attainment, also show SkyServe with target_qps_per_replica lowered (by bisection) until it meets it within -iso-slo-within")
+	isoWithin := fs.Float64("iso-slo-within", 0.005, "how far from Arbiter's SLO attainment counts as equal (a fraction: 0.005 is half a point)")
 	cold0 := fs.Bool("from-zero", false, "start with no replica instead of min_replicas ready")
 	scanAll := fs.Int("scan-all", 0, "slo_cheapest predicts every candidate up to this many, then samples (0: the router's default; a large value compares with a full scan)")
 	if err := fs.Parse(args); err != nil {
@@ -59,20 +70,37 @@ func run(args []string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("-start: %w", err)
 	}
+	if *days < 1 || *startDay < 0 || *parallel < 1 {
+		return fmt.Errorf("-days %d, -start-day %d, -parallel %d: want ≥ 1, ≥ 0, ≥ 1", *days, *startDay, *parallel)
+	}
+	var reads []market.Reading
+	for _, r := range strings.Split(*readings, ",") {
+		rd, err := market.ParseReading(r)
+		if err != nil {
+			return fmt.Errorf("-capacity: %w", err)
+		}
+		reads = append(reads, rd)
+	}
+	var syss []sim.System
+	for _, s := range strings.Split(*systems, ",") {
+		syss = append(syss, sim.System(s))
+	}
 	cat, err := pricing.Embedded()
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "| requests | spot trace | system | $ | $/M tokens | SLO attainment | TTFT p%g | TPOT p%g | availability | preemptions | spot h | on-demand h | launches | peak replicas (max %d) | zero waits (max) | wall |\n",
-		sp.Arbiter.SLO.Percentile*100, sp.Arbiter.SLO.Percentile*100, sp.Service.ReplicaPolicy.MaxReplicas)
-	fmt.Fprintln(out, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	dur := time.Duration(*hours * float64(time.Hour))
+	fmt.Fprintf(out, "| requests | spot trace | capacity | day | system | $ | $/M tokens | SLO attainment | TTFT p%g | TPOT p%g | availability | held > %s | preemptions | spot h | on-demand h | launches | peak replicas (max %d) | zero waits (max) | wall |\n",
+		sp.Arbiter.SLO.Percentile*100, sp.Arbiter.SLO.Percentile*100, holdBound(sp), sp.Service.ReplicaPolicy.MaxReplicas)
+	fmt.Fprintln(out, "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	var summaries []summary
 	for _, rn := range strings.Split(*reqNames, ",") {
-		rt, err := traces.NamedRequests(rn)
+		rt, err := loadRequests(rn)
 		if err != nil {
 			return err
 		}
 		base := sim.Inputs{Spec: sp, Requests: rt, Catalog: cat, Profile: *prof, Start: at,
-			Duration: time.Duration(*hours * float64(time.Hour)), ColdStart: *cold, ZoneCooldown: *cooldown, Seed: *seed, Warm: !*cold0, ScanAll: *scanAll}
+			Duration: dur, ColdStart: *cold, ZoneCooldown: *cooldown, Seed: *seed, Warm: !*cold0, ScanAll: *scanAll}
 		if *verbose {
 			base.Trace = os.Stderr
 		}
@@ -94,46 +122,287 @@ func run(args []string, out io.Writer) error {
 			if err != nil {
 				return err
 			}
-			in := base
-			in.Spot = st
-			row := func(label string, r *sim.Result) {
-				fmt.Fprintf(out, "| %s | %s | %s | %.2f | %.3f | %.2f%% | %.2fs | %.1fms | %.2f%% | %d | %.1f | %.1f | %d | %d | %d (%.0fs) | %.1fs |\n",
-					rn, sn, label, r.Dollars, r.DollarsPerMillionTokens(), 100*r.SLOAttainment(), r.TTFT, 1000*r.TPOT,
-					100*r.Availability(), r.Preemptions, capacityHours(r, "spot"), capacityHours(r, "on_demand"),
-					r.Launches, r.PeakReplicas, r.ZeroWaits, r.MaxZeroWait.Seconds(), r.Wall.Seconds())
-				slog.Info("run", "requests", rn, "spot", sn, "system", label, "failed", r.Failed, "launches", r.Launches,
-					"launch_refused", r.LaunchFailures, "peak_replicas", r.PeakReplicas, "events", r.Events)
+			n := *days
+			if covered := int(traceLength(st) / (24 * time.Hour)); *startDay+n > covered && covered > *startDay {
+				n = covered - *startDay
+				fmt.Fprintf(out, "<!-- %s covers %d whole days: %d day runs from day %d -->\n", sn, covered, n, *startDay)
 			}
-			got := map[sim.System]*sim.Result{}
-			for _, sys := range strings.Split(*systems, ",") {
-				r, err := sim.Run(sim.System(sys), in)
+			for _, rd := range reads {
+				in := base
+				in.Spot, in.Reading = st, rd
+				if err := printMapping(out, in, sn); err != nil {
+					return err
+				}
+				runs := make([]dayRun, n)
+				err := forEach(n, *parallel, func(i int) error {
+					d := in
+					d.SpotOffset = time.Duration(*startDay+i) * 24 * time.Hour
+					return runDay(&runs[i], d, syss, *isoSLO, *isoWithin)
+				})
 				if err != nil {
 					return err
 				}
-				got[sim.System(sys)] = r
-				row(sys, r)
-			}
-			if a, s := got[sim.Arbiter], got[sim.SkyServe]; *isoSLO && a != nil && s != nil && s.SLOAttainment() < a.SLOAttainment() {
-				// What a SkyServe user would do to reach Arbiter's SLO attainment: lower
-				// target_qps_per_replica until it does (or the factors run out).
-				for _, f := range []float64{0.8, 0.65, 0.5, 0.4, 0.3, 0.2} {
-					in2 := in
-					sp2 := *in.Spec
-					sp2.Service.ReplicaPolicy.TargetQPSPerReplica *= f
-					in2.Spec = &sp2
-					r, err := sim.Run(sim.SkyServe, in2)
-					if err != nil {
-						return err
-					}
-					if r.SLOAttainment() >= a.SLOAttainment() || f == 0.2 {
-						row(fmt.Sprintf("skyserve, target_qps ×%g", f), r)
-						break
+				for i, r := range runs {
+					for _, x := range r.rows {
+						printRow(out, rn, sn, rd, *startDay+i, x.label, x.res)
 					}
 				}
+				summaries = append(summaries, summary{requests: rn, spot: sn, reading: rd, runs: runs})
 			}
 		}
 	}
+	if *days > 1 || len(reads) > 1 {
+		printSummaries(out, summaries)
+	}
 	return nil
+}
+
+// traceLength is how long the spot trace's longest zone series runs.
+func traceLength(st *traces.SpotTrace) time.Duration {
+	var end time.Duration
+	for _, z := range st.Zones {
+		end = max(end, st.ZoneEnd(z))
+	}
+	return end
+}
+
+// loadRequests reads a named shared trace, or a user's file given as file:PATH.
+func loadRequests(name string) (*traces.RequestTrace, error) {
+	if path, ok := strings.CutPrefix(name, "file:"); ok {
+		rt, err := traces.LoadRequests(path)
+		if err != nil {
+			return nil, fmt.Errorf("-requests %s: %w", name, err)
+		}
+		return rt, nil
+	}
+	return traces.NamedRequests(name)
+}
+
+func holdBound(sp *spec.Service) time.Duration {
+	if e2e := sp.Arbiter.SLO.E2ESeconds; e2e > 0 {
+		return time.Duration(e2e * float64(time.Second))
+	}
+	return time.Minute
+}
+
+// printMapping says whose prices the trace's zones drive: a result read without it may
+// rest on prices of another continent.
+func printMapping(out io.Writer, in sim.Inputs, spotName string) error {
+	m, err := market.New(market.Config{Catalog: in.Catalog, Resources: in.Spec.Resources, Start: in.Start, Spot: in.Spot, Reading: in.Reading})
+	if err != nil {
+		return err
+	}
+	var parts []string
+	for _, zm := range m.Mapping() {
+		parts = append(parts, zm.String())
+	}
+	fmt.Fprintf(out, "<!-- %s zones (%s reading): %s -->\n", spotName, in.Reading, strings.Join(parts, "; "))
+	return nil
+}
+
+// row is one system's result in a day run, labelled as the table shows it.
+type row struct {
+	label string
+	sys   sim.System
+	res   *sim.Result
+}
+
+// dayRun is every system's result on one day.
+type dayRun struct {
+	rows []row
+	// iso is SkyServe lowered to Arbiter's SLO attainment (nil when as shipped it is
+	// already within the tolerance); isoMissed says even the lowest factor fell short.
+	iso       *row
+	isoMissed bool
+}
+
+func (d *dayRun) get(sys sim.System) *sim.Result {
+	for _, r := range d.rows {
+		if r.sys == sys && !strings.Contains(r.label, "×") {
+			return r.res
+		}
+	}
+	return nil
+}
+
+func runDay(d *dayRun, in sim.Inputs, syss []sim.System, isoSLO bool, within float64) error {
+	for _, sys := range syss {
+		r, err := sim.Run(sys, in)
+		if err != nil {
+			return err
+		}
+		d.rows = append(d.rows, row{label: string(sys), sys: sys, res: r})
+	}
+	a, s := d.get(sim.Arbiter), d.get(sim.SkyServe)
+	if !isoSLO || a == nil || s == nil || s.SLOAttainment() >= a.SLOAttainment()-within {
+		return nil
+	}
+	iso, err := isoSLOSkyServe(in, a.SLOAttainment()-within, 2*within)
+	if err != nil {
+		return err
+	}
+	d.rows = append(d.rows, *iso)
+	d.iso, d.isoMissed = iso, iso.res.SLOAttainment() < a.SLOAttainment()-within
+	return nil
+}
+
+// isoSLOSkyServe is what a SkyServe user would do to reach an SLO attainment goal: lower
+// target_qps_per_replica until SkyServe meets it. It bisects the factor between 0.05 and 1
+// for the largest (cheapest) one whose attainment is at least the goal, and stops once one
+// lands within band of it (the goal is Arbiter's less the tolerance, so the band is the
+// tolerance both ways). Where even 0.05 misses, that run is returned.
+func isoSLOSkyServe(in sim.Inputs, goal, band float64) (*row, error) {
+	runAt := func(f float64) (*sim.Result, error) {
+		in2 := in
+		sp2 := *in.Spec
+		sp2.Service.ReplicaPolicy.TargetQPSPerReplica *= f
+		in2.Spec = &sp2
+		return sim.Run(sim.SkyServe, in2)
+	}
+	lo, hi := 0.05, 1.0 // 1 (as shipped) is known to miss
+	var best *sim.Result
+	bestF := lo
+	for range 10 {
+		f := (lo + hi) / 2
+		r, err := runAt(f)
+		if err != nil {
+			return nil, err
+		}
+		if r.SLOAttainment() < goal {
+			hi = f
+			continue
+		}
+		lo, best, bestF = f, r, f
+		if r.SLOAttainment() <= goal+band || hi-lo < 0.005 {
+			break
+		}
+	}
+	if best == nil {
+		r, err := runAt(lo)
+		if err != nil {
+			return nil, err
+		}
+		best = r
+	}
+	return &row{label: fmt.Sprintf("skyserve, target_qps ×%.3g", bestF), sys: sim.SkyServe, res: best}, nil
+}
+
+// forEach runs f(0…n-1) on up to p goroutines and returns the first error.
+func forEach(n, p int, f func(i int) error) error {
+	errs := make([]error, n)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(p, n) {
+		wg.Go(func() {
+			for i := range next {
+				errs[i] = f(i)
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func printRow(out io.Writer, rn, sn string, rd market.Reading, day int, label string, r *sim.Result) {
+	fmt.Fprintf(out, "| %s | %s | %s | %d | %s | %.2f | %.3f | %.2f%% | %.2fs | %.1fms | %.2f%% | %.2f%% | %d | %.1f | %.1f | %d | %d | %d (%.0fs) | %.1fs |\n",
+		rn, sn, rd, day, label, r.Dollars, r.DollarsPerMillionTokens(), 100*r.SLOAttainment(), r.TTFT, 1000*r.TPOT,
+		100*r.Availability(), 100*(r.Availability()-r.Served()), r.Preemptions, capacityHours(r, "spot"), capacityHours(r, "on_demand"),
+		r.Launches, r.PeakReplicas, r.ZeroWaits, r.MaxZeroWait.Seconds(), r.Wall.Seconds())
+	slog.Info("run", "requests", rn, "spot", sn, "capacity", rd, "day", day, "system", label, "failed", r.Failed, "launches", r.Launches,
+		"launch_refused", r.LaunchFailures, "peak_replicas", r.PeakReplicas, "events", r.Events)
+}
+
+// summary is one cell (request trace × spot trace × reading) over its days.
+type summary struct {
+	requests, spot string
+	reading        market.Reading
+	runs           []dayRun
+}
+
+// printSummaries gives each cell's day-to-day figures: Arbiter's cost against on-demand
+// only and against SkyServe (shipped, and at Arbiter's SLO attainment), as mean, worst day
+// and range; each system's SLO attainment and availability at its worst day; launches a day.
+func printSummaries(out io.Writer, ss []summary) {
+	fmt.Fprintln(out)
+	fmt.Fprintln(out, "| requests | spot trace | capacity | days | Arbiter $/day (mean) | ÷ on-demand: mean, worst (range) | ÷ SkyServe: mean, worst (range) | ÷ SkyServe at equal SLO: mean, worst (range) | SLO attainment, worst day: Arbiter / SkyServe | availability without holds > bound, worst day: Arbiter / SkyServe | launches a day: Arbiter / SkyServe |")
+	fmt.Fprintln(out, "|---|---|---|---:|---:|---|---|---|---|---|---|")
+	for _, s := range ss {
+		var cost, vsOD, vsSky, vsIso, attA, attS, srvA, srvS, launchA, launchS []float64
+		missed := 0
+		for _, d := range s.runs {
+			a, od, sky := d.get(sim.Arbiter), d.get(sim.OnDemand), d.get(sim.SkyServe)
+			if a == nil {
+				continue
+			}
+			cost = append(cost, a.Dollars/a.Simulated.Hours()*24)
+			attA, srvA, launchA = append(attA, a.SLOAttainment()), append(srvA, a.Served()), append(launchA, float64(a.Launches)/a.Simulated.Hours()*24)
+			if od != nil {
+				vsOD = append(vsOD, a.Dollars/od.Dollars)
+			}
+			if sky != nil {
+				vsSky = append(vsSky, a.Dollars/sky.Dollars)
+				attS, srvS, launchS = append(attS, sky.SLOAttainment()), append(srvS, sky.Served()), append(launchS, float64(sky.Launches)/sky.Simulated.Hours()*24)
+				iso := sky
+				if d.iso != nil {
+					iso = d.iso.res
+				}
+				if d.isoMissed {
+					missed++ // no factor reached Arbiter's attainment: no equal-SLO figure
+				} else {
+					vsIso = append(vsIso, a.Dollars/iso.Dollars)
+				}
+			}
+		}
+		fmt.Fprintf(out, "| %s | %s | %s | %d | %.2f | %s | %s | %s | %s / %s | %s / %s | %.1f / %.1f |\n",
+			s.requests, s.spot, s.reading, len(s.runs), mean(cost), spread(vsOD), spread(vsSky), spreadMissed(vsIso, missed),
+			pct(minOf(attA)), pct(minOf(attS)), pct(minOf(srvA)), pct(minOf(srvS)), mean(launchA), mean(launchS))
+	}
+}
+
+// spread is "mean, worst (min–max)" of cost ratios, where the worst is the highest.
+func spread(xs []float64) string {
+	if len(xs) == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f, %.2f (%.2f–%.2f)", mean(xs), slices.Max(xs), slices.Min(xs), slices.Max(xs))
+}
+
+// spreadMissed is spread, saying on how many days SkyServe could not reach Arbiter's SLO
+// attainment at all (those days have no equal-SLO ratio).
+func spreadMissed(xs []float64, missed int) string {
+	if missed == 0 {
+		return spread(xs)
+	}
+	return fmt.Sprintf("%s; SkyServe never reached it on %d day(s)", spread(xs), missed)
+}
+
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	t := 0.0
+	for _, x := range xs {
+		t += x
+	}
+	return t / float64(len(xs))
+}
+
+func minOf(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	return slices.Min(xs)
+}
+
+func pct(x float64) string {
+	if math.IsNaN(x) {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f%%", 100*x)
 }
 
 // capacityHours sums replica-hours of one capacity kind over providers.
