@@ -108,8 +108,7 @@ func TestAWSSpotLifecycle(t *testing.T) {
 	fake := awsAccount(t, c, "127.0.61", true)
 	const name, model = "ec2", "ec2-model"
 	c.up(name, awsSpec(model))
-	// While spot replicas start, dynamic_ondemand_fallback runs on-demand ones, which go
-	// once the spot ones are ready.
+	// No on-demand stand-in while the spot replicas start: one would start no sooner.
 	c.waitFor("2 ready spot replicas on aws, and nothing else", 90*time.Second, func() bool {
 		st := c.status(name)
 		ready, _ := kubeReplicas(st)
@@ -118,7 +117,7 @@ func TestAWSSpotLifecycle(t *testing.T) {
 	st := c.status(name)
 	for _, r := range st.Replicas {
 		if r.State != "ready" {
-			continue // the on-demand stand-ins, gone
+			continue
 		}
 		if r.Provider != "aws" || r.Region != "us-east-1" || !strings.HasPrefix(r.Zone, "use1-az") || r.PricePerHour < 0.38 || r.PricePerHour > 0.42 {
 			t.Errorf("replica %s: %s %s/%s at $%.4f/h; want aws at EC2's g5.xlarge spot price", r.ID, r.Provider, r.Region, r.Zone, r.PricePerHour)

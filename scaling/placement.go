@@ -63,9 +63,16 @@ type PlacementPolicy struct {
 	MaxSpotPriceRatio float64
 	// BaseOnDemand replicas are always on-demand (base_ondemand_fallback_replicas).
 	BaseOnDemand int
-	// DynamicFallback starts on-demand stand-ins for spot replicas that are not ready and
-	// removes them when spot recovers (dynamic_ondemand_fallback).
+	// DynamicFallback starts on-demand stand-ins for spot replicas that are wanted but not
+	// ready and removes them when spot recovers (dynamic_ondemand_fallback). A spot replica
+	// that is starting (or launched in the same plan) gets no stand-in unless
+	// StandInForStarting: an on-demand replica launched beside it starts no sooner, so it
+	// would never serve before the spot one and only buy a cold start; stand-ins cover the
+	// spot that could not be launched (every zone refused, cooling down or priced out).
 	DynamicFallback bool
+	// StandInForStarting also stands in for starting spot replicas, as SkyServe's
+	// SpotHedge fallback does (the simulator's SkyServe baseline).
+	StandInForStarting bool
 	// Overprovision is the part of the target that is num_overprovision: stand-ins never
 	// cover it (an extra spot replica is insurance, not demand).
 	Overprovision int
@@ -258,6 +265,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			}
 		}
 	}
+	startingSpot := len(have[fleet.Spot]) - readySpot
 	reservedCap := 0
 	for _, s := range p.Reserved {
 		reservedCap += s.Count
@@ -294,6 +302,13 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		useSpot = true
 		why = "spot offered, no on-demand price to compare: spot"
 	}
+	// Spot launches: spread over active zones (SpotHedge), then cheapest. Decided before
+	// the on-demand side, whose stand-ins cover what spot could not launch.
+	var spotLaunches []Launch
+	spotIn := map[string]int{}
+	for _, r := range have[fleet.Spot] {
+		spotIn[r.place()]++
+	}
 	if useSpot || holdSpot {
 		want[fleet.Spot] = rest - base
 		od := base
@@ -301,10 +316,23 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			want[fleet.Spot] = min(want[fleet.Spot], len(have[fleet.Spot]))
 			od = max(base, rest-p.Overprovision-want[fleet.Spot])
 		}
+		for n := want[fleet.Spot] - len(have[fleet.Spot]); n > 0; n-- {
+			o, ok := pl.spotZone(offers, active, spotIn)
+			if !ok {
+				break
+			}
+			spotIn[o.place()]++
+			spotLaunches = append(spotLaunches, Launch{Offer: o, Reason: fmt.Sprintf("spot in %s at $%.2f/h: %s; %d spot replicas there now", o.place(), o.PricePerHour, why, spotIn[o.place()]-1)})
+		}
 		if p.DynamicFallback {
-			// SkyServe's SpotHedge fallback: one on-demand stand-in per spot replica that is
-			// wanted but not ready, never for the overprovisioned part.
-			od += max(0, want[fleet.Spot]-readySpot)
+			// One on-demand stand-in per spot replica that is wanted but not ready (never for
+			// the overprovisioned part, which odCap keeps out), the starting ones only as
+			// SkyServe does it.
+			covered := readySpot
+			if !p.StandInForStarting {
+				covered += startingSpot + len(spotLaunches)
+			}
+			od += max(0, want[fleet.Spot]-covered)
 		}
 		want[fleet.OnDemand] = min(od, odCap)
 	} else {
@@ -330,24 +358,12 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			}
 		}
 	}
-	// Spot: spread over active zones (SpotHedge), then cheapest.
-	spotIn := map[string]int{}
-	for _, r := range have[fleet.Spot] {
-		spotIn[r.place()]++
-	}
-	for n := want[fleet.Spot] - len(have[fleet.Spot]); n > 0; n-- {
-		o, ok := pl.spotZone(offers, active, spotIn)
-		if !ok {
-			break
-		}
-		spotIn[o.place()]++
-		plan.Launch = append(plan.Launch, Launch{Offer: o, Reason: fmt.Sprintf("spot in %s at $%.2f/h: %s; %d spot replicas there now", o.place(), o.PricePerHour, why, spotIn[o.place()]-1)})
-	}
+	plan.Launch = append(plan.Launch, spotLaunches...)
 	// On-demand: cheapest.
 	for n := want[fleet.OnDemand] - len(have[fleet.OnDemand]); n > 0 && haveOD; n-- {
 		reason := fmt.Sprintf("on-demand in %s at $%.2f/h: ", odOffer.place(), odOffer.PricePerHour)
 		if useSpot {
-			reason += fmt.Sprintf("base %d + stand-ins for %d spot replicas not ready", base, notReadySpot)
+			reason += fmt.Sprintf("base %d + stand-ins for %d spot replicas not ready", base, want[fleet.OnDemand]-base)
 		} else {
 			reason += why
 		}

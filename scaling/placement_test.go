@@ -80,7 +80,7 @@ func TestOnDemandWhenSpotIsNotCheapEnough(t *testing.T) {
 // SpotHedge: base on-demand replicas always; stand-ins while spot replicas are not ready,
 // drained when spot recovers.
 func TestDynamicOnDemandFallback(t *testing.T) {
-	pl := policy(func(p *PlacementPolicy) { p.BaseOnDemand = 1; p.DynamicFallback = true })
+	pl := policy(func(p *PlacementPolicy) { p.BaseOnDemand = 1; p.DynamicFallback = true; p.StandInForStarting = true })
 	plan := pl.Plan(p0, 3, nil, offers())
 	eq(t, "from nothing", zones(plan.Launch), "spot@us-east-1b", "spot@us-east-1a", "on_demand@us-east-1a", "on_demand@us-east-1a", "on_demand@us-east-1a")
 	existing := []Placed{
@@ -100,8 +100,31 @@ func TestDynamicOnDemandFallback(t *testing.T) {
 	}
 }
 
+// Arbiter's fallback stands in only for the spot it could not launch: an on-demand replica
+// launched beside a starting spot one starts no sooner, so it would never serve first.
+func TestStandInsOnlyForSpotThatCannotLaunch(t *testing.T) {
+	pl := policy(func(p *PlacementPolicy) { p.BaseOnDemand = 1; p.DynamicFallback = true; p.RefusalBackoff = time.Minute })
+	plan := pl.Plan(p0, 3, nil, offers())
+	eq(t, "from nothing", zones(plan.Launch), "spot@us-east-1b", "spot@us-east-1a", "on_demand@us-east-1a")
+	starting := []Placed{
+		{ID: "od1", Capacity: fleet.OnDemand, Provider: "aws", Region: "us-east-1", Zone: "us-east-1a", Ready: true},
+		{ID: "s1", Capacity: fleet.Spot, Provider: "aws", Region: "us-east-1", Zone: "us-east-1b", Ready: false},
+		{ID: "s2", Capacity: fleet.Spot, Provider: "aws", Region: "us-east-1", Zone: "us-east-1a", Ready: false},
+	}
+	if plan := pl.Plan(p0, 3, starting, offers()); len(plan.Launch) != 0 || len(plan.Drain) != 0 {
+		t.Fatalf("spot starting: want no stand-in, got %+v", plan)
+	}
+	// Every zone refuses the two spot launches: on-demand covers them; a zone that comes
+	// back gets spot again, and the on-demand replicas serve until it is ready.
+	for _, z := range []string{"us-east-1a", "us-east-1b", "us-east-1c"} {
+		pl.Refused(Offer{Provider: "aws", Region: "us-east-1", Zone: z, Capacity: fleet.Spot}, p0)
+	}
+	plan = pl.Plan(p0, 3, []Placed{starting[0]}, offers())
+	eq(t, "spot refused everywhere", zones(plan.Launch), "on_demand@us-east-1a", "on_demand@us-east-1a")
+}
+
 func TestOverprovisionIsNotCoveredByStandIns(t *testing.T) {
-	pl := policy(func(p *PlacementPolicy) { p.DynamicFallback = true; p.Overprovision = 1 })
+	pl := policy(func(p *PlacementPolicy) { p.DynamicFallback = true; p.StandInForStarting = true; p.Overprovision = 1 })
 	plan := pl.Plan(p0, 3, nil, offers())
 	if plan.Want[fleet.Spot] != 3 || plan.Want[fleet.OnDemand] != 2 {
 		t.Fatalf("want %v; 3 spot (1 overprovisioned) and 2 stand-ins", plan.Want)
@@ -197,7 +220,7 @@ func TestNoSpotOfferKeepsRunningSpot(t *testing.T) {
 		t.Fatalf("plan %+v", plan)
 	}
 	// With SpotHedge's fallback, a spot replica that is not ready gets its stand-in.
-	pl = policy(func(p *PlacementPolicy) { p.DynamicFallback = true })
+	pl = policy(func(p *PlacementPolicy) { p.DynamicFallback = true; p.StandInForStarting = true })
 	existing[1].Ready = false
 	plan = pl.Plan(p0, 2, existing, onlyOD)
 	eq(t, "stand-in for the starting spot replica", zones(plan.Launch), "on_demand@us-east-1a")
@@ -356,7 +379,7 @@ func TestSpotMoveEdges(t *testing.T) {
 // reason says the bound binds, a replica leaving still counts, and at the bound an
 // on-demand stand-in makes room for the spot replica it stands in for, one at a time.
 func TestMaxReplicasBoundsTheWholeFleet(t *testing.T) {
-	pl := policy(func(p *PlacementPolicy) { p.DynamicFallback = true; p.MaxReplicas = 3 })
+	pl := policy(func(p *PlacementPolicy) { p.DynamicFallback = true; p.StandInForStarting = true; p.MaxReplicas = 3 })
 	plan := pl.Plan(p0, 3, nil, offers())
 	eq(t, "from nothing", zones(plan.Launch), "spot@us-east-1b", "spot@us-east-1a", "spot@us-east-1c")
 	if !strings.Contains(plan.Reason, "max_replicas 3 binding: 0 alive (0 leaving), 3 of 6 launches held") {

@@ -143,8 +143,10 @@ func wire(sys System, in *Inputs) (wiring, error) {
 			w.scaling.TargetPerReplica = 1 // fixed size: min = max
 		}
 		w.decideInt = 20 * time.Second
-		// SpotHedge: spot whenever use_spot (no price rule), fallback per the spec.
+		// SpotHedge: spot whenever use_spot (no price rule), fallback per the spec, with a
+		// stand-in for every spot replica not ready, starting ones included.
 		w.placement.MaxSpotPriceRatio = 1
+		w.placement.StandInForStarting = true
 		w.placement.Reserved = nil
 		// A refused launch only cools its zone: SkyServe has no refusal backoff (sky launch
 		// fails over across zones within one launch).

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -166,7 +167,13 @@ func (s *simulation) run() {
 	if s.in.Warm {
 		// The day starts with the service up: min_replicas placed and ready at t=0.
 		s.target = s.w.scaling.MinReplicas
-		s.decide()
+		// A zone without spot capacity refuses its launch at once; the next plans go
+		// elsewhere (another zone, or on-demand), as a service that was up would have.
+		for range 8 {
+			if s.decide(); len(s.live) >= s.target {
+				break
+			}
+		}
 		for _, r := range s.live {
 			r.gen++ // their cold-start events are void
 			s.becameReady(r)
@@ -362,9 +369,33 @@ func (s *simulation) candidates() []*router.Replica {
 	return s.cands
 }
 
+// fleetLine describes each live replica for the trace: capacity, state, age.
+func (s *simulation) fleetLine() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "target %d, alive %d:", s.target, len(s.live))
+	for _, r := range s.live {
+		state := "starting"
+		switch {
+		case r.dead:
+			state = "dead"
+		case r.noticed:
+			state = "noticed"
+		case r.draining:
+			state = "draining"
+		case r.ready:
+			state = "ready"
+		}
+		fmt.Fprintf(&b, " %s %s %.0fs;", r.offer.Capacity, state, (s.now - r.launched).Seconds())
+	}
+	return b.String()
+}
+
 func (s *simulation) hold(req *request) {
 	if !req.held {
 		req.held, req.heldAt = true, s.now
+		if len(s.held) == 0 && s.in.Trace != nil {
+			fmt.Fprintf(s.in.Trace, "%8.0fs held: no ready replica; %s\n", s.now.Seconds(), s.fleetLine())
+		}
 		s.held = append(s.held, req)
 	}
 	if s.target == 0 {
