@@ -73,6 +73,13 @@ type PlacementPolicy struct {
 	// StandInForStarting also stands in for starting spot replicas, as SkyServe's
 	// SpotHedge fallback does (the simulator's SkyServe baseline).
 	StandInForStarting bool
+	// SpotMinZones 2 hedges a lone spot replica: when spot alone serves a target of one,
+	// a second spot replica runs in another zone, so that a preemption (30 s of notice on
+	// GCP, a cold start of minutes to replace) never leaves the service with none ready,
+	// as long as the pair still costs at most MaxSpotPriceRatio × on-demand (the saving the
+	// user asked spot for). The hedge is insurance, like num_overprovision: no stand-in
+	// covers it, and none goes in the lone replica's own zone.
+	SpotMinZones int
 	// Overprovision is the part of the target that is num_overprovision: stand-ins never
 	// cover it (an extra spot replica is insurance, not demand).
 	Overprovision int
@@ -309,8 +316,15 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	for _, r := range have[fleet.Spot] {
 		spotIn[r.place()]++
 	}
+	hedge := 0
+	if useSpot && p.SpotMinZones >= 2 && rest-base == 1 && base == 0 && want[fleet.Reserved] == 0 && p.Overprovision == 0 &&
+		(!haveOD || 2*spotOffer.PricePerHour <= p.MaxSpotPriceRatio*odOffer.PricePerHour) {
+		hedge = 1
+		why += fmt.Sprintf("; a second spot replica in another zone hedges the lone one (spot_policy.min_zones 2; the pair's $%.2f/h ≤ %.2f × on-demand)",
+			2*spotOffer.PricePerHour, p.MaxSpotPriceRatio)
+	}
 	if useSpot || holdSpot {
-		want[fleet.Spot] = rest - base
+		want[fleet.Spot] = rest - base + hedge
 		od := base
 		if holdSpot {
 			want[fleet.Spot] = min(want[fleet.Spot], len(have[fleet.Spot]))
@@ -319,6 +333,11 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		for n := want[fleet.Spot] - len(have[fleet.Spot]); n > 0; n-- {
 			o, ok := pl.spotZone(offers, active, spotIn)
 			if !ok {
+				break
+			}
+			if hedge == 1 && len(have[fleet.Spot])+len(spotLaunches) >= want[fleet.Spot]-1 && spotIn[o.place()] > 0 {
+				// A hedge in the lone replica's own zone would go with it: none.
+				want[fleet.Spot], hedge = want[fleet.Spot]-1, 0
 				break
 			}
 			spotIn[o.place()]++
@@ -332,13 +351,13 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			if !p.StandInForStarting {
 				covered += startingSpot + len(spotLaunches)
 			}
-			od += max(0, want[fleet.Spot]-covered)
+			od += max(0, want[fleet.Spot]-hedge-covered)
 		}
 		want[fleet.OnDemand] = min(od, odCap)
 	} else {
 		want[fleet.OnDemand] = rest
 	}
-	notReadySpot := max(0, want[fleet.Spot]-readySpot)
+	notReadySpot := max(0, want[fleet.Spot]-hedge-readySpot)
 	plan := Plan{Want: want, Reason: fmt.Sprintf("target %d: reserved %d (of %d slots), %s; want spot %d, on-demand %d",
 		target, want[fleet.Reserved], reservedCap, why, want[fleet.Spot], want[fleet.OnDemand])}
 

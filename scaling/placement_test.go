@@ -123,6 +123,32 @@ func TestStandInsOnlyForSpotThatCannotLaunch(t *testing.T) {
 	eq(t, "spot refused everywhere", zones(plan.Launch), "on_demand@us-east-1a", "on_demand@us-east-1a")
 }
 
+// A lone spot replica is hedged by a second in another zone (spot_policy.min_zones 2), which
+// no on-demand stand-in covers; a target of two is its own hedge; min_zones 1 turns it off.
+func TestLoneSpotReplicaIsHedged(t *testing.T) {
+	pl := policy(func(p *PlacementPolicy) { p.SpotMinZones = 2; p.DynamicFallback = true })
+	plan := pl.Plan(p0, 1, nil, offers())
+	eq(t, "target 1", zones(plan.Launch), "spot@us-east-1b", "spot@us-east-1a")
+	// The pair must still cost ≤ 0.6 × on-demand ($10): at $3.50 each it does not.
+	dear := offers()
+	dear[2].PricePerHour = 3.5
+	eq(t, "target 1, a dear pair", zones(policy(func(p *PlacementPolicy) { p.SpotMinZones = 2 }).Plan(p0, 1, nil, dear).Launch), "spot@us-east-1b")
+	if !strings.Contains(plan.Reason, "hedges the lone one") || plan.Want[fleet.OnDemand] != 0 {
+		t.Fatalf("plan %+v", plan)
+	}
+	// One zone left (the others refused lately): the hedge is not stood in for on-demand.
+	pl = policy(func(p *PlacementPolicy) { p.SpotMinZones = 2; p.DynamicFallback = true; p.RefusalBackoff = time.Minute })
+	pl.Refused(Offer{Provider: "aws", Region: "us-east-1", Zone: "us-east-1a", Capacity: fleet.Spot}, p0)
+	pl.Refused(Offer{Provider: "aws", Region: "us-east-1", Zone: "us-east-1c", Capacity: fleet.Spot}, p0)
+	plan = pl.Plan(p0, 1, nil, offers())
+	eq(t, "target 1, one zone offered: no hedge in the same zone", zones(plan.Launch), "spot@us-east-1b")
+	if plan.Want[fleet.OnDemand] != 0 || plan.Want[fleet.Spot] != 1 {
+		t.Fatalf("want %v: one spot replica, no stand-in for the hedge", plan.Want)
+	}
+	eq(t, "target 2", zones(policy(func(p *PlacementPolicy) { p.SpotMinZones = 2 }).Plan(p0, 2, nil, offers()).Launch), "spot@us-east-1b", "spot@us-east-1a")
+	eq(t, "min_zones 1", zones(policy(func(p *PlacementPolicy) { p.SpotMinZones = 1 }).Plan(p0, 1, nil, offers()).Launch), "spot@us-east-1b")
+}
+
 func TestOverprovisionIsNotCoveredByStandIns(t *testing.T) {
 	pl := policy(func(p *PlacementPolicy) { p.DynamicFallback = true; p.StandInForStarting = true; p.Overprovision = 1 })
 	plan := pl.Plan(p0, 3, nil, offers())

@@ -147,6 +147,7 @@ func wire(sys System, in *Inputs) (wiring, error) {
 		// stand-in for every spot replica not ready, starting ones included.
 		w.placement.MaxSpotPriceRatio = 1
 		w.placement.StandInForStarting = true
+		w.placement.SpotMinZones = 0 // no hedge beyond num_overprovision
 		w.placement.Reserved = nil
 		// A refused launch only cools its zone: SkyServe has no refusal backoff (sky launch
 		// fails over across zones within one launch).

@@ -18,7 +18,7 @@ var (
 		"scale_to_zero_after_seconds", "autoscaling", "readiness", "local", "sim", "profile",
 	}
 	sloKeys         = []string{"ttft_seconds", "tpot_seconds", "e2e_seconds", "percentile"}
-	spotPolicyKeys  = []string{"max_price_ratio", "rebalance_min_saving"}
+	spotPolicyKeys  = []string{"max_price_ratio", "rebalance_min_saving", "min_zones"}
 	reservedKeys    = []string{"provider", "region", "zone", "accelerator", "count", "price_per_hour"}
 	autoscalingKeys = []string{
 		"signal", "target_concurrency_per_replica", "target_tokens_per_second_per_replica",
@@ -43,7 +43,7 @@ func defaultArbiter() Arbiter {
 	return Arbiter{
 		RoutingPolicy:           "slo_cheapest",
 		SLO:                     SLO{TTFTSeconds: 2, TPOTSeconds: 0.1, Percentile: 0.9},
-		SpotPolicy:              SpotPolicy{MaxPriceRatio: 0.6},
+		SpotPolicy:              SpotPolicy{MaxPriceRatio: 0.6, MinZones: 2},
 		Providers:               []string{"local"},
 		ScaleToZeroAfterSeconds: 300,
 		Autoscaling: Autoscaling{
@@ -89,6 +89,7 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 		s := d.block("arbiter.spot_policy", b.key("spot_policy"), v, spotPolicyKeys)
 		s.number("max_price_ratio", "a ratio greater than 0 and at most 1, such as 0.6", between(0, 1), &a.SpotPolicy.MaxPriceRatio)
 		s.number("rebalance_min_saving", "a fraction from 0 (never move) to below 1, such as 0.2", func(v float64) bool { return v >= 0 && v < 1 }, &a.SpotPolicy.RebalanceMinSaving)
+		s.integer("min_zones", "1 (no hedge) or 2", func(v int) bool { return v == 1 || v == 2 }, &a.SpotPolicy.MinZones)
 	}
 	if v := b.get("providers"); v != nil {
 		a.Providers = d.providers("arbiter.providers", v)

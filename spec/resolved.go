@@ -264,6 +264,7 @@ func arbiterNode(a *Arbiter) *yaml.Node {
 	sp := mapping()
 	put(sp, "max_price_ratio", num(a.SpotPolicy.MaxPriceRatio))
 	put(sp, "rebalance_min_saving", num(a.SpotPolicy.RebalanceMinSaving))
+	put(sp, "min_zones", num(float64(a.SpotPolicy.MinZones)))
 	put(m, "spot_policy", sp)
 
 	if len(a.Reserved) > 0 {
