@@ -318,6 +318,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	}
 	hedge := 0
 	if useSpot && p.SpotMinZones >= 2 && rest-base == 1 && base == 0 && want[fleet.Reserved] == 0 && p.Overprovision == 0 &&
+		(p.MaxReplicas == 0 || p.MaxReplicas >= 2) &&
 		(!haveOD || 2*spotOffer.PricePerHour <= p.MaxSpotPriceRatio*odOffer.PricePerHour) {
 		hedge = 1
 		why += fmt.Sprintf("; a second spot replica in another zone hedges the lone one (spot_policy.min_zones 2; the pair's $%.2f/h ≤ %.2f × on-demand)",
