@@ -89,7 +89,11 @@ func (r *Replica) Completed(req *Request, pred Prediction, ttft, e2e float64, ou
 		r.spread.observe(ttft/pred.TTFT, req.SLO.Percentile)
 	}
 	if outTokens > 1 {
-		r.twin.decoded(pred.seq, (e2e-ttft)/float64(outTokens-1), end)
+		tpot := (e2e - ttft) / float64(outTokens-1)
+		r.twin.decoded(pred.seq, tpot, end)
+		if pred.TPOT > 0 {
+			r.tpotSpread.observe(tpot/pred.TPOT, req.SLO.Percentile)
+		}
 	}
 }
 

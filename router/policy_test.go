@@ -220,7 +220,8 @@ func TestSampledPickKeepsTheFullScansOrder(t *testing.T) {
 	const n = 400
 	rs := tiered(n)
 	price := func(r *Replica) float64 { return r.Info().PricePerHour }
-	p := &SLOCheapest{StaleAfter: time.Second, ResampleEvery: -1}
+	// Tiers 1, 2, 3 and 4 $/h: a tolerance under their gaps keeps them apart.
+	p := &SLOCheapest{StaleAfter: time.Second, ResampleEvery: -1, CostTolerance: 0.05}
 	rng := rand.New(rand.NewPCG(1, 2))
 	count := map[*Replica]int{}
 	for range 400 {
@@ -557,5 +558,58 @@ func TestAffinityMatchesLongSharedPrefixes(t *testing.T) {
 	}
 	if n != 96 {
 		t.Fatalf("a %d-block prompt takes %d entries; want 96", maxPrefixBlocks, n)
+	}
+}
+
+// Spot replicas in zones priced $4.60 to $6.30/h are one cost tier: billed by the hour,
+// they cost the same used or idle, so the pick spreads over them instead of packing the
+// cheapest zone's replica (which slowed its streams past the TPOT target in the simulator);
+// an on-demand replica at $11.06/h is a tier apart and gets nothing while spot meets the SLO.
+func TestNearPricesAreOneTier(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var rs []*Replica
+	for i, price := range []float64{4.6, 5.4, 6.3, 11.06} {
+		capacity := fleet.Spot
+		if price > 10 {
+			capacity = fleet.OnDemand
+		}
+		rs = append(rs, newReplica(fleet.Replica{ID: fmt.Sprint("r", i), Address: "127.0.0.1:1", Model: "m", Capacity: capacity, PricePerHour: price}, nil, defaultProfile()))
+	}
+	p := &SLOCheapest{StaleAfter: time.Second}
+	count := map[string]int{}
+	for range 30 {
+		req := &Request{Model: "m", PromptTokens: 2000, OutTokens: 30, SLO: SLO{TTFT: 2, TPOT: 0.1}, Now: now}
+		r := p.Pick(req, rs, rand.New(rand.NewPCG(1, 1)))
+		r.Begin(req, time.Second)
+		count[r.Info().ID]++
+	}
+	if count["r0"] != 10 || count["r1"] != 10 || count["r2"] != 10 || count["r3"] != 0 {
+		t.Fatalf("requests per replica %v: want the three spot replicas 10 each, on-demand none", count)
+	}
+}
+
+// A stream's time per token grows with the requests sent after it: a replica whose streams
+// have run at twice their predicted TPOT is held to that, so a pick does not fill it up to
+// the target with streams that will then miss it.
+func TestTPOTVerdictUsesItsSpread(t *testing.T) {
+	r := newReplica(fleet.Replica{ID: "a", Address: "127.0.0.1:1", Model: "m", PricePerHour: 1}, nil, defaultProfile())
+	now := time.Unix(1000, 0)
+	slo := SLO{TTFT: 2, TPOT: 0.1, Percentile: 0.9}
+	for range 60 {
+		req := &Request{Model: "m", PromptTokens: 100, OutTokens: 11, SLO: slo, Now: now, Streamed: true}
+		pred := r.Begin(req, time.Second)
+		if pred.TPOT <= 0 {
+			t.Fatalf("no TPOT prediction: %+v", pred)
+		}
+		ttft := pred.TTFT
+		r.Completed(req, pred, ttft, ttft+10*2*pred.TPOT, 11, true) // every token twice as slow
+		now = now.Add(time.Second)
+	}
+	p := r.Predict(now, 100, 100, 11, time.Second)
+	if p.TPOTSpread < 1.5 {
+		t.Fatalf("TPOT spread %.2f after streams at twice their prediction, want near 2", p.TPOTSpread)
+	}
+	if p.TPOT*p.TPOTSpread > 0.1 == slo.Meets(p) {
+		t.Fatalf("verdict %v for TPOT %.3f × spread %.2f against 0.1", slo.Meets(p), p.TPOT, p.TPOTSpread)
 	}
 }

@@ -40,6 +40,9 @@ type Replica struct {
 	// prefixes is what this router sent the replica that its prefix cache likely holds.
 	prefixes prefixMemory
 	spread   spread
+	// tpotSpread is spread for the time per output token: a stream's TPOT grows with the
+	// requests sent to the replica after it, which no prediction at its pick can see.
+	tpotSpread spread
 	// lastSent is when this router last sent the replica a request (or claimed one to
 	// re-sample it).
 	lastSent time.Time
@@ -174,6 +177,11 @@ type Prediction struct {
 	// of their predictions (0: not known yet): a replica whose answers scatter around the
 	// prediction must be predicted under the SLO by that much to meet it at its percentile.
 	Spread float64
+	// TPOTSpread is the same for the time per output token: how a stream's TPOT turned out
+	// against its prediction at the pick, at the SLO's percentile. The replica's later
+	// picks add sequences to its batch, so a policy that fills a replica up to the TPOT
+	// target would otherwise see its earlier streams slow past it.
+	TPOTSpread float64
 
 	seq *twinSeq // the request in the model, once Begin sent it
 }
@@ -211,7 +219,7 @@ func (r *Replica) predictLocked(now time.Time, p shape, outTokens int, staleAfte
 		}
 	}
 	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, Wait: max(res.start.Sub(now).Seconds(), 0),
-		Ahead: ahead, Load: r.loadLocked(now, staleAfter), Uncached: uncached, Spread: r.spread.factor()}
+		Ahead: ahead, Load: r.loadLocked(now, staleAfter), Uncached: uncached, Spread: r.spread.factor(), TPOTSpread: r.tpotSpread.factor()}
 }
 
 // withKnownPrefix counts as cached what the replica's prefix cache likely holds of the
