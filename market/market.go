@@ -66,14 +66,13 @@ type Market struct {
 	spot    *traces.SpotTrace
 	offset  time.Duration
 	reading Reading
-	// drivers maps a catalog place (provider/region/zone) to the trace zones that drive it
-	// (sorted; more than one where a catalog has fewer zones than the trace): their values
-	// add up.
-	drivers map[string][]string
-	// domain lists, for each place, the places of its catalog zone, which share its drivers
-	// and capacity; zonePlaces the same by catalog zone.
-	domain     map[string][]string
+	// zoneOf maps a catalog place (provider/region/zone) that a trace zone drives to its
+	// catalog zone; zonePlaces lists each catalog zone's places, which share its capacity.
+	zoneOf     map[string]string
 	zonePlaces map[string][]string
+	// drivers maps a catalog zone to the trace zones that drive it (sorted; more than one
+	// where a catalog has fewer zones than the trace): their values add up.
+	drivers map[string][]string
 	// byTrace lists the catalog zones each trace zone drives.
 	byTrace map[string][]string
 	mapping []traces.ZoneMapping
@@ -96,7 +95,7 @@ func New(cfg Config) (*Market, error) {
 		return nil, err
 	}
 	m := &Market{catalog: cfg.Catalog, res: cfg.Resources, start: cfg.Start, spot: cfg.Spot, offset: cfg.Offset, reading: reading,
-		drivers: map[string][]string{}, domain: map[string][]string{}, zonePlaces: map[string][]string{}, byTrace: map[string][]string{}}
+		zoneOf: map[string]string{}, drivers: map[string][]string{}, byTrace: map[string][]string{}}
 	quotes, err := m.catalog.Quote(m.res, m.start)
 	if err != nil {
 		return nil, fmt.Errorf("market: quote at %s: %w", m.start.Format(time.DateOnly), err)
@@ -126,9 +125,9 @@ func New(cfg Config) (*Market, error) {
 		}
 		for _, zm := range m.mapping { // sorted by trace zone, so drivers are too
 			m.byTrace[zm.Trace] = append(m.byTrace[zm.Trace], zm.Catalog)
+			m.drivers[zm.Catalog] = append(m.drivers[zm.Catalog], zm.Trace)
 			for _, p := range byZone[zm.Catalog] {
-				m.drivers[p] = append(m.drivers[p], zm.Trace)
-				m.domain[p] = byZone[zm.Catalog]
+				m.zoneOf[p] = zm.Catalog
 			}
 		}
 	}
@@ -147,7 +146,7 @@ func (m *Market) convert(quotes []pricing.Offer) []scaling.Offer {
 	var out []scaling.Offer
 	for _, o := range quotes {
 		if o.Capacity == fleet.Spot {
-			if _, ok := m.drivers[Place(o.Provider, o.Region, o.Zone)]; !ok {
+			if _, ok := m.zoneOf[Place(o.Provider, o.Region, o.Zone)]; !ok {
 				continue
 			}
 		}
@@ -188,7 +187,11 @@ func (m *Market) SpotCapacity(p string, t time.Duration) bool { return m.SpotLim
 // values when the market reads counts, unlimited (math.MaxInt) where any is > 0 when it
 // reads availability, 0 where the trace says nothing.
 func (m *Market) SpotLimit(p string, t time.Duration) int {
-	n, any := m.driven(m.drivers[p], "", 0, m.offset+t)
+	cz, ok := m.zoneOf[p]
+	if !ok {
+		return 0
+	}
+	n, any := m.driven(m.drivers[cz], "", 0, m.offset+t)
 	if m.reading == ReadAvailability && any {
 		return math.MaxInt
 	}
@@ -196,7 +199,12 @@ func (m *Market) SpotLimit(p string, t time.Duration) int {
 }
 
 // Domain lists the places that share p's spot capacity (p's catalog zone).
-func (m *Market) Domain(p string) []string { return m.domain[p] }
+func (m *Market) Domain(p string) []string {
+	if cz, ok := m.zoneOf[p]; ok {
+		return m.zonePlaces[cz]
+	}
+	return nil
+}
 
 // driven sums the trace zones' values at trace time at, with zone except's value taken as
 // exceptN instead (the value an event has just changed it to); any says one is > 0.
@@ -240,9 +248,8 @@ func (m *Market) Drops(from, to time.Duration) []Drop {
 			if len(places) == 0 {
 				continue
 			}
-			drivers := m.drivers[places[0]]
-			before, _ := m.driven(drivers, e.Zone, e.Count+e.Delta, e.At)
-			after, _ := m.driven(drivers, e.Zone, e.Count, e.At)
+			before, _ := m.driven(m.drivers[cz], e.Zone, e.Count+e.Delta, e.At)
+			after, _ := m.driven(m.drivers[cz], e.Zone, e.Count, e.At)
 			if after >= before {
 				continue
 			}

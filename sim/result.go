@@ -4,6 +4,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/arbiter-serve/arbiter/spec"
 )
 
 // Result is one system's run.
@@ -115,6 +117,15 @@ func (r *Result) Availability() float64 {
 		return 1
 	}
 	return float64(r.Succeeded) / float64(r.Requests)
+}
+
+// HoldBound is how long a request may wait for a replica and still count as served: the
+// SLO's end-to-end bound, or 60 s where it has none.
+func HoldBound(sp *spec.Service) time.Duration {
+	if e2e := sp.Arbiter.SLO.E2ESeconds; e2e > 0 {
+		return time.Duration(e2e * float64(time.Second))
+	}
+	return time.Minute
 }
 
 // Served is Availability without the requests held longer than HoldBound: the share

@@ -140,10 +140,7 @@ func Run(sys System, in Inputs) (*Result, error) {
 	s.res = &Result{System: sys, Simulated: in.Duration, Failed: map[string]int{}, ReplicaHours: map[string]float64{},
 		Percentile: w.slo.Percentile}
 	s.res.SLO.TTFT, s.res.SLO.TPOT = w.slo.TTFT, w.slo.TPOT
-	s.res.HoldBound = time.Minute
-	if e2e := in.Spec.Arbiter.SLO.E2ESeconds; e2e > 0 {
-		s.res.HoldBound = time.Duration(e2e * float64(time.Second))
-	}
+	s.res.HoldBound = HoldBound(in.Spec)
 	if s.res.Percentile <= 0 {
 		s.res.Percentile = 0.9
 	}
@@ -572,10 +569,14 @@ func (s *simulation) decide() {
 }
 
 func (s *simulation) launch(o scaling.Offer) {
-	if o.Capacity == fleet.Spot && s.spotHeld(market.Place(o.Provider, o.Region, o.Zone)) >= s.mkt.SpotLimit(market.Place(o.Provider, o.Region, o.Zone), s.now) {
-		s.res.LaunchFailures++
-		s.placer.Refused(o, s.clock())
-		return
+	held := 0
+	if o.Capacity == fleet.Spot {
+		p := market.Place(o.Provider, o.Region, o.Zone)
+		if held = s.spotHeld(p); held >= s.mkt.SpotLimit(p, s.now) {
+			s.res.LaunchFailures++
+			s.placer.Refused(o, s.clock())
+			return
+		}
 	}
 	eng, err := engine.New(s.in.Profile)
 	if err != nil {
@@ -591,7 +592,7 @@ func (s *simulation) launch(o scaling.Offer) {
 	s.res.Launches++
 	s.res.PeakReplicas = max(s.res.PeakReplicas, len(s.live))
 	if o.Capacity == fleet.Spot {
-		s.res.PeakSpotInZone = max(s.res.PeakSpotInZone, s.spotHeld(market.Place(o.Provider, o.Region, o.Zone)))
+		s.res.PeakSpotInZone = max(s.res.PeakSpotInZone, held+1)
 	}
 	s.at(s.in.ColdStart, event{kind: evReady, rep: r, gen: r.gen})
 }
@@ -703,9 +704,11 @@ func (s *simulation) announceDrop(i int) {
 			in = append(in, r)
 		}
 	}
-	n := int(math.Ceil(d.Share * float64(len(in))))
+	var n int
 	if s.mkt.Reading() == market.ReadCount {
 		n = len(in) - min(d.Remaining, len(in)) // those already noticed are leaving anyway
+	} else {
+		n = int(math.Ceil(d.Share * float64(len(in))))
 	}
 	for _, r := range in[len(in)-n:] {
 		r.noticed = true

@@ -131,6 +131,15 @@ func (t *SpotTrace) ZoneEnd(zone string) time.Duration {
 	return 0
 }
 
+// End is how long the trace's longest zone series runs.
+func (t *SpotTrace) End() time.Duration {
+	var end time.Duration
+	for _, z := range t.zones {
+		end = max(end, z.end)
+	}
+	return end
+}
+
 // Price is the spot price in USD/hour at time at, for the SkyPilot files that
 // carry a "prices" series; ok is false elsewhere.
 func (t *SpotTrace) Price(zone string, at time.Duration) (usdPerHour float64, ok bool) {

@@ -87,7 +87,7 @@ func mapZones(traceZones, catalogZones []string) ([]ZoneMapping, error) {
 			pending = append(pending, z)
 		}
 	}
-	// Each wider tier takes the zones the narrower one left homeless.
+	// Each wider tier takes the zones the narrower one left homeless; the last takes all.
 	tiers := []struct {
 		rule string
 		key  func(string) string
@@ -95,13 +95,10 @@ func mapZones(traceZones, catalogZones []string) ([]ZoneMapping, error) {
 		{"same region", regionKey},
 		{"same country", countryKey},
 		{"same continent", Geography},
+		{"anywhere (no catalog zone on its continent)", func(string) string { return "anywhere" }},
 	}
 	for _, tier := range tiers {
 		pending = assignByKey(out, taken, pending, catalog, tier.rule, tier.key)
-	}
-	if len(pending) > 0 {
-		rule := "anywhere (no catalog zone on its continent)"
-		assignRoundRobin(out, taken, pending, catalog, rule)
 	}
 	ms := make([]ZoneMapping, 0, len(out))
 	for _, z := range zones {

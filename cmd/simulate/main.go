@@ -91,7 +91,7 @@ func run(args []string, out io.Writer) error {
 	}
 	dur := time.Duration(*hours * float64(time.Hour))
 	fmt.Fprintf(out, "| requests | spot trace | capacity | day | system | $ | $/M tokens | SLO attainment | TTFT p%g | TPOT p%g | availability | held > %s | preemptions | spot h | on-demand h | launches | peak replicas (max %d) | zero waits (max) | wall |\n",
-		sp.Arbiter.SLO.Percentile*100, sp.Arbiter.SLO.Percentile*100, holdBound(sp), sp.Service.ReplicaPolicy.MaxReplicas)
+		sp.Arbiter.SLO.Percentile*100, sp.Arbiter.SLO.Percentile*100, sim.HoldBound(sp), sp.Service.ReplicaPolicy.MaxReplicas)
 	fmt.Fprintln(out, "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	var summaries []summary
 	for _, rn := range strings.Split(*reqNames, ",") {
@@ -123,7 +123,7 @@ func run(args []string, out io.Writer) error {
 				return err
 			}
 			n := *days
-			if covered := int(traceLength(st) / (24 * time.Hour)); *startDay+n > covered && covered > *startDay {
+			if covered := int(st.End() / (24 * time.Hour)); *startDay+n > covered && covered > *startDay {
 				n = covered - *startDay
 				fmt.Fprintf(out, "<!-- %s covers %d whole days: %d day runs from day %d -->\n", sn, covered, n, *startDay)
 			}
@@ -157,15 +157,6 @@ func run(args []string, out io.Writer) error {
 	return nil
 }
 
-// traceLength is how long the spot trace's longest zone series runs.
-func traceLength(st *traces.SpotTrace) time.Duration {
-	var end time.Duration
-	for _, z := range st.Zones {
-		end = max(end, st.ZoneEnd(z))
-	}
-	return end
-}
-
 // loadRequests reads a named shared trace, or a user's file given as file:PATH.
 func loadRequests(name string) (*traces.RequestTrace, error) {
 	if path, ok := strings.CutPrefix(name, "file:"); ok {
@@ -176,13 +167,6 @@ func loadRequests(name string) (*traces.RequestTrace, error) {
 		return rt, nil
 	}
 	return traces.NamedRequests(name)
-}
-
-func holdBound(sp *spec.Service) time.Duration {
-	if e2e := sp.Arbiter.SLO.E2ESeconds; e2e > 0 {
-		return time.Duration(e2e * float64(time.Second))
-	}
-	return time.Minute
 }
 
 // printMapping says whose prices the trace's zones drive: a result read without it may
