@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -97,12 +98,44 @@ type PlacementPolicy struct {
 	// run out of zones: an empty market is not asked again at every decision. 0: a refusal
 	// only cools the zone.
 	RefusalBackoff time.Duration
+	// ZoneRule chooses a new spot replica's zone among the active ones.
+	ZoneRule ZoneRule
+	// ColdStart is a replica's launch to ready, what ZoneExpectedCost charges per
+	// preemption (0: DefaultColdStart).
+	ColdStart time.Duration
 	// MaxReplicas bounds the replicas alive at once (max_replicas): those leaving, the
 	// on-demand stand-ins and a rebalance's replacement included. A plan that would pass it
 	// launches what fits, the wanted kinds first (reserved, spot, then on-demand), and says
 	// so in its reason. 0: no bound.
 	MaxReplicas int
 }
+
+// ZoneRule is how a new spot replica's zone is chosen among the active zones.
+type ZoneRule int
+
+const (
+	// ZoneExpectedCost (Arbiter's): the lowest expected cost of an hour of spot capacity in
+	// the zone — its price, plus each preemption the zone is expected to deal (its rate as
+	// this placer has seen it) costing a cold start twice over: the replacement billed
+	// while it starts, and the capacity missing meanwhile at the on-demand price that
+	// would have held it — among the zones holding less than their share of the spot
+	// fleet (⌈spot replicas ÷ SpotMinZones⌉, so one zone's loss never takes more than that
+	// share). Scale-down drains the dearest zones' replicas first, within the same shares.
+	ZoneExpectedCost ZoneRule = iota
+	// ZoneFewestThenCheapest: the zones holding the fewest of the service's spot replicas,
+	// then the cheapest (Arbiter's rule before ZoneExpectedCost).
+	ZoneFewestThenCheapest
+	// ZoneUnusedThenCheapest is SkyServe's SpotHedge placer: the active zones holding none
+	// of the service's spot replicas, else every active zone; then the cheapest
+	// (skypilot-org/skypilot sky/serve/spot_placer.py, DynamicFallbackSpotPlacer
+	// .select_next_location). Once every zone holds one, each new replica goes to the
+	// cheapest.
+	ZoneUnusedThenCheapest
+)
+
+// DefaultColdStart is the ColdStart assumed when the policy gives none: vLLM's published
+// cold start with nothing cached (sim.DefaultColdStart is the same figure).
+const DefaultColdStart = 294 * time.Second
 
 // DefaultRefusalBackoff is the control plane's RefusalBackoff.
 const DefaultRefusalBackoff = 30 * time.Second
@@ -155,7 +188,24 @@ type Placer struct {
 	preempted map[string]time.Time  // provider/region/zone → last preemption or refusal
 	refused   map[refusal]time.Time // last refusal
 	moving    *move                 // the rebalancing move under way, if any
+	// zones is each zone's preemption record; observed is when it last counted hours.
+	zones    map[string]*zoneRecord
+	observed time.Time
 }
+
+// zoneRecord is what the placer has seen of one zone: the service's spot replicas it took
+// back and the replica-hours the service ran there, both decayed with zoneMemory's half
+// life, so that what a zone did lately counts most.
+type zoneRecord struct{ preemptions, hours float64 }
+
+// zoneMemory is the half life of a zone's record: long enough to see a zone's daily
+// pattern (the spot traces' zones go quiet and busy over hours), short enough that a zone
+// that changed is judged by what it does now.
+const zoneMemory = 24 * time.Hour
+
+// priorHours weighs the rate pooled over every zone into each zone's own: a zone seen for
+// less than this is judged mostly by the others.
+const priorHours = 2.0
 
 // move is one spot replica being moved to a cheaper zone: its replacement was launched
 // there at since; the replica drains once the replacement is ready.
@@ -191,7 +241,7 @@ func NewPlacer(p PlacementPolicy) (*Placer, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	return &Placer{policy: p, preempted: map[string]time.Time{}, refused: map[refusal]time.Time{}}, nil
+	return &Placer{policy: p, preempted: map[string]time.Time{}, refused: map[refusal]time.Time{}, zones: map[string]*zoneRecord{}}, nil
 }
 
 // Reconfigure applies a new policy (a service update) and keeps what the placer has seen:
@@ -204,9 +254,78 @@ func (pl *Placer) Reconfigure(p PlacementPolicy) error {
 	return nil
 }
 
-// Preempted records that a zone took a spot replica back.
+// Preempted records that a zone took a spot replica back: it cools down, and counts
+// against the zone's expected cost.
 func (pl *Placer) Preempted(provider, region, zone string, at time.Time) {
-	pl.preempted[provider+"/"+region+"/"+zone] = at
+	place := provider + "/" + region + "/" + zone
+	pl.preempted[place] = at
+	pl.record(place).preemptions++
+}
+
+func (pl *Placer) record(place string) *zoneRecord {
+	r := pl.zones[place]
+	if r == nil {
+		r = &zoneRecord{}
+		pl.zones[place] = r
+	}
+	return r
+}
+
+// observe counts the replica-hours the spot replicas ran since the last plan, and decays
+// every zone's record by the time passed.
+func (pl *Placer) observe(now time.Time, spot []Placed) {
+	if pl.observed.IsZero() || now.Before(pl.observed) {
+		pl.observed = now
+		return
+	}
+	dt := now.Sub(pl.observed)
+	pl.observed = now
+	decay := math.Exp2(-dt.Hours() / zoneMemory.Hours())
+	for _, r := range pl.zones {
+		r.preemptions *= decay
+		r.hours *= decay
+	}
+	for _, r := range spot {
+		pl.record(r.place()).hours += dt.Hours()
+	}
+}
+
+// preemptionRate is a zone's preemptions per replica-hour: its own record, with priorHours
+// of the rate pooled over every zone.
+func (pl *Placer) preemptionRate(place string) float64 {
+	var n, h float64
+	for _, r := range pl.zones {
+		n, h = n+r.preemptions, h+r.hours
+	}
+	pooled := 0.0
+	if h > 0 {
+		pooled = n / h
+	}
+	own := pl.zones[place]
+	if own == nil {
+		return pooled
+	}
+	return (own.preemptions + priorHours*pooled) / (own.hours + priorHours)
+}
+
+// expectedCost is ZoneExpectedCost's price of an hour of spot capacity from offer o, with
+// odPrice the on-demand price (0: none offered, the spot price stands in).
+func (pl *Placer) expectedCost(o Offer, odPrice float64) float64 {
+	cold := pl.policy.ColdStart
+	if cold <= 0 {
+		cold = DefaultColdStart
+	}
+	if odPrice <= 0 {
+		odPrice = o.PricePerHour
+	}
+	return o.PricePerHour + pl.preemptionRate(o.place())*cold.Hours()*(o.PricePerHour+odPrice)
+}
+
+// zoneShare is the most spot replicas one zone may hold under ZoneExpectedCost when n are
+// wanted over the active zones.
+func (pl *Placer) zoneShare(n, zones int) int {
+	k := min(max(pl.policy.SpotMinZones, 1), max(zones, 1))
+	return max(1, (n+k-1)/k)
 }
 
 // Refused records that a place turned down a launch of o's capacity kind for want of
@@ -215,7 +334,7 @@ func (pl *Placer) Preempted(provider, region, zone string, at time.Time) {
 func (pl *Placer) Refused(o Offer, at time.Time) {
 	pl.refused[refusal{o.place(), o.Capacity}] = at
 	if o.Capacity == fleet.Spot {
-		pl.Preempted(o.Provider, o.Region, o.Zone, at)
+		pl.preempted[o.place()] = at // cools the zone; a refusal took nothing back
 		if m := pl.moving; m != nil && m.to.place() == o.place() {
 			pl.moving = nil // the move's replacement was refused
 		}
@@ -273,6 +392,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		}
 	}
 	startingSpot := len(have[fleet.Spot]) - readySpot
+	pl.observe(now, have[fleet.Spot])
 	reservedCap := 0
 	for _, s := range p.Reserved {
 		reservedCap += s.Count
@@ -332,7 +452,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			od = max(base, rest-p.Overprovision-want[fleet.Spot])
 		}
 		for n := want[fleet.Spot] - len(have[fleet.Spot]); n > 0; n-- {
-			o, ok := pl.spotZone(offers, active, spotIn)
+			o, ok := pl.spotZone(offers, active, spotIn, want[fleet.Spot], odOffer.PricePerHour)
 			if !ok {
 				break
 			}
@@ -428,6 +548,9 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			continue
 		}
 		order := pl.drainOrder(kind, have[kind], spotIn)
+		if kind == fleet.Spot && p.ZoneRule == ZoneExpectedCost {
+			order = pl.spotDrainOrder(order, spotIn, pl.zoneShare(want[fleet.Spot], len(active)), odOffer.PricePerHour)
+		}
 		for _, r := range order[:extra] {
 			if r.Ready {
 				if readyBudget == 0 {
@@ -491,6 +614,56 @@ func (pl *Placer) drainOrder(kind fleet.Capacity, rs []Placed, spotIn map[string
 	return order
 }
 
+// spotDrainOrder reorders drainOrder's spot replicas for ZoneExpectedCost: after a move's
+// replica and the not-ready ones, those in a zone holding more than its share of the
+// fleet that stays, then those in the zone dearest by expected cost, so a scale-down keeps
+// the cheap zones' replicas and the spread.
+func (pl *Placer) spotDrainOrder(order []Placed, spotIn map[string]int, share int, odPrice float64) []Placed {
+	held := maps.Clone(spotIn)
+	cost := map[string]float64{}
+	for _, r := range order {
+		cost[r.place()] = pl.expectedCost(Offer{Provider: r.Provider, Region: r.Region, Zone: r.Zone, PricePerHour: r.PricePerHour}, odPrice)
+	}
+	// first keeps drainOrder's precedence: a move's replica, then the not ready.
+	first := func(r Placed) int {
+		switch {
+		case pl.moving != nil && r.ID == pl.moving.from.ID:
+			return 2
+		case !r.Ready:
+			return 1
+		}
+		return 0
+	}
+	out := make([]Placed, 0, len(order))
+	left := slices.Clone(order)
+	for len(left) > 0 {
+		best := 0
+		for i, r := range left[1:] {
+			b := left[best]
+			if f, fb := first(r), first(b); f != fb {
+				if f > fb {
+					best = i + 1
+				}
+				continue
+			}
+			over, overB := held[r.place()] > share, held[b.place()] > share
+			if over != overB {
+				if over {
+					best = i + 1
+				}
+				continue
+			}
+			if cost[r.place()] > cost[b.place()] {
+				best = i + 1
+			}
+		}
+		held[left[best].place()]--
+		out = append(out, left[best])
+		left = slices.Delete(left, best, best+1)
+	}
+	return out
+}
+
 // followMove follows the move under way: it is over when the replica it replaces has
 // gone (drained, or preempted meanwhile), and given up when its replacement was refused
 // (Refused clears it) or is not ready within moveTimeout (or was never launched: a crash
@@ -506,7 +679,7 @@ func (pl *Placer) followMove(now time.Time, plan *Plan, spot []Placed) {
 		pl.moving = nil
 	case now.Sub(m.since) >= moveTimeout:
 		pl.moving = nil
-		pl.Preempted(m.to.Provider, m.to.Region, m.to.Zone, now)
+		pl.preempted[m.to.place()] = now
 		plan.Reason += fmt.Sprintf("; gave up moving spot replica %s to %s: no ready replacement after %v", m.from.ID, m.to.place(), moveTimeout)
 	default:
 		plan.Reason += m.describe()
@@ -569,19 +742,56 @@ func (pl *Placer) activeZones(now time.Time, offers []Offer) map[string]bool {
 	return active
 }
 
-// spotZone picks the spot offer for the next replica: active zones with the fewest spot
-// replicas of this service, then the cheapest.
-func (pl *Placer) spotZone(offers []Offer, active map[string]bool, spotIn map[string]int) (Offer, bool) {
+// spotZone picks the spot offer for the next replica among the active zones, by the
+// policy's ZoneRule; wantSpot is the spot fleet's size once placed and odPrice the
+// on-demand price (0: none).
+func (pl *Placer) spotZone(offers []Offer, active map[string]bool, spotIn map[string]int, wantSpot int, odPrice float64) (Offer, bool) {
+	rule := pl.policy.ZoneRule
+	unused, share := false, 0
+	switch rule {
+	case ZoneUnusedThenCheapest:
+		for _, o := range offers {
+			unused = unused || o.Capacity == fleet.Spot && active[o.place()] && spotIn[o.place()] == 0
+		}
+	case ZoneExpectedCost:
+		zones := map[string]bool{}
+		for _, o := range offers {
+			if o.Capacity == fleet.Spot && active[o.place()] {
+				zones[o.place()] = true
+			}
+		}
+		share = pl.zoneShare(wantSpot, len(zones))
+	}
 	var best Offer
+	bestCost, bestOver := 0.0, false
 	found := false
 	for _, o := range offers {
-		if o.Capacity != fleet.Spot || !active[o.place()] {
+		if o.Capacity != fleet.Spot || !active[o.place()] || unused && spotIn[o.place()] > 0 {
 			continue
 		}
-		if !found || spotIn[o.place()] < spotIn[best.place()] ||
-			spotIn[o.place()] == spotIn[best.place()] && (o.PricePerHour < best.PricePerHour || o.PricePerHour == best.PricePerHour && o.place() < best.place()) {
+		var better bool
+		switch rule {
+		case ZoneExpectedCost:
+			// Under its share first; then the lowest expected cost.
+			c, over := pl.expectedCost(o, odPrice), spotIn[o.place()] >= share
+			better = !found || !over && bestOver || over == bestOver && (c < bestCost || c == bestCost && o.place() < best.place())
+			if better {
+				bestCost, bestOver = c, over
+			}
+		case ZoneFewestThenCheapest:
+			better = !found || spotIn[o.place()] < spotIn[best.place()] ||
+				spotIn[o.place()] == spotIn[best.place()] && cheaper(o, best)
+		default:
+			better = !found || cheaper(o, best)
+		}
+		if better {
 			best, found = o, true
 		}
 	}
 	return best, found
+}
+
+// cheaper orders offers by price, then place.
+func cheaper(a, b Offer) bool {
+	return a.PricePerHour < b.PricePerHour || a.PricePerHour == b.PricePerHour && a.place() < b.place()
 }

@@ -50,6 +50,7 @@ func eq(t *testing.T, what string, got []string, want ...string) {
 func TestReservedFirstThenSpotSpreadCheapestFirst(t *testing.T) {
 	pl := policy(func(p *PlacementPolicy) {
 		p.Reserved = []Slot{{Provider: "lambda", Region: "us-tx", Zone: "us-tx-1", Count: 1, PricePerHour: 2}}
+		p.ZoneRule = ZoneFewestThenCheapest
 	})
 	plan := pl.Plan(p0, 4, nil, offers())
 	eq(t, "launches", zones(plan.Launch), "reserved@us-tx-1", "spot@us-east-1b", "spot@us-east-1a", "spot@us-east-1c")
@@ -80,7 +81,12 @@ func TestOnDemandWhenSpotIsNotCheapEnough(t *testing.T) {
 // SpotHedge: base on-demand replicas always; stand-ins while spot replicas are not ready,
 // drained when spot recovers.
 func TestDynamicOnDemandFallback(t *testing.T) {
-	pl := policy(func(p *PlacementPolicy) { p.BaseOnDemand = 1; p.DynamicFallback = true; p.StandInForStarting = true })
+	pl := policy(func(p *PlacementPolicy) {
+		p.BaseOnDemand = 1
+		p.DynamicFallback = true
+		p.StandInForStarting = true
+		p.ZoneRule = ZoneFewestThenCheapest
+	})
 	plan := pl.Plan(p0, 3, nil, offers())
 	eq(t, "from nothing", zones(plan.Launch), "spot@us-east-1b", "spot@us-east-1a", "on_demand@us-east-1a", "on_demand@us-east-1a", "on_demand@us-east-1a")
 	existing := []Placed{
@@ -103,7 +109,12 @@ func TestDynamicOnDemandFallback(t *testing.T) {
 // Arbiter's fallback stands in only for the spot it could not launch: an on-demand replica
 // launched beside a starting spot one starts no sooner, so it would never serve first.
 func TestStandInsOnlyForSpotThatCannotLaunch(t *testing.T) {
-	pl := policy(func(p *PlacementPolicy) { p.BaseOnDemand = 1; p.DynamicFallback = true; p.RefusalBackoff = time.Minute })
+	pl := policy(func(p *PlacementPolicy) {
+		p.BaseOnDemand = 1
+		p.DynamicFallback = true
+		p.RefusalBackoff = time.Minute
+		p.ZoneRule = ZoneFewestThenCheapest
+	})
 	plan := pl.Plan(p0, 3, nil, offers())
 	eq(t, "from nothing", zones(plan.Launch), "spot@us-east-1b", "spot@us-east-1a", "on_demand@us-east-1a")
 	starting := []Placed{
@@ -360,7 +371,9 @@ func TestSpotMoveGivenUp(t *testing.T) {
 // alone for moveQuiet; the on-demand shortfall bought while no spot was offered is not
 // drained, still starting, when an offer comes back.
 func TestSpotMoveEdges(t *testing.T) {
-	rebalancing := func() *Placer { return policy(func(p *PlacementPolicy) { p.RebalanceMinSaving = 0.2 }) }
+	rebalancing := func() *Placer {
+		return policy(func(p *PlacementPolicy) { p.RebalanceMinSaving = 0.2; p.ZoneRule = ZoneFewestThenCheapest })
+	}
 	// Two wanted, one still starting: not steady, so the $5 replica does not move yet.
 	if plan := rebalancing().Plan(p0, 2, []Placed{spotPriced("c", "us-east-1c", 5, true), spotPriced("a", "us-east-1a", 4, false)}, offers()); len(plan.Launch) != 0 {
 		t.Fatalf("moved while the fleet was still starting: %+v", plan.Launch)
@@ -387,7 +400,7 @@ func TestSpotMoveEdges(t *testing.T) {
 
 	// No spot offer: the shortfall (1) goes on-demand; when spot is offered again that
 	// on-demand replica, still starting, stays until a third spot replica is ready.
-	pl = policy(nil)
+	pl = policy(func(p *PlacementPolicy) { p.ZoneRule = ZoneFewestThenCheapest })
 	spot := []Placed{spotAt("a", "us-east-1a", true), spotAt("b", "us-east-1b", true)}
 	eq(t, "shortfall", zones(pl.Plan(p0, 3, spot, offers()[:1]).Launch), "on_demand@us-east-1a")
 	od := Placed{ID: "od", Capacity: fleet.OnDemand, Provider: "aws", Region: "us-east-1", Zone: "us-east-1a"}
@@ -405,7 +418,12 @@ func TestSpotMoveEdges(t *testing.T) {
 // reason says the bound binds, a replica leaving still counts, and at the bound an
 // on-demand stand-in makes room for the spot replica it stands in for, one at a time.
 func TestMaxReplicasBoundsTheWholeFleet(t *testing.T) {
-	pl := policy(func(p *PlacementPolicy) { p.DynamicFallback = true; p.StandInForStarting = true; p.MaxReplicas = 3 })
+	pl := policy(func(p *PlacementPolicy) {
+		p.DynamicFallback = true
+		p.StandInForStarting = true
+		p.MaxReplicas = 3
+		p.ZoneRule = ZoneFewestThenCheapest
+	})
 	plan := pl.Plan(p0, 3, nil, offers())
 	eq(t, "from nothing", zones(plan.Launch), "spot@us-east-1b", "spot@us-east-1a", "spot@us-east-1c")
 	if !strings.Contains(plan.Reason, "max_replicas 3 binding: 0 alive (0 leaving), 3 of 6 launches held") {
@@ -446,4 +464,54 @@ func TestMaxReplicasBoundsTheWholeFleet(t *testing.T) {
 	if plan := pl.Plan(p0.Add(11*time.Minute), 3, existing, offers()); len(plan.Drain) != 1 {
 		t.Fatalf("no swap once the zone has cooled: %+v", plan)
 	}
+}
+
+// Arbiter's zone rule: the cheapest by expected cost within each zone's share of the spot
+// fleet; a zone that keeps preempting loses its price advantage; a scale-down keeps the
+// spread first and the cheap zones' replicas next.
+func TestSpotZoneByExpectedCost(t *testing.T) {
+	pl := policy(func(p *PlacementPolicy) { p.SpotMinZones = 2 })
+	eq(t, "from nothing, half per zone at most", zones(pl.Plan(p0, 4, nil, offers()).Launch),
+		"spot@us-east-1b", "spot@us-east-1b", "spot@us-east-1a", "spot@us-east-1a")
+
+	// Five hours with a replica in each of 1a and 1b; 1b takes back ten of them.
+	running := []Placed{spotPriced("a", "us-east-1a", 4, true), spotPriced("b", "us-east-1b", 3, true)}
+	at := p0
+	for range 10 {
+		pl.Plan(at, 2, running, offers())
+		at = at.Add(30 * time.Minute)
+		pl.Preempted("aws", "us-east-1", "us-east-1b", at.Add(-20*time.Minute))
+	}
+	pl.Plan(at, 2, running, offers())
+	if rb, ra := pl.preemptionRate("aws/us-east-1/us-east-1b"), pl.preemptionRate("aws/us-east-1/us-east-1a"); !(rb > 1 && ra < 0.5) {
+		t.Fatalf("preemption rates: 1b %.2f/h, 1a %.2f/h; want 1b's above 1 and 1a's below 0.5", rb, ra)
+	}
+	// Three replicas now go to 1a ($4) first, two of them (its share), and only the third to
+	// 1b ($3), though 1b's cooldown is over.
+	eq(t, "after 1b's preemptions", zones(pl.Plan(at, 3, nil, offers()).Launch), "spot@us-east-1a", "spot@us-east-1a", "spot@us-east-1b")
+	// A placer without the record takes the price.
+	eq(t, "without the record", zones(policy(func(p *PlacementPolicy) { p.SpotMinZones = 2 }).Plan(at, 3, nil, offers()).Launch),
+		"spot@us-east-1b", "spot@us-east-1b", "spot@us-east-1a")
+
+	// Scale-down from 4 to 2, two each in 1a and 1c: both zones hold more than their new
+	// share (1), the dearer one's newest goes first, then 1a's newest: one stays in each.
+	fleet4 := []Placed{spotPriced("a1", "us-east-1a", 4, true), spotPriced("a2", "us-east-1a", 4, true),
+		spotPriced("c1", "us-east-1c", 5, true), spotPriced("c2", "us-east-1c", 5, true)}
+	got := drained(policy(func(p *PlacementPolicy) { p.SpotMinZones = 2 }).Plan(p0, 2, fleet4, offers()))
+	eq(t, "scale-down", got, "c2", "a2")
+	// From 4 to 3 with 1a holding three: 1a's newest, though 1c is dearer.
+	fleet4[2].ID, fleet4[2].Zone = "a3", "us-east-1a"
+	fleet4[2].PricePerHour = 4
+	got = drained(policy(func(p *PlacementPolicy) { p.SpotMinZones = 2 }).Plan(p0, 3, fleet4, offers()))
+	eq(t, "over its share", got, "a3")
+}
+
+// SkyServe's placer: zones holding none of the service's spot replicas first, then the
+// cheapest by price, however many replicas the cheapest already holds.
+func TestSpotZoneUnusedThenCheapest(t *testing.T) {
+	pl := policy(func(p *PlacementPolicy) { p.ZoneRule = ZoneUnusedThenCheapest })
+	eq(t, "from nothing", zones(pl.Plan(p0, 3, nil, offers()).Launch), "spot@us-east-1b", "spot@us-east-1a", "spot@us-east-1c")
+	existing := []Placed{spotAt("b1", "us-east-1b", true), spotAt("b2", "us-east-1b", true), spotAt("a1", "us-east-1a", true), spotAt("c1", "us-east-1c", true)}
+	eq(t, "every zone used", zones(pl.Plan(p0, 5, existing, offers()).Launch), "spot@us-east-1b")
+	eq(t, "1c unused", zones(pl.Plan(p0, 4, existing[:3], offers()).Launch), "spot@us-east-1c")
 }

@@ -12,17 +12,21 @@
 // loop is wired (how often it decides, how its balancer learns of replicas, what it does at
 // a preemption notice).
 //
-// Three systems run on the same inputs:
+// The systems run on the same inputs:
 //
 //   - arbiter: the spec's routing policy, signal, windows and spot rule; routers see the
 //     ready set at once (long poll), hold requests while no replica is ready, drain a
 //     replica at its preemption notice and launch its replacement then.
 //   - skyserve: SkyServe as it ships (SKYSERVE.md): least_load counted by the balancer,
-//     QPS over 60 s decided every 20 s with 300 s / 1200 s hysteresis, SpotHedge placement
-//     with dynamic on-demand fallback, a balancer that learns the ready set every 20 s, no
+//     QPS over 60 s decided every 20 s with 300 s / 1200 s hysteresis, its spot placer
+//     (active zones holding none of the service's spot replicas first, then the cheapest)
+//     with the spec's fallbacks, a balancer that learns the ready set every 20 s, no
 //     use of notices (a preemption is seen by the next failed probe), connection errors
 //     retried up to 3 times with 1 s × 1.6^k backoff, 503 when nothing is ready, and
 //     replicas terminated 120 s after scale-down.
+//   - skyserve-spothedge: skyserve with SpotHedge as SkyPilot documents it and the SkyServe
+//     paper evaluates it: one overprovisioned spot replica and dynamic on-demand fallback.
+//   - skyserve-ondemand: skyserve with use_spot off.
 //   - ondemand: arbiter with use_spot off.
 //
 // Modelling choices (each one is a parameter of Inputs or documented at its use):

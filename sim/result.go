@@ -3,6 +3,7 @@ package sim
 import (
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/spec"
@@ -21,6 +22,8 @@ type Result struct {
 	// Tokens are prompt + completion tokens of succeeded requests.
 	InputTokens, OutputTokens int64
 	Dollars                   float64
+	// SpotDollars is the part of Dollars paid for spot replicas.
+	SpotDollars float64
 	// SLOMet counts succeeded requests within every SLO bound.
 	SLOMet int
 	// Percentile is the spec's SLO percentile; TTFT and TPOT are measured at it (seconds).
@@ -94,6 +97,20 @@ func (r *Result) predictionError(include func(i int) bool) (mape, p90, verdicts 
 		sum += a
 	}
 	return sum / float64(len(apes)), percentile(apes, 0.9), float64(right) / float64(len(apes)), len(apes)
+}
+
+// SpotPricePerHour is the mean price paid per spot replica-hour (NaN with none).
+func (r *Result) SpotPricePerHour() float64 {
+	h := 0.0
+	for k, v := range r.ReplicaHours {
+		if strings.HasPrefix(k, "spot/") {
+			h += v
+		}
+	}
+	if h == 0 {
+		return math.NaN()
+	}
+	return r.SpotDollars / h
 }
 
 // MeanConcurrency is the time-averaged number of requests being answered (Little's law).

@@ -675,6 +675,9 @@ func (s *simulation) bill(r *replica) {
 	r.ended = true
 	h := (s.now - r.launched).Hours()
 	s.res.Dollars += h * r.offer.PricePerHour
+	if r.offer.Capacity == fleet.Spot {
+		s.res.SpotDollars += h * r.offer.PricePerHour
+	}
 	s.res.ReplicaHours[string(r.offer.Capacity)+"/"+r.offer.Provider] += h
 }
 

@@ -89,7 +89,7 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 		s := d.block("arbiter.spot_policy", b.key("spot_policy"), v, spotPolicyKeys)
 		s.number("max_price_ratio", "a ratio greater than 0 and at most 1, such as 0.6", between(0, 1), &a.SpotPolicy.MaxPriceRatio)
 		s.number("rebalance_min_saving", "a fraction from 0 (never move) to below 1, such as 0.2", func(v float64) bool { return v >= 0 && v < 1 }, &a.SpotPolicy.RebalanceMinSaving)
-		s.integer("min_zones", "1 (no hedge) or 2", func(v int) bool { return v == 1 || v == 2 }, &a.SpotPolicy.MinZones)
+		s.integer("min_zones", "a number of zones from 1 (no hedge, no spread) to 16", func(v int) bool { return v >= 1 && v <= 16 }, &a.SpotPolicy.MinZones)
 	}
 	if v := b.get("providers"); v != nil {
 		a.Providers = d.providers("arbiter.providers", v)

@@ -46,7 +46,7 @@
 //	| arbiter.slo.percentile                            | 90                                 | percentile the targets hold at; 90 or 0.9 |
 //	| arbiter.spot_policy.max_price_ratio               | 0.6                                | use spot only while spot price < ratio × on-demand/reserved; in (0, 1] |
 //	| arbiter.spot_policy.rebalance_min_saving          | 0 (never)                          | move a ready spot replica to a zone at least this fraction cheaper and quiet for an hour (replacement first); in [0, 1) |
-//	| arbiter.spot_policy.min_zones                     | 2                                  | a target of 1 on spot alone runs a second spot replica in another zone while the pair costs ≤ max_price_ratio × on-demand (1: no hedge) |
+//	| arbiter.spot_policy.min_zones                     | 2                                  | no zone holds more than ⌈spot replicas ÷ min_zones⌉ of the spot fleet; with ≥ 2, a target of 1 on spot alone runs a second spot replica in another zone while the pair costs ≤ max_price_ratio × on-demand (1: neither) |
 //	| arbiter.reserved[]                                | none                               | capacity already paid for: provider, region, zone, accelerator ("H100:8"), count, price_per_hour |
 //	| arbiter.providers                                 | [local]                            | where replicas may run: local, sim, kubernetes, aws, runpod; local beside another only through arbiter.reserved slots |
 //	| arbiter.scale_to_zero_after_seconds               | 300                                | idle time before the last replica goes, when min_replicas is 0 |

@@ -146,10 +146,11 @@ type SpotPolicy struct {
 	// first, then it drains) when that zone's spot price is at least this fraction below
 	// its own; 0 never moves one.
 	RebalanceMinSaving float64
-	// MinZones 2: a target of one replica served by spot alone runs a second spot replica
-	// in another zone, so that one preemption never leaves the service with no ready
-	// replica for a cold start, while the pair costs at most MaxPriceRatio × on-demand;
-	// 1 runs the one.
+	// MinZones spreads the spot fleet: no zone holds more than ⌈spot replicas ÷ MinZones⌉
+	// of them, so one zone's preemption never takes more than that share; and with 2 or
+	// more, a target of one replica served by spot alone runs a second spot replica in
+	// another zone, so that one preemption never leaves the service with no ready replica
+	// for a cold start, while the pair costs at most MaxPriceRatio × on-demand. 1: neither.
 	MinZones int
 }
 

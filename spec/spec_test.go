@@ -155,7 +155,7 @@ func TestErrors(t *testing.T) {
 		{"ttft negative", minimal + "arbiter: {slo: {ttft_seconds: -1}}\n", 4, 31, "want a number of seconds ≥ 0 (0: no target), got -1"},
 		{"price ratio", minimal + "arbiter: {spot_policy: {max_price_ratio: 1.5}}\n", 4, 42, "a ratio greater than 0 and at most 1"},
 		{"rebalance saving", minimal + "arbiter: {spot_policy: {rebalance_min_saving: 1}}\n", 4, 47, "rebalance_min_saving: want a fraction from 0 (never move) to below 1"},
-		{"spot zones", minimal + "arbiter: {spot_policy: {min_zones: 3}}\n", 4, 36, "min_zones: want 1 (no hedge) or 2"},
+		{"spot zones", minimal + "arbiter: {spot_policy: {min_zones: 0}}\n", 4, 36, "min_zones: want a number of zones from 1 (no hedge, no spread) to 16"},
 		{"signal typo", minimal + "arbiter: {autoscaling: {signal: qsp}}\n", 4, 33, `did you mean "qps"?`},
 		{"signal qps without target", minimal + "arbiter: {autoscaling: {signal: qps}}\n", 4, 33, "qps needs service.replica_policy.target_qps_per_replica"},
 		{"signal tokens without target", minimal + "arbiter: {autoscaling: {signal: tokens_per_second}}\n", 4, 33, "tokens_per_second needs arbiter.autoscaling.target_tokens_per_second_per_replica"},

@@ -37,7 +37,7 @@ func run(args []string, out io.Writer) error {
 	specPath := fs.String("spec", "bench/sim/h100-gcp.yaml", "service.yaml to simulate")
 	reqNames := fs.String("requests", "azure-conversation", "request traces, comma-separated: "+strings.Join(traces.RequestNames(), ", ")+", or file:PATH (an Azure CSV or Mooncake JSONL file)")
 	spotNames := fs.String("spot", "skypilot-preemption-aws-04-22-2023-v100_1", "spot traces, comma-separated (see traces.SpotNames)")
-	systems := fs.String("systems", "ondemand,skyserve,arbiter", "systems to run: arbiter, skyserve, ondemand, skyserve-ondemand")
+	systems := fs.String("systems", "ondemand,skyserve,arbiter", "systems to run: arbiter, skyserve, ondemand, skyserve-ondemand, skyserve-spothedge")
 	hours := fs.Float64("hours", 24, "simulated hours per day run")
 	days := fs.Int("days", 1, "days to run each cell, one after another in the spot trace (fewer where the trace ends sooner)")
 	startDay := fs.Int("start-day", 0, "the spot trace's day the first run starts on")
@@ -51,7 +51,7 @@ func run(args []string, out io.Writer) error {
 	verbose := fs.Bool("v", false, "print every target change to stderr")
 	calibrate := fs.Bool("calibrate", true, "set target_qps_per_replica and target_concurrency_per_replica per request trace from a fixed-fleet calibration run (see sim.Calibrate)")
 	calMax := fs.Int("calibrate-max", 32, "largest fixed fleet the calibration tries")
-	isoSLO := fs.Bool("iso-slo", true, "when SkyServe misses Arbiter's SLO attainment, also show SkyServe with target_qps_per_replica lowered (by bisection) until it meets it within -iso-slo-within")
+	isoSLO := fs.Bool("iso-slo", true, "when SkyServe (or skyserve-spothedge) misses Arbiter's SLO attainment, also show it with target_qps_per_replica lowered (by bisection) until it meets it within -iso-slo-within")
 	isoWithin := fs.Float64("iso-slo-within", 0.005, "how far from Arbiter's SLO attainment counts as equal (a fraction: 0.005 is half a point)")
 	cold0 := fs.Bool("from-zero", false, "start with no replica instead of min_replicas ready")
 	scanAll := fs.Int("scan-all", 0, "slo_cheapest predicts every candidate up to this many, then samples (0: the router's default; a large value compares with a full scan)")
@@ -90,9 +90,9 @@ func run(args []string, out io.Writer) error {
 		return err
 	}
 	dur := time.Duration(*hours * float64(time.Hour))
-	fmt.Fprintf(out, "| requests | spot trace | capacity | day | system | $ | $/M tokens | SLO attainment | TTFT p%g | TPOT p%g | availability | held > %s | preemptions | spot h | on-demand h | launches | peak replicas (max %d) | zero waits (max) | wall |\n",
+	fmt.Fprintf(out, "| requests | spot trace | capacity | day | system | $ | $/M tokens | SLO attainment | TTFT p%g | TPOT p%g | availability | held > %s | preemptions | spot h | spot $/h | on-demand h | launches | peak replicas (max %d) | zero waits (max) | wall |\n",
 		sp.Arbiter.SLO.Percentile*100, sp.Arbiter.SLO.Percentile*100, sim.HoldBound(sp), sp.Service.ReplicaPolicy.MaxReplicas)
-	fmt.Fprintln(out, "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(out, "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	var summaries []summary
 	for _, rn := range strings.Split(*reqNames, ",") {
 		rt, err := loadRequests(rn)
@@ -194,10 +194,10 @@ type row struct {
 // dayRun is every system's result on one day.
 type dayRun struct {
 	rows []row
-	// iso is SkyServe lowered to Arbiter's SLO attainment (nil when as shipped it is
+	// iso is a SkyServe system lowered to Arbiter's SLO attainment (absent when it is
 	// already within the tolerance); isoMissed says even the lowest factor fell short.
-	iso       *row
-	isoMissed bool
+	iso       map[sim.System]*row
+	isoMissed map[sim.System]bool
 }
 
 func (d *dayRun) get(sys sim.System) *sim.Result {
@@ -209,6 +209,22 @@ func (d *dayRun) get(sys sim.System) *sim.Result {
 	return nil
 }
 
+// atEqualSLO is sys's result at Arbiter's SLO attainment: as run, or lowered by the
+// iso-SLO search; false where no factor reached it.
+func (d *dayRun) atEqualSLO(sys sim.System) (*sim.Result, bool) {
+	if d.isoMissed[sys] {
+		return nil, false
+	}
+	if r := d.iso[sys]; r != nil {
+		return r.res, true
+	}
+	r := d.get(sys)
+	return r, r != nil
+}
+
+// skyServes are the SkyServe systems Arbiter is held to at equal SLO attainment.
+var skyServes = []sim.System{sim.SkyServe, sim.SkyServeSpotHedge}
+
 func runDay(d *dayRun, in sim.Inputs, syss []sim.System, isoSLO bool, within float64) error {
 	for _, sys := range syss {
 		r, err := sim.Run(sys, in)
@@ -217,33 +233,37 @@ func runDay(d *dayRun, in sim.Inputs, syss []sim.System, isoSLO bool, within flo
 		}
 		d.rows = append(d.rows, row{label: string(sys), sys: sys, res: r})
 	}
-	a, s := d.get(sim.Arbiter), d.get(sim.SkyServe)
-	if !isoSLO || a == nil || s == nil || s.SLOAttainment() >= a.SLOAttainment()-within {
-		return nil
+	d.iso, d.isoMissed = map[sim.System]*row{}, map[sim.System]bool{}
+	a := d.get(sim.Arbiter)
+	for _, sys := range skyServes {
+		s := d.get(sys)
+		if !isoSLO || a == nil || s == nil || s.SLOAttainment() >= a.SLOAttainment()-within {
+			continue
+		}
+		iso, err := isoSLOSkyServe(in, sys, a.SLOAttainment()-within, 2*within)
+		if err != nil {
+			return err
+		}
+		d.rows = append(d.rows, *iso)
+		d.iso[sys], d.isoMissed[sys] = iso, iso.res.SLOAttainment() < a.SLOAttainment()-within
 	}
-	iso, err := isoSLOSkyServe(in, a.SLOAttainment()-within, 2*within)
-	if err != nil {
-		return err
-	}
-	d.rows = append(d.rows, *iso)
-	d.iso, d.isoMissed = iso, iso.res.SLOAttainment() < a.SLOAttainment()-within
 	return nil
 }
 
 // isoSLOSkyServe is what a SkyServe user would do to reach an SLO attainment goal: lower
-// target_qps_per_replica until SkyServe meets it. It bisects the factor between 0.05 and 1
-// for the largest (cheapest) one whose attainment is at least the goal, and stops once one
-// lands within band of it (the goal is Arbiter's less the tolerance, so the band is the
-// tolerance both ways). Where even 0.05 misses, that run is returned.
-func isoSLOSkyServe(in sim.Inputs, goal, band float64) (*row, error) {
+// target_qps_per_replica until SkyServe (sys) meets it. It bisects the factor between 0.05
+// and 1 for the largest (cheapest) one whose attainment is at least the goal, and stops
+// once one lands within band of it (the goal is Arbiter's less the tolerance, so the band
+// is the tolerance both ways). Where even 0.05 misses, that run is returned.
+func isoSLOSkyServe(in sim.Inputs, sys sim.System, goal, band float64) (*row, error) {
 	runAt := func(f float64) (*sim.Result, error) {
 		in2 := in
 		sp2 := *in.Spec
 		sp2.Service.ReplicaPolicy.TargetQPSPerReplica *= f
 		in2.Spec = &sp2
-		return sim.Run(sim.SkyServe, in2)
+		return sim.Run(sys, in2)
 	}
-	lo, hi := 0.05, 1.0 // 1 (as shipped) is known to miss
+	lo, hi := 0.05, 1.0 // 1 (as set) is known to miss
 	var best *sim.Result
 	bestF := lo
 	for range 10 {
@@ -268,7 +288,7 @@ func isoSLOSkyServe(in sim.Inputs, goal, band float64) (*row, error) {
 		}
 		best = r
 	}
-	return &row{label: fmt.Sprintf("skyserve, target_qps ×%.3g", bestF), sys: sim.SkyServe, res: best}, nil
+	return &row{label: fmt.Sprintf("%s, target_qps ×%.3g", sys, bestF), sys: sys, res: best}, nil
 }
 
 // forEach runs f(0…n-1) on up to p goroutines and returns the first error.
@@ -292,9 +312,9 @@ func forEach(n, p int, f func(i int) error) error {
 }
 
 func printRow(out io.Writer, rn, sn string, rd market.Reading, day int, label string, r *sim.Result) {
-	fmt.Fprintf(out, "| %s | %s | %s | %d | %s | %.2f | %.3f | %.2f%% | %.2fs | %.1fms | %.2f%% | %.2f%% | %d | %.1f | %.1f | %d | %d | %d (%.0fs) | %.1fs |\n",
+	fmt.Fprintf(out, "| %s | %s | %s | %d | %s | %.2f | %.3f | %.2f%% | %.2fs | %.1fms | %.2f%% | %.2f%% | %d | %.1f | %s | %.1f | %d | %d | %d (%.0fs) | %.1fs |\n",
 		rn, sn, rd, day, label, r.Dollars, r.DollarsPerMillionTokens(), 100*r.SLOAttainment(), r.TTFT, 1000*r.TPOT,
-		100*r.Availability(), 100*(r.Availability()-r.Served()), r.Preemptions, capacityHours(r, "spot"), capacityHours(r, "on_demand"),
+		100*r.Availability(), 100*(r.Availability()-r.Served()), r.Preemptions, capacityHours(r, "spot"), dollars(r.SpotPricePerHour()), capacityHours(r, "on_demand"),
 		r.Launches, r.PeakReplicas, r.ZeroWaits, r.MaxZeroWait.Seconds(), r.Wall.Seconds())
 	slog.Info("run", "requests", rn, "spot", sn, "capacity", rd, "day", day, "system", label, "failed", r.Failed, "launches", r.Launches,
 		"launch_refused", r.LaunchFailures, "peak_replicas", r.PeakReplicas, "events", r.Events)
@@ -308,46 +328,86 @@ type summary struct {
 }
 
 // printSummaries gives each cell's day-to-day figures: Arbiter's cost against on-demand
-// only and against SkyServe (shipped, and at Arbiter's SLO attainment), as mean, worst day
-// and range; each system's SLO attainment and availability at its worst day; launches a day.
+// only and against each SkyServe system (as set, and at Arbiter's SLO attainment), as
+// mean, worst day and range; each system's SLO attainment and availability at its worst
+// day; launches a day; the mean price paid per spot hour.
 func printSummaries(out io.Writer, ss []summary) {
 	fmt.Fprintln(out)
-	fmt.Fprintln(out, "| requests | spot trace | capacity | days | Arbiter $/day (mean) | ÷ on-demand: mean, worst (range) | ÷ on-demand as SkyServe runs it | ÷ SkyServe: mean, worst (range) | ÷ SkyServe at equal SLO: mean, worst (range) | SLO attainment, worst day: Arbiter / SkyServe | availability without holds > bound, worst day: Arbiter / SkyServe | launches a day: Arbiter / SkyServe |")
-	fmt.Fprintln(out, "|---|---|---|---:|---:|---|---|---|---|---|---|---|")
+	fmt.Fprintln(out, "| requests | spot trace | capacity | days | Arbiter $/day (mean) | ÷ on-demand: mean, worst (range) | ÷ on-demand as SkyServe runs it | ÷ SkyServe: mean, worst (range) | ÷ SkyServe at equal SLO | ÷ SkyServe SpotHedge | ÷ SpotHedge at equal SLO | SLO attainment, worst day: Arbiter / SkyServe / SpotHedge | availability without holds > bound, worst day: Arbiter / SkyServe / SpotHedge | launches a day: Arbiter / SkyServe / SpotHedge | spot $/h: Arbiter / SkyServe / SpotHedge | SpotHedge ÷ on-demand as SkyServe runs it (the paper's ratio) |")
+	fmt.Fprintln(out, "|---|---|---|---:|---:|---|---|---|---|---|---|---|---|---|---|---|")
+	systems := []sim.System{sim.Arbiter, sim.SkyServe, sim.SkyServeSpotHedge}
 	for _, s := range ss {
-		var cost, vsOD, vsSkyOD, vsSky, vsIso, attA, attS, srvA, srvS, launchA, launchS []float64
-		missed := 0
+		var cost, vsOD, vsSkyOD, hedgeVsSkyOD []float64
+		vs, vsIso := map[sim.System][]float64{}, map[sim.System][]float64{}
+		att, srv, launches, spotPrice := map[sim.System][]float64{}, map[sim.System][]float64{}, map[sim.System][]float64{}, map[sim.System][]float64{}
+		missed := map[sim.System]int{}
 		for _, d := range s.runs {
-			a, od, sky := d.get(sim.Arbiter), d.get(sim.OnDemand), d.get(sim.SkyServe)
+			sod := d.get(sim.SkyServeOnDemand)
+			if h := d.get(sim.SkyServeSpotHedge); h != nil && sod != nil {
+				hedgeVsSkyOD = append(hedgeVsSkyOD, h.Dollars/sod.Dollars)
+			}
+			a := d.get(sim.Arbiter)
 			if a == nil {
 				continue
 			}
 			cost = append(cost, a.Dollars/a.Simulated.Hours()*24)
-			attA, srvA, launchA = append(attA, a.SLOAttainment()), append(srvA, a.Served()), append(launchA, float64(a.Launches)/a.Simulated.Hours()*24)
-			if od != nil {
+			if od := d.get(sim.OnDemand); od != nil {
 				vsOD = append(vsOD, a.Dollars/od.Dollars)
 			}
-			if sod := d.get(sim.SkyServeOnDemand); sod != nil {
+			if sod != nil {
 				vsSkyOD = append(vsSkyOD, a.Dollars/sod.Dollars)
 			}
-			if sky != nil {
-				vsSky = append(vsSky, a.Dollars/sky.Dollars)
-				attS, srvS, launchS = append(attS, sky.SLOAttainment()), append(srvS, sky.Served()), append(launchS, float64(sky.Launches)/sky.Simulated.Hours()*24)
-				iso := sky
-				if d.iso != nil {
-					iso = d.iso.res
+			for _, sys := range systems {
+				r := d.get(sys)
+				if r == nil {
+					continue
 				}
-				if d.isoMissed {
-					missed++ // no factor reached Arbiter's attainment: no equal-SLO figure
+				att[sys], srv[sys] = append(att[sys], r.SLOAttainment()), append(srv[sys], r.Served())
+				launches[sys] = append(launches[sys], float64(r.Launches)/r.Simulated.Hours()*24)
+				if p := r.SpotPricePerHour(); !math.IsNaN(p) {
+					spotPrice[sys] = append(spotPrice[sys], p)
+				}
+				if sys == sim.Arbiter {
+					continue
+				}
+				vs[sys] = append(vs[sys], a.Dollars/r.Dollars)
+				if iso, ok := d.atEqualSLO(sys); ok {
+					vsIso[sys] = append(vsIso[sys], a.Dollars/iso.Dollars)
 				} else {
-					vsIso = append(vsIso, a.Dollars/iso.Dollars)
+					missed[sys]++ // no factor reached Arbiter's attainment: no equal-SLO figure
 				}
 			}
 		}
-		fmt.Fprintf(out, "| %s | %s | %s | %d | %.2f | %s | %s | %s | %s | %s / %s | %s / %s | %.1f / %.1f |\n",
-			s.requests, s.spot, s.reading, len(s.runs), mean(cost), spread(vsOD), spread(vsSkyOD), spread(vsSky), spreadMissed(vsIso, missed),
-			pct(minOf(attA)), pct(minOf(attS)), pct(minOf(srvA)), pct(minOf(srvS)), mean(launchA), mean(launchS))
+		per := func(f func(sys sim.System) string) string {
+			var parts []string
+			for _, sys := range systems {
+				parts = append(parts, f(sys))
+			}
+			return strings.Join(parts, " / ")
+		}
+		fmt.Fprintf(out, "| %s | %s | %s | %d | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			s.requests, s.spot, s.reading, len(s.runs), mean(cost), spread(vsOD), spread(vsSkyOD),
+			spread(vs[sim.SkyServe]), spreadMissed(vsIso[sim.SkyServe], missed[sim.SkyServe]),
+			spread(vs[sim.SkyServeSpotHedge]), spreadMissed(vsIso[sim.SkyServeSpotHedge], missed[sim.SkyServeSpotHedge]),
+			per(func(sys sim.System) string { return pct(minOf(att[sys])) }),
+			per(func(sys sim.System) string { return pct(minOf(srv[sys])) }),
+			per(func(sys sim.System) string { return oneDecimal(mean(launches[sys])) }),
+			per(func(sys sim.System) string { return dollars(mean(spotPrice[sys])) }), spread(hedgeVsSkyOD))
 	}
+}
+
+func oneDecimal(x float64) string {
+	if math.IsNaN(x) {
+		return "—"
+	}
+	return fmt.Sprintf("%.1f", x)
+}
+
+func dollars(x float64) string {
+	if math.IsNaN(x) {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", x)
 }
 
 // spread is "mean, worst (min–max)" of cost ratios, where the worst is the highest.
@@ -358,13 +418,13 @@ func spread(xs []float64) string {
 	return fmt.Sprintf("%.2f, %.2f (%.2f–%.2f)", mean(xs), slices.Max(xs), slices.Min(xs), slices.Max(xs))
 }
 
-// spreadMissed is spread, saying on how many days SkyServe could not reach Arbiter's SLO
-// attainment at all (those days have no equal-SLO ratio).
+// spreadMissed is spread, saying on how many days the system could not reach Arbiter's
+// SLO attainment at all (those days have no equal-SLO ratio).
 func spreadMissed(xs []float64, missed int) string {
 	if missed == 0 {
 		return spread(xs)
 	}
-	return fmt.Sprintf("%s; SkyServe never reached it on %d day(s)", spread(xs), missed)
+	return fmt.Sprintf("%s; never reached it on %d day(s)", spread(xs), missed)
 }
 
 func mean(xs []float64) float64 {

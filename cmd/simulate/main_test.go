@@ -21,11 +21,11 @@ func TestPrintsOneRowPerSystem(t *testing.T) {
 		if strings.HasPrefix(line, "| azure-conversation | skypilot-preemption-aws-04-22-2023-v100_1 | ") {
 			rows++
 			cells := strings.Split(line, "|")
-			if len(cells) != 21 {
+			if len(cells) != 22 {
 				t.Fatalf("%d cells in %q", len(cells), line)
 			}
-			if peak, err := strconv.Atoi(strings.TrimSpace(cells[17])); err != nil || (strings.Contains(cells[5], "arbiter") && peak > 16) {
-				t.Errorf("peak replicas %q (max_replicas 16) in %q", cells[17], line)
+			if peak, err := strconv.Atoi(strings.TrimSpace(cells[18])); err != nil || (strings.Contains(cells[5], "arbiter") && peak > 16) {
+				t.Errorf("peak replicas %q (max_replicas 16) in %q", cells[18], line)
 			}
 		}
 	}
@@ -73,7 +73,7 @@ func TestOwnTraceOverDaysAndReadings(t *testing.T) {
 	for _, line := range strings.Split(text, "\n") {
 		if strings.HasPrefix(line, "| file:"+path+" | ") {
 			cells := strings.Split(line, "|")
-			if len(cells) == 21 {
+			if len(cells) == 22 {
 				days[strings.TrimSpace(cells[3])+" "+strings.TrimSpace(cells[4])]++
 			}
 		}
