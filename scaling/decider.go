@@ -49,6 +49,11 @@ type Decider struct {
 	downSince   time.Time
 	downMax     int
 
+	// heldFrom–heldAt is the latest hold (samples with requests held) and drainedAt when
+	// the backlog it left had drained (zero: not yet); see followBacklog. Kept past the
+	// samples' window.
+	heldFrom, heldAt, drainedAt time.Time
+
 	panicking  bool
 	panicSince time.Time
 	panicLast  time.Time // last time the panic condition held

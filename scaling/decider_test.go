@@ -777,3 +777,34 @@ func TestHeldRequestsCountAsArrivalsTimesServiceTime(t *testing.T) {
 		t.Fatalf("no W: target %d, want the held count's %d", r.cur, cfg.MaxReplicas)
 	}
 }
+
+// A lone replica's preemption: requests are held through the replacement's cold start and
+// released onto it at once, and that backlog in flight, read as concurrency, used to ask for
+// 4 replicas (three cold starts bought for a backlog gone before they were ready). Within a
+// stable window of a hold, the reading counts arrivals × W at most.
+func TestReleasedBacklogIsNotDemand(t *testing.T) {
+	cfg := concCfg()
+	cfg.PanicWindow = 0
+	cfg.MaxScaleUpRate = 4
+	r := newRun(t, cfg, 1)
+	for s := 1; s <= 120; s++ { // 3 requests/s at 0.9 s each: 2.7 in flight, W learned
+		r.step(s, Sample{Requests: 3, InFlight: 2.7})
+	}
+	r.ready = 0
+	for s := 121; s <= 420; s++ { // preempted: held through a 5-minute cold start
+		r.step(s, Sample{Requests: 3, Waiting: float64(3 * (s - 120))})
+		r.expect(s, 1)
+	}
+	r.ready = 1
+	for s := 421; s <= 700; s++ { // released: 900 in flight, draining over four minutes
+		r.step(s, Sample{Requests: 3, InFlight: max(2.7, 900-4*float64(s-421))})
+		r.expect(s, 1)
+	}
+	// Once drained, a reading that high is demand again.
+	for s := 701; s <= 800; s++ {
+		r.step(s, Sample{Requests: 3, InFlight: 40})
+	}
+	if r.cur < 4 {
+		t.Fatalf("t=800s: target %d for 40 in flight at 4 per replica, want ≥ 4 (%s)", r.cur, r.last.Reason)
+	}
+}

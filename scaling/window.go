@@ -49,6 +49,7 @@ func (d *Decider) Record(s Sample) {
 	if s.active() && (!d.everActive || s.At.After(d.lastActive)) {
 		d.lastActive, d.everActive = s.At, true
 	}
+	d.followBacklog(s)
 
 	n := len(d.samples)
 	if n > 0 && s.At.Before(d.newest.Add(-d.cfg.StableWindow)) {
@@ -107,6 +108,60 @@ func (d *Decider) heldDemand(s Sample, interval time.Duration) float64 {
 	return min(s.Waiting, s.Requests/interval.Seconds()*d.serviceTime)
 }
 
+// followBacklog follows a hold and the backlog it leaves: heldFrom–heldAt is the latest
+// run of samples with requests held; the backlog released after it is drained at the first
+// sample whose in-flight count is back within twice its arrivals × W (drainedAt).
+func (d *Decider) followBacklog(s Sample) {
+	if s.Waiting > 0 {
+		if !s.At.After(d.heldAt) {
+			return
+		}
+		if d.heldAt.IsZero() || !d.drainedAt.IsZero() {
+			d.heldFrom = s.At // a new hold
+		}
+		d.heldAt, d.drainedAt = s.At, time.Time{}
+		return
+	}
+	if d.heldAt.IsZero() || !d.drainedAt.IsZero() || !s.At.After(d.heldAt) || d.serviceTime <= 0 {
+		return
+	}
+	n := len(d.samples)
+	if n == 0 || !s.At.After(d.samples[n-1].At) {
+		return
+	}
+	rate := s.Requests / s.At.Sub(d.samples[n-1].At).Seconds()
+	if s.InFlight <= 2*rate*d.serviceTime {
+		d.drainedAt = s.At
+	}
+}
+
+// draining reports whether t falls after a hold, while its backlog drains: until it has
+// drained, for at least a stable window and at most a stable window plus twice the hold.
+func (d *Decider) draining(t time.Time) bool {
+	if d.heldAt.IsZero() || !t.After(d.heldAt) {
+		return false
+	}
+	since := t.Sub(d.heldAt)
+	if since <= d.cfg.StableWindow {
+		return true
+	}
+	return (d.drainedAt.IsZero() || t.Before(d.drainedAt)) && since <= d.cfg.StableWindow+2*d.heldAt.Sub(d.heldFrom)
+}
+
+// afterHold is what a concurrency reading v at s says of demand while requests are held,
+// or while the backlog they leave drains: released at once onto the replica that came up,
+// it is in flight together for minutes, which reads as dozens of replicas' worth of load
+// for a service that needs one (a lone replica's preemption did it every time: 1 → 4
+// replicas, three cold starts bought for a backlog gone before they were ready). The
+// arrivals, at W each, are what replicas will carry; the reading counts no more than that
+// once W is known.
+func (d *Decider) afterHold(s Sample, interval time.Duration, v float64) float64 {
+	if d.serviceTime <= 0 || interval <= 0 {
+		return v
+	}
+	return min(v, s.Requests/interval.Seconds()*d.serviceTime)
+}
+
 // signal is sig averaged over (now-w, now].
 //
 // Each sample speaks for the interval since the previous one, (prev.At, At]:
@@ -139,6 +194,9 @@ func (d *Decider) signal(now time.Time, w time.Duration, sig Signal) float64 {
 				interval = s.At.Sub(d.samples[i-1].At)
 			}
 			v = s.InFlight + d.heldDemand(s, interval)
+			if s.Waiting > 0 || d.draining(s.At) {
+				v = d.afterHold(s, interval, v)
+			}
 		}
 		var lo time.Time
 		switch {

@@ -121,7 +121,7 @@ func TestPreemptionsWithAndWithoutNotice(t *testing.T) {
 // An availability trace refuses spot launches in zones without capacity; dynamic fallback
 // covers them with on-demand.
 func TestSpotRefusedWhereTheTraceHasNoCapacity(t *testing.T) {
-	in := inputs(t, "azure-conversation", "skypilot-availability-aws-02-15-2023-v100_1", 6*time.Hour)
+	in := inputs(t, "azure-code", "skypilot-availability-aws-02-15-2023-v100_1", 6*time.Hour)
 	r := run(t, Arbiter, in)
 	if r.LaunchFailures == 0 {
 		t.Fatal("no spot launch refused")
