@@ -51,7 +51,7 @@ func run(args []string, out io.Writer) error {
 	verbose := fs.Bool("v", false, "print every target change to stderr")
 	calibrate := fs.Bool("calibrate", true, "set target_qps_per_replica and target_concurrency_per_replica per request trace from a fixed-fleet calibration run (see sim.Calibrate)")
 	calMax := fs.Int("calibrate-max", 32, "largest fixed fleet the calibration tries")
-	isoSLO := fs.Bool("iso-slo", true, "when SkyServe (or skyserve-spothedge) misses Arbiter's SLO attainment, also show it with target_qps_per_replica lowered (by bisection) until it meets it within -iso-slo-within")
+	isoSLO := fs.Bool("iso-slo", true, "when SkyServe's (or skyserve-spothedge's) SLO attainment is more than -iso-slo-within from Arbiter's, also show it with target_qps_per_replica moved (by bisection: lowered when below, raised when above) to the cheapest setting that meets Arbiter's")
 	isoWithin := fs.Float64("iso-slo-within", 0.005, "how far from Arbiter's SLO attainment counts as equal (a fraction: 0.005 is half a point)")
 	cold0 := fs.Bool("from-zero", false, "start with no replica instead of min_replicas ready")
 	scanAll := fs.Int("scan-all", 0, "slo_cheapest predicts every candidate up to this many, then samples (0: the router's default; a large value compares with a full scan)")
@@ -237,10 +237,16 @@ func runDay(d *dayRun, in sim.Inputs, syss []sim.System, isoSLO bool, within flo
 	a := d.get(sim.Arbiter)
 	for _, sys := range skyServes {
 		s := d.get(sys)
-		if !isoSLO || a == nil || s == nil || s.SLOAttainment() >= a.SLOAttainment()-within {
+		if !isoSLO || a == nil || s == nil || math.Abs(s.SLOAttainment()-a.SLOAttainment()) <= within {
 			continue
 		}
-		iso, err := isoSLOSkyServe(in, sys, a.SLOAttainment()-within, 2*within)
+		// Below Arbiter's attainment, SkyServe buys more replicas (a lower target); above
+		// it, fewer (a higher one), as cheap as it can be while still reaching it.
+		lo, hi := 0.05, 1.0
+		if s.SLOAttainment() > a.SLOAttainment() {
+			lo, hi = 1.0, isoMaxFactor
+		}
+		iso, err := isoSLOSkyServe(in, sys, s, a.SLOAttainment()-within, 2*within, lo, hi)
 		if err != nil {
 			return err
 		}
@@ -250,12 +256,17 @@ func runDay(d *dayRun, in sim.Inputs, syss []sim.System, isoSLO bool, within flo
 	return nil
 }
 
-// isoSLOSkyServe is what a SkyServe user would do to reach an SLO attainment goal: lower
-// target_qps_per_replica until SkyServe (sys) meets it. It bisects the factor between 0.05
-// and 1 for the largest (cheapest) one whose attainment is at least the goal, and stops
-// once one lands within band of it (the goal is Arbiter's less the tolerance, so the band
-// is the tolerance both ways). Where even 0.05 misses, that run is returned.
-func isoSLOSkyServe(in sim.Inputs, sys sim.System, goal, band float64) (*row, error) {
+// isoMaxFactor is the largest factor the equal-SLO search raises SkyServe's target by.
+const isoMaxFactor = 8.0
+
+// isoSLOSkyServe is what a SkyServe user would do to reach an SLO attainment goal at the
+// least cost: move target_qps_per_replica until SkyServe (sys) meets it. It bisects the
+// factor between lo and hi for the largest (cheapest) one whose attainment is at least the
+// goal, and stops once one lands within band of it (the goal is Arbiter's less the
+// tolerance, so the band is the tolerance both ways). Searching down (hi = 1), 1 is known
+// to miss and where even lo misses that run is returned; searching up (lo = 1), 1 is known
+// to meet it (asSet is its run) and where hi still meets it that run is returned.
+func isoSLOSkyServe(in sim.Inputs, sys sim.System, asSet *sim.Result, goal, band, lo, hi float64) (*row, error) {
 	runAt := func(f float64) (*sim.Result, error) {
 		in2 := in
 		sp2 := *in.Spec
@@ -263,9 +274,18 @@ func isoSLOSkyServe(in sim.Inputs, sys sim.System, goal, band float64) (*row, er
 		in2.Spec = &sp2
 		return sim.Run(sys, in2)
 	}
-	lo, hi := 0.05, 1.0 // 1 (as set) is known to miss
 	var best *sim.Result
 	bestF := lo
+	if lo >= 1 {
+		r, err := runAt(hi)
+		if err != nil {
+			return nil, err
+		}
+		if r.SLOAttainment() >= goal {
+			return &row{label: fmt.Sprintf("%s, target_qps ×%.3g", sys, hi), sys: sys, res: r}, nil
+		}
+		best = asSet
+	}
 	for range 10 {
 		f := (lo + hi) / 2
 		r, err := runAt(f)
