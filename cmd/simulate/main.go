@@ -198,6 +198,8 @@ type dayRun struct {
 	// already within the tolerance); isoMissed says even the lowest factor fell short.
 	iso       map[sim.System]*row
 	isoMissed map[sim.System]bool
+	// isoSkipped: the system's attainment was not Arbiter's and no search ran (-iso-slo=false).
+	isoSkipped map[sim.System]bool
 }
 
 func (d *dayRun) get(sys sim.System) *sim.Result {
@@ -212,7 +214,7 @@ func (d *dayRun) get(sys sim.System) *sim.Result {
 // atEqualSLO is sys's result at Arbiter's SLO attainment: as run, or lowered by the
 // iso-SLO search; false where no factor reached it.
 func (d *dayRun) atEqualSLO(sys sim.System) (*sim.Result, bool) {
-	if d.isoMissed[sys] {
+	if d.isoMissed[sys] || d.isoSkipped[sys] {
 		return nil, false
 	}
 	if r := d.iso[sys]; r != nil {
@@ -233,11 +235,15 @@ func runDay(d *dayRun, in sim.Inputs, syss []sim.System, isoSLO bool, within flo
 		}
 		d.rows = append(d.rows, row{label: string(sys), sys: sys, res: r})
 	}
-	d.iso, d.isoMissed = map[sim.System]*row{}, map[sim.System]bool{}
+	d.iso, d.isoMissed, d.isoSkipped = map[sim.System]*row{}, map[sim.System]bool{}, map[sim.System]bool{}
 	a := d.get(sim.Arbiter)
 	for _, sys := range skyServes {
 		s := d.get(sys)
-		if !isoSLO || a == nil || s == nil || math.Abs(s.SLOAttainment()-a.SLOAttainment()) <= within {
+		if a == nil || s == nil || math.Abs(s.SLOAttainment()-a.SLOAttainment()) <= within {
+			continue
+		}
+		if !isoSLO {
+			d.isoSkipped[sys] = true
 			continue
 		}
 		// Below Arbiter's attainment, SkyServe buys more replicas (a lower target); above
@@ -360,7 +366,7 @@ func printSummaries(out io.Writer, ss []summary) {
 		var cost, vsOD, vsSkyOD, hedgeVsSkyOD []float64
 		vs, vsIso := map[sim.System][]float64{}, map[sim.System][]float64{}
 		att, srv, launches, spotPrice := map[sim.System][]float64{}, map[sim.System][]float64{}, map[sim.System][]float64{}, map[sim.System][]float64{}
-		missed := map[sim.System]int{}
+		missed, skipped := map[sim.System]int{}, map[sim.System]int{}
 		for _, d := range s.runs {
 			sod := d.get(sim.SkyServeOnDemand)
 			if h := d.get(sim.SkyServeSpotHedge); h != nil && sod != nil {
@@ -391,9 +397,12 @@ func printSummaries(out io.Writer, ss []summary) {
 					continue
 				}
 				vs[sys] = append(vs[sys], a.Dollars/r.Dollars)
-				if iso, ok := d.atEqualSLO(sys); ok {
+				switch iso, ok := d.atEqualSLO(sys); {
+				case ok:
 					vsIso[sys] = append(vsIso[sys], a.Dollars/iso.Dollars)
-				} else {
+				case d.isoSkipped[sys]:
+					skipped[sys]++
+				default:
 					missed[sys]++ // no factor reached Arbiter's attainment: no equal-SLO figure
 				}
 			}
@@ -407,8 +416,8 @@ func printSummaries(out io.Writer, ss []summary) {
 		}
 		fmt.Fprintf(out, "| %s | %s | %s | %d | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			s.requests, s.spot, s.reading, len(s.runs), mean(cost), spread(vsOD), spread(vsSkyOD),
-			spread(vs[sim.SkyServe]), spreadMissed(vsIso[sim.SkyServe], missed[sim.SkyServe]),
-			spread(vs[sim.SkyServeSpotHedge]), spreadMissed(vsIso[sim.SkyServeSpotHedge], missed[sim.SkyServeSpotHedge]),
+			spread(vs[sim.SkyServe]), spreadMissed(vsIso[sim.SkyServe], missed[sim.SkyServe], skipped[sim.SkyServe]),
+			spread(vs[sim.SkyServeSpotHedge]), spreadMissed(vsIso[sim.SkyServeSpotHedge], missed[sim.SkyServeSpotHedge], skipped[sim.SkyServeSpotHedge]),
 			per(func(sys sim.System) string { return pct(minOf(att[sys])) }),
 			per(func(sys sim.System) string { return pct(minOf(srv[sys])) }),
 			per(func(sys sim.System) string { return oneDecimal(mean(launches[sys])) }),
@@ -439,12 +448,17 @@ func spread(xs []float64) string {
 }
 
 // spreadMissed is spread, saying on how many days the system could not reach Arbiter's
-// SLO attainment at all (those days have no equal-SLO ratio).
-func spreadMissed(xs []float64, missed int) string {
-	if missed == 0 {
-		return spread(xs)
+// SLO attainment at all, and on how many it was not searched (-iso-slo=false): those days
+// have no equal-SLO ratio.
+func spreadMissed(xs []float64, missed, skipped int) string {
+	out := spread(xs)
+	if missed > 0 {
+		out += fmt.Sprintf("; never reached it on %d day(s)", missed)
 	}
-	return fmt.Sprintf("%s; never reached it on %d day(s)", spread(xs), missed)
+	if skipped > 0 {
+		out += fmt.Sprintf("; not searched on %d day(s) (-iso-slo=false)", skipped)
+	}
+	return out
 }
 
 func mean(xs []float64) float64 {

@@ -90,3 +90,17 @@ func TestOwnTraceOverDaysAndReadings(t *testing.T) {
 		t.Errorf("the AWS US trace's zones are not mapped onto US zones:\n%s", text)
 	}
 }
+
+// Without the equal-SLO search, a day where SkyServe's attainment differs from Arbiter's has
+// no equal-SLO ratio, and the summary says so instead of showing the ratio as set.
+func TestNoEqualSLORatioWithoutTheSearch(t *testing.T) {
+	var out bytes.Buffer
+	err := run([]string{"-spec", "../../bench/sim/h100-gcp.yaml", "-requests", "azure-conversation", "-hours", "2", "-days", "2",
+		"-calibrate=false", "-iso-slo=false", "-systems", "arbiter,skyserve"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "day(s) (-iso-slo=false)") {
+		t.Fatalf("no day without the search reported:\n%s", out.String())
+	}
+}
