@@ -367,7 +367,7 @@ func cheapest(offers []Offer, capacity fleet.Capacity, ok func(Offer) bool) (Off
 		if o.Capacity != capacity || (ok != nil && !ok(o)) {
 			continue
 		}
-		if !found || o.PricePerHour < best.PricePerHour || o.PricePerHour == best.PricePerHour && o.place() < best.place() {
+		if !found || cheaper(o, best) {
 			best, found = o, true
 		}
 	}
@@ -451,8 +451,9 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			want[fleet.Spot] = min(want[fleet.Spot], len(have[fleet.Spot]))
 			od = max(base, rest-p.Overprovision-want[fleet.Spot])
 		}
+		share := pl.zoneShare(want[fleet.Spot], len(active))
 		for n := want[fleet.Spot] - len(have[fleet.Spot]); n > 0; n-- {
-			o, ok := pl.spotZone(offers, active, spotIn, want[fleet.Spot], odOffer.PricePerHour)
+			o, ok := pl.spotZone(offers, active, spotIn, share, odOffer.PricePerHour)
 			if !ok {
 				break
 			}
@@ -743,24 +744,15 @@ func (pl *Placer) activeZones(now time.Time, offers []Offer) map[string]bool {
 }
 
 // spotZone picks the spot offer for the next replica among the active zones, by the
-// policy's ZoneRule; wantSpot is the spot fleet's size once placed and odPrice the
-// on-demand price (0: none).
-func (pl *Placer) spotZone(offers []Offer, active map[string]bool, spotIn map[string]int, wantSpot int, odPrice float64) (Offer, bool) {
+// policy's ZoneRule; share is zoneShare of the spot fleet once placed (ZoneExpectedCost)
+// and odPrice the on-demand price (0: none).
+func (pl *Placer) spotZone(offers []Offer, active map[string]bool, spotIn map[string]int, share int, odPrice float64) (Offer, bool) {
 	rule := pl.policy.ZoneRule
-	unused, share := false, 0
-	switch rule {
-	case ZoneUnusedThenCheapest:
+	unused := false
+	if rule == ZoneUnusedThenCheapest {
 		for _, o := range offers {
 			unused = unused || o.Capacity == fleet.Spot && active[o.place()] && spotIn[o.place()] == 0
 		}
-	case ZoneExpectedCost:
-		zones := map[string]bool{}
-		for _, o := range offers {
-			if o.Capacity == fleet.Spot && active[o.place()] {
-				zones[o.place()] = true
-			}
-		}
-		share = pl.zoneShare(wantSpot, len(zones))
 	}
 	var best Offer
 	bestCost, bestOver := 0.0, false

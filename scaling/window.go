@@ -102,10 +102,19 @@ func (d *Decider) load(now time.Time, w time.Duration) float64 {
 // requests, where replicas would carry 5/s × W. Once the decider knows W (serviceTime),
 // held requests count as their arrival rate × W, never more than their number.
 func (d *Decider) heldDemand(s Sample, interval time.Duration) float64 {
-	if s.Waiting == 0 || d.serviceTime <= 0 || interval <= 0 {
-		return s.Waiting
+	if carried, ok := d.carried(s, interval); ok && s.Waiting > 0 {
+		return min(s.Waiting, carried)
 	}
-	return min(s.Waiting, s.Requests/interval.Seconds()*d.serviceTime)
+	return s.Waiting
+}
+
+// carried is what replicas carry in flight for s's arrivals: their rate × W, the service
+// time; false until W is known or where the interval s speaks for is not.
+func (d *Decider) carried(s Sample, interval time.Duration) (float64, bool) {
+	if d.serviceTime <= 0 || interval <= 0 {
+		return 0, false
+	}
+	return s.Requests / interval.Seconds() * d.serviceTime, true
 }
 
 // followBacklog follows a hold and the backlog it leaves: heldFrom–heldAt is the latest
@@ -122,15 +131,11 @@ func (d *Decider) followBacklog(s Sample) {
 		d.heldAt, d.drainedAt = s.At, time.Time{}
 		return
 	}
-	if d.heldAt.IsZero() || !d.drainedAt.IsZero() || !s.At.After(d.heldAt) || d.serviceTime <= 0 {
-		return
-	}
 	n := len(d.samples)
-	if n == 0 || !s.At.After(d.samples[n-1].At) {
+	if d.heldAt.IsZero() || !d.drainedAt.IsZero() || !s.At.After(d.heldAt) || n == 0 {
 		return
 	}
-	rate := s.Requests / s.At.Sub(d.samples[n-1].At).Seconds()
-	if s.InFlight <= 2*rate*d.serviceTime {
+	if carried, ok := d.carried(s, s.At.Sub(d.samples[n-1].At)); ok && s.InFlight <= 2*carried {
 		d.drainedAt = s.At
 	}
 }
@@ -156,10 +161,10 @@ func (d *Decider) draining(t time.Time) bool {
 // arrivals, at W each, are what replicas will carry; the reading counts no more than that
 // once W is known.
 func (d *Decider) afterHold(s Sample, interval time.Duration, v float64) float64 {
-	if d.serviceTime <= 0 || interval <= 0 {
-		return v
+	if carried, ok := d.carried(s, interval); ok {
+		return min(v, carried)
 	}
-	return min(v, s.Requests/interval.Seconds()*d.serviceTime)
+	return v
 }
 
 // signal is sig averaged over (now-w, now].

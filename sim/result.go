@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/spec"
 )
 
@@ -99,14 +100,20 @@ func (r *Result) predictionError(include func(i int) bool) (mape, p90, verdicts 
 	return sum / float64(len(apes)), percentile(apes, 0.9), float64(right) / float64(len(apes)), len(apes)
 }
 
-// SpotPricePerHour is the mean price paid per spot replica-hour (NaN with none).
-func (r *Result) SpotPricePerHour() float64 {
+// CapacityHours sums ReplicaHours of one capacity kind over providers.
+func (r *Result) CapacityHours(capacity fleet.Capacity) float64 {
 	h := 0.0
 	for k, v := range r.ReplicaHours {
-		if strings.HasPrefix(k, "spot/") {
+		if strings.HasPrefix(k, string(capacity)+"/") {
 			h += v
 		}
 	}
+	return h
+}
+
+// SpotPricePerHour is the mean price paid per spot replica-hour (NaN with none).
+func (r *Result) SpotPricePerHour() float64 {
+	h := r.CapacityHours(fleet.Spot)
 	if h == 0 {
 		return math.NaN()
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/market"
 	"github.com/arbiter-serve/arbiter/pricing"
 	"github.com/arbiter-serve/arbiter/sim"
@@ -194,7 +195,7 @@ type row struct {
 // dayRun is every system's result on one day.
 type dayRun struct {
 	rows []row
-	// iso is a SkyServe system lowered to Arbiter's SLO attainment (absent when it is
+	// iso is a SkyServe system moved to Arbiter's SLO attainment (absent when it is
 	// already within the tolerance); isoMissed says even the lowest factor fell short.
 	iso       map[sim.System]*row
 	isoMissed map[sim.System]bool
@@ -211,8 +212,8 @@ func (d *dayRun) get(sys sim.System) *sim.Result {
 	return nil
 }
 
-// atEqualSLO is sys's result at Arbiter's SLO attainment: as run, or lowered by the
-// iso-SLO search; false where no factor reached it.
+// atEqualSLO is sys's result at Arbiter's SLO attainment: as run, or moved there by the
+// iso-SLO search; false where no factor reached it or no search ran.
 func (d *dayRun) atEqualSLO(sys sim.System) (*sim.Result, bool) {
 	if d.isoMissed[sys] || d.isoSkipped[sys] {
 		return nil, false
@@ -340,7 +341,7 @@ func forEach(n, p int, f func(i int) error) error {
 func printRow(out io.Writer, rn, sn string, rd market.Reading, day int, label string, r *sim.Result) {
 	fmt.Fprintf(out, "| %s | %s | %s | %d | %s | %.2f | %.3f | %.2f%% | %.2fs | %.1fms | %.2f%% | %.2f%% | %d | %.1f | %s | %.1f | %d | %d | %d (%.0fs) | %.1fs |\n",
 		rn, sn, rd, day, label, r.Dollars, r.DollarsPerMillionTokens(), 100*r.SLOAttainment(), r.TTFT, 1000*r.TPOT,
-		100*r.Availability(), 100*(r.Availability()-r.Served()), r.Preemptions, capacityHours(r, "spot"), dollars(r.SpotPricePerHour()), capacityHours(r, "on_demand"),
+		100*r.Availability(), 100*(r.Availability()-r.Served()), r.Preemptions, r.CapacityHours(fleet.Spot), orDash("%.2f", r.SpotPricePerHour()), r.CapacityHours(fleet.OnDemand),
 		r.Launches, r.PeakReplicas, r.ZeroWaits, r.MaxZeroWait.Seconds(), r.Wall.Seconds())
 	slog.Info("run", "requests", rn, "spot", sn, "capacity", rd, "day", day, "system", label, "failed", r.Failed, "launches", r.Launches,
 		"launch_refused", r.LaunchFailures, "peak_replicas", r.PeakReplicas, "events", r.Events)
@@ -420,23 +421,9 @@ func printSummaries(out io.Writer, ss []summary) {
 			spread(vs[sim.SkyServeSpotHedge]), spreadMissed(vsIso[sim.SkyServeSpotHedge], missed[sim.SkyServeSpotHedge], skipped[sim.SkyServeSpotHedge]),
 			per(func(sys sim.System) string { return pct(minOf(att[sys])) }),
 			per(func(sys sim.System) string { return pct(minOf(srv[sys])) }),
-			per(func(sys sim.System) string { return oneDecimal(mean(launches[sys])) }),
-			per(func(sys sim.System) string { return dollars(mean(spotPrice[sys])) }), spread(hedgeVsSkyOD))
+			per(func(sys sim.System) string { return orDash("%.1f", mean(launches[sys])) }),
+			per(func(sys sim.System) string { return orDash("%.2f", mean(spotPrice[sys])) }), spread(hedgeVsSkyOD))
 	}
-}
-
-func oneDecimal(x float64) string {
-	if math.IsNaN(x) {
-		return "—"
-	}
-	return fmt.Sprintf("%.1f", x)
-}
-
-func dollars(x float64) string {
-	if math.IsNaN(x) {
-		return "—"
-	}
-	return fmt.Sprintf("%.2f", x)
 }
 
 // spread is "mean, worst (min–max)" of cost ratios, where the worst is the highest.
@@ -479,20 +466,12 @@ func minOf(xs []float64) float64 {
 	return slices.Min(xs)
 }
 
-func pct(x float64) string {
+// orDash formats x, or "—" where there is no figure (NaN).
+func orDash(format string, x float64) string {
 	if math.IsNaN(x) {
 		return "—"
 	}
-	return fmt.Sprintf("%.2f%%", 100*x)
+	return fmt.Sprintf(format, x)
 }
 
-// capacityHours sums replica-hours of one capacity kind over providers.
-func capacityHours(r *sim.Result, capacity string) float64 {
-	h := 0.0
-	for k, v := range r.ReplicaHours {
-		if strings.HasPrefix(k, capacity+"/") {
-			h += v
-		}
-	}
-	return h
-}
+func pct(x float64) string { return orDash("%.2f%%", 100*x) }
