@@ -564,9 +564,71 @@ func TestAffinityMatchesLongSharedPrefixes(t *testing.T) {
 // Spot replicas in zones priced $4.60 to $6.30/h are one cost tier: billed by the hour,
 // they cost the same used or idle, so the pick spreads over them instead of packing the
 // cheapest zone's replica (which slowed its streams past the TPOT target in the simulator);
-// an on-demand replica at $11.06/h is a tier apart and gets nothing while spot meets the SLO.
+// an on-demand replica at $11.06/h is a tier apart and gets nothing while a spot replica
+// meets the SLO and can start the request at once.
 func TestNearPricesAreOneTier(t *testing.T) {
+	rs := spotAndOnDemand()
+	p := &SLOCheapest{StaleAfter: time.Second}
+	count := map[string]int{}
 	now := time.Unix(1000, 0)
+	for range 30 {
+		// 250 ms apart: each prompt is computed before the next comes, its stream goes on.
+		now = now.Add(250 * time.Millisecond)
+		req := &Request{Model: "m", PromptTokens: 2000, OutTokens: 30, SLO: SLO{TTFT: 2, TPOT: 0.1}, Now: now}
+		r := p.Pick(req, rs, rand.New(rand.NewPCG(1, 1)))
+		r.Begin(req, time.Second)
+		count[r.Info().ID]++
+	}
+	for _, id := range []string{"r0", "r1", "r2"} {
+		if count[id] < 8 || count[id] > 12 {
+			t.Fatalf("requests per replica %v: want the three spot replicas about 10 each", count)
+		}
+	}
+	if count["r3"] != 0 {
+		t.Fatalf("requests per replica %v: want on-demand none", count)
+	}
+}
+
+// A burst that queues prompts on every spot replica goes on to the on-demand replica that
+// can start one at once, though the spot ones would still meet the SLO: billed by the hour,
+// the idle replica costs the same either way, and the wait would add to the concurrency the
+// autoscaler buys replicas for. Once every replica has prompts queued, the least loaded
+// takes the next.
+func TestQueueingOnCheapReplicasIsNotCheaper(t *testing.T) {
+	rs := spotAndOnDemand()
+	p := &SLOCheapest{StaleAfter: time.Second}
+	now := time.Unix(1000, 0)
+	var got []string
+	var reasons []string
+	p.OnPick = func(_ *Replica, reason string) { reasons = append(reasons, reason) }
+	for range 8 {
+		req := &Request{Model: "m", PromptTokens: 2000, OutTokens: 30, SLO: SLO{TTFT: 2, TPOT: 0.1}, Now: now}
+		r := p.Pick(req, rs, rand.New(rand.NewPCG(1, 1)))
+		if !req.SLO.Meets(req.pickedPred) {
+			t.Fatalf("pick %d: %s predicted to miss the SLO (%+v)", len(got), r.Info().ID, req.pickedPred)
+		}
+		r.Begin(req, time.Second)
+		got = append(got, r.Info().ID)
+	}
+	if !sameSet(got[:3], []string{"r0", "r1", "r2"}) || got[3] != "r3" {
+		t.Fatalf("picks %v: want the three spot replicas, then the on-demand one (the only one that starts at once)", got)
+	}
+	for i, why := range reasons[:4] {
+		if why != ReasonCheapest {
+			t.Fatalf("pick %d: reason %q, want %q", i, why, ReasonCheapest)
+		}
+	}
+	for i, why := range reasons[4:] {
+		if why != ReasonQueued {
+			t.Fatalf("pick %d: reason %q, want %q (every replica has a prompt queued)", i+4, why, ReasonQueued)
+		}
+	}
+	if !sameSet(got[4:], []string{"r0", "r1", "r2", "r3"}) {
+		t.Fatalf("picks %v: with a prompt queued on each, the next four should go one to each replica", got)
+	}
+}
+
+func spotAndOnDemand() []*Replica {
 	var rs []*Replica
 	for i, price := range []float64{4.6, 5.4, 6.3, 11.06} {
 		capacity := fleet.Spot
@@ -575,17 +637,11 @@ func TestNearPricesAreOneTier(t *testing.T) {
 		}
 		rs = append(rs, newReplica(fleet.Replica{ID: fmt.Sprint("r", i), Address: "127.0.0.1:1", Model: "m", Capacity: capacity, PricePerHour: price}, nil, defaultProfile()))
 	}
-	p := &SLOCheapest{StaleAfter: time.Second}
-	count := map[string]int{}
-	for range 30 {
-		req := &Request{Model: "m", PromptTokens: 2000, OutTokens: 30, SLO: SLO{TTFT: 2, TPOT: 0.1}, Now: now}
-		r := p.Pick(req, rs, rand.New(rand.NewPCG(1, 1)))
-		r.Begin(req, time.Second)
-		count[r.Info().ID]++
-	}
-	if count["r0"] != 10 || count["r1"] != 10 || count["r2"] != 10 || count["r3"] != 0 {
-		t.Fatalf("requests per replica %v: want the three spot replicas 10 each, on-demand none", count)
-	}
+	return rs
+}
+
+func sameSet(a, b []string) bool {
+	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
 
 // A stream's time per token grows with the requests sent after it: a replica whose streams
