@@ -384,9 +384,9 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 	// queueing a request on a cheap replica while a dearer one could start it saves
 	// nothing there, and it costs where the money is: the wait adds to the concurrency the
 	// autoscaler sizes the fleet by, and the requests served near the SLO's edge miss it
-	// more often. In the simulator (azure-code, spot and on-demand mixed, 2 × 2 days)
-	// queueing up to the SLO cost 24–28 % more a day than least_load at 2 points less SLO
-	// attainment; queueing up to half of each TTFT still 17–23 % more.
+	// more often. In the simulator (azure-code, spot and on-demand mixed, 2 traces × 2
+	// days) queueing up to the SLO cost 31–39 % more a day than least_load, at 2 points less
+	// SLO attainment; queueing up to half of each TTFT still 22–26 % more; this, 3–5 %.
 	free, minCost := 0, math.Inf(1)
 	for _, s := range ok {
 		if startsNow(s.p) {
