@@ -190,6 +190,9 @@ type row struct {
 	label string
 	sys   sim.System
 	res   *sim.Result
+	// below is an equal-SLO search's nearest setting that fell short of the goal (nil: none
+	// ran, or even the cheapest setting searched reached it).
+	below *sim.Result
 }
 
 // dayRun is every system's result on one day.
@@ -201,6 +204,8 @@ type dayRun struct {
 	isoMissed map[sim.System]bool
 	// isoSkipped: the system's attainment was not Arbiter's and no search ran (-iso-slo=false).
 	isoSkipped map[sim.System]bool
+	// within is the tolerance of "equal" SLO attainment (-iso-slo-within).
+	within float64
 }
 
 func (d *dayRun) get(sys sim.System) *sim.Result {
@@ -212,17 +217,44 @@ func (d *dayRun) get(sys sim.System) *sim.Result {
 	return nil
 }
 
-// atEqualSLO is sys's result at Arbiter's SLO attainment: as run, or moved there by the
-// iso-SLO search; false where no factor reached it or no search ran.
-func (d *dayRun) atEqualSLO(sys sim.System) (*sim.Result, bool) {
+// atEqualSLO is what sys costs at Arbiter's SLO attainment: as run where that is within
+// the tolerance, else from the iso-SLO search (equalSLOCost); false where no factor reached
+// it or no search ran. above says the cheapest setting searched still served better than
+// Arbiter by more than the tolerance, so the figure is that setting's, not an equal one.
+func (d *dayRun) atEqualSLO(sys sim.System) (dollars float64, above, ok bool) {
 	if d.isoMissed[sys] || d.isoSkipped[sys] {
-		return nil, false
+		return 0, false, false
 	}
-	if r := d.iso[sys]; r != nil {
-		return r.res, true
+	a := d.get(sim.Arbiter)
+	if r := d.iso[sys]; r != nil && a != nil {
+		dollars, exact := equalSLOCost(a.SLOAttainment(), r.res, r.below)
+		return dollars, !exact && r.res.SLOAttainment() > a.SLOAttainment()+d.within, true
 	}
 	r := d.get(sys)
-	return r, r != nil
+	if r == nil {
+		return 0, false, false
+	}
+	return r.Dollars, false, true
+}
+
+// equalSLOCost is a SkyServe system's cost at exactly the attainment goal, from the search's
+// cheapest setting that reaches it (atOrAbove) and its nearest one that does not (below):
+// their costs interpolated linearly in attainment, which is what running one setting for a
+// share of the day and the other for the rest would cost and attain. Attainment moves in
+// steps as the replica count does, so no single setting need land within a tolerance of the
+// goal. exact is false where there is no setting on each side of it; atOrAbove's cost
+// stands then.
+func equalSLOCost(goal float64, atOrAbove, below *sim.Result) (dollars float64, exact bool) {
+	hi := atOrAbove.SLOAttainment()
+	if below == nil || hi < goal {
+		return atOrAbove.Dollars, hi == goal
+	}
+	lo := below.SLOAttainment()
+	if hi <= lo || goal < lo {
+		return atOrAbove.Dollars, false
+	}
+	share := (goal - lo) / (hi - lo) // of the day on the setting that reaches the goal
+	return below.Dollars + share*(atOrAbove.Dollars-below.Dollars), true
 }
 
 // skyServes are the SkyServe systems Arbiter is held to at equal SLO attainment.
@@ -236,7 +268,7 @@ func runDay(d *dayRun, in sim.Inputs, syss []sim.System, isoSLO bool, within flo
 		}
 		d.rows = append(d.rows, row{label: string(sys), sys: sys, res: r})
 	}
-	d.iso, d.isoMissed, d.isoSkipped = map[sim.System]*row{}, map[sim.System]bool{}, map[sim.System]bool{}
+	d.iso, d.isoMissed, d.isoSkipped, d.within = map[sim.System]*row{}, map[sim.System]bool{}, map[sim.System]bool{}, within
 	a := d.get(sim.Arbiter)
 	for _, sys := range skyServes {
 		s := d.get(sys)
@@ -256,6 +288,10 @@ func runDay(d *dayRun, in sim.Inputs, syss []sim.System, isoSLO bool, within flo
 		iso, err := isoSLOSkyServe(in, sys, s, a.SLOAttainment()-within, 2*within, lo, hi)
 		if err != nil {
 			return err
+		}
+		if dollars, exact := equalSLOCost(a.SLOAttainment(), iso.res, iso.below); exact && iso.below != nil {
+			iso.label += fmt.Sprintf(" (at Arbiter's %.2f%%: $%.2f, interpolated with the nearest setting short of it: %.2f%%, $%.2f)",
+				100*a.SLOAttainment(), dollars, 100*iso.below.SLOAttainment(), iso.below.Dollars)
 		}
 		d.rows = append(d.rows, *iso)
 		d.iso[sys], d.isoMissed[sys] = iso, iso.res.SLOAttainment() < a.SLOAttainment()-within
@@ -281,7 +317,7 @@ func isoSLOSkyServe(in sim.Inputs, sys sim.System, asSet *sim.Result, goal, band
 		in2.Spec = &sp2
 		return sim.Run(sys, in2)
 	}
-	var best *sim.Result
+	var best, below *sim.Result
 	bestF := lo
 	if lo >= 1 {
 		r, err := runAt(hi)
@@ -291,7 +327,9 @@ func isoSLOSkyServe(in sim.Inputs, sys sim.System, asSet *sim.Result, goal, band
 		if r.SLOAttainment() >= goal {
 			return &row{label: fmt.Sprintf("%s, target_qps ×%.3g", sys, hi), sys: sys, res: r}, nil
 		}
-		best = asSet
+		best, below = asSet, r
+	} else {
+		below = asSet // searching down: as set (×1) falls short
 	}
 	for range 10 {
 		f := (lo + hi) / 2
@@ -300,7 +338,7 @@ func isoSLOSkyServe(in sim.Inputs, sys sim.System, asSet *sim.Result, goal, band
 			return nil, err
 		}
 		if r.SLOAttainment() < goal {
-			hi = f
+			hi, below = f, r
 			continue
 		}
 		lo, best, bestF = f, r, f
@@ -315,7 +353,10 @@ func isoSLOSkyServe(in sim.Inputs, sys sim.System, asSet *sim.Result, goal, band
 		}
 		best = r
 	}
-	return &row{label: fmt.Sprintf("%s, target_qps ×%.3g", sys, bestF), sys: sys, res: best}, nil
+	if best.SLOAttainment() < goal {
+		below = nil // even the dearest setting fell short: nothing to interpolate
+	}
+	return &row{label: fmt.Sprintf("%s, target_qps ×%.3g", sys, bestF), sys: sys, res: best, below: below}, nil
 }
 
 // forEach runs f(0…n-1) on up to p goroutines and returns the first error.
@@ -367,7 +408,7 @@ func printSummaries(out io.Writer, ss []summary) {
 		var cost, vsOD, vsSkyOD, hedgeVsSkyOD []float64
 		vs, vsIso := map[sim.System][]float64{}, map[sim.System][]float64{}
 		att, srv, launches, spotPrice := map[sim.System][]float64{}, map[sim.System][]float64{}, map[sim.System][]float64{}, map[sim.System][]float64{}
-		missed, skipped := map[sim.System]int{}, map[sim.System]int{}
+		missed, skipped, aboveAtCheapest := map[sim.System]int{}, map[sim.System]int{}, map[sim.System]int{}
 		for _, d := range s.runs {
 			sod := d.get(sim.SkyServeOnDemand)
 			if h := d.get(sim.SkyServeSpotHedge); h != nil && sod != nil {
@@ -398,9 +439,12 @@ func printSummaries(out io.Writer, ss []summary) {
 					continue
 				}
 				vs[sys] = append(vs[sys], a.Dollars/r.Dollars)
-				switch iso, ok := d.atEqualSLO(sys); {
+				switch dollars, above, ok := d.atEqualSLO(sys); {
 				case ok:
-					vsIso[sys] = append(vsIso[sys], a.Dollars/iso.Dollars)
+					vsIso[sys] = append(vsIso[sys], a.Dollars/dollars)
+					if above {
+						aboveAtCheapest[sys]++
+					}
 				case d.isoSkipped[sys]:
 					skipped[sys]++
 				default:
@@ -417,8 +461,8 @@ func printSummaries(out io.Writer, ss []summary) {
 		}
 		fmt.Fprintf(out, "| %s | %s | %s | %d | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			s.requests, s.spot, s.reading, len(s.runs), mean(cost), spread(vsOD), spread(vsSkyOD),
-			spread(vs[sim.SkyServe]), spreadMissed(vsIso[sim.SkyServe], missed[sim.SkyServe], skipped[sim.SkyServe]),
-			spread(vs[sim.SkyServeSpotHedge]), spreadMissed(vsIso[sim.SkyServeSpotHedge], missed[sim.SkyServeSpotHedge], skipped[sim.SkyServeSpotHedge]),
+			spread(vs[sim.SkyServe]), spreadMissed(vsIso[sim.SkyServe], missed[sim.SkyServe], skipped[sim.SkyServe], aboveAtCheapest[sim.SkyServe]),
+			spread(vs[sim.SkyServeSpotHedge]), spreadMissed(vsIso[sim.SkyServeSpotHedge], missed[sim.SkyServeSpotHedge], skipped[sim.SkyServeSpotHedge], aboveAtCheapest[sim.SkyServeSpotHedge]),
 			per(func(sys sim.System) string { return pct(minOf(att[sys])) }),
 			per(func(sys sim.System) string { return pct(minOf(srv[sys])) }),
 			per(func(sys sim.System) string { return orDash("%.1f", mean(launches[sys])) }),
@@ -436,9 +480,13 @@ func spread(xs []float64) string {
 
 // spreadMissed is spread, saying on how many days the system could not reach Arbiter's
 // SLO attainment at all, and on how many it was not searched (-iso-slo=false): those days
-// have no equal-SLO ratio.
-func spreadMissed(xs []float64, missed, skipped int) string {
+// have no equal-SLO ratio. above counts the days whose ratio is against the system's
+// cheapest setting searched, which still served better than Arbiter.
+func spreadMissed(xs []float64, missed, skipped, above int) string {
 	out := spread(xs)
+	if above > 0 {
+		out += fmt.Sprintf("; above Arbiter's attainment even at its cheapest setting on %d day(s)", above)
+	}
 	if missed > 0 {
 		out += fmt.Sprintf("; never reached it on %d day(s)", missed)
 	}

@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/arbiter-serve/arbiter/sim"
 )
 
 func TestPrintsOneRowPerSystem(t *testing.T) {
@@ -102,5 +105,36 @@ func TestNoEqualSLORatioWithoutTheSearch(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "day(s) (-iso-slo=false)") {
 		t.Fatalf("no day without the search reported:\n%s", out.String())
+	}
+}
+
+// SkyServe's attainment moves in steps with its replica count, so the equal-SLO figure is
+// the two settings either side of Arbiter's attainment, interpolated; with no setting below
+// it (the cheapest searched still serves better), that setting's cost stands and the
+// summary says so.
+func TestEqualSLOCostInterpolatesBetweenSettings(t *testing.T) {
+	res := func(met int, dollars float64) *sim.Result {
+		return &sim.Result{Requests: 1000, SLOMet: met, Dollars: dollars}
+	}
+	// 96 % at $600 and 98 % at $700: Arbiter's 97 % costs $650.
+	if got, exact := equalSLOCost(0.97, res(980, 700), res(960, 600)); !exact || math.Abs(got-650) > 1e-9 {
+		t.Fatalf("between 96 %% ($600) and 98 %% ($700), 97 %% costs $%.2f (exact %v); want $650", got, exact)
+	}
+	if got, exact := equalSLOCost(0.97, res(990, 800), nil); exact || got != 800 {
+		t.Fatalf("with nothing below: $%.2f (exact %v); want the setting's own $800, not exact", got, exact)
+	}
+	if got, exact := equalSLOCost(0.97, res(968, 640), res(950, 500)); exact || got != 640 {
+		t.Fatalf("a setting just short of the goal (within the tolerance): $%.2f (exact %v); want its own $640", got, exact)
+	}
+
+	above := &dayRun{within: 0.005, rows: []row{{label: "arbiter", sys: sim.Arbiter, res: res(960, 100)}, {label: "skyserve", sys: sim.SkyServe, res: res(995, 90)}},
+		iso: map[sim.System]*row{sim.SkyServe: {label: "skyserve, target_qps ×8", sys: sim.SkyServe, res: res(990, 80)}}}
+	if dollars, flagged, ok := above.atEqualSLO(sim.SkyServe); !ok || !flagged || dollars != 80 {
+		t.Fatalf("cheapest setting still 3 points above: $%.2f, flagged %v, ok %v; want $80, flagged", dollars, flagged, ok)
+	}
+	var out bytes.Buffer
+	printSummaries(&out, []summary{{requests: "r", spot: "s", runs: []dayRun{*above}}})
+	if !strings.Contains(out.String(), "above Arbiter's attainment even at its cheapest setting on 1 day(s)") {
+		t.Fatalf("the summary does not say the equal-SLO figure is not equal:\n%s", out.String())
 	}
 }
