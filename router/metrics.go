@@ -63,7 +63,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ttft:        hv("time_to_first_token_seconds", "Time to first token as the router saw it.", latencyBuckets, "model", "service"),
 		itl:         hv("inter_token_latency_seconds", "Mean gap between streamed tokens of a request.", latencyBuckets, "model", "service"),
 		e2e:         hv("e2e_request_latency_seconds", "Request latency as the router saw it.", latencyBuckets, "model", "service"),
-		picks:       cv("picks_total", "slo_cheapest's picks by reason: cheapest (predicted to meet the SLO and to start the request at once), queued (every replica predicted to meet it has prompts queued: the least loaded), prefix_holder (its cache saves more than it costs over the cheapest), fastest (none predicted to meet it), resample (a cheaper replica predicted to miss, tried again).", "model", "reason"),
+		picks:       cv("picks_total", "slo_cheapest's picks by reason: cheapest (predicted to meet the SLO and to start the request at once), queued (every replica predicted to meet it has prompts queued: the least loaded), prefix_holder (its cache saves more than it costs over the cheapest), prefix_holder_only (only the prefix holder, with its cache, is predicted to meet it), fastest (none predicted to meet it), resample (a cheaper replica predicted to miss, tried again).", "model", "reason"),
 		predicted:   hv("predicted_ttft_seconds", "TTFT predicted for streamed requests, on the replica that served them (compare with ttft_seconds).", latencyBuckets, "model", "service"),
 		predErr: hv("ttft_prediction_error_seconds", "Measured minus predicted TTFT of streamed requests.",
 			[]float64{-5, -1, -0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 5}, "model", "service"),

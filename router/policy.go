@@ -351,9 +351,12 @@ func (p *SLOCheapest) resample(req *Request, all []scored, choice scored) (score
 const (
 	ReasonCheapest     = "cheapest"      // the cheapest replica predicted to meet the SLO
 	ReasonPrefixHolder = "prefix_holder" // the prompt's prefix holder: its cache saves more than it costs over the cheapest
-	ReasonFastest      = "fastest"       // none predicted to meet the SLO: the least loaded, then the fastest prediction
-	ReasonQueued       = "queued"        // every replica predicted to meet the SLO has prompts queued: the least loaded of them
-	ReasonResample     = "resample"      // re-sampling a cheaper replica predicted to miss
+	// ReasonPrefixHolderOnly: the prompt's prefix holder is the only replica predicted to
+	// meet the SLO (with its cache), so it keeps the prompt whatever it costs.
+	ReasonPrefixHolderOnly = "prefix_holder_only"
+	ReasonFastest          = "fastest"  // none predicted to meet the SLO: the least loaded, then the fastest prediction
+	ReasonQueued           = "queued"   // every replica predicted to meet the SLO has prompts queued: the least loaded of them
+	ReasonResample         = "resample" // re-sampling a cheaper replica predicted to miss
 )
 
 func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
@@ -379,6 +382,7 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 			held = s
 		}
 	}
+	meeting := len(ok) // ok is filtered in place below
 	// Phase 2: of those, the ones that would start the request at once, with no prompt
 	// queued ahead of it. A replica billed by the hour costs the same used or idle, so
 	// queueing a request on a cheap replica while a dearer one could start it saves
@@ -423,6 +427,8 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 	// holder does not keep a prompt that a cheap replica serves within the SLO anyway.
 	switch {
 	case held.r == nil:
+	case held.r == cheapest.r && meeting == 1:
+		return cheapest, ReasonPrefixHolderOnly
 	case held.r == cheapest.r:
 		return cheapest, ReasonPrefixHolder
 	default:

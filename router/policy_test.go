@@ -512,7 +512,7 @@ func TestPrefixHolderKeepsAPromptOnlyWhenItPays(t *testing.T) {
 	if pc := cheap.Predict(now, 2100, 2100, 200, time.Second); pc.TTFT <= 0.04 {
 		t.Fatalf("setup: 2,100 uncached tokens predicted in %.3fs, want > 40 ms", pc.TTFT)
 	}
-	if got, why := pick(other, 2100, 200, 0.04, cheap, dear); got != dear || why != ReasonPrefixHolder {
+	if got, why := pick(other, 2100, 200, 0.04, cheap, dear); got != dear || why != ReasonPrefixHolderOnly {
 		t.Fatalf("only the holder meets the SLO, yet the pick was %s (%s)", got.Info().ID, why)
 	}
 }
