@@ -17,6 +17,7 @@ import (
 type metrics struct {
 	ttft, itl, e2e                    prometheus.Observer
 	queue, prefill, decode, inference prometheus.Observer
+	reqTPOT                           prometheus.Observer
 	reqPrompt, reqGen, reqMaxGen      prometheus.Observer
 	paramsN, paramsMaxTokens, iterTok prometheus.Observer
 	promptTokens, genTokens           prometheus.Counter
@@ -89,6 +90,7 @@ func newMetrics(reg prometheus.Registerer, model string, maxModelLen int, cache 
 		model:           model,
 		ttft:            h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets),
 		itl:             h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itlBuckets),
+		reqTPOT:         h("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", itlBuckets),
 		e2e:             h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", latencyBuckets),
 		queue:           h("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", latencyBuckets),
 		prefill:         h("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", latencyBuckets),
@@ -144,6 +146,13 @@ func (m *metrics) finished(t requestTimes, prompt, generated, maxTokens int, max
 			m.decode.Observe(end.Sub(t.first).Seconds())
 		}
 	}
+	// A request's mean time per output token, its decode time over the tokens after the
+	// first (vllm/v1/metrics/stats.py update_from_finished_request: 0 for one token or none).
+	tpot := 0.0
+	if generated > 1 && !t.first.IsZero() && !t.last.IsZero() {
+		tpot = t.last.Sub(t.first).Seconds() / float64(generated-1)
+	}
+	m.reqTPOT.Observe(tpot)
 	m.reqPrompt.Observe(float64(prompt))
 	m.reqGen.Observe(float64(generated))
 	if maxTokensSet {

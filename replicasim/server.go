@@ -451,7 +451,9 @@ func (s *Server) request(ctx *fasthttp.RequestCtx, v *fastjson.Value, kind oai.K
 		return req, false
 	}
 	if req.Model == "" {
-		req.Model = s.cfg.Model // vLLM serves its model to a request that names none
+		// vLLM serves its model to a request that names none
+		// (vllm/entrypoints/openai/serving_engine.py _is_model_supported, 0.11.0).
+		req.Model = s.cfg.Model
 	}
 	if req.Model != s.cfg.Model {
 		vllmError(ctx, fasthttp.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))

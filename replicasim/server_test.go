@@ -101,6 +101,10 @@ func TestMetricsUseVLLMNames(t *testing.T) {
 			t.Errorf("/metrics lacks %s", name)
 		}
 	}
+	// The request's mean time per output token, observed once when it ends: its 2 gaps.
+	if n, sum := metricValue(t, text, "vllm:request_time_per_output_token_seconds_count"), metricValue(t, text, "vllm:request_time_per_output_token_seconds_sum"); n != 1 || !(sum > 0) {
+		t.Errorf("vllm:request_time_per_output_token_seconds count %v sum %v; want one request's mean TPOT", n, sum)
+	}
 }
 
 func TestPrefixCacheHitsThroughTheAPI(t *testing.T) {

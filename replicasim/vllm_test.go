@@ -70,6 +70,25 @@ func TestRequestsVLLMRefusesAreRefusedWithItsMessages(t *testing.T) {
 	}
 }
 
+// A request that names no model is served by the replica's model, and the answer names it,
+// as vLLM does (serving_engine.py: _is_model_supported takes an empty name).
+func TestMissingModelIsServedByTheReplicasModel(t *testing.T) {
+	_, url := start(t, true)
+	for _, c := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":3}`},
+		{"/v1/completions", `{"prompt":"hi","max_tokens":3}`},
+		{"/v1/embeddings", `{"input":"hi"}`},
+	} {
+		code, out := post(t, url+c.path, c.body)
+		var r struct {
+			Model string `json:"model"`
+		}
+		if err := json.Unmarshal([]byte(out), &r); err != nil || code != 200 || r.Model != "m" {
+			t.Fatalf("%s without a model: %d %s; want 200 answered by model \"m\"", c.path, code, out)
+		}
+	}
+}
+
 func TestDefaultMaxTokensIsTheRestOfTheContext(t *testing.T) {
 	_, url := start(t, true)
 	var r struct {
@@ -273,7 +292,7 @@ func TestMetricsAreVLLMsFamiliesUpdatedAsTokensCome(t *testing.T) {
 		"vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
 		"vllm:request_inference_time_seconds", "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
 		"vllm:request_max_num_generation_tokens", "vllm:request_params_n", "vllm:request_params_max_tokens",
-		"vllm:iteration_tokens_total",
+		"vllm:iteration_tokens_total", "vllm:request_time_per_output_token_seconds",
 	} {
 		if !strings.Contains(text, "# TYPE "+family+" histogram") {
 			t.Errorf("/metrics lacks the histogram %s", family)
