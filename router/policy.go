@@ -157,9 +157,10 @@ func (LeastLoad) Pick(req *Request, cands []*Replica, rng *rand.Rand) *Replica {
 }
 
 // SLOCheapest sends a request to the cheapest replica predicted to meet its SLO: it filters
-// by prediction, then ranks by marginal cost per token; a known prefix holder is followed
-// while it meets the SLO. With no replica predicted to meet the SLO it takes the least
-// loaded. Over a large fleet it predicts a bounded sample, cheapest tiers first, so a pick
+// by prediction, keeps those that would start the request at once (else takes the least
+// loaded), then ranks by marginal cost per token; a known prefix holder is followed while it
+// meets the SLO and its cache is worth the price gap. With no replica predicted to meet the
+// SLO it takes the least loaded. Over a large fleet it predicts a bounded sample, cheapest tiers first, so a pick
 // costs about the same with 4,096 candidates as with 16.
 type SLOCheapest struct {
 	// Affinity remembers which replica got which prefix; nil disables prefix affinity.
@@ -349,7 +350,7 @@ func (p *SLOCheapest) resample(req *Request, all []scored, choice scored) (score
 
 // Pick reasons, as arbiter_router_picks_total{reason} counts them.
 const (
-	ReasonCheapest     = "cheapest"      // the cheapest replica predicted to meet the SLO
+	ReasonCheapest     = "cheapest"      // the cheapest replica predicted to meet the SLO and to start the request at once
 	ReasonPrefixHolder = "prefix_holder" // the prompt's prefix holder: its cache saves more than it costs over the cheapest
 	// ReasonPrefixHolderOnly: the prompt's prefix holder is the only replica predicted to
 	// meet the SLO (with its cache), so it keeps the prompt whatever it costs.
