@@ -297,3 +297,25 @@ func TestEveryMeasuredRowWithinTenPercent(t *testing.T) {
 		}
 	}
 }
+
+// Every profiled GPU (an H100 or H200: 70 GiB or more, not an A100) runs with vLLM 0.11's
+// defaults for the OpenAI server (vllm/engine/arg_utils.py, EngineArgs._set_default_args:
+// max_num_seqs 1024, max_num_batched_tokens 8192; block size 16 on CUDA), and the Llama
+// shapes' 131,072-token context; and the engine holds the 1,025th sequence back.
+func TestProfilesRunWithVLLMsDefaults(t *testing.T) {
+	for _, name := range ProfileNames() {
+		p := mustProfile(t, name)
+		if p.MaxBatch != 1024 || p.MaxBatchedTokens != 8192 || p.BlockSize != 16 || p.MaxModelLen != 131072 {
+			t.Errorf("%s: max_num_seqs %d, max_num_batched_tokens %d, block %d, max_model_len %d; want vLLM 0.11's 1024, 8192, 16, 131072",
+				name, p.MaxBatch, p.MaxBatchedTokens, p.BlockSize, p.MaxModelLen)
+		}
+	}
+	e := newEngine(t, nil)
+	for i := range 1025 {
+		must(t, e.Add(Request{ID: uint64(i), PromptTokens: 4, MaxTokens: 20}))
+	}
+	e.Step() // 1,025 × 4 prompt tokens fit one step's 8,192
+	if st := e.Stats(); st.Running != 1024 || st.Waiting != 1 {
+		t.Fatalf("running=%d waiting=%d after one step; want 1024 and 1", st.Running, st.Waiting)
+	}
+}
