@@ -377,13 +377,6 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 		// Spread by load, as least_load does; the fastest prediction breaks ties.
 		return leastLoaded(all), ReasonFastest
 	}
-	var held scored // the holder, if it meets the SLO
-	for _, s := range ok {
-		if s.r == req.holder {
-			held = s
-		}
-	}
-	meeting := len(ok) // ok is filtered in place below
 	// Phase 2: of those, the ones that would start the request at once, with no prompt
 	// queued ahead of it. A replica billed by the hour costs the same used or idle, so
 	// queueing a request on a cheap replica while a dearer one could start it saves
@@ -392,8 +385,13 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 	// more often. In the simulator (azure-code, spot and on-demand mixed, 2 traces × 2
 	// days) queueing up to the SLO cost 31–39 % more a day than least_load, at 2 points less
 	// SLO attainment; queueing up to half of each TTFT still 22–26 % more; this, 3–5 %.
-	free, minCost := 0, math.Inf(1)
+	var held scored    // the holder, if it meets the SLO
+	meeting := len(ok) // ok is filtered in place below
+	free, minCost, tol := 0, math.Inf(1), p.tolerance()
 	for _, s := range ok {
+		if s.r == req.holder {
+			held = s
+		}
 		if startsNow(s.p) {
 			free++
 			minCost = math.Min(minCost, s.cost)
@@ -411,7 +409,7 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 		// replica looks fastest would take every request until the SLO filter caught up.
 		tier := ok[:0] // filtered in place
 		for _, s := range ok {
-			if startsNow(s.p) && s.cost <= minCost*(1+p.tolerance()) {
+			if startsNow(s.p) && s.cost <= minCost*(1+tol) {
 				tier = append(tier, s)
 			}
 		}
@@ -436,7 +434,7 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 		out := float64(max(req.OutTokens, 0))
 		there := held.cost * (float64(held.p.Uncached) + out)
 		here := cheapest.cost * (float64(cheapest.p.Uncached) + out)
-		if there <= here*(1+p.tolerance()) {
+		if there <= here*(1+tol) {
 			return held, ReasonPrefixHolder
 		}
 	}

@@ -579,13 +579,8 @@ func TestNearPricesAreOneTier(t *testing.T) {
 		r.Begin(req, time.Second)
 		count[r.Info().ID]++
 	}
-	for _, id := range []string{"r0", "r1", "r2"} {
-		if count[id] < 8 || count[id] > 12 {
-			t.Fatalf("requests per replica %v: want the three spot replicas about 10 each", count)
-		}
-	}
-	if count["r3"] != 0 {
-		t.Fatalf("requests per replica %v: want on-demand none", count)
+	if count["r0"] != 10 || count["r1"] != 10 || count["r2"] != 10 || count["r3"] != 0 {
+		t.Fatalf("requests per replica %v: want the three spot replicas 10 each, on-demand none", count)
 	}
 }
 
