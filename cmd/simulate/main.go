@@ -193,6 +193,11 @@ type row struct {
 	// below is an equal-SLO search's nearest setting that fell short of the goal (nil: none
 	// ran, or even the cheapest setting searched reached it).
 	below *sim.Result
+	// atGoal is an equal-SLO search's cost at Arbiter's attainment (equalSLOCost); above says
+	// even its cheapest setting served better than Arbiter by more than the tolerance, so
+	// atGoal is that setting's cost, not an equal one.
+	atGoal float64
+	above  bool
 }
 
 // dayRun is every system's result on one day.
@@ -204,8 +209,6 @@ type dayRun struct {
 	isoMissed map[sim.System]bool
 	// isoSkipped: the system's attainment was not Arbiter's and no search ran (-iso-slo=false).
 	isoSkipped map[sim.System]bool
-	// within is the tolerance of "equal" SLO attainment (-iso-slo-within).
-	within float64
 }
 
 func (d *dayRun) get(sys sim.System) *sim.Result {
@@ -218,23 +221,30 @@ func (d *dayRun) get(sys sim.System) *sim.Result {
 }
 
 // atEqualSLO is what sys costs at Arbiter's SLO attainment: as run where that is within
-// the tolerance, else from the iso-SLO search (equalSLOCost); false where no factor reached
-// it or no search ran. above says the cheapest setting searched still served better than
-// Arbiter by more than the tolerance, so the figure is that setting's, not an equal one.
+// the tolerance, else the iso-SLO search's row.atGoal (and its above); false where no factor
+// reached it or no search ran.
 func (d *dayRun) atEqualSLO(sys sim.System) (dollars float64, above, ok bool) {
 	if d.isoMissed[sys] || d.isoSkipped[sys] {
 		return 0, false, false
 	}
-	a := d.get(sim.Arbiter)
-	if r := d.iso[sys]; r != nil && a != nil {
-		dollars, exact := equalSLOCost(a.SLOAttainment(), r.res, r.below)
-		return dollars, !exact && r.res.SLOAttainment() > a.SLOAttainment()+d.within, true
+	if r := d.iso[sys]; r != nil {
+		return r.atGoal, r.above, true
 	}
 	r := d.get(sys)
 	if r == nil {
 		return 0, false, false
 	}
 	return r.Dollars, false, true
+}
+
+// settle sets an equal-SLO search's atGoal and above for Arbiter's attainment a (within
+// being the tolerance of "equal"), and reports whether atGoal is interpolated between the
+// search's settings either side of a.
+func (r *row) settle(a, within float64) (interpolated bool) {
+	var exact bool
+	r.atGoal, exact = equalSLOCost(a, r.res, r.below)
+	r.above = !exact && r.res.SLOAttainment() > a+within
+	return exact && r.below != nil
 }
 
 // equalSLOCost is a SkyServe system's cost at exactly the attainment goal, from the search's
@@ -268,7 +278,7 @@ func runDay(d *dayRun, in sim.Inputs, syss []sim.System, isoSLO bool, within flo
 		}
 		d.rows = append(d.rows, row{label: string(sys), sys: sys, res: r})
 	}
-	d.iso, d.isoMissed, d.isoSkipped, d.within = map[sim.System]*row{}, map[sim.System]bool{}, map[sim.System]bool{}, within
+	d.iso, d.isoMissed, d.isoSkipped = map[sim.System]*row{}, map[sim.System]bool{}, map[sim.System]bool{}
 	a := d.get(sim.Arbiter)
 	for _, sys := range skyServes {
 		s := d.get(sys)
@@ -289,9 +299,9 @@ func runDay(d *dayRun, in sim.Inputs, syss []sim.System, isoSLO bool, within flo
 		if err != nil {
 			return err
 		}
-		if dollars, exact := equalSLOCost(a.SLOAttainment(), iso.res, iso.below); exact && iso.below != nil {
+		if iso.settle(a.SLOAttainment(), within) {
 			iso.label += fmt.Sprintf(" (at Arbiter's %.2f%%: $%.2f, interpolated with the nearest setting short of it: %.2f%%, $%.2f)",
-				100*a.SLOAttainment(), dollars, 100*iso.below.SLOAttainment(), iso.below.Dollars)
+				100*a.SLOAttainment(), iso.atGoal, 100*iso.below.SLOAttainment(), iso.below.Dollars)
 		}
 		d.rows = append(d.rows, *iso)
 		d.iso[sys], d.isoMissed[sys] = iso, iso.res.SLOAttainment() < a.SLOAttainment()-within

@@ -127,8 +127,12 @@ func TestEqualSLOCostInterpolatesBetweenSettings(t *testing.T) {
 		t.Fatalf("a setting just short of the goal (within the tolerance): $%.2f (exact %v); want its own $640", got, exact)
 	}
 
-	above := &dayRun{within: 0.005, rows: []row{{label: "arbiter", sys: sim.Arbiter, res: res(960, 100)}, {label: "skyserve", sys: sim.SkyServe, res: res(995, 90)}},
-		iso: map[sim.System]*row{sim.SkyServe: {label: "skyserve, target_qps ×8", sys: sim.SkyServe, res: res(990, 80)}}}
+	cheapestSetting := &row{label: "skyserve, target_qps ×8", sys: sim.SkyServe, res: res(990, 80)}
+	if cheapestSetting.settle(0.96, 0.005) {
+		t.Fatal("a search with no setting below Arbiter's attainment reported an interpolation")
+	}
+	above := &dayRun{rows: []row{{label: "arbiter", sys: sim.Arbiter, res: res(960, 100)}, {label: "skyserve", sys: sim.SkyServe, res: res(995, 90)}},
+		iso: map[sim.System]*row{sim.SkyServe: cheapestSetting}}
 	if dollars, flagged, ok := above.atEqualSLO(sim.SkyServe); !ok || !flagged || dollars != 80 {
 		t.Fatalf("cheapest setting still 3 points above: $%.2f, flagged %v, ok %v; want $80, flagged", dollars, flagged, ok)
 	}
