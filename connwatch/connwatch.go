@@ -12,6 +12,12 @@ import (
 
 // PeerClosed reports whether c's peer has closed or reset the connection. It never blocks
 // and reads nothing; it reports false when it cannot tell (e.g. a non-socket conn).
+//
+// It ignores c's deadlines: a server arms a read deadline when a request starts (fasthttp
+// keeps read_timeout armed through the handler), and a request held through a long cold
+// start or a long generation outlives it with its client still there. RawConn.Read would
+// fail at once past the deadline; Control only lends the descriptor, and the peek below is
+// non-blocking by itself.
 func PeerClosed(c net.Conn) bool {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
@@ -22,7 +28,7 @@ func PeerClosed(c net.Conn) bool {
 		return true
 	}
 	closed := false
-	err = raw.Read(func(fd uintptr) bool {
+	err = raw.Control(func(fd uintptr) {
 		var b [1]byte
 		n, _, rerr := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		switch {
@@ -33,7 +39,6 @@ func PeerClosed(c net.Conn) bool {
 		default:
 			closed = true // reset or other socket error
 		}
-		return true
 	})
 	if err != nil {
 		return true // the conn itself is closed

@@ -29,6 +29,8 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	case res.clientGone:
 		code = 499 // nginx's "client closed request"
 		px.met.errors.WithLabelValues("client_gone").Inc()
+	case res.failed == streamDeadline:
+		px.met.errors.WithLabelValues("deadline").Inc() // the client's deadline, not the replica's fault
 	case res.failed != "":
 		px.upstreamFailed(r, res.failed, nil)
 	case code < 500:

@@ -147,7 +147,7 @@ func (px *Proxy) send(ctx *fasthttp.RequestCtx, c *call, r *Replica) (*upConn, t
 		if err != nil {
 			return nil, time.Time{}, err
 		}
-		err = px.roundTrip(ctx, c, out, uc, sentAt)
+		err = px.roundTrip(ctx, c, out, uc, r, sentAt)
 		if err == nil {
 			return uc, sentAt, nil
 		}
@@ -163,20 +163,52 @@ func (px *Proxy) send(ctx *fasthttp.RequestCtx, c *call, r *Replica) (*upConn, t
 
 // roundTrip writes the request and waits for the response header, watching the client:
 // if it hangs up meanwhile, the upstream socket is closed, which cancels the generation.
-// One deadline covers the write, the header and (for a whole response) its body: vLLM
-// sends a non-streamed response's header only when the generation is done.
-func (px *Proxy) roundTrip(ctx *fasthttp.RequestCtx, c *call, out *fasthttp.Request, uc *upConn, now time.Time) error {
-	_ = uc.SetDeadline(minTime(c.deadline, now.Add(c.firstByte)))
+// vLLM sends a non-streamed response's header only when the generation is done, so the
+// wait is for the whole generation: it is cut after the first-byte timeout only when the
+// replica's engine made no progress meanwhile (its scraped token counters did not move); a
+// generation that progresses is waited for, however long, in slices of that timeout, up to
+// the client's own deadline. The header's arrival arms a fresh stream_idle_timeout for the
+// body that follows.
+func (px *Proxy) roundTrip(ctx *fasthttp.RequestCtx, c *call, out *fasthttp.Request, uc *upConn, r *Replica, now time.Time) error {
+	waitUntil := func(from time.Time, d time.Duration) time.Time {
+		t := from.Add(d)
+		if !c.clientDeadline.IsZero() {
+			t = minTime(t, c.clientDeadline)
+		}
+		return t
+	}
+	// The write is bounded by the pick's deadline too: a replica that takes no bytes has
+	// not taken the request.
+	_ = uc.SetDeadline(minTime(waitUntil(now, c.firstByte), maxTime(c.deadline, now.Add(px.cfg.ConnectTimeout))))
 	if err := out.Write(uc.bw); err != nil {
 		return err
 	}
 	if err := uc.bw.Flush(); err != nil {
 		return err
 	}
+	_ = uc.SetReadDeadline(waitUntil(now, c.firstByte))
 	px.watcher.add(&c.watch, ctx.Conn(), uc, now)
-	err := ctx.Response.Header.Read(uc.br)
+	slice := now
+	var err error
+	for {
+		err = ctx.Response.Header.Read(uc.br)
+		if err == nil || !timedOut(err) || uc.br.Buffered() > 0 {
+			break
+		}
+		at := px.Now()
+		if !c.clientDeadline.IsZero() && !at.Before(c.clientDeadline) || !r.progressedSince(slice) {
+			break
+		}
+		// The engine moved during this slice: the generation is alive, wait another.
+		px.met.firstByteExtended.Inc()
+		slice = at
+		_ = uc.SetReadDeadline(waitUntil(at, c.firstByte))
+	}
 	if px.watcher.remove(&c.watch) {
 		return errClientGone
+	}
+	if err == nil {
+		_ = uc.SetReadDeadline(waitUntil(px.Now(), px.cfg.StreamIdleTimeout))
 	}
 	return err
 }
@@ -214,6 +246,13 @@ func timedOut(err error) bool {
 func staleConnError(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func minTime(a, b time.Time) time.Time {

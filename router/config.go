@@ -49,13 +49,23 @@ type Config struct {
 	// E2E), the wait is FirstByteSLOMultiple times the larger of its SLO target and the
 	// replica's prediction, at least FirstByteTimeoutMin: a replica that accepts and never
 	// answers then costs seconds, the attempt is retried elsewhere, and passive health ejects
-	// the replica. 0 for the multiple: always FirstByteTimeout.
+	// the replica. 0 for the multiple: always FirstByteTimeout. When it runs out while the
+	// replica's engine is still progressing (its scraped vllm:prompt_tokens_total and
+	// vllm:generation_tokens_total moved since the wait began), the wait is extended by as
+	// much again, as often as that holds: only a replica that stalled is cut. Replicas
+	// without those counters get no extension.
 	FirstByteTimeout     time.Duration `yaml:"first_byte_timeout"`
 	FirstByteSLOMultiple float64       `yaml:"first_byte_slo_multiple"`
 	FirstByteTimeoutMin  time.Duration `yaml:"first_byte_timeout_min"`
 	// StreamIdleTimeout bounds the gap between two chunks of a streamed response.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
-	// RequestTimeout is the whole request's deadline (a client's X-Arbiter-Deadline-Ms may shorten it).
+	// RequestTimeout bounds the wait for a replica to take a request: held while its
+	// service starts from zero (a vLLM cold start takes 30 s to minutes; a hold that runs
+	// out is answered 503 with Retry-After), then tried and retried. Once a replica has the
+	// request, progress bounds it instead: a stream runs while chunks keep coming
+	// (stream_idle_timeout), a whole response while the replica's engine keeps generating
+	// (first_byte_timeout, extended), so a 20-minute generation is never cut. A client's
+	// X-Arbiter-Deadline-Ms bounds the whole answer, and this wait, when it is shorter.
 	RequestTimeout time.Duration `yaml:"request_timeout"`
 	// UpstreamIdleTimeout drops pooled replica connections idle this long (below vLLM's 5 s).
 	UpstreamIdleTimeout    time.Duration `yaml:"upstream_idle_timeout"`

@@ -12,23 +12,26 @@ import (
 
 // Metrics are the router's Prometheus metrics (namespace arbiter, subsystem router).
 type Metrics struct {
-	requests    *prometheus.CounterVec // model, service, replica, code
-	errors      *prometheus.CounterVec // reason
-	retries     prometheus.Counter
-	ejections   *prometheus.CounterVec   // replica
-	tokens      *prometheus.CounterVec   // model, service, replica, provider, region, capacity, type
-	slo         *prometheus.CounterVec   // model, service, result
-	ttft        *prometheus.HistogramVec // model
-	itl         *prometheus.HistogramVec // model
-	e2e         *prometheus.HistogramVec // model
-	predicted   *prometheus.HistogramVec // model: predicted TTFT
-	predErr     *prometheus.HistogramVec // model: measured − predicted TTFT
-	picks       *prometheus.CounterVec   // model, reason
-	keyRequests *prometheus.CounterVec   // key, code
-	keyTokens   *prometheus.CounterVec   // key, type
-	held        prometheus.Gauge
-	holdWait    *prometheus.HistogramVec // model
-	replicaInfo *replicaCollector
+	requests *prometheus.CounterVec // model, service, replica, code
+	errors   *prometheus.CounterVec // reason
+	retries  prometheus.Counter
+	// firstByteExtended: waits for a whole response extended because the replica's
+	// engine was still making progress when the first-byte timeout ran out.
+	firstByteExtended prometheus.Counter
+	ejections         *prometheus.CounterVec   // replica
+	tokens            *prometheus.CounterVec   // model, service, replica, provider, region, capacity, type
+	slo               *prometheus.CounterVec   // model, service, result
+	ttft              *prometheus.HistogramVec // model
+	itl               *prometheus.HistogramVec // model
+	e2e               *prometheus.HistogramVec // model
+	predicted         *prometheus.HistogramVec // model: predicted TTFT
+	predErr           *prometheus.HistogramVec // model: measured − predicted TTFT
+	picks             *prometheus.CounterVec   // model, reason
+	keyRequests       *prometheus.CounterVec   // key, code
+	keyTokens         *prometheus.CounterVec   // key, type
+	held              prometheus.Gauge
+	holdWait          *prometheus.HistogramVec // model
+	replicaInfo       *replicaCollector
 	// gone: replicas that left the set, and when (forgetGone).
 	goneMu sync.Mutex
 	gone   map[string]time.Time
@@ -73,6 +76,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.holdWait = hv("hold_wait_seconds", "How long requests waited for a replica of a service scaled to zero.", latencyBuckets, "model")
 	m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "retries_total", Help: "Attempts retried on another replica before the first response byte."})
 	reg.MustRegister(m.retries)
+	m.firstByteExtended = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "first_byte_extensions_total",
+		Help: "Waits for a replica's response header extended by another first-byte timeout because the replica's engine was still progressing (its token counters moved): long non-streamed generations."})
+	reg.MustRegister(m.firstByteExtended)
 	m.replicaInfo = &replicaCollector{
 		inflight: prometheus.NewDesc("arbiter_router_in_flight_requests", "Requests this router has open on a replica.", []string{"service", "replica"}, nil),
 		load:     prometheus.NewDesc("arbiter_router_predicted_load", "Predicted requests in the replica's engine (running + waiting).", []string{"service", "replica"}, nil),

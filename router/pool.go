@@ -297,7 +297,11 @@ func (p *Pool) scrape(_ context.Context, r *Replica, c *fasthttp.Client) {
 		return
 	}
 	g := ParseEngineGauges(resp.Body())
+	now := time.Now()
 	if g.Found {
-		r.observeScrape(time.Now(), g.Running, g.Waiting, g.KVUsage)
+		r.observeScrape(now, g.Running, g.Waiting, g.KVUsage)
+	}
+	if g.TokensFound {
+		r.observeTokens(now, g.Tokens)
 	}
 }

@@ -214,25 +214,31 @@ func (px *Proxy) models(ctx *fasthttp.RequestCtx) {
 // call is one client request's state across attempts. It outlives the handler when the
 // response streams, so it holds copies, never the RequestCtx.
 type call struct {
-	kind         oai.Kind
-	model        string
-	stream       bool
-	stripUsage   bool // we added include_usage; the client must not see the usage chunk
-	body         []byte
-	route        Request
-	slo          SLO
-	policy       string // the service's routing policy; "" = the router's default
-	start        time.Time
-	deadline     time.Time
-	tried        []*Replica
-	key          *Key          // nil without authentication
-	streaming    bool          // a stream writer owns the rest of the call
-	outBounded   bool          // the client set max_tokens: the generation's length is bounded
-	firstByte    time.Duration // this attempt's wait for the response header
-	lastUpstream int           // status of the last 502/503 kept as the answer of last resort
-	load         *modelLoad    // the model's load counters for the autoscaler
-	watch        clientWatch
-	triedBuf     [4]*Replica
+	kind       oai.Kind
+	model      string
+	stream     bool
+	stripUsage bool // we added include_usage; the client must not see the usage chunk
+	body       []byte
+	route      Request
+	slo        SLO
+	policy     string // the service's routing policy; "" = the router's default
+	start      time.Time
+	// deadline bounds the wait for a replica to take the request: held through a cold
+	// start, tried and retried (request_timeout, or the client's X-Arbiter-Deadline-Ms).
+	// Once a replica has it, progress bounds it instead (first byte, stream idle).
+	deadline time.Time
+	// clientDeadline is the client's own X-Arbiter-Deadline-Ms (zero: none), which bounds
+	// the whole answer, streamed or not, however it progresses.
+	clientDeadline time.Time
+	tried          []*Replica
+	key            *Key          // nil without authentication
+	streaming      bool          // a stream writer owns the rest of the call
+	outBounded     bool          // the client set max_tokens: the generation's length is bounded
+	firstByte      time.Duration // this attempt's wait for the response header
+	lastUpstream   int           // status of the last 502/503 kept as the answer of last resort
+	load           *modelLoad    // the model's load counters for the autoscaler
+	watch          clientWatch
+	triedBuf       [4]*Replica
 }
 
 func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
@@ -331,6 +337,10 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 	}
 }
 
+// holdRetryAfter is the Retry-After, in seconds, of a request whose hold ran out: a vLLM
+// replica takes 30 s to minutes to start, so a retry sooner would most likely be held again.
+const holdRetryAfter = 15
+
 // holdPoll bounds how long a held request goes without re-checking its client and the
 // pool (an ejected replica's re-admission does not signal Changed).
 const holdPoll = 250 * time.Millisecond
@@ -369,8 +379,12 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 			return false
 		}
 		if !now.Before(c.deadline) {
+			// The service is still starting: a 503 with Retry-After is what clients retry
+			// (the OpenAI SDKs do, honouring the header); a 504 reads as a server fault.
 			px.met.errors.WithLabelValues("hold_deadline").Inc()
-			oai.WriteError(ctx, fasthttp.StatusGatewayTimeout, oai.Timeout, fmt.Sprintf("no replica of model %q became ready before the request's deadline", c.model))
+			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable,
+				fmt.Sprintf("model %q is starting: no replica became ready within the %s this request could wait; retry shortly", c.model, now.Sub(start).Round(time.Second)))
+			ctx.Response.Header.Set("Retry-After", strconv.Itoa(holdRetryAfter))
 			return false
 		}
 		if connwatch.PeerClosed(ctx.Conn()) {
@@ -469,9 +483,8 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 	c.deadline = now.Add(px.cfg.RequestTimeout)
 	if h := ctx.Request.Header.Peek("X-Arbiter-Deadline-Ms"); len(h) > 0 {
 		if ms, err := strconv.Atoi(string(h)); err == nil && ms > 0 {
-			if d := now.Add(time.Duration(ms) * time.Millisecond); d.Before(c.deadline) {
-				c.deadline = d
-			}
+			c.clientDeadline = now.Add(time.Duration(ms) * time.Millisecond)
+			c.deadline = minTime(c.deadline, c.clientDeadline)
 		}
 	}
 	if req.Stream && !req.IncludeUsage && kind != oai.Embedding {

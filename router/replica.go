@@ -29,6 +29,10 @@ type Replica struct {
 	ready        atomic.Bool
 	removed      atomic.Bool  // no longer in the set: drain, then drop
 	ejectedUntil atomic.Int64 // unix nanoseconds; passive health's ejection ends then
+	// progressAt is when a scrape last saw the engine's token counters grow (unix
+	// nanoseconds; 0: never): a wait for a whole response is extended while it moves.
+	progressAt atomic.Int64
+	tokensSeen float64 // the counters' last sum; only the replica's scrape loop touches it
 
 	mu         sync.Mutex // guards everything below
 	probeFails int
@@ -110,6 +114,20 @@ func (r *Replica) observeScrape(now time.Time, running, waiting, kv float64) {
 	r.scrape = scrapeState{at: now, running: running, waiting: waiting, inflightAtScrape: in, queuedAtScrape: len(r.twin.queue)}
 	r.twin.scrapedKV, r.twin.scrapedAt = kv, now
 	r.mu.Unlock()
+}
+
+// observeTokens records a scrape of the engine's token counters (their sum): any change
+// is progress, a restart's reset included.
+func (r *Replica) observeTokens(now time.Time, total float64) {
+	if total != r.tokensSeen {
+		r.tokensSeen = total
+		r.progressAt.Store(now.UnixNano())
+	}
+}
+
+// progressedSince reports whether a scrape saw the engine's token counters move after t.
+func (r *Replica) progressedSince(t time.Time) bool {
+	return r.progressAt.Load() > t.UnixNano()
 }
 
 // requestSucceeded resets passive-health failure counts.

@@ -37,6 +37,9 @@ type streamer struct {
 	closed        bool
 }
 
+// streamDeadline is the failure of a stream the client's own deadline ended.
+const streamDeadline = "stream_deadline"
+
 // streamBufs recycles read buffers across streams; an SSE event is rarely over 1 KB.
 var streamBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
 
@@ -81,7 +84,13 @@ func (s *streamer) Read(dst []byte) (int, error) {
 // error event the client's SDK will raise.
 func (s *streamer) fill() {
 	px, c := s.px, s.c
-	_ = s.uc.SetReadDeadline(minTime(c.deadline, px.Now().Add(px.cfg.StreamIdleTimeout)))
+	// A stream runs as long as it progresses (a long answer streams for many minutes):
+	// only a gap between chunks, or the client's own deadline, ends it.
+	idle := px.Now().Add(px.cfg.StreamIdleTimeout)
+	if !c.clientDeadline.IsZero() {
+		idle = minTime(idle, c.clientDeadline)
+	}
+	_ = s.uc.SetReadDeadline(idle)
 	n, err := s.body.Read(*s.buf)
 	if n > 0 {
 		s.pending = append(s.pending, (*s.buf)[:n]...)
@@ -113,7 +122,10 @@ func (s *streamer) fill() {
 		s.finished = true
 		s.res.failed = "stream_broken"
 		msg := "replica failed mid-stream"
-		if errors.Is(err, os.ErrDeadlineExceeded) {
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded) && !c.clientDeadline.IsZero() && !px.Now().Before(c.clientDeadline):
+			msg, s.res.failed = "the request's deadline (X-Arbiter-Deadline-Ms) passed mid-stream", streamDeadline
+		case errors.Is(err, os.ErrDeadlineExceeded):
 			msg, s.res.failed = "replica stalled mid-stream", "stream_stalled"
 		}
 		s.out = append(s.out, oai.ErrorEvent(oai.ServerError, msg)...)

@@ -8,6 +8,13 @@ import (
 // EngineGauges are the figures the router reads from a replica's vLLM /metrics.
 type EngineGauges struct {
 	Running, Waiting, KVUsage float64
+	// Tokens is the engine's prompt and generation tokens processed so far (the sum of
+	// vllm:prompt_tokens_total and vllm:generation_tokens_total): it grows while the engine
+	// works, token by token in decode and chunk by chunk in a long prefill, so a wait on the
+	// replica can tell a generation that progresses from one that stalled. TokensFound is
+	// false when neither counter was present.
+	Tokens      float64
+	TokensFound bool
 	// Found is false when none of the gauges was present (not a vLLM, or still loading).
 	Found bool
 }
@@ -18,6 +25,9 @@ var (
 	mKV      = []byte("vllm:kv_cache_usage_perc")
 	// vLLM's v0 engine named KV usage differently; accept it too.
 	mKVv0 = []byte("vllm:gpu_cache_usage_perc")
+	// Counters, with the _total suffix of the text exposition.
+	mPromptTokens = []byte("vllm:prompt_tokens_total")
+	mGenTokens    = []byte("vllm:generation_tokens_total")
 )
 
 // ParseEngineGauges reads vLLM's queue and KV-cache gauges from Prometheus text exposition,
@@ -47,6 +57,10 @@ func ParseEngineGauges(text []byte) EngineGauges {
 			g.Waiting += value
 		case bytes.Equal(name, mKV), bytes.Equal(name, mKVv0):
 			g.KVUsage = max(g.KVUsage, value)
+		case bytes.Equal(name, mPromptTokens), bytes.Equal(name, mGenTokens):
+			g.Tokens += value
+			g.TokensFound = true
+			continue // a counter alone is no load reading
 		default:
 			continue
 		}
