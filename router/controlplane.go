@@ -204,7 +204,7 @@ func (cp *ControlPlane) follow(ctx context.Context) {
 		cp.mu.Lock()
 		cp.services = set.Services
 		cp.mu.Unlock()
-		cp.pool.SetReplicas(set.Replicas)
+		cp.pool.SetReplicas(ownedReplicas(set.Services, set.Replicas, cp.log))
 		cp.revision.Store(set.Revision)
 		cp.log.Debug("ready set", "revision", set.Revision, "replicas", len(set.Replicas), "services", len(set.Services))
 	}
