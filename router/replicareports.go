@@ -20,6 +20,7 @@ import (
 const (
 	sourceUsage   = "usage"   // a response's or a stream's final usage object
 	sourceMetrics = "metrics" // a /metrics scrape
+	sourceHeaders = "headers" // a response's header fields (respheaders.go)
 )
 
 // rejectLogEvery spaces the warnings about one replica's rejected reports: a replica that

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,5 +188,58 @@ func TestPanicAfterTheAnswerKeepsIt(t *testing.T) {
 	rig.px.recovered(&empty, "boom")
 	if empty.Response.StatusCode() != 500 {
 		t.Errorf("a panic before any answer gave %d; want 500", empty.Response.StatusCode())
+	}
+}
+
+// A replica's response header fields that are not the client's (issue 35, "beyond the
+// two") are dropped and counted: hop-by-hop fields, the fields its Connection header names,
+// and those by which it would speak for the endpoint's origin (Set-Cookie, Alt-Svc). What a
+// replica may say (its own X- fields, Content-Type) passes; a header block too large for the
+// router's buffer is the replica's failure, answered 502, never passed on.
+func TestHostileResponseHeadersAreScrubbed(t *testing.T) {
+	var huge atomic.Bool
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", func(http.ResponseWriter, *http.Request) {})
+	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, _ *http.Request) {
+		h := w.Header()
+		h.Set("Connection", "X-Internal-Token, keep-alive")
+		h.Set("X-Internal-Token", "secret")
+		h.Set("Keep-Alive", "timeout=1")
+		h.Set("Upgrade", "h2c")
+		h.Set("Proxy-Authenticate", "Basic")
+		h.Add("Set-Cookie", "session=evil; Path=/")
+		h.Set("Alt-Svc", `h3="evil.example:443"`)
+		h.Set("X-Replica-Own", "kept")
+		if huge.Load() {
+			h.Set("X-Padding", strings.Repeat("p", 64<<10))
+		}
+		h.Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"c","object":"chat.completion","model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"a full answer"},"finish_reason":"stop"}],"usage":%s}`, testModel, vllmUsage(3, 2, 5))
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	rig := startRouter(t, nil, fleet.Replica{ID: "hdr", Address: strings.TrimPrefix(srv.URL, "http://"), Model: testModel, Capacity: fleet.Reserved})
+	resp, body := post(t, rig.url+"/v1/chat/completions", chatBody(false, ""))
+	if resp.StatusCode != 200 || !strings.Contains(body, "a full answer") {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	for _, h := range []string{"X-Internal-Token", "Keep-Alive", "Upgrade", "Proxy-Authenticate", "Set-Cookie", "Alt-Svc"} {
+		if v := resp.Header.Values(h); len(v) > 0 {
+			t.Errorf("the replica's %s reached the client: %q", h, v)
+		}
+	}
+	if resp.Header.Get("X-Replica-Own") != "kept" || resp.Close {
+		t.Errorf("X-Replica-Own %q, connection close %v; want the replica's own field kept and the client's connection open", resp.Header.Get("X-Replica-Own"), resp.Close)
+	}
+	if got := rig.counter(t, "arbiter_router_replica_reports_rejected_total", "replica", "hdr", "source", "headers"); got != 2 {
+		t.Errorf("header refusals counted = %v; want 2 (hop_by_hop, origin)", got)
+	}
+	if got := rig.counter(t, "arbiter_router_tokens_total", "replica", "hdr", "type", "completion"); got != 2 {
+		t.Errorf("completion tokens = %v; want 2", got)
+	}
+	huge.Store(true)
+	resp, body = post(t, rig.url+"/v1/chat/completions", chatBody(false, ""))
+	if resp.StatusCode != 502 || strings.Contains(body, "ppppp") {
+		t.Errorf("a 64 KiB header block: %d %.200s; want 502, nothing of it passed on", resp.StatusCode, body)
 	}
 }
