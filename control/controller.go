@@ -167,6 +167,9 @@ type replica struct {
 	// down: taken down by name (serve down --replica-id), drained as soon as nothing else
 	// holds it; purge: written off if its termination fails.
 	down, purge bool
+	// conflict says which models the replica lists that another service owns (and so
+	// that it is not routed to for them); "" when none (models.go).
+	conflict string
 }
 
 type routerReport struct {

@@ -663,7 +663,7 @@ func (c *Controller) check(ctx context.Context, s *service, r *replica) {
 		switch replicas.State(r.row.State) {
 		case replicas.Starting:
 			if perr == nil {
-				c.learnModels(s, r, models)
+				c.learnModels(ctx, s, r, models)
 				c.transition(ctx, s, r, replicas.Ready, fmt.Sprintf("readiness probe passed after %s", now.Sub(r.row.LaunchedAt).Round(100*time.Millisecond)))
 			} else if now.Sub(r.row.LaunchedAt) > budget {
 				c.transition(ctx, s, r, replicas.Failed, fmt.Sprintf("not ready within its %s budget (last probe: %v); replacing it", budget, perr))
@@ -762,29 +762,6 @@ func (c *Controller) servedModels(ctx context.Context, addr string, timeout time
 		}
 	}
 	return out
-}
-
-// learnModels picks the model name routers will send to the replica: the spec's first
-// model the replica serves, else the first it lists.
-func (c *Controller) learnModels(s *service, r *replica, models []string) {
-	for _, m := range models {
-		if !slices.Contains(s.learned, m) {
-			s.learned = append(s.learned, m)
-		}
-	}
-	r.row.Model = ""
-	for _, m := range s.spec().Arbiter.Models {
-		if slices.Contains(models, m) {
-			r.row.Model = m
-			break
-		}
-	}
-	if r.row.Model == "" && len(models) > 0 {
-		r.row.Model = models[0]
-	}
-	if r.row.Model == "" && len(s.spec().Arbiter.Models) > 0 {
-		r.row.Model = s.spec().Arbiter.Models[0] // a server without /v1/models: trust the spec
-	}
 }
 
 // terminate stops a replica through its provider in the background and marks it

@@ -517,6 +517,7 @@ func (c *Controller) recover(ctx context.Context) error {
 	for _, s := range c.services {
 		c.log.Info("recovered service", "service", s.name, "version", s.version, "replicas", len(s.replicas), "target", s.target, "deleting", s.deleting)
 	}
+	c.relearnModels()
 	c.publish()
 	return nil
 }
@@ -567,6 +568,9 @@ type ServiceStatus struct {
 	Tokens         float64 `json:"tokens"`
 	// DollarsPerMillionTokens is Dollars ÷ Tokens × 1e6 (0 before the first token).
 	DollarsPerMillionTokens float64 `json:"dollars_per_million_tokens"`
+	// ModelConflicts names each live replica that lists a model another service owns, and
+	// says it is not routed to for it (a replica may serve only its own service's models).
+	ModelConflicts []string `json:"model_conflicts,omitempty"`
 }
 
 // bill adds what a service's replicas (ended ones too) have cost up to now.
@@ -629,6 +633,9 @@ func (c *Controller) status(ctx context.Context, name string, withEnded bool) ([
 		bill(&st, mine, now)
 		for _, r := range sortedReplicas(s.replicas) {
 			st.Replicas = append(st.Replicas, r.row)
+			if r.conflict != "" && live(replicas.State(r.row.State)) {
+				st.ModelConflicts = append(st.ModelConflicts, r.conflict)
+			}
 			if replicas.State(r.row.State) == replicas.Ready {
 				st.Ready++
 			}

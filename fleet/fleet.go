@@ -186,11 +186,6 @@ const (
 // into +Inf and broke every status after it).
 func (r LoadReport) Validate() error {
 	var errs []error
-	check := func(what string, v, limit float64) {
-		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > limit {
-			errs = append(errs, fmt.Errorf("%s: %v: want a finite number from 0 to %g", what, v, limit))
-		}
-	}
 	if r.Router == "" || len(r.Router) > 256 {
 		errs = append(errs, errors.New("router: want an ID of 1 to 256 characters"))
 	}
@@ -199,23 +194,50 @@ func (r LoadReport) Validate() error {
 		return errors.Join(errs...)
 	}
 	for i, m := range r.Models {
-		at := fmt.Sprintf("models[%d] (%s)", i, m.Model)
-		check(at+".requests", m.Requests, maxReportRequests)
-		check(at+".tokens", m.Tokens, maxReportTokens)
-		check(at+".in_flight", m.InFlight, maxReportLevel)
-		check(at+".held", m.Held, maxReportLevel)
+		if err := m.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("models[%d] (%s): %w", i, m.Model, err))
+		}
 	}
 	for i, l := range r.Replicas {
-		at := fmt.Sprintf("replicas[%d] (%s)", i, l.ReplicaID)
-		check(at+".in_flight", float64(l.InFlight), maxReportLevel)
-		check(at+".waiting", float64(l.Waiting), maxReportLevel)
-		check(at+".running", float64(l.Running), maxReportLevel)
-		check(at+".kv_usage", l.KVUsage, 1)
-		check(at+".requests_per_second", l.RequestsPerSecond, maxReportRequests)
-		check(at+".tokens_per_second", l.TokensPerSecond, maxReportTokens)
-		check(at+".slo_misses", float64(l.SLOMisses), maxReportRequests)
+		if err := l.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("replicas[%d] (%s): %w", i, l.ReplicaID, err))
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// Validate checks one model's entry of a load report as LoadReport.Validate does: a router
+// drops an entry that fails, rather than have the control plane refuse its whole report
+// (and with it every other model's counts).
+func (m ModelLoad) Validate() error {
+	var c checker
+	c.check("requests", m.Requests, maxReportRequests)
+	c.check("tokens", m.Tokens, maxReportTokens)
+	c.check("in_flight", m.InFlight, maxReportLevel)
+	c.check("held", m.Held, maxReportLevel)
+	return errors.Join(c...)
+}
+
+// Validate checks one replica's entry of a load report as LoadReport.Validate does.
+func (l Load) Validate() error {
+	var c checker
+	c.check("in_flight", float64(l.InFlight), maxReportLevel)
+	c.check("waiting", float64(l.Waiting), maxReportLevel)
+	c.check("running", float64(l.Running), maxReportLevel)
+	c.check("kv_usage", l.KVUsage, 1)
+	c.check("requests_per_second", l.RequestsPerSecond, maxReportRequests)
+	c.check("tokens_per_second", l.TokensPerSecond, maxReportTokens)
+	c.check("slo_misses", float64(l.SLOMisses), maxReportRequests)
+	return errors.Join(c...)
+}
+
+// checker collects the numbers of a report that are not finite, negative, or over limit.
+type checker []error
+
+func (c *checker) check(what string, v, limit float64) {
+	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > limit {
+		*c = append(*c, fmt.Errorf("%s: %v: want a finite number from 0 to %g", what, v, limit))
+	}
 }
 
 // ServiceFor returns the index of the service that serves model: the first that lists it,

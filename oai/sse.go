@@ -53,14 +53,10 @@ func EventData(event []byte) []byte {
 	return out
 }
 
-// Usage is the token count a response reports.
-type Usage struct{ Prompt, Completion int }
-
-var usageKey = []byte(`"usage"`)
-
 // ChunkUsage reads the usage object of a stream chunk or a whole response. isUsageOnly
 // is true for the final usage chunk of a stream (no choices), which the router strips when
-// the client did not ask for it. ok is false when data has no non-null usage.
+// the client did not ask for it. ok is false when data has no non-null usage; a usage whose
+// numbers cannot be trusted is ok with u.Invalid set (see ReadUsage).
 func ChunkUsage(p *fastjson.Parser, data []byte) (u Usage, isUsageOnly, ok bool) {
 	if !bytes.Contains(data, usageKey) {
 		return u, false, false // cheap check: most chunks carry no usage
@@ -70,11 +66,10 @@ func ChunkUsage(p *fastjson.Parser, data []byte) (u Usage, isUsageOnly, ok bool)
 		return u, false, false
 	}
 	uv := v.Get("usage")
-	if uv == nil || uv.Type() != fastjson.TypeObject {
+	if uv == nil || uv.Type() == fastjson.TypeNull {
 		return u, false, false
 	}
-	u.Prompt = uv.GetInt("prompt_tokens")
-	u.Completion = uv.GetInt("completion_tokens")
+	u = ReadUsage(uv)
 	ch := v.Get("choices")
 	isUsageOnly = ch == nil || (ch.Type() == fastjson.TypeArray && len(ch.GetArray()) == 0)
 	return u, isUsageOnly, true
@@ -86,7 +81,7 @@ func ChunkUsage(p *fastjson.Parser, data []byte) (u Usage, isUsageOnly, ok bool)
 func ResponseUsage(p *fastjson.Parser, body []byte) (Usage, bool) {
 	if obj := lastObjectAfter(body, usageKey); obj != nil {
 		if v, err := p.ParseBytes(obj); err == nil && v.Type() == fastjson.TypeObject {
-			return Usage{Prompt: v.GetInt("prompt_tokens"), Completion: v.GetInt("completion_tokens")}, true
+			return ReadUsage(v), true
 		}
 	}
 	u, _, ok := ChunkUsage(p, body)

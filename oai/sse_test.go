@@ -49,8 +49,8 @@ func TestEventDataAndUsage(t *testing.T) {
 func TestResponseUsage(t *testing.T) {
 	var p fastjson.Parser
 	for body, want := range map[string]Usage{
-		`{"choices":[{"message":{"content":"the \"usage\": {fake}"}}],"usage":{"prompt_tokens":7,"total_tokens":9,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}`: {7, 2},
-		`{"usage" : {"prompt_tokens":1,"completion_tokens":3}, "choices":[]}`: {1, 3},
+		`{"choices":[{"message":{"content":"the \"usage\": {fake}"}}],"usage":{"prompt_tokens":7,"total_tokens":9,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}`: {Prompt: 7, Completion: 2},
+		`{"usage" : {"prompt_tokens":1,"completion_tokens":3}, "choices":[]}`: {Prompt: 1, Completion: 3},
 		`{"choices":[],"usage":null}`:                                         {},
 	} {
 		got, _ := ResponseUsage(&p, []byte(body))
@@ -72,8 +72,17 @@ func FuzzResponseUsage(f *testing.F) {
 		body := fmt.Appendf(nil, `{"choices":[{"message":{"content":%s}}],"usage":{"prompt_tokens":%d,"completion_tokens":%d}}`, text, prompt, completion)
 		var p fastjson.Parser
 		got, ok := ResponseUsage(&p, body)
-		if !ok || got != (Usage{Prompt: prompt, Completion: completion}) {
-			t.Fatalf("ResponseUsage(%s) = %+v, %v", body, got, ok)
+		if !ok {
+			t.Fatalf("ResponseUsage(%s) found no usage", body)
+		}
+		if valid := prompt >= 0 && completion >= 0 && prompt <= MaxUsageTokens && completion <= MaxUsageTokens; valid != (got.Invalid == "") {
+			t.Fatalf("ResponseUsage(%s) = %+v: valid %v", body, got, valid)
+		}
+		if got.Invalid == "" && got != (Usage{Prompt: prompt, Completion: completion}) {
+			t.Fatalf("ResponseUsage(%s) = %+v", body, got)
+		}
+		if got.Invalid != "" && (got.Prompt != 0 || got.Completion != 0 || got.Detail == "") {
+			t.Fatalf("refused usage %+v passes numbers on, or says nothing of why", got)
 		}
 	})
 }

@@ -23,6 +23,8 @@ type result struct {
 // account records a finished request: metrics, token counts, SLO, the predictor's lesson
 // and passive health.
 func (px *Proxy) account(c *call, r *Replica, res result) {
+	defer px.survive(r)
+	res.usage = px.checkedUsage(r, res.usage)
 	info := r.Info()
 	code := res.code
 	switch {

@@ -59,6 +59,7 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 	}
 	upstreamClose := hdr.ConnectionClose()
 	hdr.ResetConnectionClose() // the client's connection is ours to manage, not the replica's
+	px.scrubUpstreamHeader(r, hdr)
 	status := hdr.StatusCode()
 
 	if (status == fasthttp.StatusBadGateway || status == fasthttp.StatusServiceUnavailable) && mayRetry {

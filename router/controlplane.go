@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -155,7 +156,7 @@ func (cp *ControlPlane) do(ctx context.Context, method, path string, body any, o
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("control plane %s %s: HTTP %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(msg))
+		return &cpError{code: resp.StatusCode, msg: fmt.Sprintf("control plane %s %s: HTTP %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(msg))}
 	}
 	if out == nil {
 		_, _ = io.Copy(io.Discard, resp.Body)
@@ -163,6 +164,14 @@ func (cp *ControlPlane) do(ctx context.Context, method, path string, body any, o
 	}
 	return json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out)
 }
+
+// cpError is the control plane's answer other than 200.
+type cpError struct {
+	code int
+	msg  string
+}
+
+func (e *cpError) Error() string { return e.msg }
 
 // follow long-polls the ready set: the control plane answers at once when the set is newer
 // than ours, else when it changes or after its wait. A new replica gets traffic within
@@ -195,7 +204,7 @@ func (cp *ControlPlane) follow(ctx context.Context) {
 		cp.mu.Lock()
 		cp.services = set.Services
 		cp.mu.Unlock()
-		cp.pool.SetReplicas(set.Replicas)
+		cp.pool.SetReplicas(ownedReplicas(set.Services, set.Replicas, cp.log))
 		cp.revision.Store(set.Revision)
 		cp.log.Debug("ready set", "revision", set.Revision, "replicas", len(set.Replicas), "services", len(set.Services))
 	}
@@ -211,14 +220,34 @@ func (cp *ControlPlane) report(ctx context.Context) {
 		case <-t.C:
 		}
 		snap := cp.pool.Snapshot()
-		rep := fleet.LoadReport{Router: cp.routerID, Models: cp.load.report(snap)}
+		rep := fleet.LoadReport{Router: cp.routerID}
+		// The control plane refuses a report whole if one number in it is out of bounds: an
+		// entry that is (a bug, or a count that slipped past the checks where replicas'
+		// numbers are read) is dropped alone, so that every other model keeps its counts.
+		for _, m := range cp.load.report(snap) {
+			if err := m.Validate(); err != nil {
+				cp.log.Error("bug: a model's load entry is out of bounds; dropped from the report, the others sent", "model", m.Model, "err", err)
+				continue
+			}
+			rep.Models = append(rep.Models, m)
+		}
 		for _, r := range snap {
-			rep.Replicas = append(rep.Replicas, fleet.Load{ReplicaID: r.Info().ID, InFlight: int(r.InFlight())})
+			l := fleet.Load{ReplicaID: r.Info().ID, InFlight: int(r.InFlight())}
+			if err := l.Validate(); err != nil {
+				cp.log.Error("bug: a replica's load entry is out of bounds; dropped from the report, the others sent", "replica", l.ReplicaID, "err", err)
+				continue
+			}
+			rep.Replicas = append(rep.Replicas, l)
 		}
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		if err := cp.do(rctx, http.MethodPost, "/v1/load", rep, nil); err != nil && ctx.Err() == nil {
-			cp.log.Debug("load report failed", "err", err)
 			// The counts are lost for this window; the autoscaler sees a dip, not a spike.
+			// A refusal (HTTP 4xx) is no passing outage: it loses every window until fixed.
+			if ce := (*cpError)(nil); errors.As(err, &ce) && ce.code >= 400 && ce.code < 500 {
+				cp.log.Warn("load report refused by the control plane; this window's counts are lost", "err", err)
+			} else {
+				cp.log.Debug("load report failed", "err", err)
+			}
 		}
 		cancel()
 	}

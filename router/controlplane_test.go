@@ -64,6 +64,12 @@ func (f *fakeControlPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/v1/load":
 		var rep fleet.LoadReport
 		_ = json.NewDecoder(r.Body).Decode(&rep)
+		if err := rep.Validate(); err != nil {
+			// As the real control plane does (control/api.go): a report it cannot add up is
+			// refused whole.
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
 		f.mu.Lock()
 		f.reports = append(f.reports, rep)
 		f.mu.Unlock()

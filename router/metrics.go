@@ -19,6 +19,7 @@ type Metrics struct {
 	// engine was still making progress when the first-byte timeout ran out.
 	firstByteExtended prometheus.Counter
 	ejections         *prometheus.CounterVec   // replica
+	rejected          *prometheus.CounterVec   // replica, source, reason
 	tokens            *prometheus.CounterVec   // model, service, replica, provider, region, capacity, type
 	slo               *prometheus.CounterVec   // model, service, result
 	ttft              *prometheus.HistogramVec // model
@@ -56,9 +57,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		return v
 	}
 	m := &Metrics{
-		requests:    cv("requests_total", "Requests answered, by model, service, replica and HTTP status code.", "model", "service", "replica", "code"),
-		errors:      cv("errors_total", "Requests that failed in the router, by reason.", "reason"),
-		ejections:   cv("ejections_total", "Passive ejections of a replica after consecutive failures.", "replica"),
+		requests:  cv("requests_total", "Requests answered, by model, service, replica and HTTP status code.", "model", "service", "replica", "code"),
+		errors:    cv("errors_total", "Requests that failed in the router, by reason.", "reason"),
+		ejections: cv("ejections_total", "Passive ejections of a replica after consecutive failures.", "replica"),
+		rejected: cv("replica_reports_rejected_total", "Numbers a replica reported that the router refused and dropped, by replica, source (usage: a response's token counts; metrics: a /metrics scrape) and reason (negative, fractional, too_large, not_a_number, not_an_object, inconsistent; for metrics also too_big, the body over its limit).",
+			"replica", "source", "reason"),
 		tokens:      cv("tokens_total", "Tokens served, from each response's usage.", "model", "service", "replica", "provider", "region", "capacity", "type"),
 		keyRequests: cv("key_requests_total", "Requests per client API key (its name, never the key), by HTTP status code.", "key", "code"),
 		keyTokens:   cv("key_tokens_total", "Tokens served per client API key, from each response's usage.", "key", "type"),
@@ -133,7 +136,7 @@ func (m *Metrics) forgetGone(prev, rs []*Replica, now time.Time) {
 		if now.Sub(at) < goneRetention {
 			continue
 		}
-		for _, v := range []*prometheus.CounterVec{m.requests, m.tokens, m.ejections} {
+		for _, v := range []*prometheus.CounterVec{m.requests, m.tokens, m.ejections, m.rejected} {
 			v.DeletePartialMatch(prometheus.Labels{"replica": id})
 		}
 		delete(m.gone, id)

@@ -3,6 +3,8 @@ package router
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sort"
@@ -228,6 +230,8 @@ func (p *Pool) loop(ctx context.Context, every time.Duration, wake <-chan struct
 	client := &fasthttp.Client{
 		ReadTimeout: p.cfg.Probe.Timeout, WriteTimeout: p.cfg.Probe.Timeout,
 		MaxIdleConnDuration: p.cfg.UpstreamIdleTimeout, NoDefaultUserAgentHeader: true,
+		// A replica's /health or /metrics past this is refused, not read into memory.
+		MaxResponseBodySize: maxScrapeBytes,
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -288,16 +292,31 @@ func (p *Pool) probe(_ context.Context, r *Replica, c *fasthttp.Client) {
 	}
 }
 
+// maxScrapeBytes bounds a replica's /metrics (and /health) body: 8 MiB. vLLM's /metrics
+// for one model is some tens of KiB (its histograms' buckets, per engine); even a replica
+// serving hundreds of LoRA adapters stays well under this.
+const maxScrapeBytes = 8 << 20
+
 func (p *Pool) scrape(_ context.Context, r *Replica, c *fasthttp.Client) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://" + r.Info().Address + "/metrics")
-	if err := c.DoTimeout(req, resp, p.cfg.Probe.Timeout); err != nil || resp.StatusCode() != fasthttp.StatusOK {
+	err := c.DoTimeout(req, resp, p.cfg.Probe.Timeout)
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		rejectReport(p.met, p.log, r, sourceMetrics, "too_big", fmt.Sprintf("/metrics body over %d bytes", maxScrapeBytes), time.Now())
+		return
+	}
+	if err != nil || resp.StatusCode() != fasthttp.StatusOK {
 		return
 	}
 	g := ParseEngineGauges(resp.Body())
 	now := time.Now()
+	if g.Invalid != "" {
+		// The last good scrape ages out (staleAfter) and the router's own counts stand.
+		rejectReport(p.met, p.log, r, sourceMetrics, g.Invalid, g.Detail, now)
+		return
+	}
 	if g.Found {
 		r.observeScrape(now, g.Running, g.Waiting, g.KVUsage)
 	}

@@ -110,9 +110,7 @@ func (px *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		if v := recover(); v != nil {
 			// A bug must cost one request, not the router; in-flight counts are released by
 			// the attempt's own defers.
-			px.log.Error("panic in request handler", "panic", v, "path", string(ctx.Path()))
-			px.met.errors.WithLabelValues("panic").Inc()
-			oai.WriteError(ctx, fasthttp.StatusInternalServerError, oai.ServerError, "internal error")
+			px.recovered(ctx, v)
 		}
 	}()
 	path := string(ctx.Path())

@@ -20,6 +20,9 @@ type Replica struct {
 	inflight atomic.Int64
 	conns    *connPool
 	series   atomic.Pointer[replicaSeries]
+	// rejectLoggedAt (unix nanoseconds) is when a refused report of the replica was last
+	// logged, rejectsUnlogged how many were refused since (replicareports.go).
+	rejectLoggedAt, rejectsUnlogged atomic.Int64
 
 	// Availability is read on every pick without the mutex (a pick over thousands of
 	// candidates cannot take thousands of locks); it is written under mu.

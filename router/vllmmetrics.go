@@ -2,6 +2,8 @@ package router
 
 import (
 	"bytes"
+	"fmt"
+	"math"
 	"strconv"
 )
 
@@ -17,7 +19,19 @@ type EngineGauges struct {
 	TokensFound bool
 	// Found is false when none of the gauges was present (not a vLLM, or still loading).
 	Found bool
+	// Invalid, when not empty, is why the scrape cannot be trusted (the reason label of
+	// arbiter_router_replica_reports_rejected_total), and Detail which sample said what:
+	// the gauges are then zero and not Found.
+	Invalid, Detail string
 }
+
+// maxEngineRequests bounds the requests one replica may say it runs or queues (each
+// series, and their sum over engines): 2^20. vLLM runs at most max_num_seqs at once (256
+// or 1024 by default, per engine) and its waiting queue holds what its clients sent; a
+// million requests queued on one replica is more than any set of routers holds for it, so
+// a figure past that is a corrupt or hostile report, and one that would make the replica
+// look busy enough to starve it of traffic.
+const maxEngineRequests = 1 << 20
 
 var (
 	mRunning = []byte("vllm:num_requests_running")
@@ -33,9 +47,16 @@ var (
 // ParseEngineGauges reads vLLM's queue and KV-cache gauges from Prometheus text exposition,
 // summing series across label sets (one per engine or model) and taking the highest KV use.
 // It reads only what it needs and skips anything it does not understand: a scrape must
-// never fail a replica over an unrelated metric.
+// never fail a replica over an unrelated metric. A sample of the gauges it reads must be
+// a number a vLLM can report: request counts whole, from 0 to maxEngineRequests (their
+// sum too), and KV use a fraction from 0 to 1 (vLLM's kv_cache_usage_perc is a fraction
+// despite its name: "1 means 100 percent usage"); one that is not makes the whole scrape
+// Invalid, since a replica that lies about one gauge cannot be trusted with the others.
 func ParseEngineGauges(text []byte) EngineGauges {
 	var g EngineGauges
+	invalid := func(reason string, name []byte, v string) EngineGauges {
+		return EngineGauges{Invalid: reason, Detail: fmt.Sprintf("%s %s", name, v)}
+	}
 	for len(text) > 0 {
 		line := text
 		if i := bytes.IndexByte(text, '\n'); i >= 0 {
@@ -46,35 +67,58 @@ func ParseEngineGauges(text []byte) EngineGauges {
 		if len(line) == 0 || line[0] != 'v' {
 			continue // comments, blank lines, other namespaces
 		}
-		name, value, ok := splitSample(line)
+		name, raw, ok := splitSample(line)
 		if !ok {
+			continue
+		}
+		isCount := bytes.Equal(name, mRunning) || bytes.Equal(name, mWaiting)
+		isKV := bytes.Equal(name, mKV) || bytes.Equal(name, mKVv0)
+		isTokens := bytes.Equal(name, mPromptTokens) || bytes.Equal(name, mGenTokens)
+		if !isCount && !isKV && !isTokens {
+			continue
+		}
+		v, err := strconv.ParseFloat(string(raw), 64)
+		switch {
+		case err != nil || math.IsNaN(v) || math.IsInf(v, 0):
+			return invalid("not_a_number", name, string(raw)+" is not a finite number")
+		case v < 0:
+			return invalid("negative", name, string(raw)+" is negative")
+		case isKV && v > 1:
+			return invalid("too_large", name, string(raw)+" is over 1 (the whole cache)")
+		case isCount && v != math.Trunc(v):
+			return invalid("fractional", name, string(raw)+" is not a whole number of requests")
+		case isCount && v > maxEngineRequests:
+			return invalid("too_large", name, fmt.Sprintf("%s is over %d requests", raw, maxEngineRequests))
+		}
+		if isTokens {
+			// A counter is no load reading (Found stays as the gauges say); only whether it
+			// moves is used, so its size needs no bound beyond being finite.
+			g.Tokens += v
+			g.TokensFound = true
 			continue
 		}
 		switch {
 		case bytes.Equal(name, mRunning):
-			g.Running += value
+			g.Running += v
 		case bytes.Equal(name, mWaiting):
-			g.Waiting += value
-		case bytes.Equal(name, mKV), bytes.Equal(name, mKVv0):
-			g.KVUsage = max(g.KVUsage, value)
-		case bytes.Equal(name, mPromptTokens), bytes.Equal(name, mGenTokens):
-			g.Tokens += value
-			g.TokensFound = true
-			continue // a counter alone is no load reading
+			g.Waiting += v
 		default:
-			continue
+			g.KVUsage = max(g.KVUsage, v)
+		}
+		if g.Running > maxEngineRequests || g.Waiting > maxEngineRequests {
+			return invalid("too_large", name, fmt.Sprintf("summed over its series, over %d requests", maxEngineRequests))
 		}
 		g.Found = true
 	}
 	return g
 }
 
-// splitSample parses `name{labels} value [timestamp]`.
-func splitSample(line []byte) (name []byte, value float64, ok bool) {
+// splitSample parses `name{labels} value [timestamp]`, leaving the value unparsed.
+func splitSample(line []byte) (name, value []byte, ok bool) {
 	line = bytes.TrimRight(line, " \t\r")
 	end := bytes.IndexAny(line, "{ \t")
 	if end <= 0 {
-		return nil, 0, false
+		return nil, nil, false
 	}
 	name, rest := line[:end], line[end:]
 	if rest[0] == '{' {
@@ -98,17 +142,13 @@ func splitSample(line []byte) (name []byte, value float64, ok bool) {
 			}
 		}
 		if closeAt < 0 {
-			return nil, 0, false
+			return nil, nil, false
 		}
 		rest = rest[closeAt+1:]
 	}
 	fields := bytes.Fields(rest)
 	if len(fields) == 0 || len(fields) > 2 {
-		return nil, 0, false
+		return nil, nil, false
 	}
-	v, err := strconv.ParseFloat(string(fields[0]), 64)
-	if err != nil || v != v || v < 0 { // NaN or negative gauges are not loads
-		return nil, 0, false
-	}
-	return name, v, true
+	return name, fields[0], true
 }

@@ -72,6 +72,9 @@ func statusCmd(g *globals) *cobra.Command {
 				if s.Offers != "" {
 					fmt.Fprintf(out, "  %s: offers missing: %s\n", s.Name, s.Offers)
 				}
+				for _, m := range s.ModelConflicts {
+					fmt.Fprintf(out, "  %s: model conflict: %s\n", s.Name, m)
+				}
 			}
 			if verbose {
 				for _, s := range svcs {
