@@ -309,8 +309,10 @@ func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, b
 			c.log.Error("no offers; placement waits", "service", s.name, "err", msg)
 			c.event(ctx, s.name, "", "error", "placement waits: "+msg)
 		default:
+			// The service places (and serves) on the offers it has: a note for placement,
+			// not an error in `serve logs`.
 			c.log.Warn("some offers are missing; placing on the others", "service", s.name, "err", msg)
-			c.event(ctx, s.name, "", "error", "placing on the offers left: "+msg)
+			c.event(ctx, s.name, "", "placement", "placing on the offers left: "+msg)
 		}
 	}
 	return offers, true
