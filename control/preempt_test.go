@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -289,5 +290,130 @@ func TestNoticeServesUntilReplacedOrDeadline(t *testing.T) {
 				t.Errorf("events say 'no capacity' where they should not, or more than once:\n%s", text)
 			}
 		})
+	}
+}
+
+// TestHelperReplica is the replica the local-provider test runs: this test binary, run
+// again with ARBITER_TEST_REPLICA=1, answers the readiness probe and /v1/models on
+// 127.0.0.1:$PORT until it is terminated.
+func TestHelperReplica(t *testing.T) {
+	if os.Getenv("ARBITER_TEST_REPLICA") != "1" {
+		t.Skip("the local-provider test's replica process")
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") })
+	mux.HandleFunc("/v1/models", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, `{"data":[{"id":"m"}]}`) })
+	err := http.ListenAndServe("127.0.0.1:"+os.Getenv("PORT"), mux)
+	t.Fatal(err)
+}
+
+// With the local provider (real processes, real timers): a lone replica's 4 s notice on a
+// machine with room for one replica. The replacement is refused for want of capacity, so
+// the replica serves on until 1 s (the margin here) before the reclaim instead of draining
+// at the notice; the replacement starts once the reclaim frees the room.
+func TestLocalNoticeWithNoCapacityServesToTheMargin(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs replica processes for a few seconds")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	dir := t.TempDir()
+	local, err := replicas.NewLocal(replicas.LocalConfig{Owner: "notice-test-" + filepath.Base(dir), LogDir: filepath.Join(dir, "logs"),
+		MaxReplicas: 1, Capacity: fleet.Spot, Grace: time.Second, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := state.Open(filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"local": local}, Tick: 100 * time.Millisecond,
+		NoticeMargin: time.Second, Metrics: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		insts, _ := local.List(context.Background())
+		for _, in := range insts {
+			_ = local.Terminate(context.Background(), in.Handle)
+		}
+		st.Close()
+	})
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := fmt.Sprintf("service:\n  readiness_probe: /health\n  replicas: 1\nrun: exec \"$ARBITER_TEST_BINARY\" -test.run='^TestHelperReplica$'\n"+
+		"envs: {ARBITER_TEST_REPLICA: \"1\", ARBITER_TEST_BINARY: %q}\narbiter: {model: m}\n", self)
+	if _, _, err := c.Create(ctx, "svc", spec, nil); err != nil {
+		t.Fatal(err)
+	}
+	serving := func() []string {
+		set, _ := c.ReadySet()
+		var out []string
+		for _, r := range set.Replicas {
+			if !r.Draining {
+				out = append(out, r.ID)
+			}
+		}
+		return out
+	}
+	waitFor := func(what string, d time.Duration, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(d); !ok(); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %s", what, d)
+			}
+		}
+	}
+	waitFor("the first replica ready", 30*time.Second, func() bool { return len(serving()) == 1 })
+	victim := serving()[0]
+	const notice = 4 * time.Second
+	at := time.Now()
+	if err := c.Preempt(victim, notice); err != nil {
+		t.Fatal(err)
+	}
+	var servedUntil time.Time
+	waitFor("the victim drained", 30*time.Second, func() bool {
+		for _, id := range serving() {
+			if id == victim {
+				servedUntil = time.Now()
+				return false
+			}
+		}
+		return true
+	})
+	// It served until about 1 s before the reclaim (the tick is 100 ms): not at the notice.
+	if served := servedUntil.Sub(at); served < notice-time.Second-500*time.Millisecond || served > notice {
+		t.Errorf("the victim served %s into a %s notice; want until 1 s before the reclaim", served.Round(time.Millisecond), notice)
+	}
+	waitFor("a replacement ready after the reclaim", 60*time.Second, func() bool {
+		ids := serving()
+		return len(ids) == 1 && ids[0] != victim
+	})
+	evs, err := st.Events(ctx, "svc", victim, 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text []string
+	for _, e := range evs {
+		text = append(text, e.Message)
+	}
+	joined := strings.Join(text, "\n")
+	for _, want := range []string{"it serves until a replacement is ready, or until 1s before the reclaim", "no capacity for a replacement (launch",
+		"preemption notice: drained at the deadline, 0 of 1 replicas ready besides it (no capacity for a replacement)"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("the victim's events lack %q:\n%s", want, joined)
+		}
+	}
+	if got := counterValue(t, reg, "arbiter_control_preemption_outcomes_total", map[string]string{"service": "svc", "outcome": "deadline"}); got != 1 {
+		t.Errorf("arbiter_control_preemption_outcomes_total{outcome=deadline} = %v; want 1", got)
+	}
+	if got := counterValue(t, reg, "arbiter_control_preemption_unready_seconds_total", map[string]string{"service": "svc"}); got <= 0 {
+		t.Errorf("arbiter_control_preemption_unready_seconds_total = %v; want the time from the drain to the replacement's readiness", got)
 	}
 }
