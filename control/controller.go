@@ -63,6 +63,9 @@ type Config struct {
 	// (defaults 2 and 10), so a mistake costs seconds of launches, not the machine or a bill.
 	LaunchesPerSecond float64
 	LaunchBurst       int
+	// NoticeMargin is how long before a preemption notice's deadline a replica with no
+	// replacement ready drains (default DefaultNoticeMargin; preempt.go says why).
+	NoticeMargin time.Duration
 }
 
 // DefaultMaxReplicas is the replica ceiling of a control plane whose operator set none.
@@ -145,6 +148,12 @@ type service struct {
 	// held says why launches wait (the daemon's replica ceiling, the launch rate), so
 	// that it is reported when it starts, not on every tick.
 	held string
+	// unreadySince: since when a preemption notice has left the service with no replica
+	// ready (its last ready one drained at the deadline or reclaimed), until one is ready
+	// again; zero when not. unreadyCounted is how far that time is counted in
+	// arbiter_control_preemption_unready_seconds_total, and unreadyBy the noticed replica.
+	unreadySince, unreadyCounted time.Time
+	unreadyBy                    string
 }
 
 type replica struct {
@@ -170,6 +179,16 @@ type replica struct {
 	// conflict says which models the replica lists that another service owns (and so
 	// that it is not routed to for them); "" when none (models.go).
 	conflict string
+	// notice is the provider's preemption notice, when one came while it served (zero
+	// Deadline: none), noticeAt when: it serves on, counted by neither its version's size
+	// nor placement, so its replacement launches at once, and drains as followNotice says.
+	notice   replicas.Notice
+	noticeAt time.Time
+	// replacement is the replica launched in its place ("" while none is on its way);
+	// noCapacity: a replacement was refused for want of capacity (said once); noticeEnded:
+	// it drained or failed after the notice (its outcome counted).
+	replacement             string
+	noCapacity, noticeEnded bool
 }
 
 type routerReport struct {
@@ -212,6 +231,9 @@ func New(ctx context.Context, cfg Config) (*Controller, error) {
 	}
 	if cfg.LaunchBurst <= 0 {
 		cfg.LaunchBurst = 10
+	}
+	if cfg.NoticeMargin <= 0 {
+		cfg.NoticeMargin = DefaultNoticeMargin
 	}
 	c := &Controller{cfg: cfg, store: cfg.Store, log: cfg.Log, probes: &http.Client{},
 		services: map[string]*service{}, routers: map[string]routerReport{}, unswept: map[string]bool{}, suspects: map[string]bool{}, changed: make(chan struct{}), kick: make(chan struct{}, 1)}
@@ -366,8 +388,12 @@ func (c *Controller) transition(ctx context.Context, s *service, r *replica, to 
 	now := c.cfg.Now()
 	r.row.State, r.row.Reason = string(to), reason
 	c.metrics.transitions.WithLabelValues(s.name, string(to)).Inc()
+	if r.noticed() && from == replicas.Ready {
+		c.leftByNotice(s, r, to, now)
+	}
 	switch to {
 	case replicas.Ready:
+		c.readyAgain(ctx, s, r, now)
 		if r.row.ReadyAt.IsZero() {
 			c.metrics.coldStart.WithLabelValues(s.name, r.row.Provider, r.row.Capacity).Observe(now.Sub(r.row.LaunchedAt).Seconds())
 		}

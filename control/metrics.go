@@ -32,6 +32,10 @@ type metrics struct {
 	// pendingWrites are state writes waiting for a locked file.
 	pendingWrites prometheus.Gauge
 	unknown       *prometheus.GaugeVec // provider
+	// What preemption notices cost: how the notices on serving replicas ended, and the
+	// time they left a service with no replica ready.
+	noticeOutcomes *prometheus.CounterVec // service, outcome
+	unready        *prometheus.CounterVec // service
 }
 
 var coldStartBuckets = []float64{1, 2, 5, 10, 20, 30, 60, 120, 180, 300, 450, 600, 900, 1800}
@@ -56,11 +60,17 @@ func newMetrics(reg prometheus.Registerer, c *Controller) *metrics {
 		unknown: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "unknown_replicas",
 			Help: "Instances a provider runs under this control plane's tag that no replica row names (leaks), at the last audit."},
 			[]string{"provider"}),
+		noticeOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "preemption_outcomes_total",
+			Help: "How preemption notices on serving replicas ended: replaced (drained once the replicas ready besides it covered the target), deadline (served until shortly before the reclaim, then drained with no replacement ready), reclaimed (gone or failing before either)."},
+			[]string{"service", "outcome"}),
+		unready: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "preemption_unready_seconds_total",
+			Help: "Seconds a service had no replica ready because a preemption notice took its last ready one (drained at the deadline or reclaimed), until a replacement was ready; counted as it passes."},
+			[]string{"service"}),
 	}
 	if reg == nil {
 		return m
 	}
-	reg.MustRegister(m.preemptions, m.coldStart, m.decisions, m.transitions, m.stateErrors, m.pendingWrites, m.unknown, &billCollector{c: c})
+	reg.MustRegister(m.preemptions, m.coldStart, m.decisions, m.transitions, m.stateErrors, m.pendingWrites, m.unknown, m.noticeOutcomes, m.unready, &billCollector{c: c})
 	return m
 }
 
@@ -163,12 +173,17 @@ func (c *Controller) knowPlace(s *service, pl place) {
 	c.metrics.coldStart.WithLabelValues(s.name, pl.provider, pl.capacity)
 }
 
-// knowService makes a service's scale-decision series exist at 0 (every direction and
-// cause scaleCause gives), so that its first decision counts in increase() and rate().
+// knowService makes a service's scale-decision and preemption-cost series exist at 0
+// (every direction and cause scaleCause gives, every notice outcome), so that the first
+// of each counts in increase() and rate().
 func (c *Controller) knowService(name string) {
 	for _, dc := range [][2]string{{"up", "wake"}, {"up", "load"}, {"up", "panic"}, {"down", "load"}, {"down", "idle"}, {"down", "panic"}} {
 		c.metrics.decisions.WithLabelValues(name, dc[0], dc[1])
 	}
+	for _, o := range []string{noticeReplaced, noticeDeadline, noticeReclaimed} {
+		c.metrics.noticeOutcomes.WithLabelValues(name, o)
+	}
+	c.metrics.unready.WithLabelValues(name)
 }
 
 type spendKey struct {

@@ -283,3 +283,37 @@ func TestSecretsReachReplicas(t *testing.T) {
 		t.Fatalf("no launch carried the secret beside the env: %v", mkt.envs)
 	}
 }
+
+// A quote left out for want of a price while others place the service is a placement
+// note, not an error: `serve logs` must not show the service failing while it serves.
+func TestOffersLeftOutAreNotAnError(t *testing.T) {
+	ctx := context.Background()
+	mkt := &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}},
+		offers: []replicas.Quote{{Provider: "sim", Region: "r", Zone: "a", Capacity: fleet.Spot, PricePerHour: 1},
+			{Provider: "sim", Region: "r", Zone: "b", Capacity: fleet.Spot, Unpriced: "node n-b (g9.xlarge) in b: no catalog lists g9.xlarge"}}}
+	now := time.UnixMilli(1_800_000_000_000)
+	c, st := newMarketController(t, mkt, &now)
+	ticks(c, &now, 3)
+	evs, err := st.Events(ctx, "svc", "", 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range evs {
+		if strings.Contains(e.Message, "g9.xlarge") {
+			found = true
+			if e.Kind == "error" {
+				t.Errorf("event %q is of kind %q while the service places on the priced offers", e.Message, e.Kind)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no event names the offer left out: %v", evs)
+	}
+	mkt.mu.Lock()
+	n := len(mkt.launched)
+	mkt.mu.Unlock()
+	if n != 2 {
+		t.Errorf("%d launches; want the 2 replicas on the priced offer", n)
+	}
+}

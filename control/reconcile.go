@@ -32,6 +32,7 @@ func (c *Controller) tick(ctx context.Context) {
 	now := c.cfg.Now()
 	inflight, held, perReplica, oldest := c.levels(now)
 	for _, s := range sortedServices(c.services) {
+		c.countUnready(s, now)
 		if s.deleting {
 			c.tearDown(ctx, s)
 			continue
@@ -162,8 +163,12 @@ func (s *service) count(version int, st replicas.State) int {
 func (c *Controller) reconcile(ctx context.Context, s *service, routers routerView, now time.Time) {
 	var cur, old []*replica
 	for _, r := range sortedReplicas(s.replicas) {
+		c.followNotice(ctx, s, r, now)
 		st := replicas.State(r.row.State)
 		switch {
+		case r.noticed():
+			// Serving on until followNotice drains it, but no longer counted: its
+			// replacement launches now, and placement sees neither it nor its zone's room.
 		case live(st) && r.row.Version == s.version:
 			cur = append(cur, r)
 		case live(st):
@@ -309,8 +314,10 @@ func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, b
 			c.log.Error("no offers; placement waits", "service", s.name, "err", msg)
 			c.event(ctx, s.name, "", "error", "placement waits: "+msg)
 		default:
+			// The service places (and serves) on the offers it has: a note for placement,
+			// not an error in `serve logs`.
 			c.log.Warn("some offers are missing; placing on the others", "service", s.name, "err", msg)
-			c.event(ctx, s.name, "", "error", "placing on the offers left: "+msg)
+			c.event(ctx, s.name, "", "placement", "placing on the offers left: "+msg)
 		}
 	}
 	return offers, true
@@ -456,6 +463,7 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 		launching += ")"
 	}
 	c.transition(ctx, s, r, replicas.Provisioning, launching)
+	c.replacing(ctx, s, r, launching)
 	version, setupMu := s.version, s.setupLock(s.version)
 	// Secrets reach replicas as environment variables, as envs do (SkyPilot's rule); they
 	// differ only in being kept out of logs and status.
@@ -492,10 +500,12 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 				}
 			}
 			c.transition(ctx, s, r, replicas.Failed, "launch failed: "+err.Error())
+			c.replacementFailed(ctx, s, r, errors.Is(err, replicas.ErrNoCapacity), err)
 			return
 		}
 		c.adopt(r, inst)
 		c.transition(ctx, s, r, replicas.Starting, "launched; waiting for its readiness probe")
+		c.replacementLaunched(ctx, s, r)
 		r.nextProbe = c.cfg.Now()
 	}()
 }

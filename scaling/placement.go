@@ -441,8 +441,6 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		(p.MaxReplicas == 0 || p.MaxReplicas >= 2) &&
 		(!haveOD || 2*spotOffer.PricePerHour <= p.MaxSpotPriceRatio*odOffer.PricePerHour) {
 		hedge = 1
-		why += fmt.Sprintf("; a second spot replica in another zone hedges the lone one (spot_policy.min_zones 2; the pair's $%.2f/h ≤ %.2f × on-demand)",
-			2*spotOffer.PricePerHour, p.MaxSpotPriceRatio)
 	}
 	if useSpot || holdSpot {
 		want[fleet.Spot] = rest - base + hedge
@@ -452,6 +450,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			od = max(base, rest-p.Overprovision-want[fleet.Spot])
 		}
 		share := pl.zoneShare(want[fleet.Spot], len(active))
+		var there []int // spot replicas in each launch's place before it
 		for n := want[fleet.Spot] - len(have[fleet.Spot]); n > 0; n-- {
 			o, ok := pl.spotZone(offers, active, spotIn, share, odOffer.PricePerHour)
 			if !ok {
@@ -462,8 +461,27 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 				want[fleet.Spot], hedge = want[fleet.Spot]-1, 0
 				break
 			}
+			there = append(there, spotIn[o.place()])
 			spotIn[o.place()]++
-			spotLaunches = append(spotLaunches, Launch{Offer: o, Reason: fmt.Sprintf("spot in %s at $%.2f/h: %s; %d spot replicas there now", o.place(), o.PricePerHour, why, spotIn[o.place()]-1)})
+			spotLaunches = append(spotLaunches, Launch{Offer: o})
+		}
+		if hedge == 1 && len(have[fleet.Spot])+len(spotLaunches) < want[fleet.Spot] {
+			want[fleet.Spot], hedge = want[fleet.Spot]-1, 0 // no zone took it
+		}
+		// The reasons are written once the plan is known: a hedge is claimed only where one
+		// runs or launches, and compared with on-demand only where an on-demand price is.
+		if hedge == 1 {
+			why += "; a second spot replica in another zone hedges the lone one (spot_policy.min_zones 2"
+			if haveOD {
+				why += fmt.Sprintf("; two at the cheapest spot price, $%.2f/h, ≤ %.2f × on-demand $%.2f/h)",
+					2*spotOffer.PricePerHour, p.MaxSpotPriceRatio, odOffer.PricePerHour)
+			} else {
+				why += "; no on-demand price to compare it with)"
+			}
+		}
+		for i := range spotLaunches {
+			o := spotLaunches[i].Offer
+			spotLaunches[i].Reason = fmt.Sprintf("spot in %s at $%.2f/h: %s; %d spot replicas there now", o.place(), o.PricePerHour, why, there[i])
 		}
 		if p.DynamicFallback {
 			// One on-demand stand-in per spot replica that is wanted but not ready (never for

@@ -515,3 +515,41 @@ func TestSpotZoneUnusedThenCheapest(t *testing.T) {
 	eq(t, "every zone used", zones(pl.Plan(p0, 5, existing, offers()).Launch), "spot@us-east-1b")
 	eq(t, "1c unused", zones(pl.Plan(p0, 4, existing[:3], offers()).Launch), "spot@us-east-1c")
 }
+
+// The hedge's reason says only what the plan does: no hedge is claimed where no second zone
+// can hold one, and no comparison with an on-demand price that no offer gives.
+func TestHedgeReasonIsTrue(t *testing.T) {
+	hedged := func(p *PlacementPolicy) { p.SpotMinZones = 2 }
+	spotOnly := func(zones ...string) []Offer {
+		var out []Offer
+		for _, z := range zones {
+			out = append(out, Offer{Provider: "kubernetes:c", Region: "r", Zone: z, Capacity: fleet.Spot, PricePerHour: 0.5})
+		}
+		return out
+	}
+	// One spot zone, no on-demand price: one replica and no hedge, said as such.
+	plan := policy(hedged).Plan(p0, 1, nil, spotOnly("z1"))
+	eq(t, "one zone", zones(plan.Launch), "spot@z1")
+	for _, s := range append([]string{plan.Reason}, plan.Launch[0].Reason) {
+		if strings.Contains(s, "hedge") || strings.Contains(s, "× on-demand") {
+			t.Errorf("one spot zone, no on-demand price: reason %q claims a hedge or an on-demand comparison", s)
+		}
+	}
+	// The lone replica runs there already: nothing launches, and nothing claims a hedge.
+	lone := []Placed{{ID: "r1", Capacity: fleet.Spot, Provider: "kubernetes:c", Region: "r", Zone: "z1", Ready: true}}
+	plan = policy(hedged).Plan(p0, 1, lone, spotOnly("z1"))
+	if len(plan.Launch) != 0 || strings.Contains(plan.Reason, "hedge") || plan.Want[fleet.Spot] != 1 {
+		t.Errorf("lone replica, one zone: plan %+v; want nothing launched and no hedge claimed", plan)
+	}
+	// Two zones, no on-demand price: a hedge, without an on-demand comparison.
+	plan = policy(hedged).Plan(p0, 1, nil, spotOnly("z1", "z2"))
+	eq(t, "two zones", zones(plan.Launch), "spot@z1", "spot@z2")
+	if !strings.Contains(plan.Reason, "hedges the lone one") || strings.Contains(plan.Reason, "× on-demand") {
+		t.Errorf("two zones, no on-demand price: reason %q; want a hedge with no on-demand comparison", plan.Reason)
+	}
+	// With an on-demand price, the comparison stays.
+	plan = policy(hedged).Plan(p0, 1, nil, offers())
+	if !strings.Contains(plan.Reason, "two at the cheapest spot price, $6.00/h, ≤ 0.60 × on-demand $10.00/h") {
+		t.Errorf("reason %q; want the pair compared with on-demand", plan.Reason)
+	}
+}

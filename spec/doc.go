@@ -22,7 +22,9 @@
 //     Unlike SkyServe, Arbiter holds every replica alive to max_replicas: on-demand
 //     stand-ins (dynamic_ondemand_fallback), num_overprovision, a preempted replica's
 //     replacement and replicas still draining all count; what does not fit waits, and the
-//     placement's reason says the bound binds (an update's old version is the exception).
+//     placement's reason says the bound binds (an update's old version is the exception,
+//     and so is a replica serving out a preemption notice: it is gone at the deadline
+//     whatever happens, and its replacement must not wait for it).
 //   - target_qps_per_replica as a map (per accelerator) requires load_balancing_policy
 //     instance_aware_least_load, and that policy requires the map.
 //   - base_ondemand_fallback_replicas, dynamic_ondemand_fallback and spot_placer require

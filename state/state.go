@@ -363,7 +363,7 @@ func (s *Store) putService(ctx context.Context, name, spec, envs string, now tim
 	if _, err := tx.ExecContext(ctx, `INSERT INTO versions (service, version, spec, envs, created_at) VALUES (?, ?, ?, ?, ?)`, name, v, spec, envs, ms(now)); err != nil {
 		return 0, fmt.Errorf("put service %s version %d: %w", name, v, err)
 	}
-	if err := addEvent(ctx, tx, now, name, "", "service", fmt.Sprintf("version %d submitted", v)); err != nil {
+	if err := addEvent(ctx, tx, now, name, "", eventService, fmt.Sprintf("version %d submitted", v)); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -410,6 +410,9 @@ func (s *Store) addTokens(ctx context.Context, name string, n float64) error {
 	return nil
 }
 
+// The event a service's deletion writes (Events reads it to start a new log for the name).
+const eventService, eventDeleted = "service", "deleted"
+
 // DeleteService removes a service, its versions and its replica rows. The caller must have
 // terminated every replica first; events stay, as history.
 func (s *Store) DeleteService(ctx context.Context, name string, now time.Time) error {
@@ -437,7 +440,7 @@ func (s *Store) deleteService(ctx context.Context, name string, now time.Time) e
 			return fmt.Errorf("delete service %s: %w", name, err)
 		}
 	}
-	if err := addEvent(ctx, tx, now, name, "", "service", "deleted"); err != nil {
+	if err := addEvent(ctx, tx, now, name, "", eventService, eventDeleted); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
@@ -536,7 +539,7 @@ func (s *Store) newReplica(ctx context.Context, r Replica, now time.Time) (Repli
 	if err != nil {
 		return r, fmt.Errorf("new replica %s: %w", r.ID, err)
 	}
-	if err := addEvent(ctx, tx, now, r.Service, r.ID, "state", fmt.Sprintf("→ %s: %s", r.State, r.Reason)); err != nil {
+	if err := addEvent(ctx, tx, now, r.Service, r.ID, "state", moved("→ "+r.State, r.Reason)); err != nil {
 		return r, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -571,7 +574,7 @@ func (s *Store) saveReplica(ctx context.Context, r Replica, prevState string, no
 		return fmt.Errorf("save replica %s: %w", r.ID, ErrNotFound)
 	}
 	if prevState != r.State {
-		if err := addEvent(ctx, tx, now, r.Service, r.ID, "state", fmt.Sprintf("%s → %s: %s", prevState, r.State, r.Reason)); err != nil {
+		if err := addEvent(ctx, tx, now, r.Service, r.ID, "state", moved(prevState+" → "+r.State, r.Reason)); err != nil {
 			return err
 		}
 	}
@@ -579,6 +582,14 @@ func (s *Store) saveReplica(ctx context.Context, r Replica, prevState string, no
 		return fmt.Errorf("save replica %s: commit: %w", r.ID, err)
 	}
 	return nil
+}
+
+// moved is a state event's message: the move, and its reason where one was given.
+func moved(move, reason string) string {
+	if reason == "" {
+		return move
+	}
+	return move + ": " + reason
 }
 
 const replicaCols = `id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, launched_at, ready_at, updated_at, ended_at`
@@ -632,8 +643,25 @@ func addEvent(ctx context.Context, db execer, now time.Time, service, replica, k
 }
 
 // Events returns a service's events with ID > after ("" = every service; replica filters
-// when not empty), oldest first, at most limit.
+// when not empty), oldest first, at most limit. A service's events are those of the
+// service that has its name now: a name deleted and created again starts a new log (its
+// replica IDs start again at 1 too), and the deleted service's events, which stay as
+// history, are listed only with every service's, or while no service has the name.
 func (s *Store) Events(ctx context.Context, service, replica string, after int64, limit int) ([]Event, error) {
+	if service != "" {
+		// Deletion writes its event in the same transaction that removes the service, so
+		// the current service's log begins after the name's last deletion.
+		var deleted sql.NullInt64
+		err := s.db.QueryRowContext(ctx, `SELECT (SELECT max(id) FROM events WHERE service = ? AND kind = ? AND message = ?) FROM services WHERE name = ?`,
+			service, eventService, eventDeleted, service).Scan(&deleted)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return nil, fmt.Errorf("events: %w", err)
+		case deleted.Valid:
+			after = max(after, deleted.Int64)
+		}
+	}
 	rows, err := s.db.QueryContext(ctx, `SELECT id, at, service, replica, kind, message FROM events
 		WHERE id > ? AND (? = '' OR service = ?) AND (? = '' OR replica = ?) ORDER BY id LIMIT ?`,
 		after, service, service, replica, replica, limit)

@@ -146,3 +146,57 @@ func TestOlderFileGainsThePriceSourceColumn(t *testing.T) {
 		t.Fatalf("price source not kept: %+v", rows[0])
 	}
 }
+
+// A name deleted and created again is a new service: its events start at its creation, and
+// the deleted one's (its problems, its replicas of the same IDs) are not replayed as its
+// own. They stay, as history, in the log of every service.
+func TestRecreatedServiceStartsANewEventLog(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.UnixMilli(1_700_000_000_000)
+	if _, err := s.PutService(ctx, "llm", "run: x", "", now); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.NewReplica(ctx, Replica{Service: "llm", Version: 1, Provider: "local", State: "pending"}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddEvent(ctx, now, "llm", "", "error", "placement waits: catalog unreachable"); err != nil {
+		t.Fatal(err)
+	}
+	r.State, r.EndedAt = "terminated", now
+	if err := s.SaveReplica(ctx, r, "pending", now); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteService(ctx, "llm", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.PutService(ctx, "llm", "run: y", "", now); err != nil { // the same millisecond
+		t.Fatal(err)
+	}
+	messages := func(service, replica string) []string {
+		t.Helper()
+		ev, err := s.Events(ctx, service, replica, 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, e := range ev {
+			out = append(out, e.Message)
+		}
+		return out
+	}
+	if got := messages("llm", ""); strings.Join(got, "|") != "version 1 submitted" {
+		t.Errorf("the new service's events: %q; want only its own submission", got)
+	}
+	if got := messages("llm", "llm-1"); len(got) != 0 {
+		t.Errorf("the new service's llm-1 has the deleted one's events: %q", got)
+	}
+	if got := messages("", ""); len(got) != 6 || got[2] != "placement waits: catalog unreachable" || got[4] != "deleted" {
+		t.Errorf("every service's events: %q; want the whole history, the deleted service's included", got)
+	}
+}

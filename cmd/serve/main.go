@@ -366,19 +366,14 @@ func waitService(ctx context.Context, c *client, name string, version int, wait 
 	defer cancel()
 	p := newProgress(out)
 	defer p.clear()
-	var after int64
-	if ev, err := c.events(ctx, name, "", 0); err == nil && len(ev) > 0 {
-		// Show only what happens from the submission on.
-		for _, e := range ev {
-			if strings.Contains(e.Message, fmt.Sprintf("version %d submitted", version)) {
+	after := submitted(ctx, c, name, version)
+	for {
+		// Every page: the API answers a long log a page at a time.
+		for {
+			ev, err := c.events(ctx, name, "", after)
+			if err != nil || len(ev) == 0 {
 				break
 			}
-			after = e.ID
-		}
-	}
-	for {
-		ev, err := c.events(ctx, name, "", after)
-		if err == nil {
 			for _, e := range ev {
 				who := e.Replica
 				if who == "" {
@@ -430,6 +425,28 @@ func waitService(ctx context.Context, c *client, name string, version int, wait 
 		case <-ctx.Done():
 			return fail(exitErr, "service %s not ready within %s; `serve status %s` shows where it is", name, wait, name)
 		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
+
+// submitted is the id of the event before the service's last "version N submitted": what
+// happens from the submission on is what serve up shows. The last, not the first: a
+// service of the same name deleted earlier had its own version 1 (a control plane before
+// the state kept their logs apart lists its events as the name's), and the log is read a
+// page at a time to its end. 0 when the log cannot be read.
+func submitted(ctx context.Context, c *client, name string, version int) int64 {
+	want := fmt.Sprintf("version %d submitted", version)
+	var from, after int64
+	for {
+		ev, err := c.events(ctx, name, "", after)
+		if err != nil || len(ev) == 0 {
+			return from
+		}
+		for _, e := range ev {
+			if e.Kind == "service" && e.Message == want {
+				from = e.ID - 1
+			}
+			after = e.ID
 		}
 	}
 }
