@@ -38,7 +38,9 @@ type Config struct {
 	Token string
 	// Tick is how often each service is reconciled (and its decider consulted).
 	Tick time.Duration
-	// DrainTimeout bounds how long a draining replica waits for its in-flight requests.
+	// DrainTimeout bounds how long a draining replica waits for its in-flight requests
+	// with no progress on them: while routers report its engine generating, the wait goes
+	// on (a 20-minute answer is not cut by a rolling update).
 	DrainTimeout time.Duration
 	// Endpoint is the router URL users call, shown by `serve status`.
 	Endpoint string
@@ -163,6 +165,7 @@ type replica struct {
 	fails         int
 	notReadySince time.Time
 	drainSince    time.Time
+	drainProgress time.Time // the last time a router saw its in-flight requests progress while it drained
 	// refused: its launch was turned down for want of capacity, which says nothing about
 	// the replica's run: (no crash-loop backoff).
 	refused bool
@@ -189,6 +192,15 @@ type replica struct {
 	// it drained or failed after the notice (its outcome counted).
 	replacement             string
 	noCapacity, noticeEnded bool
+}
+
+// drainQuietSince is when a draining replica's requests were last seen progressing, or
+// when its drain began.
+func (r *replica) drainQuietSince() time.Time {
+	if r.drainProgress.After(r.drainSince) {
+		return r.drainProgress
+	}
+	return r.drainSince
 }
 
 type routerReport struct {
@@ -401,7 +413,7 @@ func (c *Controller) transition(ctx context.Context, s *service, r *replica, to 
 	case replicas.NotReady:
 		r.notReadySince = now
 	case replicas.Draining:
-		r.drainSince = now
+		r.drainSince, r.drainProgress = now, time.Time{}
 	case replicas.Terminated:
 		r.row.EndedAt = now
 	}

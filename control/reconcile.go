@@ -30,7 +30,7 @@ func (c *Controller) tick(ctx context.Context) {
 	defer c.mu.Unlock()
 	c.flushPending(ctx)
 	now := c.cfg.Now()
-	inflight, held, perReplica, oldest := c.levels(now)
+	inflight, held, view := c.levels(now)
 	for _, s := range sortedServices(c.services) {
 		c.countUnready(s, now)
 		if s.deleting {
@@ -63,15 +63,17 @@ func (c *Controller) tick(ctx context.Context) {
 			s.target = d.Target
 		}
 		s.decision = d
-		c.reconcile(ctx, s, routerView{perReplica, oldest}, now)
+		c.reconcile(ctx, s, view, now)
 	}
 }
 
 // routerView is what the live routers last said about replicas: their in-flight requests,
-// and the time of the oldest report (zero when no router reports).
+// which made progress (their engine's token counters moved), and the time of the oldest
+// report (zero when no router reports).
 type routerView struct {
-	inflight map[string]int
-	oldest   time.Time
+	inflight    map[string]int
+	progressing map[string]bool
+	oldest      time.Time
 }
 
 // drained reports whether every live router has reported since the drain began (so saw
@@ -84,17 +86,18 @@ func (v routerView) drained(id string, drainSince time.Time) bool {
 	return v.oldest.IsZero() || v.oldest.After(drainSince.Add(300*time.Millisecond))
 }
 
-// levels sums the routers' current in-flight and held requests per service, and in-flight
-// per replica, over reports fresher than reportTTL.
-func (c *Controller) levels(now time.Time) (inflight, held map[string]float64, perReplica map[string]int, oldest time.Time) {
-	inflight, held, perReplica = map[string]float64{}, map[string]float64{}, map[string]int{}
+// levels sums the routers' current in-flight and held requests per service, and what they
+// say per replica, over reports fresher than reportTTL.
+func (c *Controller) levels(now time.Time) (inflight, held map[string]float64, view routerView) {
+	inflight, held = map[string]float64{}, map[string]float64{}
+	view = routerView{inflight: map[string]int{}, progressing: map[string]bool{}}
 	for id, rr := range c.routers {
 		if now.Sub(rr.at) > reportTTL {
 			delete(c.routers, id)
 			continue
 		}
-		if oldest.IsZero() || rr.at.Before(oldest) {
-			oldest = rr.at
+		if view.oldest.IsZero() || rr.at.Before(view.oldest) {
+			view.oldest = rr.at
 		}
 		for _, m := range rr.rep.Models {
 			if s := c.serviceFor(m.Model); s != nil {
@@ -103,10 +106,13 @@ func (c *Controller) levels(now time.Time) (inflight, held map[string]float64, p
 			}
 		}
 		for _, l := range rr.rep.Replicas {
-			perReplica[l.ReplicaID] += l.InFlight
+			view.inflight[l.ReplicaID] += l.InFlight
+			if l.Progressing && l.InFlight > 0 {
+				view.progressing[l.ReplicaID] = true
+			}
 		}
 	}
-	return inflight, held, perReplica, oldest
+	return inflight, held, view
 }
 
 // Report takes one router's load report.
@@ -224,8 +230,13 @@ func (c *Controller) reconcile(ctx context.Context, s *service, routers routerVi
 			switch {
 			case routers.drained(r.row.ID, r.drainSince):
 				c.terminate(ctx, s, r, "drained: no request left on it")
-			case now.Sub(r.drainSince) >= c.cfg.DrainTimeout:
-				c.terminate(ctx, s, r, fmt.Sprintf("drain timeout %s with %d requests still in flight", c.cfg.DrainTimeout, routers.inflight[r.row.ID]))
+			case routers.progressing[r.row.ID]:
+				// Its requests are still generating (a long answer streams for many
+				// minutes): the drain timeout counts from the last progress, so only a
+				// replica whose requests stalled is cut.
+				r.drainProgress = now
+			case now.Sub(r.drainQuietSince()) >= c.cfg.DrainTimeout:
+				c.terminate(ctx, s, r, fmt.Sprintf("drain timeout: %d requests still in flight and no progress on them for %s", routers.inflight[r.row.ID], c.cfg.DrainTimeout))
 			}
 		case replicas.Failed, replicas.Preempted:
 			c.terminate(ctx, s, r, "cleaning up after "+r.row.State)

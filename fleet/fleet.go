@@ -119,6 +119,10 @@ type Load struct {
 	RequestsPerSecond float64 `json:"requests_per_second"`
 	TokensPerSecond   float64 `json:"tokens_per_second"`
 	SLOMisses         int64   `json:"slo_misses"`
+	// Progressing: the replica's engine made progress (its scraped vllm: token counters
+	// moved) since the router's previous report. A draining replica's requests are waited
+	// for while it holds: a long generation is not cut by the drain timeout.
+	Progressing bool `json:"progressing,omitempty"`
 }
 
 // Service is what a router needs to know about a service that may have no replica yet:

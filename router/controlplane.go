@@ -213,6 +213,7 @@ func (cp *ControlPlane) follow(ctx context.Context) {
 func (cp *ControlPlane) report(ctx context.Context) {
 	t := time.NewTicker(cp.ReportEvery)
 	defer t.Stop()
+	var prevReport time.Time // the last report's time: a replica progressed since then
 	for {
 		select {
 		case <-ctx.Done():
@@ -221,6 +222,8 @@ func (cp *ControlPlane) report(ctx context.Context) {
 		}
 		snap := cp.pool.Snapshot()
 		rep := fleet.LoadReport{Router: cp.routerID}
+		since := prevReport
+		prevReport = time.Now()
 		// The control plane refuses a report whole if one number in it is out of bounds: an
 		// entry that is (a bug, or a count that slipped past the checks where replicas'
 		// numbers are read) is dropped alone, so that every other model keeps its counts.
@@ -232,7 +235,7 @@ func (cp *ControlPlane) report(ctx context.Context) {
 			rep.Models = append(rep.Models, m)
 		}
 		for _, r := range snap {
-			l := fleet.Load{ReplicaID: r.Info().ID, InFlight: int(r.InFlight())}
+			l := fleet.Load{ReplicaID: r.Info().ID, InFlight: int(r.InFlight()), Progressing: r.progressedSince(since)}
 			if err := l.Validate(); err != nil {
 				cp.log.Error("bug: a replica's load entry is out of bounds; dropped from the report, the others sent", "replica", l.ReplicaID, "err", err)
 				continue

@@ -158,3 +158,45 @@ func TestLongWholeResponseIsWaitedForWhileItProgresses(t *testing.T) {
 		t.Errorf("first_byte_extensions_total %v; want ≥ 1", got)
 	}
 }
+
+// While a replica's engine generates, the router's load reports say it progresses, so a
+// drain waits for its requests instead of cutting them at the drain timeout.
+func TestLoadReportsSayWhichReplicasProgress(t *testing.T) {
+	s := startSim(t, simOpts{})
+	fake := &fakeControlPlane{changed: make(chan struct{})}
+	fake.publish([]fleet.Service{{Name: "svc", Models: []string{testModel}}}, []fleet.Replica{replica("a", s, fleet.Reserved, 0)})
+	cps := httptest.NewServer(fake)
+	t.Cleanup(cps.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	var cp *ControlPlane
+	r := startRouterWith(t, nil, func(px *Proxy, pool *Pool) {
+		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
+		cp.ReportEvery = 100 * time.Millisecond
+		px.ControlPlane = cp
+	})
+	go cp.Run(ctx)
+	waitFor(t, "the first ready set", func() bool { return cp.Revision() == 1 })
+	progressing := func(inflight int) bool {
+		fake.mu.Lock()
+		defer fake.mu.Unlock()
+		for _, rep := range fake.reports {
+			for _, l := range rep.Replicas {
+				if l.ReplicaID == "a" && l.InFlight == inflight && l.Progressing {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	if progressing(0) {
+		t.Fatal("an idle replica reported progressing")
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		post(t, r.url+"/v1/chat/completions", `{"model":"`+testModel+`","messages":[{"role":"user","content":"hello"}],"max_tokens":400,"ignore_eos":true}`)
+	}()
+	waitFor(t, "a report of the replica progressing with the request in flight", func() bool { return progressing(1) })
+	<-done
+}
