@@ -335,3 +335,25 @@ func (c *cluster) request(ctx context.Context, model string) (int, string, error
 	b, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b), err
 }
+
+// chat sends one chat request, streamed (asking for the usage chunk) or not, and returns
+// its status and whole body; a stream that does not end with [DONE] is an error.
+func (c *cluster) chat(ctx context.Context, model string, stream bool) (int, string, error) {
+	opts := ""
+	if stream {
+		opts = `,"stream":true,"stream_options":{"include_usage":true}`
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.listen+"/v1/chat/completions",
+		strings.NewReader(fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":8%s}`, model, opts)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && stream && resp.StatusCode == 200 && !bytes.HasSuffix(bytes.TrimSpace(b), []byte("data: [DONE]")) {
+		err = fmt.Errorf("stream did not end with [DONE]: %.300s", b)
+	}
+	return resp.StatusCode, string(b), err
+}

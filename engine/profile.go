@@ -60,6 +60,9 @@ type Profile struct {
 	// MaxModelLen is the model's context, vLLM's max_model_len: the most prompt plus output
 	// tokens one request may have. 0 means the KV capacity.
 	MaxModelLen int `json:"max_model_len,omitempty"`
+	// WeightGiB is the model's weights in memory (GiB): what a replica reads from disk or
+	// the network before it can serve (replicasim's cold start). 0: unknown.
+	WeightGiB float64 `json:"weight_gib,omitempty"`
 	// Source says where the numbers came from.
 	Source string `json:"source"`
 	// MaxFitError is the largest relative error of the fit over the rows it was fitted to.
@@ -201,7 +204,7 @@ func LoadProfile(name string) (*Profile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("profile %s: %w", name, err)
 	}
-	p.Name, p.GPU, p.Model = name, info.GPU, model
+	p.Name, p.GPU, p.Model, p.WeightGiB = name, info.GPU, model, rows[0].weightGiB
 	// vLLM's gpu_memory_utilization 0.9, minus weights and ~4 GiB of activations and graphs.
 	const gib = 1 << 30
 	kvBytes := (0.9*info.MemGiB - rows[0].weightGiB - 4) * gib

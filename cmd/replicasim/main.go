@@ -37,6 +37,11 @@ func run() error {
 		tokenizer   = flag.String("tokenizer", "", "prompt token counter: bpe or approx (default bpe; approx in echo mode)")
 		listenDelay = flag.Duration("listen-delay", 0, "refuse connections for this long after start (a loading vLLM)")
 		readyDelay  = flag.Duration("ready-delay", 0, "answer /health with 503 for this long after listening")
+		coldStart   = flag.String("cold-start", "", "model a vLLM replica's start-up: vllm (the port bound at once, nothing answered until the weights are read, the engine started and CUDA graphs captured), or empty for none")
+		loadRate    = flag.Float64("load-gib-s", replicasim.DefaultLoadGiBPerSecond, "with -cold-start vllm: the bandwidth the profile's weights are read at, GiB/s (0.51: a local disk, as vLLM logged it)")
+		engineStart = flag.Duration("engine-start", replicasim.DefaultEngineStart, "with -cold-start vllm: the start-up but weights and graphs (imports, API server, torch.compile from cache, KV-cache profiling)")
+		graphs      = flag.Duration("cuda-graph-capture", replicasim.DefaultGraphCapture, "with -cold-start vllm: CUDA-graph capture")
+		eager       = flag.Bool("enforce-eager", false, "with -cold-start vllm: skip CUDA-graph capture, as vLLM's --enforce-eager does")
 		faultKind   = flag.String("fault", "", "inject a fault: reset, status, hang, die_mid_stream, crash, garbage, slow")
 		faultCount  = flag.Int("fault-count", 0, "apply the fault to the next N requests (0: all)")
 		faultAfter  = flag.Int("fault-after-tokens", 0, "tokens before a mid-stream fault strikes")
@@ -87,6 +92,25 @@ func run() error {
 		}
 	}
 
+	var cold *replicasim.ColdStart
+	switch *coldStart {
+	case "":
+	case "vllm":
+		cs := replicasim.ColdStart{LoadGiBPerSecond: *loadRate, EngineStart: *engineStart, GraphCapture: *graphs}
+		if cfg.Profile != nil {
+			cs.WeightGiB = cfg.Profile.WeightGiB
+		}
+		if *eager {
+			cs.GraphCapture = 0
+		}
+		if err := cs.Validate(); err != nil {
+			return err
+		}
+		cold = &cs
+	default:
+		return fmt.Errorf("-cold-start %q: want vllm, or empty for none", *coldStart)
+	}
+
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if *listenDelay > 0 {
@@ -100,6 +124,19 @@ func run() error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
+	}
+	if cold != nil {
+		// The port is bound and nothing is answered until the engine is up, as with vLLM.
+		log.Info("cold start: port bound, loading", "addr", ln.Addr().String(), "weights_gib", cold.WeightGiB, "total", cold.Total())
+		for _, ph := range cold.Phases() {
+			select {
+			case <-time.After(ph.Took):
+				log.Info(ph.Log)
+			case <-ctx.Done():
+				_ = ln.Close()
+				return nil
+			}
+		}
 	}
 	srv.SetReadyAt(time.Now().Add(*readyDelay))
 	log.Info("serving", "addr", ln.Addr().String(), "model", *model, "echo", *echo, "profile", *profile)
