@@ -43,6 +43,16 @@ func ErrorEvent(errType, message string) []byte {
 	return append(b, "\n\ndata: [DONE]\n\n"...)
 }
 
+// ResponsesErrorEvent is the event a Responses stream ends with when it fails after bytes
+// were sent: OpenAI's typed error event (event: error, type error, with code and message),
+// which the SDKs raise; a Responses stream has no [DONE].
+func ResponsesErrorEvent(code, message string) []byte {
+	b := append([]byte("event: error\ndata: {\"type\":\"error\",\"code\":"), strconv.Quote(code)...)
+	b = append(b, `,"message":`...)
+	b = append(b, strconv.Quote(message)...)
+	return append(b, ",\"param\":null}\n\n"...)
+}
+
 // WriteError replaces ctx's response with an OpenAI error.
 func WriteError(ctx *fasthttp.RequestCtx, status int, errType, message string) {
 	ctx.Response.Reset()

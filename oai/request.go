@@ -18,6 +18,12 @@ const (
 	Chat Kind = iota
 	Completion
 	Embedding
+	// Responses is OpenAI's Responses API (POST /v1/responses), as vLLM serves it
+	// (vllm/entrypoints/openai/serving_responses.py): the prompt from instructions and
+	// input, the output bound from max_output_tokens; a stream of typed events that ends
+	// with response.completed (no [DONE]), whose response.usage counts input_tokens and
+	// output_tokens.
+	Responses
 )
 
 // Request holds what routing and accounting need from a request body. Prompt is the text
@@ -41,6 +47,9 @@ type Request struct {
 	TokenIDs []int
 	// Messages is the number of chat messages (chat templates add tokens per message).
 	Messages int
+	// PreviousResponseID is a Responses request's previous_response_id: the response whose
+	// conversation it continues, which only the replica that produced it holds.
+	PreviousResponseID string
 }
 
 // ErrBadRequest wraps every parse failure; its message names the field.
@@ -105,7 +114,11 @@ func FromValue(v *fastjson.Value, kind Kind) (Request, error) {
 			r.IncludeUsage = b
 		}
 	}
-	for _, key := range []string{"max_completion_tokens", "max_tokens"} {
+	maxKeys := []string{"max_completion_tokens", "max_tokens"}
+	if kind == Responses {
+		maxKeys = []string{"max_output_tokens"}
+	}
+	for _, key := range maxKeys {
 		if mt := v.Get(key); mt != nil && mt.Type() != fastjson.TypeNull {
 			n, err := mt.Int()
 			if err != nil || n < 0 {
@@ -144,6 +157,10 @@ func FromValue(v *fastjson.Value, kind Kind) (Request, error) {
 		}
 	case Embedding:
 		if err := appendPrompt(&sb, &r.TokenIDs, v.Get("input"), "input"); err != nil {
+			return r, err
+		}
+	case Responses:
+		if err := appendResponsesInput(&sb, &r, v); err != nil {
 			return r, err
 		}
 	}
@@ -237,6 +254,67 @@ func appendIDs(ids *[]int, items []*fastjson.Value, field string) error {
 			return bad("'%s[%d]' must be a token id (an integer from 0 to %d)", field, i, maxTokenID)
 		}
 		*ids = append(*ids, int(n))
+	}
+	return nil
+}
+
+// appendResponsesInput reads a Responses request's prompt: instructions (a system message
+// ahead of the input), then input, a string or a list of items. A message item (with or
+// without "type":"message") has a role and content, a string or a list of parts whose
+// text counts (input_text, output_text); other items (function_call_output, reasoning…)
+// count their output or text where they have one. Each item counts as a message for the
+// chat template's tokens.
+func appendResponsesInput(sb *strings.Builder, r *Request, v *fastjson.Value) error {
+	if iv := v.Get("instructions"); iv != nil && iv.Type() != fastjson.TypeNull {
+		if iv.Type() != fastjson.TypeString {
+			return bad("'instructions' must be a string")
+		}
+		sb.Write(iv.GetStringBytes())
+		r.Messages++
+	}
+	if pv := v.Get("previous_response_id"); pv != nil && pv.Type() != fastjson.TypeNull {
+		if pv.Type() != fastjson.TypeString || len(pv.GetStringBytes()) == 0 {
+			return bad("'previous_response_id' must be a non-empty string")
+		}
+		r.PreviousResponseID = string(pv.GetStringBytes())
+	}
+	in := v.Get("input")
+	if in == nil || in.Type() == fastjson.TypeNull {
+		return bad("'input' is required: a string or a list of input items")
+	}
+	switch in.Type() {
+	case fastjson.TypeString:
+		if sb.Len() > 0 {
+			sb.WriteByte('\n')
+		}
+		sb.Write(in.GetStringBytes())
+		r.Messages++
+		return nil
+	case fastjson.TypeArray:
+	default:
+		return bad("'input' must be a string or a list of input items")
+	}
+	items, _ := in.Array()
+	for i, it := range items {
+		if it.Type() != fastjson.TypeObject {
+			return bad("'input[%d]' must be an object", i)
+		}
+		r.Messages++
+		if c := it.Get("content"); c != nil {
+			if err := appendContent(sb, c, i); err != nil {
+				return bad("'input[%d].content' must be a string or a list of parts", i)
+			}
+			continue
+		}
+		for _, key := range []string{"output", "text", "arguments"} {
+			if t := it.Get(key); t != nil && t.Type() == fastjson.TypeString {
+				if sb.Len() > 0 {
+					sb.WriteByte('\n')
+				}
+				sb.Write(t.GetStringBytes())
+				break
+			}
+		}
 	}
 	return nil
 }

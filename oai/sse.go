@@ -25,6 +25,24 @@ func NextEvent(buf []byte) (event, rest []byte, ok bool) {
 	return nil, buf, false
 }
 
+// EventType returns an event's event: field (the Responses API's typed events name
+// themselves there: response.created, response.output_text.delta, response.completed…), or
+// nil when it has none.
+func EventType(event []byte) []byte {
+	for len(event) > 0 {
+		line := event
+		if i := bytes.IndexByte(event, '\n'); i >= 0 {
+			line, event = event[:i], event[i+1:]
+		} else {
+			event = nil
+		}
+		if t, found := bytes.CutPrefix(bytes.TrimSuffix(line, []byte("\r")), []byte("event:")); found {
+			return bytes.TrimSpace(t)
+		}
+	}
+	return nil
+}
+
 // EventData returns the payload of an event's data lines (joined by newlines, as the SSE
 // spec says), or nil when it has none.
 func EventData(event []byte) []byte {
@@ -66,7 +84,16 @@ func ChunkUsage(p *fastjson.Parser, data []byte) (u Usage, isUsageOnly, ok bool)
 		return u, false, false
 	}
 	uv := v.Get("usage")
-	if uv == nil || uv.Type() == fastjson.TypeNull {
+	if uv == nil {
+		// A Responses stream's usage is in its response.completed event's response.
+		if rv := v.Get("response"); rv != nil && rv.Type() == fastjson.TypeObject {
+			if uv = rv.Get("usage"); uv != nil && uv.Type() != fastjson.TypeNull {
+				return ReadUsage(uv), false, true
+			}
+		}
+		return u, false, false
+	}
+	if uv.Type() == fastjson.TypeNull {
 		return u, false, false
 	}
 	u = ReadUsage(uv)

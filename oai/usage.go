@@ -72,21 +72,27 @@ func ReadUsage(v *fastjson.Value) Usage {
 		}
 		return 0, false
 	}
-	prompt, _ := count(v.Get("prompt_tokens"), "prompt_tokens")
-	completion, _ := count(v.Get("completion_tokens"), "completion_tokens")
+	// The Responses API names them input_tokens, output_tokens and input_tokens_details
+	// (vLLM's ResponseUsage); a usage object has one set or the other.
+	promptKey, completionKey, detailsKey := "prompt_tokens", "completion_tokens", "prompt_tokens_details"
+	if v.Get("input_tokens") != nil || v.Get("output_tokens") != nil {
+		promptKey, completionKey, detailsKey = "input_tokens", "output_tokens", "input_tokens_details"
+	}
+	prompt, _ := count(v.Get(promptKey), promptKey)
+	completion, _ := count(v.Get(completionKey), completionKey)
 	total, hasTotal := count(v.Get("total_tokens"), "total_tokens")
 	var cached int
 	var hasCached bool
-	if d := v.Get("prompt_tokens_details"); d != nil && d.Type() == fastjson.TypeObject {
-		cached, hasCached = count(d.Get("cached_tokens"), "prompt_tokens_details.cached_tokens")
+	if d := v.Get(detailsKey); d != nil && d.Type() == fastjson.TypeObject {
+		cached, hasCached = count(d.Get("cached_tokens"), detailsKey+".cached_tokens")
 	}
 	switch {
 	case bad.Invalid != "":
 		return bad
 	case hasTotal && total != prompt+completion:
-		return Usage{Invalid: UsageInconsistent, Detail: fmt.Sprintf("total_tokens %d is not prompt_tokens %d + completion_tokens %d", total, prompt, completion)}
+		return Usage{Invalid: UsageInconsistent, Detail: fmt.Sprintf("total_tokens %d is not %s %d + %s %d", total, promptKey, prompt, completionKey, completion)}
 	case hasCached && cached > prompt:
-		return Usage{Invalid: UsageInconsistent, Detail: fmt.Sprintf("cached_tokens %d is more than prompt_tokens %d", cached, prompt)}
+		return Usage{Invalid: UsageInconsistent, Detail: fmt.Sprintf("cached_tokens %d is more than %s %d", cached, promptKey, prompt)}
 	}
 	return Usage{Prompt: prompt, Completion: completion}
 }

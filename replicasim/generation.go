@@ -25,8 +25,9 @@ type generation struct {
 	start    time.Time
 	conn     net.Conn
 	sp       sampling
-	maxSet   bool   // the client set max_tokens
-	echoText string // the prompt, for a completion with echo
+	maxSet   bool              // the client set max_tokens
+	echoText string            // the prompt, for a completion with echo
+	resp     *responsesRequest // a Responses API request's own fields; nil for the others
 	// seqs are the engine requests, one per choice (vLLM runs n > 1 as n child requests
 	// that share the prompt's cached blocks); empty in echo mode.
 	seqs []seqRef
@@ -83,6 +84,10 @@ func (g *generation) wait(n int) bool {
 
 // stream writes the SSE response as tokens are produced, flushing each event.
 func (g *generation) stream(w *bufio.Writer) {
+	if g.kind == oai.Responses {
+		g.streamResponses(w)
+		return
+	}
 	buf := make([]byte, 0, 512)
 	sent := 0
 	for sent < g.max {

@@ -54,6 +54,10 @@ type Config struct {
 	// prefix cache served) to usage, as vLLM's --enable-prompt-tokens-details does
 	// (vllm/entrypoints/openai/serving_completion.py and serving_chat.py, 0.11).
 	PromptTokensDetails bool
+	// StoreResponses keeps Responses API answers for previous_response_id and
+	// GET /v1/responses/{id}, as vLLM does with VLLM_ENABLE_RESPONSES_API_STORE=1 (which
+	// the simulator honours too); off, as vLLM's default.
+	StoreResponses bool
 	// EmbeddingDim is the length of embedding vectors (default 384).
 	EmbeddingDim int
 	Logger       *slog.Logger
@@ -72,6 +76,8 @@ type Server struct {
 	reqSeq   atomic.Uint64
 	faults   faultState
 	created  int64
+	// responses are the stored Responses API answers (responses.go).
+	responses responseStore
 	// wordIDs are the simulated output's tokens (words), as the tokenizer numbers them.
 	wordIDs [len(words)]int
 
@@ -211,9 +217,15 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		s.generate(ctx, oai.Completion)
 	case "/v1/embeddings":
 		s.embed(ctx)
+	case "/v1/responses":
+		s.generate(ctx, oai.Responses)
 	case "/admin/fault", "/admin/health", "/admin/preempt", "/admin/preemption":
 		s.admin(ctx, path)
 	default:
+		if strings.HasPrefix(path, "/v1/responses/") {
+			s.storedResponseGet(ctx, path)
+			return
+		}
 		oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, "Not Found")
 	}
 }
@@ -482,7 +494,24 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 	if s.preFault(ctx, f) {
 		return
 	}
+	var rr *responsesRequest
+	if kind == oai.Responses {
+		if rr, ok = s.responsesFields(ctx, v, &req); !ok {
+			return
+		}
+	}
 	ids := s.promptIDs(&req, v)
+	if rr != nil && rr.prevTokens > 0 {
+		// vLLM prefills the stored conversation again ahead of the new input.
+		// Its tokens stand for the stored conversation: the same for every continuation
+		// of it (so they hit the prefix cache as a real continuation does), no other's.
+		prev := make([]int, rr.prevTokens, rr.prevTokens+len(ids))
+		seed := xxhash.Sum64String(rr.previous)
+		for i := range prev {
+			prev[i] = int((seed + uint64(i)*0x9E3779B97F4A7C15) % vocabSize)
+		}
+		ids = append(prev, ids...)
+	}
 	promptN := len(ids)
 	// vLLM's checks and default (vllm/entrypoints/openai/serving_engine.py _validate_input;
 	// vllm/entrypoints/utils.py get_max_tokens): the prompt must leave room for one token,
@@ -510,7 +539,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 	g := &generation{
 		srv: s, kind: kind, model: req.Model, id: s.reqSeq.Add(1), created: time.Now().Unix(),
 		prompt: promptN, max: maxTokens, finish: finish, usage: req.IncludeUsage, fault: f,
-		start: time.Now(), conn: ctx.Conn(), sp: sp, maxSet: req.MaxTokensSet,
+		start: time.Now(), conn: ctx.Conn(), sp: sp, maxSet: req.MaxTokensSet, resp: rr,
 	}
 	switch {
 	case sp.echo && kind == oai.Chat:
@@ -549,7 +578,13 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 		return
 	}
 	ctx.SetContentType("application/json")
-	ctx.SetBody(g.appendResponse(nil))
+	if kind == oai.Responses {
+		body := g.appendResponseObject(nil, true)
+		g.finishResponse(body)
+		ctx.SetBody(body)
+	} else {
+		ctx.SetBody(g.appendResponse(nil))
+	}
 	g.account()
 }
 

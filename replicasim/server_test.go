@@ -17,11 +17,7 @@ import (
 func start(t *testing.T, echo bool) (*Server, string) {
 	t.Helper()
 	s, ln := newServer(t, echo)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go s.Run(ctx)
-	go func() { _ = s.Serve(ctx, ln) }()
-	return s, "http://" + ln.Addr().String()
+	return s, serve(t, s, ln)
 }
 
 // newServer builds a server (the H100 8B profile unless echo) and a loopback listener for

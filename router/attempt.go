@@ -116,6 +116,9 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 	if status == fasthttp.StatusOK {
 		p := px.parsers.Get()
 		usage, _ = oai.ResponseUsage(p, ctx.Response.Body())
+		if c.kind == oai.Responses {
+			px.responses.remember(responseID(p, ctx.Response.Body()), r.Info().ID)
+		}
 		px.parsers.Put(p)
 	}
 	px.account(c, r, result{code: status, usage: usage, sentAt: sentAt, firstAt: now, endAt: now, pred: pred})

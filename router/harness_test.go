@@ -32,12 +32,13 @@ type simOpts struct {
 	interval time.Duration // echo-mode token pacing
 	profile  string
 	addr     string // listen here (default: a free loopback port)
+	store    bool   // keep Responses API answers (VLLM_ENABLE_RESPONSES_API_STORE)
 }
 
 func startSim(t *testing.T, o simOpts) *sim {
 	t.Helper()
 	cfg := replicasim.Config{Model: testModel, Echo: o.echo, EchoTokenInterval: o.interval, StopAfter: 8,
-		Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}}
+		Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}, StoreResponses: o.store}
 	if !o.echo {
 		name := o.profile
 		if name == "" {

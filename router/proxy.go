@@ -51,9 +51,11 @@ type Proxy struct {
 	// Load counts per-model load for the control plane's autoscaler.
 	Load *LoadTracker
 	// keys, when set, are required of every /v1 request (Authorization: Bearer KEY).
-	keys    atomic.Pointer[Keys]
-	held    atomic.Int64
-	watcher clientWatcher
+	keys atomic.Pointer[Keys]
+	held atomic.Int64
+	// responses remembers which replica produced each Responses API answer (responses.go).
+	responses responseOwners
+	watcher   clientWatcher
 
 	parsers fastjson.ParserPool
 	// largeBodies budgets the bytes of large bodies parsed at once (max_parse_bytes).
@@ -73,7 +75,7 @@ func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, 
 		return nil, err
 	}
 	px := &Proxy{cfg: cfg, pool: pool, met: met, log: log, counter: counter, Now: time.Now, policies: map[string]Policy{}, Load: &LoadTracker{},
-		largeBudget: parseBudget(cfg)}
+		largeBudget: parseBudget(cfg), responses: newResponseOwners()}
 	px.largeBodies = semaphore.NewWeighted(px.largeBudget)
 	px.bodies = semaphore.NewWeighted(int64(cfg.MaxBodyBufferBytes))
 	for _, h := range []string{"Authorization", "Proxy-Authorization", "Cookie"} {
@@ -129,11 +131,17 @@ func (px *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		px.forward(ctx, oai.Completion, key)
 	case "/v1/embeddings":
 		px.forward(ctx, oai.Embedding, key)
+	case "/v1/responses":
+		px.forward(ctx, oai.Responses, key)
 	case "/v1/models":
 		px.models(ctx)
 	case "/health":
 		ctx.SetStatusCode(fasthttp.StatusOK)
 	default:
+		if strings.HasPrefix(path, "/v1/responses/") {
+			px.storedResponse(ctx, path)
+			return
+		}
 		oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, fmt.Sprintf("Unknown path %s", ctx.Path()))
 	}
 }
@@ -237,6 +245,10 @@ type call struct {
 	load           *modelLoad    // the model's load counters for the autoscaler
 	watch          clientWatch
 	triedBuf       [4]*Replica
+	// pinned is the only replica that may take the request: the one that stored the
+	// response it continues (prevResponse, its previous_response_id); nil: any.
+	pinned       *Replica
+	prevResponse string
 }
 
 func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
@@ -273,6 +285,9 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 		return
 	}
 	c.key = key
+	if c.prevResponse != "" && !px.pin(ctx, c, c.prevResponse) {
+		return
+	}
 	policy := px.policies[px.cfg.Policy]
 	if c.policy != "" {
 		policy = px.policies[c.policy]
@@ -305,6 +320,13 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 			cands = px.pool.candidates(c.model)
 		}
 		r := policy.Pick(&c.route, cands, rng)
+		if c.pinned != nil {
+			// Only the replica that stored the response can continue it.
+			r = nil
+			if attempt == 0 && c.pinned.Available(now) {
+				r = c.pinned
+			}
+		}
 		if r == nil {
 			break
 		}
@@ -314,7 +336,7 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 			px.met.retries.Inc()
 		}
 		// A replica's 502/503 is hidden only when another replica can still be tried.
-		mayRetry := attempt+1 < px.cfg.MaxAttempts && anyUsable(&c.route, cands)
+		mayRetry := attempt+1 < px.cfg.MaxAttempts && anyUsable(&c.route, cands) && c.pinned == nil
 		if px.attempt(ctx, c, r, mayRetry) {
 			return
 		}
@@ -485,7 +507,9 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 			c.deadline = minTime(c.deadline, c.clientDeadline)
 		}
 	}
-	if req.Stream && !req.IncludeUsage && kind != oai.Embedding {
+	c.prevResponse = req.PreviousResponseID
+	// A Responses stream always ends with its usage (response.completed).
+	if req.Stream && !req.IncludeUsage && kind != oai.Embedding && kind != oai.Responses {
 		// Ask for the usage chunk so every stream is accounted; hide it from the client.
 		c.body, c.stripUsage = withIncludeUsage(c.body, req.HasStreamOptions), true
 	}

@@ -117,7 +117,7 @@ func (s *streamer) fill() {
 		// delimited by closing the connection looks like a clean end. It is not one.
 		s.out = append(s.out, s.pending...)
 		s.finished, s.res.failed = true, "stream_truncated"
-		s.out = append(s.out, oai.ErrorEvent(oai.ServerError, "replica closed the stream before its end")...)
+		s.out = append(s.out, s.errorEvent("replica closed the stream before its end")...)
 	default:
 		s.finished = true
 		s.res.failed = "stream_broken"
@@ -128,8 +128,17 @@ func (s *streamer) fill() {
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			msg, s.res.failed = "replica stalled mid-stream", "stream_stalled"
 		}
-		s.out = append(s.out, oai.ErrorEvent(oai.ServerError, msg)...)
+		s.out = append(s.out, s.errorEvent(msg)...)
 	}
+}
+
+// errorEvent is the event that ends a stream that failed after bytes reached the client,
+// in its API's shape.
+func (s *streamer) errorEvent(msg string) []byte {
+	if s.c.kind == oai.Responses {
+		return oai.ResponsesErrorEvent(oai.ServerError, msg)
+	}
+	return oai.ErrorEvent(oai.ServerError, msg)
 }
 
 // keep inspects one event for accounting and reports whether the client should get it.
@@ -144,7 +153,20 @@ func (s *streamer) keep(ev []byte) bool {
 			return !s.c.stripUsage
 		}
 	}
-	if string(data) == "[DONE]" {
+	if s.c.kind == oai.Responses {
+		// Typed events: the first output delta is the first token, and the stream ends
+		// with response.completed (or .incomplete, .failed), not [DONE].
+		switch classifyResponsesEvent(ev, data) {
+		case responsesCreated:
+			s.px.responses.remember(eventResponseID(s.p, data), s.r.Info().ID)
+			return true
+		case responsesEnd:
+			s.sawDone = true
+			return true
+		case responsesOther:
+			return true
+		}
+	} else if string(data) == "[DONE]" {
 		s.sawDone = true
 		return true
 	}

@@ -32,6 +32,7 @@ func run() error {
 		model       = flag.String("model", "meta-llama/Llama-3.1-8B-Instruct", "served model name")
 		profile     = flag.String("profile", "h100-llama-3.1-8b", fmt.Sprintf("GPU profile: one of %v, or a .json file", engine.ProfileNames()))
 		details     = flag.Bool("enable-prompt-tokens-details", false, "report usage.prompt_tokens_details.cached_tokens, as vLLM's --enable-prompt-tokens-details does")
+		store       = flag.Bool("enable-responses-store", false, "keep Responses API answers for previous_response_id and GET /v1/responses/{id}, as vLLM does with VLLM_ENABLE_RESPONSES_API_STORE=1 (also honoured)")
 		echo        = flag.Bool("echo", false, "answer at once with no model delay (proxy benchmarks)")
 		echoEvery   = flag.Duration("echo-token-interval", 0, "pace echo-mode stream tokens")
 		tokenizer   = flag.String("tokenizer", "", "prompt token counter: bpe or approx (default bpe; approx in echo mode)")
@@ -66,7 +67,7 @@ func run() error {
 		}
 		addr = net.JoinHostPort(host, port)
 	}
-	cfg := replicasim.Config{Model: *model, Echo: *echo, EchoTokenInterval: *echoEvery, StopAfter: stopAfter, Logger: log, PromptTokensDetails: *details}
+	cfg := replicasim.Config{Model: *model, Echo: *echo, EchoTokenInterval: *echoEvery, StopAfter: stopAfter, Logger: log, PromptTokensDetails: *details, StoreResponses: *store}
 	if !*echo {
 		p, err := engine.LoadProfile(*profile)
 		if err != nil {
