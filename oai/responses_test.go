@@ -83,8 +83,8 @@ func TestResponsesUsage(t *testing.T) {
 func TestEventType(t *testing.T) {
 	for ev, want := range map[string]string{
 		"event: response.output_text.delta\ndata: {}\n\n": "response.output_text.delta",
-		"event:error\r\ndata: {}\r\n\r\n":                  "error",
-		"data: {}\n\n":                                     "",
+		"event:error\r\ndata: {}\r\n\r\n":                 "error",
+		"data: {}\n\n":                                    "",
 	} {
 		if got := string(EventType([]byte(ev))); got != want {
 			t.Errorf("%q: %q; want %q", ev, got, want)
