@@ -34,8 +34,27 @@ import (
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes/coreclient"
 )
 
-// Versions names the binaries scripts/kube-bins.sh builds; keep the two in step.
-const Versions = "k8s-v1.37.2-etcd-v3.7.0-kwok-v0.8.0"
+// Versions names the folder of binaries under the cache root: which Kubernetes, etcd and
+// KWOK, and how they were compiled (-noopt: without optimisation or inlining). It is the
+// one place these are written: scripts/kube-bins.sh reads the versions it builds, and the
+// folder it builds into, from this line (keep it one line, `const Versions = "…"`).
+const Versions = "k8s-v1.37.2-etcd-v3.7.0-kwok-v0.8.0-noopt"
+
+// DefaultDir is the folder Bins looks in when $ARBITER_KUBE_BIN is not set, and the one
+// scripts/kube-bins.sh builds into: $ARBITER_KUBE_CACHE, else $XDG_CACHE_HOME/arbiter/kube,
+// else ~/.cache/arbiter/kube, then Versions.
+func DefaultDir() string {
+	root := os.Getenv("ARBITER_KUBE_CACHE")
+	if root == "" {
+		cache := os.Getenv("XDG_CACHE_HOME")
+		if cache == "" {
+			home, _ := os.UserHomeDir()
+			cache = filepath.Join(home, ".cache")
+		}
+		root = filepath.Join(cache, "arbiter", "kube")
+	}
+	return filepath.Join(root, Versions)
+}
 
 // Bins returns the folder scripts/kube-bins.sh filled (bin/ and stages/): $ARBITER_KUBE_BIN,
 // else the script's default cache. Without it the test is skipped, or fails when
@@ -44,16 +63,7 @@ func Bins(t testing.TB) string {
 	t.Helper()
 	dir := os.Getenv("ARBITER_KUBE_BIN")
 	if dir == "" {
-		root := os.Getenv("ARBITER_KUBE_CACHE")
-		if root == "" {
-			cache := os.Getenv("XDG_CACHE_HOME")
-			if cache == "" {
-				home, _ := os.UserHomeDir()
-				cache = filepath.Join(home, ".cache")
-			}
-			root = filepath.Join(cache, "arbiter", "kube")
-		}
-		dir = filepath.Join(root, Versions)
+		dir = DefaultDir()
 	}
 	if _, err := os.Stat(filepath.Join(dir, ".complete")); err != nil {
 		if os.Getenv("ARBITER_REQUIRE_KUBE") != "" {
