@@ -33,7 +33,19 @@ type Offer struct {
 	PriceSource string
 }
 
-func (o Offer) place() string { return o.Provider + "/" + o.Region + "/" + o.Zone }
+func (o Offer) place() string { return place(o.Provider, o.Region, o.Zone) }
+
+// place names provider/region/zone for keys and reasons, leaving out what is not known (a
+// Kubernetes node without zone labels): "kubernetes:x", never "kubernetes:x//".
+func place(provider, region, zone string) string {
+	s := provider
+	for _, part := range []string{region, zone} {
+		if part != "" {
+			s += "/" + part
+		}
+	}
+	return s
+}
 
 // Slot is reserved capacity: Count replicas' worth, already paid for.
 type Slot struct {
@@ -54,7 +66,7 @@ type Placed struct {
 	Leaving bool
 }
 
-func (p Placed) place() string { return p.Provider + "/" + p.Region + "/" + p.Zone }
+func (p Placed) place() string { return place(p.Provider, p.Region, p.Zone) }
 
 // PlacementPolicy is a service's purchasing policy.
 type PlacementPolicy struct {

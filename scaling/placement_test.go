@@ -553,3 +553,19 @@ func TestHedgeReasonIsTrue(t *testing.T) {
 		t.Errorf("reason %q; want the pair compared with on-demand", plan.Reason)
 	}
 }
+
+// An offer from nodes that name no region or zone (an on-prem Kubernetes pool) is placed
+// by its provider alone: no reason prints an empty place.
+func TestPlaceWithoutRegionOrZone(t *testing.T) {
+	offers := []Offer{{Provider: "kubernetes:x", Capacity: fleet.OnDemand, PricePerHour: 10}, {Provider: "kubernetes:x", Capacity: fleet.Spot, PricePerHour: 3}}
+	plan := policy(nil).Plan(p0, 2, nil, offers)
+	if len(plan.Launch) == 0 {
+		t.Fatalf("no launch: %s", plan.Reason)
+	}
+	for _, l := range append(plan.Launch, Launch{Reason: plan.Reason}) {
+		if strings.Contains(l.Reason, "//") || strings.Contains(l.Reason, "/ ") || strings.Contains(l.Reason, "  ") {
+			t.Errorf("a reason with an empty place: %q", l.Reason)
+		}
+	}
+	t.Logf("%s", plan.Launch[0].Reason)
+}

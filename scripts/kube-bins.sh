@@ -1,26 +1,37 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane the kubernetes provider's tests run against
-# (kube-apiserver, kube-scheduler and kubectl v1.37.2, etcd v3.7.0, kwok v0.8.0), all from
-# Go modules, into a cache outside the checkout keyed by those versions, and prints the
-# cache folder on its last line. This script is the cache's only writer: it builds into a
-# temporary folder and renames it into place, under a lock, so a half-built cache is never
-# seen and two runs never build at once. About 8 minutes cold on 2 cores; instant warm.
+# (kube-apiserver, kube-scheduler and kubectl, etcd and kwok, at the versions that
+# kubetest.Versions in replicas/kubernetes/kubetest/cluster.go names), all from Go modules,
+# into a cache outside the checkout keyed by those versions, and prints the cache folder on
+# its last line: the folder the tests look in (kubetest.DefaultDir). This script is the
+# cache's only writer: it builds into a temporary folder and renames it into place, under a
+# lock, so a half-built cache is never seen and two runs never build at once. About 8
+# minutes cold on 2 cores; instant warm.
 #
 #   bash scripts/kube-bins.sh            # build if missing, print the folder
 #   ARBITER_KUBE_CACHE=/path bash ...    # cache root (default ~/.cache/arbiter/kube)
 set -euo pipefail
 export PATH="$PATH:/usr/local/go/bin"
 
-K8S=v1.37.2
-STAGING=v0.37.2 # the published version of every k8s.io/<m> staging module of $K8S
-ETCD=v3.7.0 # the etcd server kubernetes $K8S itself requires
-KWOK=v0.8.0
+log() { echo "kube-bins: $*" >&2; }
+
+# The versions, and the folder's name, are kubetest.Versions: the tests look for the folder
+# by that constant, so reading it here is what keeps the two from drifting apart.
+versions_go="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/replicas/kubernetes/kubetest/cluster.go"
+name=$(sed -n 's/^const Versions = "\([^"]*\)"$/\1/p' "$versions_go")
+if [[ ! $name =~ ^k8s-(v1\.[0-9]+\.[0-9]+)-etcd-(v[0-9.]+)-kwok-(v[0-9.]+)-noopt$ ]]; then
+  log "cannot read the versions from $versions_go: want one line const Versions = \"k8s-v1.X.Y-etcd-vA.B.C-kwok-vD.E.F-noopt\", found \"$name\""
+  exit 1
+fi
+K8S=${BASH_REMATCH[1]}
+STAGING=v0.${K8S#v1.} # the published version of every k8s.io/<m> staging module of $K8S
+ETCD=${BASH_REMATCH[2]} # the etcd server kubernetes $K8S itself requires
+KWOK=${BASH_REMATCH[3]}
 root=${ARBITER_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/arbiter/kube}
 # Compiled without optimisation or inlining (-N -l): a fifth less compile time cold, and
-# these binaries only serve a test cluster's handful of objects. The suffix keys the cache
-# by that too.
+# these binaries only serve a test cluster's handful of objects. The name's -noopt says so.
 GCFLAGS='all=-N -l'
-dir="$root/k8s-$K8S-etcd-$ETCD-kwok-$KWOK-noopt"
+dir="$root/$name"
 
 if [ -f "$dir/.complete" ]; then
   echo "$dir"
@@ -38,7 +49,6 @@ work=$(mktemp -d "$root/.build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/out/bin" "$work/out/stages"
 gomodcache=$(go env GOMODCACHE)
-log() { echo "kube-bins: $*" >&2; }
 
 # One wrapper module builds all five: `go install k8s.io/kubernetes/cmd/...` refuses the
 # module's replace directives (its staging modules live in its own tree), so the wrapper

@@ -344,7 +344,11 @@ func printPreview(out io.Writer, name string, sp *spec.Service, pv *control.Prev
 		if l.Accelerator != "" {
 			what += fmt.Sprintf(" (%s:%d)", l.Accelerator, max(l.AcceleratorCount, 1))
 		}
-		fmt.Fprintf(out, "    %-9s %s in %s %s/%s at $%.4f/h", l.Capacity, what, l.Provider, l.Region, l.Zone, l.PricePerHour)
+		where := l.Provider
+		if loc := strings.Trim(l.Region+"/"+l.Zone, "/"); loc != "" { // a node without zone labels names neither
+			where += " " + loc
+		}
+		fmt.Fprintf(out, "    %-9s %s in %s at $%.4f/h", l.Capacity, what, where, l.PricePerHour)
 		if l.PriceSource != "" {
 			fmt.Fprintf(out, ", priced by %s", l.PriceSource)
 		}
@@ -356,7 +360,10 @@ func printPreview(out io.Writer, name string, sp *spec.Service, pv *control.Prev
 	if pv.MaxReplicas > len(pv.Launches) {
 		fmt.Fprintf(out, "; about $%.2f/h at max_replicas (%d at up to $%.4f/h)", dearest*float64(pv.MaxReplicas), pv.MaxReplicas, dearest)
 	}
-	fmt.Fprintf(out, "\n  placement: %s\n", pv.Reason)
+	fmt.Fprintln(out)
+	if pv.Reason != "" {
+		fmt.Fprintf(out, "  placement: %s\n", pv.Reason)
+	}
 }
 
 // waitService prints the service's events until version's replicas are ready (or, for a

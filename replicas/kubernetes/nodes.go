@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,6 +27,10 @@ import (
 //   - aws-node-termination-handler/spot-itn (and its rebalance/ASG/maintenance siblings): the
 //     taints AWS Node Termination Handler puts on a node before it is reclaimed.
 //   - ToBeDeletedByClusterAutoscaler: cluster-autoscaler's taint on a node it is removing.
+//   - karpenter.sh/unregistered (NoExecute): the taint Karpenter registers its nodes with
+//     and removes once it has synced the NodeClaim's labels and taints onto the node
+//     (sigs.k8s.io/karpenter pkg/apis/v1: UnregisteredNoExecuteTaint; the node then gets
+//     karpenter.sh/registered=true). Until then the node is not ready for pods.
 const (
 	labelZone         = "topology.kubernetes.io/zone"
 	labelRegion       = "topology.kubernetes.io/region"
@@ -50,6 +55,7 @@ const (
 	taintKarpenterDisrupt = "karpenter.sh/disrupted"
 	taintUnschedulable    = "node.kubernetes.io/unschedulable"
 	taintCAToBeDeleted    = "ToBeDeletedByClusterAutoscaler"
+	taintKarpenterUnreg   = "karpenter.sh/unregistered"
 
 	resourceGPU = corev1.ResourceName("nvidia.com/gpu")
 )
@@ -70,8 +76,11 @@ var acceleratorLabels = []string{labelGKEAccelerator, labelGFDProduct, labelKarp
 
 // nodeInfo is what placement needs to know of one node.
 type nodeInfo struct {
-	name         string
-	cloud        string // gcp, aws, azure; "" when nothing says
+	name  string
+	cloud string // gcp, aws, azure; "" when nothing says
+	// cloudBy is the rule that named the cloud, for PRICED BY: "provider ID", "label
+	// <key>", "node pool sibling <pool>", "instance type <type>"; "" with cloud.
+	cloudBy      string
 	region, zone string
 	zoneID       string // the AWS AZ id, when labelled
 	instanceType string
@@ -80,8 +89,10 @@ type nodeInfo struct {
 	// are the label that said so, for the pod's node affinity.
 	accel, accelKey, accelValue string
 	gpus                        int64 // allocatable nvidia.com/gpu
-	pool                        string
-	schedulable                 bool
+	// pool is the platform's node pool as label=value (karpenter.sh/nodepool=gpu); ""
+	// when no pool label is set.
+	pool        string
+	schedulable bool
 }
 
 // describeNode reads a node. accelLabel, if set, is a label the user named as the one that
@@ -90,7 +101,8 @@ type nodeInfo struct {
 func describeNode(n *corev1.Node, accelLabel string, names map[string]string) nodeInfo {
 	l := n.Labels
 	ni := nodeInfo{name: n.Name, region: l[labelRegion], zone: l[labelZone], zoneID: l[labelAWSZoneID],
-		instanceType: l[labelInstanceType], cloud: cloudOf(n), capacity: fleet.OnDemand}
+		instanceType: l[labelInstanceType], capacity: fleet.OnDemand}
+	ni.cloud, ni.cloudBy = cloudOf(n)
 	if isSpot(l) {
 		ni.capacity = fleet.Spot
 	} else if l[labelKarpenterCap] == "reserved" {
@@ -114,13 +126,14 @@ func describeNode(n *corev1.Node, accelLabel string, names map[string]string) no
 	if q, ok := n.Status.Allocatable[resourceGPU]; ok {
 		ni.gpus = q.Value()
 	}
-	for _, k := range []string{labelGKENodePool, labelEKSNodeGroup, labelKarpenterPool, labelAKSAgentPool} {
+	for _, k := range poolLabels {
 		if v := l[k]; v != "" {
-			ni.pool = v
+			ni.pool = k + "=" + v
 			break
 		}
 	}
-	ni.schedulable = !n.Spec.Unschedulable && n.DeletionTimestamp == nil && nodeReady(n) && len(terminationTaints(n)) == 0
+	unregistered := slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == taintKarpenterUnreg })
+	ni.schedulable = !n.Spec.Unschedulable && n.DeletionTimestamp == nil && nodeReady(n) && !unregistered && len(terminationTaints(n)) == 0
 	return ni
 }
 
@@ -142,28 +155,58 @@ func nodeReady(n *corev1.Node) bool {
 	return false
 }
 
+// poolLabels are the labels that name a node's pool on each platform (GKE node pool, EKS
+// managed node group, Karpenter NodePool, AKS agent pool): nodes of one pool run in one
+// cloud, so a pool's nodes share what one of them says about it.
+var poolLabels = []string{labelGKENodePool, labelEKSNodeGroup, labelKarpenterPool, labelAKSAgentPool}
+
 // cloudOf infers the cloud from the node's provider ID (gce://, aws://, azure://), else from
-// the platform's labels.
-func cloudOf(n *corev1.Node) string {
+// the platform's labels, and says which: "provider ID" or "label <key>". It returns ""
+// twice when the node itself does not say.
+func cloudOf(n *corev1.Node) (cloud, by string) {
 	switch id := n.Spec.ProviderID; {
 	case strings.HasPrefix(id, "gce://"):
-		return "gcp"
+		return "gcp", "provider ID"
 	case strings.HasPrefix(id, "aws://"):
-		return "aws"
+		return "aws", "provider ID"
 	case strings.HasPrefix(id, "azure://"):
-		return "azure"
+		return "azure", "provider ID"
 	}
+	keys := make([]string, 0, len(n.Labels))
 	for k := range n.Labels {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys) // the same label named every time
+	for _, k := range keys {
 		switch {
 		case strings.HasPrefix(k, "cloud.google.com/gke-"):
-			return "gcp"
+			return "gcp", "label " + k
 		case strings.HasPrefix(k, "eks.amazonaws.com/"), strings.HasPrefix(k, "karpenter.k8s.aws/"), strings.HasPrefix(k, "topology.k8s.aws/"):
-			return "aws"
+			return "aws", "label " + k
 		case strings.HasPrefix(k, "kubernetes.azure.com/"):
-			return "azure"
+			return "azure", "label " + k
 		}
 	}
-	return ""
+	return "", ""
+}
+
+// poolClouds maps each node pool (label=value) to the cloud its nodes say they are in by
+// themselves; a pool whose nodes name two clouds is left out.
+func poolClouds(nodes []nodeInfo) map[string]string {
+	out, mixed := map[string]string{}, map[string]bool{}
+	for _, ni := range nodes {
+		if ni.pool == "" || ni.cloud == "" {
+			continue
+		}
+		if c, ok := out[ni.pool]; ok && c != ni.cloud {
+			mixed[ni.pool] = true
+		}
+		out[ni.pool] = ni.cloud
+	}
+	for p := range mixed {
+		delete(out, p)
+	}
+	return out
 }
 
 var (

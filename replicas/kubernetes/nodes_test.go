@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/pricing"
 	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/replicas/kubernetes/kubetest"
 )
 
 func TestCanonicalAccelerator(t *testing.T) {
@@ -79,8 +81,8 @@ func TestDescribeNodeReadsEachPlatform(t *testing.T) {
 	// The provider ID wins over labels.
 	n := node(map[string]string{labelGKESpot: "true"})
 	n.Spec.ProviderID = "aws:///us-east-1a/i-0abc"
-	if got := cloudOf(n); got != "aws" {
-		t.Errorf("cloudOf with an aws:// provider ID = %q", got)
+	if got, by := cloudOf(n); got != "aws" || by != "provider ID" {
+		t.Errorf("cloudOf with an aws:// provider ID = %q by %q", got, by)
 	}
 }
 
@@ -266,6 +268,74 @@ func TestWantsAdmitPools(t *testing.T) {
 	for _, c := range cases {
 		if got := c.w.admits(c.pl); got != c.want {
 			t.Errorf("%+v admits %+v = %v, want %v", c.w, c.pl.key, got, c.want)
+		}
+	}
+}
+
+// A node that does not say which cloud it is in takes its node pool siblings' word, else
+// the one cloud whose catalog lists its instance type; the GPU comes from the catalog when
+// no label names it; and the price says which rule gave it. The Karpenter pair is issue
+// 34's: the on-demand node has neither a provider ID nor karpenter.k8s.aws/* labels.
+func TestCloudFromPoolSiblingsAndInstanceType(t *testing.T) {
+	cat, err := pricing.Embedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := newPriceIndex(cat)
+	kube := func(n kubetest.Node) *corev1.Node {
+		nn := node(n.Labels, n.Taints...)
+		nn.Name, nn.Spec.ProviderID = n.Name, n.ProviderID
+		return nn
+	}
+	spot := kube(kubetest.KarpenterNode("spot", "gpu", "us-east-1a", "spot", false))
+	od := kube(kubetest.KarpenterNode("od", "gpu", "us-east-1a", "on-demand", true))
+	other := kube(kubetest.KarpenterNode("other", "cpu", "us-east-1a", "on-demand", true))
+	other.Labels[labelInstanceType] = "dgx-h100"
+	aks := kube(kubetest.AKSNode("aks", "spotpool", "eastus", 1, 0, true))
+	gce := node(map[string]string{labelInstanceType: "a3-highgpu-1g", labelRegion: "us-central1", labelZone: "us-central1-a"})
+	onPrem := node(map[string]string{labelInstanceType: "dgx-h100", labelGFDProduct: "NVIDIA-H100-80GB-HBM3"})
+	var infos []nodeInfo
+	for _, n := range []*corev1.Node{spot, od, other, aks, gce, onPrem} {
+		infos = append(infos, describeNode(n, "", nil))
+	}
+	siblings := poolClouds(infos)
+	for i := range infos {
+		idx.infer(&infos[i], siblings)
+	}
+	cases := []struct {
+		ni           nodeInfo
+		cloud, accel string
+		source       string // "": no price
+	}{
+		{infos[0], "aws", "L4", "aws catalog via provider ID (aws_gpu_vms_subset.csv, use1-az1)"},
+		{infos[1], "aws", "L4", "aws catalog via node pool sibling karpenter.sh/nodepool=gpu (aws_gpu_vms_subset.csv, us-east-1 median)"},
+		{infos[2], "", "", ""}, // its pool says nothing, and no catalog lists dgx-h100
+		{infos[3], "azure", "H100", "azure catalog via provider ID (gpu_price_changelog.csv, eastus)"},
+		{infos[4], "gcp", "H100", "gcp catalog via instance type a3-highgpu-1g (gcp_gpu_vm_price_changelog.csv, us-central1-a)"},
+		{infos[5], "", "H100", ""},
+	}
+	for _, c := range cases {
+		price, src, why := idx.lookup(c.ni)
+		if c.ni.cloud != c.cloud || c.ni.accel != c.accel || src != c.source || (src == "") != (why != "") || (price > 0) != (src != "") {
+			t.Errorf("%s: cloud %q (by %q), GPU %q, priced %v by %q (%s); want %q, %q, by %q", c.ni.name, c.ni.cloud, c.ni.cloudBy, c.ni.accel, price, src, why,
+				c.cloud, c.accel, c.source)
+		}
+	}
+	if _, _, why := idx.lookup(infos[5]); !strings.Contains(why, "no catalog lists dgx-h100 for exactly one cloud") {
+		t.Errorf("an on-prem node's reason: %s", why)
+	}
+	// A pool whose nodes name two clouds lends neither.
+	mixed := poolClouds([]nodeInfo{{pool: "p=x", cloud: "aws"}, {pool: "p=x", cloud: "gcp"}, {pool: "p=y", cloud: "gcp"}})
+	if _, ok := mixed["p=x"]; ok || mixed["p=y"] != "gcp" {
+		t.Errorf("pool clouds %v: want p=y only", mixed)
+	}
+}
+
+// A place the node does not name is left out of a message, never printed blank.
+func TestWhereNamesOnlyWhatIsKnown(t *testing.T) {
+	for _, c := range [][3]string{{"r", "z", " in z"}, {"r", "", " in r"}, {"", "", ""}} {
+		if got := where(c[0], c[1]); got != c[2] {
+			t.Errorf("where(%q, %q) = %q, want %q", c[0], c[1], got, c[2])
 		}
 	}
 }

@@ -31,6 +31,9 @@ const (
 	annZone      = "arbiter.dev/zone"
 	annPrice     = "arbiter.dev/price-per-hour"
 	annPort      = "arbiter.dev/port"
+	// annPriceSource is the rule that priced the replica (PRICED BY), so that a control
+	// plane that reattaches after a crash still knows it.
+	annPriceSource = "arbiter.dev/price-source"
 
 	containerName = "replica"
 	// DefaultPort is the replica port when the spec names none.
@@ -162,6 +165,9 @@ func buildPod(ls replicas.LaunchSpec, ps podSpec, price float64) *corev1.Pod {
 			Volumes:                      []corev1.Volume{shm},
 			Affinity:                     &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: nodeTerms(ls, ps)}}},
 		},
+	}
+	if ls.PriceSource != "" {
+		pod.Annotations[annPriceSource] = ls.PriceSource
 	}
 	for _, s := range ps.pullSecrets {
 		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: s})

@@ -321,6 +321,7 @@ func (p *Provider) instance(pod *corev1.Pod) replicas.Instance {
 	in := replicas.Instance{ReplicaID: a[annReplicaID], Handle: handleOf(pod), Capacity: fleet.Capacity(a[annCapacity]),
 		Region: a[annRegion], Zone: a[annZone]}
 	in.PricePerHour, _ = strconv.ParseFloat(a[annPrice], 64)
+	in.PriceSource = a[annPriceSource]
 	if pod.Status.PodIP != "" {
 		in.Address = net.JoinHostPort(pod.Status.PodIP, cmp.Or(a[annPort], strconv.Itoa(DefaultPort)))
 	}
@@ -428,8 +429,8 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 	}
 	pool, ok := p.poolFor(ls)
 	if !ok {
-		return replicas.Instance{}, fmt.Errorf("launch %s: %w: cluster %s has no node of %s %s in %s/%s any more",
-			ls.ReplicaID, replicas.ErrNoCapacity, p.Name(), ls.Capacity, ls.Accelerator, ls.Region, ls.Zone)
+		return replicas.Instance{}, fmt.Errorf("launch %s: %w: cluster %s has no schedulable %s node of %s%s any more",
+			ls.ReplicaID, replicas.ErrNoCapacity, p.Name(), ls.Capacity, cmp.Or(ls.InstanceType, ls.Accelerator, "that kind"), where(ls.Region, ls.Zone))
 	}
 	price := 0.0
 	if ls.PricePerHour != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"path"
 	"slices"
 	"strings"
 	"time"
@@ -20,16 +21,19 @@ import (
 // pool is a set of schedulable nodes that are one offer: the same capacity kind, place,
 // GPU and machine type.
 type pool struct {
-	key           poolKey
-	cloud         string
-	zoneID        string
-	gpusPerNode   int64
-	nodes         int
-	accelKey      string
-	accelValues   []string
-	poolLabels    map[string]string // the configured node pool that matched, if any
-	pricePerGPU   float64
-	priced        bool
+	key         poolKey
+	cloud       string
+	zoneID      string
+	gpusPerNode int64
+	nodes       int
+	accelKey    string
+	accelValues []string
+	poolLabels  map[string]string // the configured node pool that matched, if any
+	pricePerGPU float64
+	priced      bool
+	// priceSource says which rule priced the pool, for PRICED BY: the configured node
+	// pool's price, or the catalog of the cloud a rule named (provider ID, a platform
+	// label, a node pool sibling, an instance type only one cloud lists).
 	priceSource   string
 	unpricedWhy   string
 	configuredCap bool
@@ -53,15 +57,23 @@ func (p *Provider) pools() []*pool {
 	} else {
 		priceErr = err
 	}
+	var nodes []*corev1.Node
+	var infos []nodeInfo
 	for _, obj := range p.nodes.GetStore().List() {
-		n, ok := obj.(*corev1.Node)
-		if !ok {
-			continue
+		if n, ok := obj.(*corev1.Node); ok {
+			nodes = append(nodes, n)
+			infos = append(infos, describeNode(n, p.cfg.AcceleratorLabel, p.cfg.AcceleratorNames))
 		}
-		ni := describeNode(n, p.cfg.AcceleratorLabel, p.cfg.AcceleratorNames)
+	}
+	// Every node counts as a sibling, a tainted or cordoned one too: it still says where
+	// its pool runs.
+	siblings := poolClouds(infos)
+	for i, n := range nodes {
+		ni := infos[i]
 		if !ni.schedulable {
 			continue
 		}
+		prices.infer(&ni, siblings)
 		np, npIndex := p.nodePool(n)
 		if np != nil && np.Capacity != "" {
 			ni.capacity = np.Capacity
@@ -75,7 +87,7 @@ func (p *Provider) pools() []*pool {
 			}
 			switch {
 			case np != nil && np.PricePerGPUHour != nil:
-				pl.pricePerGPU, pl.priced, pl.priceSource = *np.PricePerGPUHour, true, "node_pools"
+				pl.pricePerGPU, pl.priced, pl.priceSource = *np.PricePerGPUHour, true, "node_pools price_per_gpu_hour"
 			case priceErr != nil:
 				pl.unpricedWhy = "the price catalogs did not load: " + priceErr.Error()
 			default:
@@ -191,10 +203,10 @@ func (p *Provider) Quote(_ context.Context, service string, sp *spec.Service) ([
 			q := replicas.Quote{Provider: p.Name(), Region: pl.key.region, Zone: pl.key.zone, Capacity: pl.key.capacity,
 				Accelerator: pl.key.accel, AcceleratorCount: w.count, InstanceType: pl.key.instanceType}
 			if pl.priced {
-				q.PricePerHour = pl.pricePerGPU * float64(max(w.count, 1))
+				q.PricePerHour, q.PriceSource = pl.pricePerGPU*float64(max(w.count, 1)), pl.priceSource
 			} else {
-				q.Unpriced = fmt.Sprintf("%s: %s %s nodes (%s) in %s have no known price: %s", p.Name(), pl.key.capacity, cmp.Or(pl.key.accel, "CPU"),
-					cmp.Or(pl.key.instanceType, "no instance-type label"), pl.key.zone, pl.unpricedWhy)
+				q.Unpriced = fmt.Sprintf("%s: %s %s nodes (%s)%s have no known price: %s", p.Name(), pl.key.capacity, cmp.Or(pl.key.accel, "CPU"),
+					cmp.Or(pl.key.instanceType, "no instance-type label"), where(pl.key.region, pl.key.zone), pl.unpricedWhy)
 			}
 			out = append(out, q)
 			break
@@ -203,12 +215,21 @@ func (p *Provider) Quote(_ context.Context, service string, sp *spec.Service) ([
 	if len(out) == 0 {
 		seen := make([]string, 0, len(pools))
 		for _, pl := range pools {
-			seen = append(seen, fmt.Sprintf("%s %s×%d in %s", pl.key.capacity, cmp.Or(pl.key.accel, "CPU"), pl.gpusPerNode, pl.key.zone))
+			seen = append(seen, fmt.Sprintf("%s %s×%d%s", pl.key.capacity, cmp.Or(pl.key.accel, "CPU"), pl.gpusPerNode, where(pl.key.region, pl.key.zone)))
 		}
 		return nil, fmt.Errorf("%s: no schedulable node fits %s's resources (%s); the cluster has: %s", p.Name(), service, describeWants(ws),
 			cmp.Or(strings.Join(seen, ", "), "no schedulable node"))
 	}
 	return out, nil
+}
+
+// where is " in <zone>" (or the region when no zone label says), or "" for a node that
+// names neither: a message never prints an empty place.
+func where(region, zone string) string {
+	if z := cmp.Or(zone, region); z != "" {
+		return " in " + z
+	}
+	return ""
 }
 
 func anySpot(r spec.Resources) bool {
@@ -236,17 +257,31 @@ func describeWants(ws []want) string {
 }
 
 // priceIndex prices a node from the catalogs by its cloud, region, zone, machine type and
-// capacity kind, per GPU.
+// capacity kind, per GPU, and names the cloud and GPU of a machine type the node's labels
+// do not.
 type priceIndex struct {
 	byZone   map[string]pricing.Offer   // cloud|zone|type|capacity
 	byRegion map[string][]pricing.Offer // cloud|region|type|capacity
+	// clouds are the clouds whose catalogs list each machine type; accels the GPU of each
+	// cloud|type ("" where rows disagree).
+	clouds map[string][]string
+	accels map[string]string
 }
 
 func newPriceIndex(c *pricing.Catalog) priceIndex {
-	idx := priceIndex{byZone: map[string]pricing.Offer{}, byRegion: map[string][]pricing.Offer{}}
+	idx := priceIndex{byZone: map[string]pricing.Offer{}, byRegion: map[string][]pricing.Offer{}, clouds: map[string][]string{}, accels: map[string]string{}}
 	for _, o := range c.Offers(time.Time{}) {
 		if o.InstanceType == "" || o.AcceleratorCount == 0 {
 			continue
+		}
+		if !slices.Contains(idx.clouds[o.InstanceType], o.Provider) {
+			idx.clouds[o.InstanceType] = append(idx.clouds[o.InstanceType], o.Provider)
+		}
+		ct := o.Provider + "|" + o.InstanceType
+		if a, seen := idx.accels[ct]; !seen {
+			idx.accels[ct] = o.Accelerator
+		} else if a != o.Accelerator {
+			idx.accels[ct] = ""
 		}
 		if o.Zone != "" {
 			idx.byZone[o.Provider+"|"+o.Zone+"|"+o.InstanceType+"|"+string(o.Capacity)] = o
@@ -257,7 +292,25 @@ func newPriceIndex(c *pricing.Catalog) priceIndex {
 	return idx
 }
 
-// lookup returns the price per GPU-hour and its source, or why there is none. Reserved
+// infer fills in what a node does not say itself. Its cloud: from its node pool's
+// siblings (a Karpenter on-demand node often carries neither a provider ID nor
+// karpenter.k8s.aws/* labels while its spot sibling does), else from its machine type
+// when only one cloud's catalog lists it (g6.xlarge: AWS; Standard_NC40ads_H100_v5:
+// Azure; a3-highgpu-1g: GCP; the clouds name machines each in their own way). Its GPU:
+// the catalog's for that cloud and machine type, when no label names it.
+func (idx priceIndex) infer(ni *nodeInfo, siblings map[string]string) {
+	if ni.cloud == "" && ni.pool != "" && siblings[ni.pool] != "" {
+		ni.cloud, ni.cloudBy = siblings[ni.pool], "node pool sibling "+ni.pool
+	}
+	if cs := idx.clouds[ni.instanceType]; ni.cloud == "" && len(cs) == 1 {
+		ni.cloud, ni.cloudBy = cs[0], "instance type "+ni.instanceType
+	}
+	if ni.accel == "" && ni.cloud != "" {
+		ni.accel = idx.accels[ni.cloud+"|"+ni.instanceType]
+	}
+}
+
+// lookup returns the price per GPU-hour and which rule gave it, or why there is none. Reserved
 // capacity (a Karpenter capacity reservation) is billed at the on-demand rate whether used
 // or not. The zone's own price first (GKE labels zones by name, as the catalog does; EKS
 // nodes carry their AZ id, which is how the AWS catalog keys zones); else the region's
@@ -267,16 +320,20 @@ func (idx priceIndex) lookup(ni nodeInfo) (float64, string, string) {
 	case ni.instanceType == "":
 		return 0, "", "the node has no " + labelInstanceType + " label"
 	case ni.cloud == "":
-		return 0, "", "nothing on the node says which cloud it is in (provider ID or platform labels)"
+		return 0, "", "nothing says which cloud the node is in: no provider ID, no platform label, no node pool sibling that says, " +
+			"and no catalog lists " + ni.instanceType + " for exactly one cloud"
 	}
 	capacity := ni.capacity
 	if capacity == fleet.Reserved {
 		capacity = fleet.OnDemand
 	}
 	tail := "|" + ni.instanceType + "|" + string(capacity)
+	source := func(file, which string) string {
+		return fmt.Sprintf("%s catalog via %s (%s, %s)", ni.cloud, ni.cloudBy, path.Base(file), which)
+	}
 	for _, z := range []string{ni.zone, ni.zoneID} {
 		if o, ok := idx.byZone[ni.cloud+"|"+z+tail]; ok && z != "" {
-			return o.PricePerGPUHour, o.Source, ""
+			return o.PricePerGPUHour, source(o.Source, z), ""
 		}
 	}
 	if os := idx.byRegion[ni.cloud+"|"+ni.region+tail]; len(os) > 0 {
@@ -285,7 +342,11 @@ func (idx priceIndex) lookup(ni nodeInfo) (float64, string, string) {
 			ps[i] = o.PricePerGPUHour
 		}
 		slices.Sort(ps)
-		return ps[len(ps)/2], os[0].Source + " (region median)", ""
+		which := ni.region
+		if len(os) > 1 {
+			which += " median" // EKS zone names map to AZ ids differently in every account
+		}
+		return ps[len(ps)/2], source(os[0].Source, which), ""
 	}
 	return 0, "", fmt.Sprintf("no catalog lists %s %s in %s %s", ni.instanceType, capacity, ni.cloud, cmp.Or(ni.region, "(no region label)"))
 }

@@ -34,8 +34,27 @@ import (
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes/coreclient"
 )
 
-// Versions names the binaries scripts/kube-bins.sh builds; keep the two in step.
-const Versions = "k8s-v1.37.2-etcd-v3.7.0-kwok-v0.8.0"
+// Versions names the folder of binaries under the cache root: which Kubernetes, etcd and
+// KWOK, and how they were compiled (-noopt: without optimisation or inlining). It is the
+// one place these are written: scripts/kube-bins.sh reads the versions it builds, and the
+// folder it builds into, from this line (keep it one line, `const Versions = "…"`).
+const Versions = "k8s-v1.37.2-etcd-v3.7.0-kwok-v0.8.0-noopt"
+
+// DefaultDir is the folder Bins looks in when $ARBITER_KUBE_BIN is not set, and the one
+// scripts/kube-bins.sh builds into: $ARBITER_KUBE_CACHE, else $XDG_CACHE_HOME/arbiter/kube,
+// else ~/.cache/arbiter/kube, then Versions.
+func DefaultDir() string {
+	root := os.Getenv("ARBITER_KUBE_CACHE")
+	if root == "" {
+		cache := os.Getenv("XDG_CACHE_HOME")
+		if cache == "" {
+			home, _ := os.UserHomeDir()
+			cache = filepath.Join(home, ".cache")
+		}
+		root = filepath.Join(cache, "arbiter", "kube")
+	}
+	return filepath.Join(root, Versions)
+}
 
 // Bins returns the folder scripts/kube-bins.sh filled (bin/ and stages/): $ARBITER_KUBE_BIN,
 // else the script's default cache. Without it the test is skipped, or fails when
@@ -44,16 +63,7 @@ func Bins(t testing.TB) string {
 	t.Helper()
 	dir := os.Getenv("ARBITER_KUBE_BIN")
 	if dir == "" {
-		root := os.Getenv("ARBITER_KUBE_CACHE")
-		if root == "" {
-			cache := os.Getenv("XDG_CACHE_HOME")
-			if cache == "" {
-				home, _ := os.UserHomeDir()
-				cache = filepath.Join(home, ".cache")
-			}
-			root = filepath.Join(cache, "arbiter", "kube")
-		}
-		dir = filepath.Join(root, Versions)
+		dir = DefaultDir()
 	}
 	if _, err := os.Stat(filepath.Join(dir, ".complete")); err != nil {
 		if os.Getenv("ARBITER_REQUIRE_KUBE") != "" {
@@ -471,4 +481,61 @@ func GKENode(name, region, zone string, spot bool, gpus int) Node {
 		labels["cloud.google.com/gke-nodepool"] = "h100-spot"
 	}
 	return Node{Name: name, Labels: labels, GPUs: gpus, ProviderID: "gce://arbiter-test/" + zone + "/" + name}
+}
+
+// GPUTaint is the taint GPU node pools carry so that only pods asking for GPUs land
+// there: the NVIDIA device plugin's resource name as the key, NoSchedule. Karpenter GPU
+// NodePools set it in spec.template.taints (e.g. walidshaari/sample-aws-eks-auto-mode,
+// nodepool-templates/gpu-nodepool.yaml.tpl: key nvidia.com/gpu, value "true", NoSchedule).
+var GPUTaint = corev1.Taint{Key: "nvidia.com/gpu", Value: "true", Effect: corev1.TaintEffectNoSchedule}
+
+// KarpenterNode is a node as Karpenter on AWS (karpenter-provider-aws, v1 well-known
+// labels) labels a g6.xlarge (one L4) it launched for NodePool pool: karpenter.sh/nodepool,
+// karpenter.sh/capacity-type (spot | on-demand), karpenter.k8s.aws/instance-gpu-name and its
+// siblings, the well-known instance-type, zone and region labels, topology.k8s.aws/zone-id,
+// and an aws:///<zone>/<instance id> provider ID; tainted as its NodePool's GPU taint says.
+// bare leaves out the provider ID and every karpenter.k8s.aws/* and topology.k8s.aws/*
+// label, as issue 34 found an on-demand sibling: nothing on it says AWS but its instance
+// type and its pool.
+func KarpenterNode(name, pool, zone, capacity string, bare bool) Node {
+	region := zone[:len(zone)-1] // us-east-1a → us-east-1
+	labels := map[string]string{"karpenter.sh/nodepool": pool, "karpenter.sh/capacity-type": capacity,
+		"karpenter.sh/registered": "true", "karpenter.sh/initialized": "true",
+		"node.kubernetes.io/instance-type": "g6.xlarge", "topology.kubernetes.io/zone": zone, "topology.kubernetes.io/region": region}
+	n := Node{Name: name, Labels: labels, GPUs: 1, Taints: []corev1.Taint{GPUTaint}}
+	if !bare {
+		for k, v := range map[string]string{"karpenter.k8s.aws/instance-gpu-name": "l4", "karpenter.k8s.aws/instance-gpu-count": "1",
+			"karpenter.k8s.aws/instance-gpu-manufacturer": "nvidia", "karpenter.k8s.aws/instance-family": "g6",
+			"karpenter.k8s.aws/instance-size": "xlarge", "topology.k8s.aws/zone-id": awsZoneIDs[zone]} {
+			labels[k] = v
+		}
+		n.ProviderID = "aws:///" + zone + "/i-0" + hex.EncodeToString([]byte(name))
+	}
+	return n
+}
+
+// awsZoneIDs maps the zone names KarpenterNode is given to AZ ids, as one account sees them.
+var awsZoneIDs = map[string]string{"us-east-1a": "use1-az1", "us-east-1b": "use1-az2", "us-east-1c": "use1-az4"}
+
+// AKSNode is a node of an AKS node pool of Standard_NC40ads_H100_v5 (one H100) as AKS
+// labels it: kubernetes.azure.com/agentpool, the well-known instance-type, region and zone
+// labels (AKS zones are <region>-<n>: eastus-1), kubernetes.azure.com/accelerator=nvidia,
+// and an azure:///subscriptions/…/virtualMachineScaleSets/aks-<pool>-<id>-vmss/
+// virtualMachines/<n> provider ID (the form cluster-autoscaler logs and CAPZ lists). In a
+// spot pool it also carries kubernetes.azure.com/scalesetpriority=spot, as a label and as
+// the NoSchedule taint AKS puts on every spot pool's nodes (learn.microsoft.com/azure/aks/
+// spot-node-pool; gkaleta/AKS-Spot-Instances). No label names the GPU model (AKS sets none
+// without NVIDIA's feature discovery): only the instance type says H100.
+func AKSNode(name, pool, region string, zone, index int, spot bool) Node {
+	n := Node{Name: name, GPUs: 1, Labels: map[string]string{"kubernetes.azure.com/agentpool": pool,
+		"kubernetes.azure.com/accelerator": "nvidia", "kubernetes.azure.com/mode": "user",
+		"node.kubernetes.io/instance-type": "Standard_NC40ads_H100_v5", "topology.kubernetes.io/region": region,
+		"topology.kubernetes.io/zone": fmt.Sprintf("%s-%d", region, zone)},
+		ProviderID: fmt.Sprintf("azure:///subscriptions/00000000-0000-0000-0000-000000000034/resourceGroups/mc_arbiter_aks_%s/providers/"+
+			"Microsoft.Compute/virtualMachineScaleSets/aks-%s-34343434-vmss/virtualMachines/%d", region, pool, index)}
+	if spot {
+		n.Labels["kubernetes.azure.com/scalesetpriority"] = "spot"
+		n.Taints = []corev1.Taint{{Key: "kubernetes.azure.com/scalesetpriority", Value: "spot", Effect: corev1.TaintEffectNoSchedule}}
+	}
+	return n
 }
