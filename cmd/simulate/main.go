@@ -44,7 +44,7 @@ func run(args []string, out io.Writer) error {
 	startDay := fs.Int("start-day", 0, "the spot trace's day the first run starts on")
 	readings := fs.String("capacity", "availability", "how spot trace values limit capacity, comma-separated: availability (> 0: unlimited), count (at most that many spot replicas in the zone)")
 	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "day runs at once")
-	profile := fs.String("profile", "h100-llama-3.1-8b", "engine profile: "+strings.Join(engine.ProfileNames(), ", "))
+	profile := fs.String("profile", "h100-llama-3.1-8b", "engine profile: "+strings.Join(engine.ProfileNames(), ", ")+", or a GPU-MODEL pair such as l4-llama-3.1-8b")
 	start := fs.String("start", "2026-08-01", "date whose catalog prices are used (UTC)")
 	cold := fs.Duration("cold-start", sim.DefaultColdStart, "replica launch to ready")
 	cooldown := fs.Duration("zone-cooldown", 10*time.Minute, "how long a zone that preempted is avoided")
