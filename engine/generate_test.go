@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -55,12 +56,24 @@ func TestLeaveOneOutWithinFifteenPercent(t *testing.T) {
 			t.Fatal(err)
 		}
 		phases := map[string]int{}
+		errs := map[string][]float64{}
 		for _, r := range rows {
 			phases[r.Phase]++
+			errs[r.Model+" "+r.Phase] = append(errs[r.Model+" "+r.Phase], math.Abs(r.Err()))
 			if math.Abs(r.Err()) > 0.15 {
 				t.Errorf("calibrated on %s: %s %s %s batch %d, %d tokens after %d cached: model %.2f ms, measured %.2f ms (%+.1f%%)",
 					pair[0], r.GPU, r.Model, r.Phase, r.Batch, r.Tokens, r.Cached, r.ModelMs, r.MeasuredMs, 100*r.Err())
 			}
+		}
+		keys := make([]string, 0, len(errs))
+		for k := range errs {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			e := errs[k]
+			slices.Sort(e)
+			t.Logf("| %s → %s | %s | %d | %.1f %% | %.1f %% |", pair[0], pair[1], k, len(e), 100*e[len(e)/2], 100*e[len(e)-1])
 		}
 		if phases["prefill"] == 0 || phases["prefill_after"] == 0 || phases["decode"] == 0 || len(rows) < 80 {
 			t.Errorf("%s→%s: rows %v, want every phase of both shapes", pair[0], pair[1], phases)

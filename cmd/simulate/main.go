@@ -1,6 +1,7 @@
 // Command simulate replays real request and spot traces through Arbiter's routing,
 // autoscaling and placement code and the SkyServe and on-demand baselines (package sim),
-// and prints one table row per run.
+// and prints one table row per run. "simulate capacity" prints what one replica of each GPU
+// sustains within a latency target, and its cost per token (see capacityUsage).
 package main
 
 import (
@@ -34,6 +35,9 @@ func main() {
 }
 
 func run(args []string, out io.Writer) error {
+	if len(args) > 0 && args[0] == "capacity" {
+		return capacity(args[1:], out)
+	}
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	specPath := fs.String("spec", "bench/sim/h100-gcp.yaml", "service.yaml to simulate")
 	reqNames := fs.String("requests", "azure-conversation", "request traces, comma-separated: "+strings.Join(traces.RequestNames(), ", ")+", or file:PATH (an Azure CSV or Mooncake JSONL file)")
