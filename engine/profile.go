@@ -65,8 +65,16 @@ type Profile struct {
 	WeightGiB float64 `json:"weight_gib,omitempty"`
 	// Source says where the numbers came from.
 	Source string `json:"source"`
-	// MaxFitError is the largest relative error of the fit over the rows it was fitted to.
+	// MaxFitError is the largest relative error of the fit over the rows it was fitted to;
+	// for a modelled profile, the calibration's error (see Modelled).
 	MaxFitError float64 `json:"max_fit_error,omitempty"`
+	// Modelled: the profile was generated from data sheets and a model's shape (Generate),
+	// not fitted to measurements of this card; ModelError is then the model's largest
+	// per-row error predicting one measured card from the other (leave-one-out).
+	Modelled   bool    `json:"modelled,omitempty"`
+	ModelError float64 `json:"model_error,omitempty"`
+	// TensorParallel is the number of GPUs the model is split over; 0 or 1: one.
+	TensorParallel int `json:"tensor_parallel,omitempty"`
 }
 
 // Validate rejects profiles the engine cannot run.
@@ -157,8 +165,10 @@ func ProfileNames() []string {
 	return names
 }
 
-// LoadProfile returns a built-in profile by name (see ProfileNames) or, when name ends in
-// .json, reads a Profile from that file.
+// LoadProfile returns a built-in profile by name: a measured one (ProfileNames), else one
+// generated for any GPU[xN]-MODEL pair of GPUNames and ModelNames (l4-llama-3.1-8b,
+// a100-80gb-llama-2-7b, h100x4-llama-3.1-70b; see Generate), the measured winning where
+// both exist. When name ends in .json it reads a Profile from that file.
 func LoadProfile(name string) (*Profile, error) {
 	if strings.HasSuffix(name, ".json") {
 		b, err := os.ReadFile(name)
@@ -179,7 +189,7 @@ func LoadProfile(name string) (*Profile, error) {
 	card, model, ok := strings.Cut(name, "-")
 	file, known := measuredCards[card]
 	if !ok || !known || (model != "llama-3.1-8b" && model != "llama-3.2-1b") {
-		return nil, fmt.Errorf("unknown profile %q: want one of %s, or a .json file", name, strings.Join(ProfileNames(), ", "))
+		return generated(name)
 	}
 	csvData, err := measured.ReadFile("profiles/" + file + ".csv")
 	if err != nil {
@@ -337,6 +347,15 @@ func dot(a, b []float64) float64 {
 
 // relativeLeastSquares minimises Σ((x·c − y)/y)² through the normal equations.
 func relativeLeastSquares(x [][]float64, y []float64) ([]float64, error) {
+	w := make([]float64, len(y))
+	for i := range y {
+		w[i] = 1 / (y[i] * y[i])
+	}
+	return leastSquares(x, y, w)
+}
+
+// leastSquares minimises Σ w·(x·c − y)² through the normal equations.
+func leastSquares(x [][]float64, y, wt []float64) ([]float64, error) {
 	if len(x) == 0 {
 		return nil, errors.New("no rows")
 	}
@@ -349,7 +368,7 @@ func relativeLeastSquares(x [][]float64, y []float64) ([]float64, error) {
 		a[i] = make([]float64, k+1)
 	}
 	for r := range x {
-		w := 1 / (y[r] * y[r])
+		w := wt[r]
 		for i := 0; i < k; i++ {
 			for j := 0; j < k; j++ {
 				a[i][j] += w * x[r][i] * x[r][j]

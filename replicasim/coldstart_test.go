@@ -19,6 +19,8 @@ func TestColdStartOfTheMeasuredProfiles(t *testing.T) {
 		{"h100-llama-3.1-8b", false, 29330 * time.Millisecond, 3},
 		{"h100-llama-3.2-1b", false, 4514 * time.Millisecond, 3},
 		{"h100-llama-3.2-1b", true, 4514 * time.Millisecond, 2},
+		// A generated profile (issue 36): the same 8B weights, from the model's shape.
+		{"l4-llama-3.1-8b", false, 29330 * time.Millisecond, 3},
 	} {
 		p, err := engine.LoadProfile(tc.profile)
 		if err != nil {

@@ -70,7 +70,18 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 	}
 	d.models(b, a)
 	b.enum("routing_policy", routingPolicies, &a.RoutingPolicy)
-	b.enum("profile", engine.ProfileNames(), &a.Profile)
+	if n := b.get("profile"); n != nil {
+		// Measured profiles, and any GPU-MODEL pair the engine can generate a profile for
+		// (l4-llama-3.1-8b): the check is the engine's own, so what passes here runs.
+		if v, ok := d.str(b.sub("profile"), n); ok {
+			v = strings.ToLower(strings.TrimSpace(v))
+			if err := engine.CheckProfileName(v); err != nil {
+				d.errorf(n, "%s: %v", b.sub("profile"), err)
+			} else {
+				a.Profile = v
+			}
+		}
+	}
 
 	if v := b.get("slo"); v != nil {
 		s := d.block("arbiter.slo", b.key("slo"), v, sloKeys)

@@ -117,7 +117,8 @@ type Accelerator struct {
 type Arbiter struct {
 	Models        []string // names clients send in "model"; empty means any
 	RoutingPolicy string
-	// Profile is the replicas' performance profile (engine.ProfileNames) that routers
+	// Profile is the replicas' performance profile (engine.ProfileNames, or a GPU-MODEL
+	// pair engine.LoadProfile generates, such as l4-llama-3.1-8b) that routers
 	// predict latency with; empty: their default, corrected by traffic.
 	Profile                 string
 	SLO                     SLO

@@ -150,6 +150,9 @@ func TestErrors(t *testing.T) {
 		{"runpod secrets", minimal + "secrets: {HF_TOKEN: x}\narbiter: {providers: [runpod]}\n", 4, 10, "secrets: the runpod provider does not pass secrets yet"},
 		{"runpod image", minimal + "resources: {image_id: ami-0123}\narbiter: {providers: [runpod]}\n", 4, 23, `resources.image_id: "ami-0123": the runpod provider runs container images`},
 		{"routing policy", minimal + "arbiter: {routing_policy: cheapest}\n", 4, 27, "want one of slo_cheapest, least_load, round_robin"},
+		{"profile unknown GPU", minimal + "arbiter: {profile: mi300-llama-3.1-8b}\n", 4, 20, `arbiter.profile: profile "mi300-llama-3.1-8b": unknown GPU "mi300"`},
+		{"profile does not fit", minimal + "arbiter: {profile: t4-llama-3.1-70b}\n", 4, 20, "does not fit 8 × t4"},
+		{"profile file", minimal + "arbiter: {profile: p.json}\n", 4, 20, "a file is for replicasim only"},
 		{"percentile zero", minimal + "arbiter: {slo: {percentile: 0}}\n", 4, 29, "arbiter.slo.percentile: want a percentile such as 90, 99.9 or 0.9, got 0"},
 		{"percentile above 100", minimal + "arbiter: {slo: {percentile: 150}}\n", 4, 29, "got 150"},
 		{"ttft negative", minimal + "arbiter: {slo: {ttft_seconds: -1}}\n", 4, 31, "want a number of seconds ≥ 0 (0: no target), got -1"},
@@ -683,5 +686,15 @@ func TestLoadTooLarge(t *testing.T) {
 	var e *Error
 	if !errors.As(err, &e) || !strings.Contains(e.Msg, "likely the wrong file") || e.File != path {
 		t.Errorf("Load of an oversized file: %v", err)
+	}
+}
+
+// arbiter.profile takes the measured profiles and any pair the engine can generate.
+func TestProfileNames(t *testing.T) {
+	for _, name := range []string{"h100-llama-3.1-8b", "L4-llama-3.1-8b", "a100-80gb-llama-2-7b", "h100x4-llama-3.1-70b"} {
+		s := mustParse(t, minimal+"arbiter: {profile: "+name+"}\n")
+		if s.Arbiter.Profile != strings.ToLower(name) {
+			t.Errorf("profile %s read as %q", name, s.Arbiter.Profile)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 // Command simulate replays real request and spot traces through Arbiter's routing,
 // autoscaling and placement code and the SkyServe and on-demand baselines (package sim),
-// and prints one table row per run.
+// and prints one table row per run. "simulate capacity" prints what one replica of each GPU
+// sustains within a latency target, and its cost per token (see capacityUsage).
 package main
 
 import (
@@ -34,6 +35,9 @@ func main() {
 }
 
 func run(args []string, out io.Writer) error {
+	if len(args) > 0 && args[0] == "capacity" {
+		return capacity(args[1:], out)
+	}
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	specPath := fs.String("spec", "bench/sim/h100-gcp.yaml", "service.yaml to simulate")
 	reqNames := fs.String("requests", "azure-conversation", "request traces, comma-separated: "+strings.Join(traces.RequestNames(), ", ")+", or file:PATH (an Azure CSV or Mooncake JSONL file)")
@@ -44,7 +48,7 @@ func run(args []string, out io.Writer) error {
 	startDay := fs.Int("start-day", 0, "the spot trace's day the first run starts on")
 	readings := fs.String("capacity", "availability", "how spot trace values limit capacity, comma-separated: availability (> 0: unlimited), count (at most that many spot replicas in the zone)")
 	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "day runs at once")
-	profile := fs.String("profile", "h100-llama-3.1-8b", "engine profile: "+strings.Join(engine.ProfileNames(), ", "))
+	profile := fs.String("profile", "h100-llama-3.1-8b", "engine profile: "+strings.Join(engine.ProfileNames(), ", ")+", or a GPU-MODEL pair such as l4-llama-3.1-8b")
 	start := fs.String("start", "2026-08-01", "date whose catalog prices are used (UTC)")
 	cold := fs.Duration("cold-start", sim.DefaultColdStart, "replica launch to ready")
 	cooldown := fs.Duration("zone-cooldown", 10*time.Minute, "how long a zone that preempted is avoided")

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"encoding/csv"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/pricing"
+)
+
+const capacityUsage = `usage: simulate capacity -model MODEL -gpus GPU[,GPU…] -lengths IN:OUT[,IN:OUT…] -tpot-ms T [-ttft-ms T]
+
+Prints CSV: for each GPU and request shape, the highest steady Poisson request rate one
+replica sustains with the p90 time per output token (and time to first token) within the
+targets, its on-demand $/hour (the catalogs' cheapest on-demand offer with as many GPUs as
+the profile uses), and $ per million tokens (prompt plus output) at that rate. A rate of 0
+means even one request alone misses a target; its $/M tokens is then "inf".`
+
+// capacity is the "simulate capacity" subcommand.
+func capacity(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("simulate capacity", flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprintln(fs.Output(), capacityUsage); fs.PrintDefaults() }
+	model := fs.String("model", "", "model: a short name ("+strings.Join(engine.ModelNames(), ", ")+") or its Hugging Face id")
+	gpuList := fs.String("gpus", "L4,A10G,A100-80GB,H100", "GPUs, comma-separated, as the catalogs name them")
+	lengths := fs.String("lengths", "", "request shapes IN:OUT (prompt and output tokens), comma-separated")
+	tpotMs := fs.Float64("tpot-ms", 0, "p90 time-per-output-token target (ms), required")
+	ttftMs := fs.Float64("ttft-ms", 0, "p90 time-to-first-token target (ms); 0: none")
+	requests := fs.Int("requests", 400, "requests per trial rate, at least a minute of arrivals and at most 20,000 (the first 10 % are warm-up and not scored)")
+	seed := fs.Uint64("seed", 1, "random seed of the Poisson arrivals")
+	start := fs.String("start", "2026-08-01", "date whose catalog prices are used (UTC)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("capacity: unexpected argument %q", fs.Arg(0))
+	}
+	m, err := engine.LookupModel(*model)
+	if err != nil {
+		return fmt.Errorf("-model: %w", err)
+	}
+	if *tpotMs <= 0 || *ttftMs < 0 || math.IsNaN(*tpotMs+*ttftMs) {
+		return fmt.Errorf("-tpot-ms %g, -ttft-ms %g: want a TPOT target > 0 and a TTFT target ≥ 0", *tpotMs, *ttftMs)
+	}
+	if *requests < 20 {
+		return fmt.Errorf("-requests %d: want 20 or more", *requests)
+	}
+	shapes, err := parseLengths(*lengths)
+	if err != nil {
+		return err
+	}
+	at, err := time.Parse(time.DateOnly, *start)
+	if err != nil {
+		return fmt.Errorf("-start: %w", err)
+	}
+	cat, err := pricing.Embedded()
+	if err != nil {
+		return err
+	}
+	offers := cat.Offers(at)
+	w := csv.NewWriter(out)
+	if err := w.Write([]string{"gpu", "input_len", "output_len", "max_req_per_s", "usd_per_hour", "usd_per_m_tokens"}); err != nil {
+		return err
+	}
+	for _, name := range strings.Split(*gpuList, ",") {
+		g, err := engine.LookupGPU(name)
+		if err != nil {
+			return fmt.Errorf("-gpus: %w", err)
+		}
+		prof, err := engine.LoadProfile(g.Name + "-" + m.Name)
+		if err != nil {
+			return err
+		}
+		tp := max(1, prof.TensorParallel)
+		price, ok := cheapestOnDemand(offers, g.Catalog, tp)
+		if !ok {
+			return fmt.Errorf("-gpus %s: the catalogs price no on-demand instance with %d × %s at %s", name, tp, g.Name, *start)
+		}
+		for _, sh := range shapes {
+			rate, err := maxRate(*prof, sh, *tpotMs, *ttftMs, *requests, *seed)
+			if err != nil {
+				return fmt.Errorf("%s, %d:%d: %w", g.Name, sh[0], sh[1], err)
+			}
+			perM := "inf"
+			if rate > 0 {
+				perM = strconv.FormatFloat(price/(rate*3600*float64(sh[0]+sh[1]))*1e6, 'g', 6, 64)
+			}
+			if err := w.Write([]string{strings.TrimSpace(name), strconv.Itoa(sh[0]), strconv.Itoa(sh[1]),
+				strconv.FormatFloat(rate, 'f', 3, 64), strconv.FormatFloat(price, 'f', 4, 64), perM}); err != nil {
+				return err
+			}
+		}
+	}
+	w.Flush()
+	return w.Error()
+}
+
+func parseLengths(s string) ([][2]int, error) {
+	if s == "" {
+		return nil, errors.New("-lengths: required, e.g. 512:128,2048:256")
+	}
+	var out [][2]int
+	for _, part := range strings.Split(s, ",") {
+		in, o, ok := strings.Cut(strings.TrimSpace(part), ":")
+		a, err1 := strconv.Atoi(in)
+		b, err2 := strconv.Atoi(o)
+		if !ok || err1 != nil || err2 != nil || a < 1 || b < 2 {
+			return nil, fmt.Errorf("-lengths: %q: want IN:OUT with IN ≥ 1 prompt tokens and OUT ≥ 2 output tokens (a TPOT needs two)", part)
+		}
+		out = append(out, [2]int{a, b})
+	}
+	return out, nil
+}
+
+// cheapestOnDemand is the lowest on-demand $/hour of an instance with gpus × accelerator.
+func cheapestOnDemand(offers []pricing.Offer, accelerator string, gpus int) (float64, bool) {
+	best, ok := math.Inf(1), false
+	for _, o := range offers {
+		if o.Capacity == fleet.OnDemand && o.AcceleratorCount == gpus && accelerator != "" && strings.EqualFold(o.Accelerator, accelerator) && o.PricePerHour > 0 {
+			best, ok = min(best, o.PricePerHour), true
+		}
+	}
+	return best, ok
+}
+
+// maxRate finds by bisection the highest Poisson arrival rate (requests/s) at which one
+// engine keeps the p90 TPOT and TTFT within the targets, in virtual time.
+func maxRate(p engine.Profile, sh [2]int, tpotMs, ttftMs float64, n int, seed uint64) (float64, error) {
+	meets := func(rate float64) (bool, error) {
+		// At least a minute of arrivals, so a fast card's queue has time to build, and at
+		// most 20,000 requests, so a trial stays bounded.
+		tpot, ttft, err := p90s(p, sh, rate, min(max(n, int(rate*60)), max(n, 20000)), seed)
+		return err == nil && tpot <= tpotMs && (ttftMs == 0 || ttft <= ttftMs), err
+	}
+	lo, hi := 0.0, 0.25
+	for ; ; hi *= 2 {
+		ok, err := meets(hi)
+		if err != nil {
+			return 0, err
+		}
+		if !ok {
+			break
+		}
+		lo = hi
+		if hi > 1e5 {
+			return lo, nil
+		}
+	}
+	for range 12 {
+		mid := (lo + hi) / 2
+		ok, err := meets(mid)
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo, nil
+}
+
+// p90s runs n requests of one shape arriving as a Poisson process at rate per second
+// through an engine and returns the p90 TPOT and TTFT (ms) of all but the first 10 %.
+// A run whose backlog outgrows an hour past the last arrival counts as missing both.
+func p90s(p engine.Profile, sh [2]int, rate float64, n int, seed uint64) (tpot, ttft float64, err error) {
+	e, err := engine.New(p)
+	if err != nil {
+		return 0, 0, err
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	arrive := make([]float64, n) // ms
+	t := 0.0
+	for i := range arrive {
+		t += rng.ExpFloat64() / rate * 1000
+		arrive[i] = t
+	}
+	first := make([]float64, n)
+	var tpots, ttfts []float64
+	now, next, done := 0.0, 0, 0
+	for done < n {
+		for next < n && arrive[next] <= now {
+			if err := e.Add(engine.Request{ID: uint64(next), PromptTokens: sh[0], MaxTokens: sh[1]}); err != nil {
+				return 0, 0, err
+			}
+			next++
+		}
+		if e.Idle() {
+			now = arrive[next]
+			continue
+		}
+		if now > arrive[n-1]+3.6e6 {
+			return math.Inf(1), math.Inf(1), nil
+		}
+		st := e.Step()
+		now += float64(st.Duration) / float64(time.Millisecond)
+		for _, em := range st.Emits {
+			id := int(em.ID)
+			if em.Index == 0 {
+				first[id] = now
+			}
+			if em.Done {
+				done++
+				if id >= n/10 {
+					ttfts = append(ttfts, first[id]-arrive[id])
+					tpots = append(tpots, (now-first[id])/float64(sh[1]-1))
+				}
+			}
+		}
+	}
+	return p90(tpots), p90(ttfts), nil
+}
+
+func p90(v []float64) float64 {
+	slices.Sort(v)
+	return v[int(math.Ceil(0.9*float64(len(v))))-1]
+}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"bytes"
+	"encoding/csv"
+	"math"
+	"strconv"
+	"testing"
+)
+
+// simulate capacity prints one CSV row per GPU and shape; a faster card sustains more, a
+// longer request less, and $/M tokens is the hour's price over the tokens served in it.
+func TestCapacityCSV(t *testing.T) {
+	var out bytes.Buffer
+	err := run([]string{"capacity", "-model", "meta-llama/Llama-3.1-8B-Instruct", "-gpus", "L4,H100", "-lengths", "512:128,2048:256",
+		"-tpot-ms", "100", "-ttft-ms", "2000", "-requests", "200"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := csv.NewReader(&out).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := recs[0]; len(got) != 6 || got[0] != "gpu" || got[1] != "input_len" || got[2] != "output_len" || got[3] != "max_req_per_s" || got[4] != "usd_per_hour" || got[5] != "usd_per_m_tokens" {
+		t.Fatalf("header %q", got)
+	}
+	if len(recs) != 5 {
+		t.Fatalf("%d rows, want 4:\n%q", len(recs)-1, recs)
+	}
+	rate := map[string]float64{}
+	for _, r := range recs[1:] {
+		in, _ := strconv.Atoi(r[1])
+		o, _ := strconv.Atoi(r[2])
+		rps, err1 := strconv.ParseFloat(r[3], 64)
+		usdH, err2 := strconv.ParseFloat(r[4], 64)
+		perM, err3 := strconv.ParseFloat(r[5], 64)
+		if err1 != nil || err2 != nil || err3 != nil || rps <= 0 || usdH <= 0 {
+			t.Fatalf("row %q", r)
+		}
+		if want := usdH / (rps * 3600 * float64(in+o)) * 1e6; math.Abs(perM-want)/want > 0.01 {
+			t.Errorf("row %q: $/M tokens %g, want %g", r, perM, want)
+		}
+		rate[r[0]+" "+r[1]] = rps
+	}
+	if rate["H100 512"] <= 2*rate["L4 512"] || rate["L4 2048"] >= rate["L4 512"] || rate["H100 2048"] >= rate["H100 512"] {
+		t.Errorf("rates %v: want the H100 well above the L4 and longer requests below shorter ones", rate)
+	}
+}
+
+func TestCapacityBadArguments(t *testing.T) {
+	base := []string{"capacity", "-model", "llama-3.1-8b", "-gpus", "L4", "-lengths", "512:128", "-tpot-ms", "100"}
+	for _, tc := range [][]string{
+		{"-model", "gpt-5"},
+		{"-gpus", "MI300"},
+		{"-lengths", "512"},
+		{"-lengths", "512:1"},
+		{"-tpot-ms", "0"},
+		{"-ttft-ms", "-1"},
+		{"-gpus", "T4", "-model", "llama-3.1-70b"},
+	} {
+		args := append(append([]string{}, base...), tc...)
+		if err := run(args, &bytes.Buffer{}); err == nil {
+			t.Errorf("%v: no error", tc)
+		}
+	}
+}

@@ -1,0 +1,151 @@
+package engine
+
+import (
+	"bytes"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The shapes give the parameter counts the model cards state, and for the two measured
+// shapes the weights and KV bytes per token measure.py recorded.
+func TestModelShapesMatchPublishedAndMeasured(t *testing.T) {
+	for _, m := range models {
+		if got := m.Params() / 1e9; math.Abs(got-m.PublishedParams)/m.PublishedParams > 0.01 {
+			t.Errorf("%s: %.3fB parameters from the shape, the card says %.2fB", m.Name, got, m.PublishedParams)
+		}
+	}
+	data, err := measured.ReadFile("profiles/h100-80gb-hbm3.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"llama-3.2-1b", "llama-3.1-8b"} {
+		rows, err := parseMeasurements(bytes.NewReader(data), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := LookupModel(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.WeightBytes() / (1 << 30); math.Abs(got-rows[0].weightGiB) > 0.01 {
+			t.Errorf("%s: %.3f GiB of weights from the shape, measured %.3f", name, got, rows[0].weightGiB)
+		}
+		if m.KVBytesPerToken() != rows[0].kvBytesPerToken {
+			t.Errorf("%s: %d KV bytes per token from the shape, measured %d", name, m.KVBytesPerToken(), rows[0].kvBytesPerToken)
+		}
+	}
+	for _, id := range []string{"meta-llama/Llama-3.1-8B-Instruct", "LLAMA-3.1-8B", "meta-llama/Llama-2-7b-chat-hf"} {
+		if _, err := LookupModel(id); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := LookupModel("gpt-5"); err == nil || !strings.Contains(err.Error(), "llama-3.1-8b") {
+		t.Errorf("unknown model: %v", err)
+	}
+}
+
+// TestLeaveOneOutWithinFifteenPercent calibrates on one measured card and predicts every
+// row of the other, both ways: the bound bench/README.md states (achieved: 13.7 % from the
+// H100 to the H200, 14.6 % back).
+func TestLeaveOneOutWithinFifteenPercent(t *testing.T) {
+	for _, pair := range [][2]string{{"h100", "h200"}, {"h200", "h100"}} {
+		rows, err := LeaveOneOut(pair[0], pair[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		phases := map[string]int{}
+		errs := map[string][]float64{}
+		for _, r := range rows {
+			phases[r.Phase]++
+			errs[r.Model+" "+r.Phase] = append(errs[r.Model+" "+r.Phase], math.Abs(r.Err()))
+			if math.Abs(r.Err()) > 0.15 {
+				t.Errorf("calibrated on %s: %s %s %s batch %d, %d tokens after %d cached: model %.2f ms, measured %.2f ms (%+.1f%%)",
+					pair[0], r.GPU, r.Model, r.Phase, r.Batch, r.Tokens, r.Cached, r.ModelMs, r.MeasuredMs, 100*r.Err())
+			}
+		}
+		keys := make([]string, 0, len(errs))
+		for k := range errs {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			e := errs[k]
+			slices.Sort(e)
+			t.Logf("| %s → %s | %s | %d | %.1f %% | %.1f %% |", pair[0], pair[1], k, len(e), 100*e[len(e)/2], 100*e[len(e)-1])
+		}
+		if phases["prefill"] == 0 || phases["prefill_after"] == 0 || phases["decode"] == 0 || len(rows) < 80 {
+			t.Errorf("%s→%s: rows %v, want every phase of both shapes", pair[0], pair[1], phases)
+		}
+	}
+}
+
+// A public measurement of a card never measured here: Llama-3.1-8B-Instruct (bf16) on one
+// A100 40GB under vLLM 0.23.0 decodes at about 75 tokens/s at concurrency 1 with 1,024-token
+// prompts and 128-token answers (J. Musgrave, "vLLM throughput-latency sweep on NVIDIA
+// A100", https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on): 13.3 ms a token.
+// The model, calibrated on eager PyTorch kernels (an upper bound on vLLM's), gives 15.3 ms
+// (+15 %) at the sweep's mean context of 1,088 tokens.
+func TestA100DecodeAgainstPublishedVLLM(t *testing.T) {
+	p, err := LoadProfile("a100-llama-3.1-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const published = 1000.0 / 75
+	if got := p.DecodeMs(1, 1024+64); math.Abs(got-published)/published > 0.16 {
+		t.Errorf("a100 8b decode at batch 1: model %.2f ms, published %.2f ms", got, published)
+	}
+}
+
+func TestGeneratedProfiles(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		tp, maxBatch int
+		minKV, maxKV int
+		maxModelLen  int
+		gpu          string
+	}{
+		{"l4-llama-3.1-8b", 1, 256, 15_000, 25_000, 19_984, "l4"},
+		{"a100-80gb-llama-2-7b", 1, 256, 100_000, 120_000, 4096, "a100-80gb"},
+		{"h100-llama-2-7b", 1, 1024, 100_000, 120_000, 4096, "h100"},
+		{"h100x8-llama-3.1-70b", 8, 1024, 1_000_000, 1_500_000, 131072, "8 × h100"},
+		{"L40S-qwen2.5-7b", 1, 256, 300_000, 500_000, 32768, "l40s"},
+	} {
+		p := mustProfile(t, tc.name)
+		if !p.Modelled || !strings.Contains(p.Source, "generated (modelled") || p.ModelError <= 0 || p.ModelError > 0.15 {
+			t.Errorf("%s: modelled %v, model error %.3f, source %q", tc.name, p.Modelled, p.ModelError, p.Source)
+		}
+		if p.TensorParallel != tc.tp || p.MaxBatch != tc.maxBatch || p.KVTokens < tc.minKV || p.KVTokens > tc.maxKV || p.MaxModelLen != tc.maxModelLen || p.GPU != tc.gpu {
+			t.Errorf("%s: tp %d, max_num_seqs %d, kv %d, max_model_len %d, gpu %q; want %d, %d, %d..%d, %d, %q",
+				tc.name, p.TensorParallel, p.MaxBatch, p.KVTokens, p.MaxModelLen, p.GPU, tc.tp, tc.maxBatch, tc.minKV, tc.maxKV, tc.maxModelLen, tc.gpu)
+		}
+		if _, err := New(p); err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+	// A slower card is slower: the 8B decodes a token on an L4 (300 GB/s) several times
+	// slower than on an H100 (3.35 TB/s), and prefills slower too.
+	l4, h100 := mustProfile(t, "l4-llama-3.1-8b"), mustProfile(t, "h100-llama-3.1-8b")
+	if l4.DecodeMs(1, 1000) < 4*h100.DecodeMs(1, 1000) || l4.PrefillMs(2048, 0) < 2*h100.PrefillMs(2048, 0) {
+		t.Errorf("l4 decode %.1f ms, prefill %.1f ms; h100 %.1f, %.1f", l4.DecodeMs(1, 1000), l4.PrefillMs(2048, 0), h100.DecodeMs(1, 1000), h100.PrefillMs(2048, 0))
+	}
+	// Measured pairs stay measured.
+	if h100.Modelled || !strings.HasPrefix(h100.Source, "fitted to shared/data/gpu_profiles/") {
+		t.Errorf("h100-llama-3.1-8b: modelled %v, source %q", h100.Modelled, h100.Source)
+	}
+	for name, want := range map[string]string{
+		"t4-llama-3.1-70b":    "does not fit 8 × t4",
+		"l4x1-llama-3.1-70b":  "does not fit 1 × l4",
+		"h100x3-llama-3.1-8b": "must divide the 32 attention heads",
+		"mi300-llama-3.1-8b":  `unknown GPU "mi300"`,
+		"l4-gpt-5":            "want GPU-MODEL",
+	} {
+		if _, err := LoadProfile(name); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want one saying %q", name, err, want)
+		}
+	}
+	if err := CheckProfileName("/tmp/p.json"); err == nil {
+		t.Error("a .json profile passed the router check")
+	}
+}
