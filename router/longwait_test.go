@@ -17,12 +17,12 @@ import (
 // shown here with timers shortened to seconds; e2e's cold-start tests run it at a real
 // vLLM cold start's length.
 
-// heldRig is a router whose control plane (a fake, over real HTTP) declares testModel's
-// service with no replica: a request for it is held.
-func heldRig(t *testing.T, mod func(*Config)) (*rig, *fakeControlPlane) {
+// cpRig is a router whose control plane is a fake over real HTTP, publishing services and
+// replicas, with load reports every reportEvery (0: the default).
+func cpRig(t *testing.T, mod func(*Config), reportEvery time.Duration, services []fleet.Service, replicas []fleet.Replica) (*rig, *fakeControlPlane) {
 	t.Helper()
 	fake := &fakeControlPlane{changed: make(chan struct{})}
-	fake.publish([]fleet.Service{{Name: "svc", Models: []string{testModel}}}, nil)
+	fake.publish(services, replicas)
 	cps := httptest.NewServer(fake)
 	t.Cleanup(cps.Close)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -30,11 +30,21 @@ func heldRig(t *testing.T, mod func(*Config)) (*rig, *fakeControlPlane) {
 	var cp *ControlPlane
 	r := startRouterWith(t, mod, func(px *Proxy, pool *Pool) {
 		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
+		if reportEvery > 0 {
+			cp.ReportEvery = reportEvery
+		}
 		px.ControlPlane = cp
 	})
 	go cp.Run(ctx)
 	waitFor(t, "the first ready set", func() bool { return cp.Revision() == 1 })
 	return r, fake
+}
+
+// heldRig is a router whose control plane declares testModel's service with no replica: a
+// request for it is held.
+func heldRig(t *testing.T, mod func(*Config)) (*rig, *fakeControlPlane) {
+	t.Helper()
+	return cpRig(t, mod, 0, []fleet.Service{{Name: "svc", Models: []string{testModel}}}, nil)
 }
 
 // A request held through a cold start longer than the connection's read_timeout is
@@ -163,20 +173,7 @@ func TestLongWholeResponseIsWaitedForWhileItProgresses(t *testing.T) {
 // drain waits for its requests instead of cutting them at the drain timeout.
 func TestLoadReportsSayWhichReplicasProgress(t *testing.T) {
 	s := startSim(t, simOpts{})
-	fake := &fakeControlPlane{changed: make(chan struct{})}
-	fake.publish([]fleet.Service{{Name: "svc", Models: []string{testModel}}}, []fleet.Replica{replica("a", s, fleet.Reserved, 0)})
-	cps := httptest.NewServer(fake)
-	t.Cleanup(cps.Close)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	var cp *ControlPlane
-	r := startRouterWith(t, nil, func(px *Proxy, pool *Pool) {
-		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
-		cp.ReportEvery = 100 * time.Millisecond
-		px.ControlPlane = cp
-	})
-	go cp.Run(ctx)
-	waitFor(t, "the first ready set", func() bool { return cp.Revision() == 1 })
+	r, fake := cpRig(t, nil, 100*time.Millisecond, []fleet.Service{{Name: "svc", Models: []string{testModel}}}, []fleet.Replica{replica("a", s, fleet.Reserved, 0)})
 	progressing := func(inflight int) bool {
 		fake.mu.Lock()
 		defer fake.mu.Unlock()
