@@ -238,8 +238,18 @@ func acceleratorsNode(r *Resources) *yaml.Node {
 	}
 	m := mapping()
 	m.Style = yaml.FlowStyle
+	names := map[string]bool{}
+	repeated := false
+	for _, a := range r.Accelerators {
+		repeated = repeated || names[strings.ToLower(a.Name)]
+		names[strings.ToLower(a.Name)] = true
+	}
 	for _, a := range r.Accelerators { // in the order written: it is the order of preference to show
-		put(m, a.Name, integer(a.Count))
+		if repeated {
+			put(m, acceleratorKey(a), null())
+		} else {
+			put(m, a.Name, integer(a.Count))
+		}
 	}
 	return m
 }

@@ -29,6 +29,10 @@ type Service struct {
 	Resources Resources
 	Service   ServiceSection
 	Arbiter   Arbiter
+
+	// accPos is where each accelerator name (lower-cased) is written in the file, for the
+	// messages of steps after parsing (AcceleratorPositions).
+	accPos map[string][]Pos
 }
 
 // ServiceSection is the service: block.
@@ -338,6 +342,9 @@ func (d *decoder) service(root *yaml.Node, o Overrides) *Service {
 		d.arbiter(n, top.key("arbiter"), &s.Arbiter)
 	}
 	d.crossCheck(s)
+	if len(d.accPos) > 0 {
+		s.accPos = d.accPos
+	}
 	return s
 }
 

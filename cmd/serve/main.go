@@ -154,6 +154,28 @@ func loadSpec(path string, o spec.Overrides) (*spec.Service, []byte, error) {
 	return sp, b, nil
 }
 
+// resolveSpec does what SkyPilot does before it optimises (pricing.Resolve): accelerator
+// names spelled as the catalogs spell them, and those nothing can price or run left out,
+// each with a warning at its place in the file, written to warn. A service left with no
+// accelerator to run on is refused, with the places.
+func resolveSpec(sp *spec.Service, path string, warn io.Writer) error {
+	if len(sp.AcceleratorNames()) == 0 {
+		return nil
+	}
+	cat, err := pricing.Embedded()
+	if err != nil {
+		return err
+	}
+	warnings, err := pricing.Resolve(sp, cat)
+	if err != nil {
+		return fail(exitUsage, "%s is not a valid service:\n%v", path, err)
+	}
+	for _, w := range warnings {
+		fmt.Fprintf(warn, "warning: %v\n", w)
+	}
+	return nil
+}
+
 // loadSpecAsking is loadSpec for a launch: the envs and secrets the file leaves null and
 // the flags do not fill (SkyServe's "give it at launch") are asked for when stdin is a
 // terminal (secrets without echo); otherwise the file is refused, naming the flag.
@@ -235,6 +257,9 @@ func upCmd(g *globals) *cobra.Command {
 			}
 			sp, raw, o, err := loadSpecAsking(cmd, args[0], o)
 			if err != nil {
+				return err
+			}
+			if err := resolveSpec(sp, args[0], cmd.ErrOrStderr()); err != nil {
 				return err
 			}
 			envs := o.Envs
@@ -571,6 +596,9 @@ func validateCmd() *cobra.Command {
 			if err != nil {
 				return err // an invalid or missing file exits 2, as from every command
 			}
+			if err := resolveSpec(sp, args[0], cmd.ErrOrStderr()); err != nil {
+				return err
+			}
 			b, err := sp.ResolvedYAML()
 			if err != nil {
 				return err
@@ -620,8 +648,11 @@ It needs room for both fleets at once.`,
 			if err != nil {
 				return err
 			}
-			_, raw, o, err := loadSpecAsking(cmd, args[1], o)
+			sp, raw, o, err := loadSpecAsking(cmd, args[1], o)
 			if err != nil {
+				return err
+			}
+			if err := resolveSpec(sp, args[1], cmd.ErrOrStderr()); err != nil {
 				return err
 			}
 			c, _, err := connect(cmd.Context(), g.home, g.api)
@@ -902,13 +933,11 @@ func quotePreview(out io.Writer, sp *spec.Service) error {
 	if err != nil {
 		return err
 	}
+	// resolveSpec has already refused a file with nothing to run on; a name no catalog
+	// prices that is left is one a provider runs without a price (the local machine).
 	offers, err := cat.Quote(r, time.Time{})
-	var unknown *pricing.UnknownAcceleratorError
-	switch {
-	case errors.As(err, &unknown):
-		return fail(exitUsage, "resources: %v", err) // the file is wrong: exit 2
-	case err != nil:
-		fmt.Fprintf(out, "# price catalogs: %v\n", err)
+	if err != nil {
+		fmt.Fprintf(out, "# price catalogs: %v\n", strings.ReplaceAll(err.Error(), "\n", "; "))
 		return nil
 	}
 	fmt.Fprintf(out, "# cheapest catalog offers (%d in all, $/hour per instance):\n", len(offers))
