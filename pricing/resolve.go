@@ -22,12 +22,13 @@ func (c *Catalog) Canonical(name string) (string, bool) {
 	return "", false
 }
 
-// RunsUnpriced reports whether a provider can run an accelerator no catalog prices: the
-// local machine runs the replica whatever GPU it names; Kubernetes matches the name
-// against its nodes' labels; RunPod maps it through its gpu_types. The others (aws,
-// sim) choose among catalog offers only.
+// RunsUnpriced reports whether a provider can offer an accelerator no catalog prices:
+// Kubernetes matches the name against its nodes' labels, RunPod maps it through its
+// gpu_types. The others choose among catalog offers (aws, sim) or offer no GPU by name
+// (local, whose replicas run on this machine whatever the file asks for), so a name no
+// catalog knows is, for them, most likely a typo.
 func RunsUnpriced(provider string) bool {
-	return provider == "local" || provider == "runpod" || spec.IsKubernetes(provider)
+	return provider == "runpod" || spec.IsKubernetes(provider)
 }
 
 // Resolve does for a service what SkyPilot does before it optimises: it spells each
@@ -51,7 +52,7 @@ func Resolve(sp *spec.Service, c *Catalog) (spec.ErrorList, error) {
 		}
 		why := "no price catalog lists it"
 		if cl := closest(name, c.names, 3); len(cl) > 0 {
-			why += fmt.Sprintf(" (closest listed: %s)", strings.Join(cl, ", "))
+			why += fmt.Sprintf(" (closest known: %s)", strings.Join(cl, ", "))
 		}
 		if len(runners) > 0 {
 			for _, p := range sp.AcceleratorPositions(name) {
@@ -60,7 +61,7 @@ func Resolve(sp *spec.Service, c *Catalog) (spec.ErrorList, error) {
 			}
 			return ""
 		}
-		return fmt.Sprintf("%s, and none of this service's providers (%s) runs a GPU without a catalog price", why, strings.Join(sp.Arbiter.Providers, ", "))
+		return fmt.Sprintf("%s, and none of this service's providers (%s) offers a GPU no catalog lists (kubernetes and runpod match names against their own nodes and GPU types)", why, strings.Join(sp.Arbiter.Providers, ", "))
 	})
 	if err != nil {
 		return nil, err

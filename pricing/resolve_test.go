@@ -46,13 +46,17 @@ func TestResolve(t *testing.T) {
 		name: "priced providers leave out what no catalog prices", providers: "[sim]",
 		accs: "L4:1 A100:8",
 		warn: []string{
-			`svc.yaml:4:24: resources.accelerators: "L40": no price catalog lists it (closest listed: L4, L40S, A10), and none of this service's providers (sim) runs a GPU without a catalog price; left out, the others remain`,
+			`svc.yaml:4:24: resources.accelerators: "L40": no price catalog lists it (closest known: L4, L40S, A10), and none of this service's providers (sim) offers a GPU no catalog lists (kubernetes and runpod match names against their own nodes and GPU types); left out, the others remain`,
 			`svc.yaml:4:39: resources.accelerators: "GB200": no price catalog lists it`,
 		},
 	}, {
-		name: "local keeps them, and says so", providers: "[local]",
+		name: "the local machine offers no GPU by name: left out too", providers: "[local]",
+		accs: "L4:1 A100:8",
+		warn: []string{`svc.yaml:4:24: resources.accelerators: "L40": no price catalog lists it (closest known: L4, L40S, A10), and none of this service's providers (local) offers`},
+	}, {
+		name: "kubernetes matches names against its nodes: kept, and said so", providers: "[kubernetes]",
 		accs: "L4:1 L40:1 A100:8 GB200:4",
-		warn: []string{`svc.yaml:4:24: resources.accelerators: "L40": no price catalog lists it (closest listed: L4, L40S, A10); kept, as local can run it without one`},
+		warn: []string{`svc.yaml:4:24: resources.accelerators: "L40": no price catalog lists it (closest known: L4, L40S, A10); kept, as kubernetes can run it without one`},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			sp, err := spec.Parse("svc.yaml", []byte(resolveFile+"arbiter: {providers: "+tc.providers+"}\n"))

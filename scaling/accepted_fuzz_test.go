@@ -25,7 +25,7 @@ func FuzzAcceptedSpecsRun(f *testing.F) {
 	f.Add(int64(2), int64(2), 0.0, 1.0, 1.0, 1.5, 1.0, 1.0, 5.0, 5.0, int64(0), int64(0), 0.1, 0.9, false, uint8(3), uint8(10))
 	f.Add(int64(1), int64(1), 0.0, 60.0, 6.0, 2.0, 4.0, 300.0, 0.0, 0.0, int64(0), int64(0), 0.6, 0.0, false, uint8(0), uint8(11))
 	// One GPU at several counts, names no catalog prices beside priced ones, and a set
-	// with nothing priced (kept on the local machine, refused on the market).
+	// with nothing priced (refused, with its places).
 	accelerators := []string{
 		"H100:1",
 		"{A100:4, A100:8, A100-80GB:2, A100-80GB:4, A100-80GB:8}",

@@ -131,3 +131,25 @@ func TestDropAcceleratorsFromCandidates(t *testing.T) {
 		t.Errorf("ordered = %+v", o)
 	}
 }
+
+func TestServiceTLS(t *testing.T) {
+	src := "run: x\nservice:\n  readiness_probe: /\n  tls:\n    keyfile: ~/certs/key.pem\n    certfile: certs/cert.pem\n"
+	s := mustParse(t, src)
+	if got := s.Service.TLS; got == nil || got.KeyFile != "~/certs/key.pem" || got.CertFile != "certs/cert.pem" {
+		t.Fatalf("TLS = %+v", got)
+	}
+	checkRoundTrip(t, []byte(src))
+	if s := mustParse(t, minimal); s.Service.TLS != nil {
+		t.Errorf("TLS without the key: %+v", s.Service.TLS)
+	}
+	for _, tc := range []struct{ src, want string }{
+		{"run: x\nservice:\n  tls: {keyfile: k.pem}\n", `svc.yaml:3:3: service.tls.certfile: missing; give the path of the PEM certificate (chain)`},
+		{"run: x\nservice:\n  tls: {keyfile: k.pem, certfile: c.pem, ca: x}\n", `svc.yaml:3:42: unknown key "ca" in service.tls; allowed: keyfile, certfile`},
+		{"run: x\nservice:\n  tls: k.pem\n", `svc.yaml:3:8: service.tls: want a mapping`},
+	} {
+		_, err := Parse("svc.yaml", []byte(tc.src))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err = %v, want %q", tc.src, err, tc.want)
+		}
+	}
+}

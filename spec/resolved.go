@@ -105,6 +105,12 @@ func serviceNode(svc *ServiceSection) *yaml.Node {
 	if svc.Port != 0 {
 		put(m, "ports", integer(svc.Port))
 	}
+	if svc.TLS != nil {
+		t := mapping()
+		put(t, "keyfile", str(svc.TLS.KeyFile))
+		put(t, "certfile", str(svc.TLS.CertFile))
+		put(m, "tls", t)
+	}
 	return m
 }
 

@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -87,6 +88,8 @@ func addDaemonFlags(c *cobra.Command, df *daemonFlags) {
 	f.DurationVar(&df.grace, "grace", 10*time.Second, "SIGTERM to SIGKILL grace for local replicas")
 	f.StringVar(&df.logLevel, "log-level", "info", "daemon log level")
 	f.StringVar(&df.apiKeys, "api-keys", "", "client API keys file for the router (see `serve keys new`); default: $"+router.KeysEnv+", else no key needed")
+	f.StringVar(&df.tlsCert, "tls-certfile", "", "serve the router endpoint over HTTPS with this PEM certificate (embedded daemon; serve up takes it from service.tls); reloaded when the file changes")
+	f.StringVar(&df.tlsKey, "tls-keyfile", "", "the PEM private key of --tls-certfile")
 	f.StringVar(&df.providers, "providers", "", "providers file: the Kubernetes clusters, AWS account and RunPod account replicas may run on (default: <home>/providers.yaml if it exists)")
 	f.DurationVar(&df.zoneCooldown, "zone-cooldown", 10*time.Minute, "how long spot stays out of a zone that preempted a replica or refused a launch")
 	f.IntVar(&df.maxReplicas, "max-replicas", control.DefaultMaxReplicas, "the most replicas the control plane runs at once, all services together")
@@ -152,6 +155,67 @@ func loadSpec(path string, o spec.Overrides) (*spec.Service, []byte, error) {
 		return nil, nil, fail(exitUsage, "%s is not a valid service:\n%v", path, err)
 	}
 	return sp, b, nil
+}
+
+// tlsPaths is service.tls with ~ expanded and relative paths made absolute (relative to
+// where serve runs, as SkyPilot reads local files), checked to load as a pair.
+func tlsPaths(t *spec.TLS) (cert, key string, err error) {
+	abs := func(p string) (string, error) {
+		if rest, ok := strings.CutPrefix(p, "~/"); ok || p == "~" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return "", err
+			}
+			p = filepath.Join(home, rest)
+		}
+		return filepath.Abs(p)
+	}
+	if cert, err = abs(t.CertFile); err != nil {
+		return "", "", err
+	}
+	if key, err = abs(t.KeyFile); err != nil {
+		return "", "", err
+	}
+	if _, err := tls.LoadX509KeyPair(cert, key); err != nil {
+		return "", "", fmt.Errorf("service.tls: certfile %s and keyfile %s do not load as a pair: %v", cert, key, err)
+	}
+	return cert, key, nil
+}
+
+// tlsFromSpec sets the embedded daemon's TLS pair from service.tls; a pair given with
+// --tls-certfile/--tls-keyfile must be the same one.
+func tlsFromSpec(df *daemonFlags, sp *spec.Service) error {
+	if sp.Service.TLS == nil {
+		return nil
+	}
+	cert, key, err := tlsPaths(sp.Service.TLS)
+	if err != nil {
+		return fail(exitUsage, "%v", err)
+	}
+	if df.tlsCert != "" || df.tlsKey != "" {
+		fc, _ := filepath.Abs(df.tlsCert)
+		fk, _ := filepath.Abs(df.tlsKey)
+		if fc != cert || fk != key {
+			return fail(exitUsage, "service.tls names certfile %s and keyfile %s, --tls-certfile/--tls-keyfile name %s and %s: give one pair", cert, key, fc, fk)
+		}
+	}
+	df.tlsCert, df.tlsKey = cert, key
+	return nil
+}
+
+// checkDaemonTLS refuses to submit a service whose service.tls the running daemon's
+// endpoint does not serve: one router serves every service of a daemon, so its TLS pair
+// is the daemon's.
+func checkDaemonTLS(info daemonInfo, df daemonFlags) error {
+	if df.tlsCert == "" || (info.TLSCert == df.tlsCert && info.TLSKey == df.tlsKey) {
+		return nil
+	}
+	now := "plain HTTP"
+	if info.TLSCert != "" {
+		now = "HTTPS with certfile " + info.TLSCert + " and keyfile " + info.TLSKey
+	}
+	return fail(exitErr, "service.tls: the running daemon's endpoint %s serves %s, not certfile %s and keyfile %s (one router serves every service of a daemon); stop it with `serve stop` and run serve up again, or give the services one pair",
+		info.Endpoint, now, df.tlsCert, df.tlsKey)
 }
 
 // resolveSpec does what SkyPilot does before it optimises (pricing.Resolve): accelerator
@@ -273,7 +337,13 @@ func upCmd(g *globals) *cobra.Command {
 			if g.api != "" {
 				c, info, err = connect(cmd.Context(), g.home, g.api)
 			} else {
-				c, info, err = ensureDaemon(cmd.Context(), g.home, g.daemon, log)
+				df := g.daemon
+				if err := tlsFromSpec(&df, sp); err != nil {
+					return err
+				}
+				if c, info, err = ensureDaemon(cmd.Context(), g.home, df, log); err == nil {
+					err = checkDaemonTLS(info, df)
+				}
 			}
 			if err != nil {
 				return err
@@ -598,6 +668,12 @@ func validateCmd() *cobra.Command {
 			}
 			if err := resolveSpec(sp, args[0], cmd.ErrOrStderr()); err != nil {
 				return err
+			}
+			if sp.Service.TLS != nil {
+				// The pair may live only where the service is launched: say so, do not refuse.
+				if _, _, err := tlsPaths(sp.Service.TLS); err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v (serve up refuses it unless they load there)\n", err)
+				}
 			}
 			b, err := sp.ResolvedYAML()
 			if err != nil {
