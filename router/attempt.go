@@ -69,7 +69,7 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		return false
 	}
 	if bytes.HasPrefix(hdr.ContentType(), []byte("text/event-stream")) {
-		s := px.newStreamer(c, r, uc, upstreamClose, sentAt, pred)
+		s := px.newStreamer(c, r, uc, upstreamClose, sentAt, pred, ctx.Conn())
 		if err := s.open(hdr); err != nil { // the stream's first bytes were malformed
 			_ = uc.Close()
 			px.upstreamFailed(r, "stream_open", err)
