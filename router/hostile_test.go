@@ -24,6 +24,8 @@ type rawReplica struct {
 	ln     net.Listener
 	answer func(c net.Conn, n int) (keep bool)
 	health func(n int) int // /health's status for probe n (nil: 200)
+	// onRequest, when set, sees each completion request's header.
+	onRequest func(*http.Request)
 
 	requests atomic.Int64 // completion requests received
 	probes   atomic.Int64
@@ -31,13 +33,16 @@ type rawReplica struct {
 	conns    []net.Conn
 }
 
-func startRaw(t *testing.T, answer func(c net.Conn, n int) bool) *rawReplica {
+func startRaw(t *testing.T, answer func(c net.Conn, n int) bool, setup ...func(*rawReplica)) *rawReplica {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	rr := &rawReplica{ln: ln, answer: answer}
+	for _, f := range setup {
+		f(rr)
+	}
 	go rr.serve()
 	t.Cleanup(rr.close)
 	return rr
@@ -87,6 +92,9 @@ func (rr *rawReplica) conn(c net.Conn) {
 		case "/metrics", "/v1/models":
 			fmt.Fprint(c, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
 			continue
+		}
+		if rr.onRequest != nil {
+			rr.onRequest(req)
 		}
 		if !rr.answer(c, int(rr.requests.Add(1))) {
 			return
@@ -243,4 +251,154 @@ func TestTricklingEventIsAStall(t *testing.T) {
 		t.Fatalf("after %s the client got %.300q; want a stall error event after about 500 ms", time.Since(t0).Round(time.Millisecond), out)
 	}
 	waitFor(t, "in-flight back to 0", func() bool { return r.settled("h0") })
+}
+
+// Status lines a replica should not send. An interim 100 Continue or 103 Early Hints before
+// the answer is skipped (taken for the answer, it went to the client and left the real
+// answer on the pooled connection for the next client); a status HTTP does not define
+// (999) or a 101 is a failed attempt (a 502 here, with one replica), not passed on; a 204
+// whose "body" is a whole forged response is passed on as the 204 it is, and the forged
+// response never reaches the next request on that connection. A client's Expect:
+// 100-continue, which the router answers itself, is not forwarded.
+func TestOddStatusLinesAreNotTakenForAnswers(t *testing.T) {
+	var sawExpect atomic.Bool
+	modes := map[string]func(c net.Conn) bool{
+		"interim": func(c net.Conn) bool {
+			fmt.Fprint(c, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"+wholeAnswer("after the interim"))
+			return true
+		},
+		"999": func(c net.Conn) bool {
+			fmt.Fprint(c, "HTTP/1.1 999 Whatever\r\nContent-Length: 2\r\n\r\n{}")
+			return true
+		},
+		"101": func(c net.Conn) bool {
+			fmt.Fprint(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n")
+			return true
+		},
+		"204 forged": func(c net.Conn) bool {
+			forged := wholeAnswer("forged for the next client")
+			fmt.Fprint(c, "HTTP/1.1 204 No Content\r\n\r\n"+forged) // a 204 ends at its header
+			return true
+		},
+	}
+	for _, name := range []string{"interim", "999", "101", "204 forged"} {
+		t.Run(name, func(t *testing.T) {
+			rr := startRaw(t, func(c net.Conn, n int) bool {
+				if n == 1 {
+					return modes[name](c)
+				}
+				fmt.Fprint(c, wholeAnswer(fmt.Sprintf("answer %d", n)))
+				return true
+			})
+			r := rawRouter(t, func(c *Config) { c.UpstreamIdleTimeout = time.Minute }, rr)
+			code, out := postWithin(t, r.url+"/v1/chat/completions", chatBody(false, ""), 10*time.Second)
+			switch name {
+			case "interim":
+				if code != 200 || !strings.Contains(out, "after the interim") {
+					t.Errorf("got %d %.200q; want the answer after the interim responses", code, out)
+				}
+			case "204 forged":
+				if code != 204 || out != "" {
+					t.Errorf("got %d %.200q; want the replica's 204, empty", code, out)
+				}
+			default:
+				if code != 502 {
+					t.Errorf("got %d %.200q; want 502", code, out)
+				}
+				if got := r.counter(t, "arbiter_router_errors_total", "reason", "bad_status"); got != 1 {
+					t.Errorf("bad_status = %v, want 1", got)
+				}
+			}
+			// The next request gets its own answer, whichever connection it takes.
+			for i := 0; i < 2; i++ {
+				code, out = postWithin(t, r.url+"/v1/chat/completions", chatBody(false, ""), 10*time.Second)
+				if code != 200 || !strings.Contains(out, "answer ") {
+					t.Errorf("the next request got %d %.200q; want its own answer", code, out)
+				}
+			}
+			waitFor(t, "in-flight back to 0", func() bool { return r.settled("h0") })
+		})
+	}
+	t.Run("expect", func(t *testing.T) {
+		rr := startRaw(t, func(c net.Conn, _ int) bool {
+			fmt.Fprint(c, wholeAnswer("ok"))
+			return true
+		}, func(rr *rawReplica) {
+			rr.onRequest = func(req *http.Request) {
+				if req.Header.Get("Expect") != "" {
+					sawExpect.Store(true)
+				}
+			}
+		})
+		r := rawRouter(t, nil, rr)
+		body := chatBody(false, "")
+		c := rawPostHeaders(t, r.url, body, "Expect: 100-continue\r\n")
+		defer c.Close()
+		resp := readFinal(t, bufio.NewReader(c))
+		if resp.StatusCode != 200 || sawExpect.Load() {
+			t.Errorf("got %d; the replica saw Expect: %v; want 200 and no Expect forwarded", resp.StatusCode, sawExpect.Load())
+		}
+	})
+}
+
+// rawPostHeaders sends a chat request with extra raw header lines on a fresh connection.
+func rawPostHeaders(t *testing.T, url, body, extra string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s", extra, len(body), body)
+	return c
+}
+
+// readFinal reads responses until a final (non-1xx) one.
+func readFinal(t *testing.T, br *bufio.Reader) *http.Response {
+	t.Helper()
+	for {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode >= 200 {
+			return resp
+		}
+	}
+}
+
+// JSON that is valid but nested a million deep, in a whole response: the answer reaches the
+// client byte for byte, and reading its usage stays bounded (the parser refuses depth past
+// its limit; the router reads the usage object alone). With the nesting inside the usage
+// object itself, nothing is counted. Already held before issue 35: this keeps it so.
+func TestDeeplyNestedResponseIsPassedOnAndUsageStaysBounded(t *testing.T) {
+	deep := strings.Repeat("[", 1<<20) + strings.Repeat("]", 1<<20)
+	bodies := map[string]string{
+		"nested answer": `{"id":"c","object":"chat.completion","model":"test-model","x":` + deep + `,"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`,
+		"nested usage":  `{"id":"c","object":"chat.completion","model":"test-model","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,"x":` + deep + `}}`,
+	}
+	for _, name := range []string{"nested answer", "nested usage"} {
+		t.Run(name, func(t *testing.T) {
+			body := bodies[name]
+			rr := startRaw(t, func(c net.Conn, _ int) bool {
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				return true
+			})
+			r := rawRouter(t, nil, rr)
+			t0 := time.Now()
+			code, out := postWithin(t, r.url+"/v1/chat/completions", chatBody(false, ""), 10*time.Second)
+			if code != 200 || out != body {
+				t.Fatalf("got %d and %d bytes; want the replica's 200 and its %d bytes", code, len(out), len(body))
+			}
+			tokens := r.counter(t, "arbiter_router_tokens_total", "replica", "h0")
+			want := 5.0
+			if name == "nested usage" {
+				want = 0
+			}
+			if tokens != want || r.counter(t, "arbiter_router_errors_total", "reason", "panic") != 0 {
+				t.Errorf("tokens counted %v, want %v (no panic)", tokens, want)
+			}
+			t.Logf("answered in %s", time.Since(t0).Round(time.Millisecond))
+		})
+	}
 }
