@@ -122,7 +122,9 @@ type ProbeConfig struct {
 	Path     string        `yaml:"path"`
 	Interval time.Duration `yaml:"interval"`
 	Timeout  time.Duration `yaml:"timeout"`
-	// FailureThreshold consecutive failures mark a replica not ready.
+	// FailureThreshold consecutive failures mark a replica not ready, and as many
+	// consecutive passes make it ready again (a /health that flaps does not move it in and
+	// out of routing on every few probes).
 	FailureThreshold int `yaml:"failure_threshold"`
 }
 

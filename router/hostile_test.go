@@ -402,3 +402,37 @@ func TestDeeplyNestedResponseIsPassedOnAndUsageStaysBounded(t *testing.T) {
 		})
 	}
 }
+
+// A /health that flaps (fail, fail, pass, over and over: a replica restarting its engine in
+// a loop, or answering its probes from a dying worker) must not move the replica in and out
+// of routing every three probes: taken out, it returns only after failure_threshold passes
+// in a row, and then does.
+func TestFlappingHealthDoesNotOscillate(t *testing.T) {
+	var flapping atomic.Bool
+	flapping.Store(true)
+	rr := startRaw(t, func(c net.Conn, _ int) bool {
+		fmt.Fprint(c, wholeAnswer("ok"))
+		return true
+	}, func(rr *rawReplica) {
+		rr.health = func(n int) int {
+			if flapping.Load() && n%3 != 0 {
+				return 503
+			}
+			return 200
+		}
+	})
+	r := startRouter(t, func(c *Config) { c.Probe.Interval = 20 * time.Millisecond }, fleet.Replica{ID: "h0", Address: rr.addr(), Model: testModel, Capacity: fleet.Reserved})
+	t.Cleanup(rr.close)
+	rep := r.pool.Get("h0")
+	flips, last := 0, rep.ready.Load()
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+		if now := rep.ready.Load(); now != last {
+			flips, last = flips+1, now
+		}
+	}
+	if probes := rr.probes.Load(); flips > 1 || last || probes < 30 {
+		t.Fatalf("over %d flapping probes the replica changed readiness %d times, ready at the end: %v; want out once and for good", probes, flips, last)
+	}
+	flapping.Store(false)
+	waitFor(t, "the replica back once its probes pass", func() bool { return rep.ready.Load() })
+}
