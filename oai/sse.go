@@ -10,7 +10,14 @@ import (
 // off buf. It returns the event including its terminator, and ok=false when buf holds no
 // complete event yet.
 func NextEvent(buf []byte) (event, rest []byte, ok bool) {
-	for i := 0; i < len(buf); i++ {
+	return NextEventFrom(buf, 0)
+}
+
+// NextEventFrom is NextEvent for a buf whose first from bytes are known to hold no event
+// terminator: a caller appending to a partial event scans only what is new (a terminator
+// is at most 3 bytes, so it steps back 2), not the whole event again on every read.
+func NextEventFrom(buf []byte, from int) (event, rest []byte, ok bool) {
+	for i := max(from, 0); i < len(buf); i++ {
 		if buf[i] != '\n' {
 			continue
 		}

@@ -26,6 +26,38 @@ func TestNextEvent(t *testing.T) {
 	}
 }
 
+// Fed a byte at a time, scanning only what is new (the router's stream reader), events
+// split exactly as a scan of the whole would split them, whatever their line endings.
+func TestNextEventFromSplitsAsTheWholeScan(t *testing.T) {
+	in := "data: a\n\ndata: b\r\n\r\n: ping\n\nid: 1\ndata: c\n\r\ndata: d\n\n"
+	var want []string
+	for rest := []byte(in); ; {
+		ev, r, ok := NextEvent(rest)
+		if !ok {
+			break
+		}
+		want, rest = append(want, string(ev)), r
+	}
+	var got []string
+	var pending []byte
+	for i := range len(in) {
+		from := max(len(pending)-2, 0)
+		pending = append(pending, in[i])
+		rest := pending
+		for {
+			ev, r, ok := NextEventFrom(rest, from)
+			if !ok {
+				break
+			}
+			got, rest, from = append(got, string(ev)), r, 0
+		}
+		pending = append(pending[:0], rest...)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) || len(want) != 5 {
+		t.Errorf("incremental: %q\nwhole: %q", got, want)
+	}
+}
+
 func TestEventDataAndUsage(t *testing.T) {
 	if d := EventData([]byte("event: x\ndata: {\"a\":1}\n\n")); string(d) != `{"a":1}` {
 		t.Errorf("EventData = %q", d)

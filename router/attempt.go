@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -48,6 +49,27 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		return false
 	}
 	hdr := &ctx.Response.Header
+	// Interim responses (100 Continue, 103 Early Hints) precede the replica's answer: skip
+	// them, as net/http's client does. Taken for the answer, one would reach the client and
+	// the real answer be left on the pooled connection for the next request to read.
+	for i := 0; isInterim(hdr.StatusCode()) && i < maxInterim; i++ {
+		hdr.Reset()
+		if err := hdr.Read(uc.br); err != nil {
+			_ = uc.Close()
+			px.upstreamFailed(r, "read_header", err)
+			ctx.Response.Reset()
+			return false
+		}
+	}
+	if s := hdr.StatusCode(); s < 200 || s > 599 {
+		// 101 (the router asked for no upgrade), interim responses without end, or a status
+		// HTTP does not define (999): no answer to pass on, and nothing to trust after it on
+		// the connection.
+		_ = uc.Close()
+		px.upstreamFailed(r, "bad_status", fmt.Errorf("response status %d", s))
+		ctx.Response.Reset()
+		return false
+	}
 	if px.cfg.RoutingHeaders {
 		hdr.Set("X-Arbiter-Replica", r.Info().ID)
 		hdr.Set("X-Arbiter-Predicted-Ttft-Ms", strconv.FormatFloat(pred.TTFT*1000, 'f', 3, 64))
@@ -69,7 +91,7 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		return false
 	}
 	if bytes.HasPrefix(hdr.ContentType(), []byte("text/event-stream")) {
-		s := px.newStreamer(c, r, uc, upstreamClose, sentAt, pred)
+		s := px.newStreamer(c, r, uc, upstreamClose, sentAt, pred, ctx.Conn())
 		if err := s.open(hdr); err != nil { // the stream's first bytes were malformed
 			_ = uc.Close()
 			px.upstreamFailed(r, "stream_open", err)
@@ -83,9 +105,13 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 
 	// A whole response: read it into the client's response (no intermediate copy), under
 	// roundTrip's deadline.
-	err = ctx.Response.ReadBody(uc.br, px.cfg.MaxResponseBodyBytes)
-	if err == nil && hdr.ContentLength() == -1 {
-		err = hdr.ReadTrailer(uc.br)
+	// A 204 or 304 ends at its header (RFC 9112 §6.3), whatever it says of a body: read as
+	// one, a 204 without Content-Length would be read until the replica closed.
+	if !bodiless(status) {
+		err = ctx.Response.ReadBody(uc.br, px.cfg.MaxResponseBodyBytes)
+		if err == nil && hdr.ContentLength() == -1 {
+			err = hdr.ReadTrailer(uc.br)
+		}
 	}
 	if err != nil {
 		_ = uc.Close()
@@ -99,7 +125,9 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		return false // nothing reached the client: another replica may answer
 	}
 	now := px.Now()
-	if upstreamClose {
+	if upstreamClose || bodiless(status) {
+		// A 204 or 304 has no body, so whatever a replica sent after its header (a body
+		// anyway, or a whole forged response) would be read as the next request's answer.
 		_ = uc.Close()
 	} else {
 		r.conns.put(uc, now)
@@ -127,6 +155,21 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 
 var errClientGone = errors.New("client went away")
 
+// maxInterim bounds the interim (1xx) responses skipped before a replica's answer.
+const maxInterim = 5
+
+// isInterim reports whether status is an interim response that a final one follows
+// (RFC 9110 §15.2); 101 Switching Protocols is final.
+func isInterim(status int) bool {
+	return status >= 100 && status < 200 && status != fasthttp.StatusSwitchingProtocols
+}
+
+// bodiless reports whether a response with status has no body, whatever its header says
+// (RFC 9112 §6.3).
+func bodiless(status int) bool {
+	return status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified
+}
+
 // send writes the request to the replica and reads the response header into ctx.Response.
 // A pooled connection that turns out dead before any response byte (the replica closed it
 // while idle) is replaced by a fresh dial once, invisibly to the client.
@@ -136,6 +179,9 @@ func (px *Proxy) send(ctx *fasthttp.RequestCtx, c *call, r *Replica) (*upConn, t
 	ctx.Request.Header.CopyTo(&out.Header)
 	out.Header.SetHost(r.Info().Address)
 	out.Header.ResetConnectionClose()
+	// The router answered the client's Expect: 100-continue itself and has the whole body:
+	// asked again, a replica would send a 100 Continue before its answer.
+	out.Header.Del(fasthttp.HeaderExpect)
 	out.Header.Del("X-Arbiter-Policy")
 	out.Header.Del("X-Arbiter-Deadline-Ms")
 	out.Header.Del("X-Slo-Ttft-Ms")

@@ -57,7 +57,8 @@ type Config struct {
 	FirstByteTimeout     time.Duration `yaml:"first_byte_timeout"`
 	FirstByteSLOMultiple float64       `yaml:"first_byte_slo_multiple"`
 	FirstByteTimeoutMin  time.Duration `yaml:"first_byte_timeout_min"`
-	// StreamIdleTimeout bounds the gap between two chunks of a streamed response.
+	// StreamIdleTimeout bounds the gap between two events of a streamed response: bytes
+	// that complete no event (a replica trickling one that never ends) are no progress.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// RequestTimeout bounds the wait for a replica to take a request: held while its
 	// service starts from zero (a vLLM cold start takes 30 s to minutes; a hold that runs
@@ -128,7 +129,9 @@ type ProbeConfig struct {
 	Path     string        `yaml:"path"`
 	Interval time.Duration `yaml:"interval"`
 	Timeout  time.Duration `yaml:"timeout"`
-	// FailureThreshold consecutive failures mark a replica not ready.
+	// FailureThreshold consecutive failures mark a replica not ready, and as many
+	// consecutive passes make it ready again (a /health that flaps does not move it in and
+	// out of routing on every few probes).
 	FailureThreshold int `yaml:"failure_threshold"`
 }
 

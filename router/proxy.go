@@ -115,6 +115,9 @@ func (px *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 			px.recovered(ctx, v)
 		}
 	}()
+	if px.refuseFraming(ctx) {
+		return
+	}
 	path := string(ctx.Path())
 	var key *Key
 	if strings.HasPrefix(path, "/v1/") {

@@ -39,8 +39,10 @@ type Replica struct {
 
 	mu         sync.Mutex // guards everything below
 	probeFails int
-	fails      int // consecutive request failures (passive health)
-	ejections  int // consecutive ejections, for backoff
+	probeOKs   int  // consecutive passed probes
+	probedOut  bool // failed probes took it out of routing: it needs failThreshold passes to return
+	fails      int  // consecutive request failures (passive health)
+	ejections  int  // consecutive ejections, for backoff
 	scrape     scrapeState
 	rtt        ewma // seconds, from readiness probes
 	twin       twin // the replica's engine as this router's requests load it
@@ -165,12 +167,22 @@ func (r *Replica) probed(ok bool, rtt time.Duration, failThreshold int) bool {
 	defer r.mu.Unlock()
 	if ok {
 		r.probeFails = 0
-		r.ready.Store(true)
+		r.probeOKs++
 		r.rtt.observe(rtt.Seconds())
+		if r.probedOut && r.probeOKs < failThreshold {
+			// Taken out by failed probes, it comes back after as many passes in a row as
+			// failures took it out: a /health that flaps (fail, fail, pass, ...) would
+			// otherwise move it in and out of routing every few probes.
+			return false
+		}
+		r.probedOut = false
+		r.ready.Store(true)
 		return true
 	}
+	r.probeOKs = 0
 	r.probeFails++
 	if r.probeFails >= failThreshold {
+		r.probedOut = true
 		r.ready.Store(false)
 	}
 	return r.ready.Load()

@@ -2,8 +2,10 @@ package router
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"math"
+	"net"
 	"os"
 	"sync"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 
+	"github.com/arbiter-serve/arbiter/connwatch"
 	"github.com/arbiter-serve/arbiter/oai"
 )
 
@@ -36,16 +39,34 @@ type streamer struct {
 	cleanEOF      bool
 	sawDone       bool // the replica sent data: [DONE], the end of every OpenAI stream
 	closed        bool
+	// client is the client's connection, looked at (never read) while the replica sends
+	// bytes that complete no event: nothing is then written to the client, so its leaving
+	// would go unseen. Valid until CloseWithError: fasthttp writes the body on it.
+	client net.Conn
+	// progress is when the last complete event came (or the stream opened): the stream's
+	// idle deadline runs from it, so bytes that complete no event are no progress.
+	progress time.Time
 }
 
 // streamDeadline is the failure of a stream the client's own deadline ended.
 const streamDeadline = "stream_deadline"
 
+// maxEventBytes bounds what the router holds of one SSE event: a replica whose event
+// grows past it (a 100 MB data line, an event that never ends) has its stream ended with
+// an error event and its connection closed, rather than the router's memory taken. vLLM's
+// largest events, a chunk with top-20 logprobs for a few tokens or a tool call's
+// arguments in one delta, are some tens of KiB.
+const maxEventBytes = 1 << 20
+
+// streamClientCheck is how long a stream goes without a complete event before each read
+// that brings none also looks at whether the client is still there.
+const streamClientCheck = 250 * time.Millisecond
+
 // streamBufs recycles read buffers across streams; an SSE event is rarely over 1 KB.
 var streamBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
 
-func (px *Proxy) newStreamer(c *call, r *Replica, uc *upConn, upstreamClose bool, sentAt time.Time, pred Prediction) *streamer {
-	return &streamer{px: px, c: c, r: r, uc: uc, upstreamClose: upstreamClose,
+func (px *Proxy) newStreamer(c *call, r *Replica, uc *upConn, upstreamClose bool, sentAt time.Time, pred Prediction, client net.Conn) *streamer {
+	return &streamer{px: px, c: c, r: r, uc: uc, upstreamClose: upstreamClose, client: client, progress: px.Now(),
 		res: result{code: fasthttp.StatusOK, sentAt: sentAt, pred: pred, streamed: true}}
 }
 
@@ -86,7 +107,7 @@ func (s *streamer) Read(dst []byte) (int, error) {
 func (s *streamer) fill() {
 	px, c := s.px, s.c
 	// A stream runs as long as it progresses (a long answer streams for many minutes):
-	// only a gap between chunks, or the client's own deadline, ends it. Before the first
+	// only a gap between events, or the client's own deadline, ends it. Before the first
 	// token the gap is the prompt's prefill, which vLLM spends after it has sent the
 	// stream's header: a 120k-token prompt takes far longer than a gap between tokens, so
 	// the wait for the first token is first_byte_slo_multiple × the TTFT expected (the SLO
@@ -98,28 +119,38 @@ func (s *streamer) fill() {
 			gap = max(gap, min(time.Duration(px.cfg.FirstByteSLOMultiple*expect*float64(time.Second)), px.cfg.RequestTimeout))
 		}
 	}
-	idle := px.Now().Add(gap)
+	idle := s.progress.Add(gap)
 	if !c.clientDeadline.IsZero() {
 		idle = minTime(idle, c.clientDeadline)
 	}
 	_ = s.uc.SetReadDeadline(idle)
 	n, err := s.body.Read(*s.buf)
 	if n > 0 {
+		from := max(len(s.pending)-2, 0) // what was pending held no terminator
 		s.pending = append(s.pending, (*s.buf)[:n]...)
 		rest := s.pending
 		for {
-			ev, r, ok := oai.NextEvent(rest)
+			ev, r, ok := oai.NextEventFrom(rest, from)
 			if !ok {
 				break
 			}
+			from = 0
 			if s.keep(ev) {
 				s.out = append(s.out, ev...)
 			}
 			rest = r
+			s.progress = px.Now()
 		}
 		s.pending = append(s.pending[:0], rest...)
 	}
 	switch {
+	case err == nil && len(s.pending) > maxEventBytes:
+		s.finished, s.res.failed = true, "stream_event_too_large"
+		s.pending = s.pending[:0]
+		s.out = append(s.out, oai.ErrorEvent(oai.ServerError, fmt.Sprintf("replica sent an SSE event too large (over %d bytes)", maxEventBytes))...)
+	case err == nil && len(s.out) == 0 && px.Now().Sub(s.progress) >= streamClientCheck && s.client != nil && connwatch.PeerClosed(s.client):
+		// Bytes that complete no event, and nobody to send them to.
+		s.finished, s.res.clientGone = true, true
 	case err == nil:
 	case errors.Is(err, io.EOF) && s.sawDone:
 		s.out = append(s.out, s.pending...) // an unterminated last event passes as it is
@@ -201,7 +232,7 @@ func (s *streamer) CloseWithError(wErr error) error {
 	px, r := s.px, s.r
 	defer r.End(s.res.pred, px.Now())
 	switch {
-	case !s.finished:
+	case !s.finished || s.res.clientGone:
 		// The client hung up (or fasthttp gave up on it): closing the replica socket
 		// cancels the generation.
 		_ = s.uc.Close()

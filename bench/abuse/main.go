@@ -6,7 +6,10 @@
 //
 // Then it attacks a router as hostile clients do (no key, a key over its limit, path
 // tricks, oversized bodies and headers, vanishing clients, idle connection floods,
-// slowloris), puts a hung replica and a header-recording one behind a router, and attacks a
+// slowloris), puts a hung replica and a header-recording one behind a router, then a
+// replica an attacker controls (issue 35: oversized and endless SSE events, odd status
+// lines, deep JSON, lying usage and /metrics, hostile headers, a flapping /health) and
+// sends it the request framings a smuggling scanner tries, and attacks a
 // real `serve daemon`: specs and load reports that once got through, a write-locked state
 // file while a replica dies, its files' modes, and a kill -9 under load. Each case prints
 // what was expected, what was observed and whether it held; the exit status is 1 if any
@@ -36,15 +39,16 @@ func main() {
 	n := flag.Int("bodies", 48, "concurrent bodies per attack")
 	size := flag.Int("size", 7<<20, "bytes per body")
 	rounds := flag.Int("rounds", 3, "times each attack is sent")
+	only := flag.String("only", "", "run only the sections whose title contains this (e.g. hostile); skips the JSON bombs")
 	maxRSS := flag.Float64("max-rss", 0, "fail (exit 1) when the router's peak RSS passes this many MiB in any attack, or it dies (0: only when it dies)")
 	flag.Parse()
-	if err := run(*bin, *n, *size, *rounds, *maxRSS); err != nil {
+	if err := run(*bin, *n, *size, *rounds, *maxRSS, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "abuse:", err)
 		os.Exit(1)
 	}
 }
 
-func run(bin string, n, size, rounds int, maxRSS float64) error {
+func run(bin string, n, size, rounds int, maxRSS float64, only string) error {
 	dir, err := os.MkdirTemp("", "abuse")
 	if err != nil {
 		return err
@@ -82,9 +86,14 @@ func run(bin string, n, size, rounds int, maxRSS float64) error {
 		// Valid requests, nothing to refuse but their number: what bounds the raw bodies.
 		{"many clients, a body-sized prompt each", prompt + strings.Repeat("x", size-len(prompt)-4) + `"}]}`, 4 * n},
 	}
-	fmt.Printf("router RSS at rest: %.0f MiB\n\n", rssMiB(router.Process.Pid))
-	fmt.Println("| attack | bodies × size × rounds | answers | router peak RSS | RSS after | router alive |")
-	fmt.Println("|---|---|---|---:|---:|---|")
+	if only != "" {
+		attacks = nil
+	}
+	if attacks != nil {
+		fmt.Printf("router RSS at rest: %.0f MiB\n\n", rssMiB(router.Process.Pid))
+		fmt.Println("| attack | bodies × size × rounds | answers | router peak RSS | RSS after | router alive |")
+		fmt.Println("|---|---|---|---:|---:|---|")
+	}
 	var failed []string
 	for _, a := range attacks {
 		var peak atomic.Uint64
@@ -138,8 +147,12 @@ func run(bin string, n, size, rounds int, maxRSS float64) error {
 	}{
 		{"client attack (a keyed router, default limits)", clientAttacks},
 		{"replica attack (a router without keys)", replicaAttacks},
+		{"hostile replica and request framing (issue 35: a router in front of a replica an attacker controls)", hostileReplicaAttacks},
 		{"control-plane attack (a real serve daemon)", daemonAttacks},
 	} {
+		if !strings.Contains(section.title, only) {
+			continue
+		}
 		rows, err := section.run(bin, dir)
 		if err != nil {
 			return fmt.Errorf("%s: %w", section.title, err)
