@@ -453,7 +453,7 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 	if at != nil {
 		o := at.Offer
 		intent.Reason, intent.Capacity, intent.Region, intent.Zone, price = at.Reason, string(o.Capacity), o.Region, o.Zone, o.PricePerHour
-		intent.PriceSource = o.PriceSource
+		intent.PriceSource, intent.Accelerator = o.PriceSource, o.Accelerator
 	}
 	row, err := c.store.NewReplica(ctx, intent, c.cfg.Now())
 	if err != nil {
