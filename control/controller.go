@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/arbiter-serve/arbiter/engine"
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/scaling"
@@ -324,13 +325,29 @@ func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
 			rep := fleet.Replica{ID: r.row.ID, Address: r.row.Address, Model: r.row.Model, Service: s.name,
 				Provider: r.row.Provider, Region: r.row.Region, Zone: r.row.Zone, Capacity: fleet.Capacity(r.row.Capacity),
 				PricePerHour: r.row.PricePerHour, Version: r.row.Version, Draining: st == replicas.Draining}
+			rep.Accelerator = r.row.Accelerator
 			if sp := s.specs[r.row.Version]; sp != nil {
-				rep.Profile = sp.Arbiter.Profile // the spec the replica was launched from
+				rep.Profile = replicaProfile(sp.Arbiter.Profile, r.row.Accelerator)
 			}
 			set.Replicas = append(set.Replicas, rep)
 		}
 	}
 	return set, c.changed
+}
+
+// replicaProfile is the profile routers predict a replica with: the spec's (the one the
+// replica was launched from) moved to the GPU placement launched it on, so that on a fleet
+// of several types each replica is predicted on its own card; the spec's as it is where
+// the replica's GPU is not known or has no profile. Without a profile in the spec, routers
+// take the replica's accelerator and model name themselves (fleet.Replica.Accelerator).
+func replicaProfile(specProfile, accelerator string) string {
+	if specProfile == "" || accelerator == "" {
+		return specProfile
+	}
+	if name, err := engine.ProfileOn(accelerator, specProfile); err == nil {
+		return name
+	}
+	return specProfile
 }
 
 func (s *service) spec() *spec.Service { return s.specs[s.version] }

@@ -74,6 +74,9 @@ func (c *Controller) Preview(ctx context.Context, name, text string, vars Vars) 
 		return pv, nil
 	}
 	offers, problems := offersOf(quotes, problems)
+	if note := sustain(sp, offers); note != "" {
+		problems = append(problems, note)
+	}
 	pv.Offers, pv.Problems = len(offers), problems
 	pl, err := scaling.NewPlacer(scaling.PlacementFromSpec(sp, c.cfg.ZoneCooldown))
 	if err != nil {

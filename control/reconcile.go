@@ -312,6 +312,7 @@ func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, b
 		return nil, false
 	}
 	offers, problems := offersOf(quotes, problems)
+	sustain(sp, offers)
 	for _, o := range offers {
 		c.knowPlace(s, place{o.Provider, o.Region, o.Zone, string(o.Capacity)})
 	}
@@ -453,7 +454,7 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 	if at != nil {
 		o := at.Offer
 		intent.Reason, intent.Capacity, intent.Region, intent.Zone, price = at.Reason, string(o.Capacity), o.Region, o.Zone, o.PricePerHour
-		intent.PriceSource = o.PriceSource
+		intent.PriceSource, intent.Accelerator = o.PriceSource, o.Accelerator
 	}
 	row, err := c.store.NewReplica(ctx, intent, c.cfg.Now())
 	if err != nil {
@@ -507,7 +508,7 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 			if errors.Is(err, replicas.ErrNoCapacity) {
 				r.refused = true
 				if s.placer != nil {
-					s.placer.Refused(scaling.Offer{Provider: row.Provider, Region: row.Region, Zone: row.Zone, Capacity: fleet.Capacity(row.Capacity)}, c.cfg.Now())
+					s.placer.Refused(scaling.Offer{Provider: row.Provider, Region: row.Region, Zone: row.Zone, Capacity: fleet.Capacity(row.Capacity), Accelerator: row.Accelerator}, c.cfg.Now())
 				}
 			}
 			c.transition(ctx, s, r, replicas.Failed, "launch failed: "+err.Error())

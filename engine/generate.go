@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Calibration is what the data sheets do not say: how much of their bandwidth and FLOPs a
@@ -474,22 +475,38 @@ func generated(name string) (*Profile, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := CalibrateOn("h100", "h200")
+	cal, err := bothCards()
 	if err != nil {
 		return nil, err
 	}
+	c, loo := cal.c, cal.loo
 	p, err := Generate(g, m, tp, c)
 	if err != nil {
 		return nil, fmt.Errorf("profile %q: %w", name, err)
-	}
-	loo, err := LeaveOneOutWorst()
-	if err != nil {
-		return nil, err
 	}
 	p.Name, p.MaxFitError, p.ModelError = strings.ToLower(strings.TrimSpace(name)), c.MaxError, loo
 	p.Source += fmt.Sprintf("; error: at most %.0f %% per measured row fitted, %.0f %% predicting either measured card from the other", 100*c.MaxError, 100*loo)
 	return p, nil
 }
+
+// bothCards is the calibration fitted to both measured cards and its leave-one-out error,
+// fitted once: a fit takes some tenths of a second, and the control plane asks for the
+// profile of every GPU it is offered at every placement.
+var bothCards = sync.OnceValues(func() (struct {
+	c   Calibration
+	loo float64
+}, error) {
+	var out struct {
+		c   Calibration
+		loo float64
+	}
+	var err error
+	if out.c, err = CalibrateOn("h100", "h200"); err != nil {
+		return out, err
+	}
+	out.loo, err = LeaveOneOutWorst()
+	return out, err
+})
 
 // LeaveOneOutWorst is the largest per-row error of LeaveOneOut both ways between the
 // measured cards.
@@ -517,4 +534,25 @@ func CheckProfileName(name string) error {
 	}
 	_, err := LoadProfile(name)
 	return err
+}
+
+// ProfileOn names the profile of a model on another GPU: model is a profile name (its
+// model is taken: h100-llama-3.1-8b gives llama-3.1-8b), a short model name or a Hugging
+// Face id; accelerator a GPU as the catalogs or profiles name it (L4, a100-80gb). The name
+// leaves the number of GPUs to Generate (the fewest that hold the model), since a machine
+// with several GPUs may run a small model on one. It fails when either is unknown.
+func ProfileOn(accelerator, model string) (string, error) {
+	g, err := LookupGPU(accelerator)
+	if err != nil {
+		return "", err
+	}
+	m, err := LookupModel(model)
+	if err != nil {
+		_, pm, _, perr := parsePair(model)
+		if perr != nil {
+			return "", err
+		}
+		m = pm
+	}
+	return g.Name + "-" + m.Name, nil
 }

@@ -149,3 +149,22 @@ func TestGeneratedProfiles(t *testing.T) {
 		t.Error("a .json profile passed the router check")
 	}
 }
+
+func TestProfileOnTakesTheModelAndSwapsTheGPU(t *testing.T) {
+	for _, c := range []struct{ acc, model, want string }{
+		{"L4", "h100-llama-3.1-8b", "l4-llama-3.1-8b"},
+		{"A100-80GB", "meta-llama/Llama-3.1-8B-Instruct", "a100-80gb-llama-3.1-8b"},
+		{"h100", "h100x4-llama-3.1-70b", "h100-llama-3.1-70b"},
+		{"H100", "qwen2.5-7b", "h100-qwen2.5-7b"},
+	} {
+		got, err := ProfileOn(c.acc, c.model)
+		if err != nil || got != c.want {
+			t.Errorf("ProfileOn(%q, %q) = %q, %v; want %q", c.acc, c.model, got, err, c.want)
+		}
+	}
+	for _, c := range [][2]string{{"TPU-v5", "llama-3.1-8b"}, {"L4", "gpt-oss"}} {
+		if got, err := ProfileOn(c[0], c[1]); err == nil {
+			t.Errorf("ProfileOn(%q, %q) = %q, want an error", c[0], c[1], got)
+		}
+	}
+}

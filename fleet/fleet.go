@@ -56,6 +56,11 @@ type Replica struct {
 	// measured on real GPUs, e.g. h100-llama-3.1-8b), which routers predict its latency
 	// with. Empty: a default profile, corrected by what the replica's answers show.
 	Profile string `yaml:"profile,omitempty" json:"profile,omitempty"`
+	// Accelerator is the GPU the replica runs on, as the price catalogs name it (L4, H100,
+	// A100-80GB): the control plane's placement, or a label in a router's replicas file.
+	// Without a Profile, routers predict the replica with that GPU's profile of its model
+	// (engine.ProfileOn). Empty: not known.
+	Accelerator string `yaml:"accelerator,omitempty" json:"accelerator,omitempty"`
 	// Draining replicas get no new requests; in-flight ones finish.
 	Draining bool `yaml:"draining,omitempty" json:"draining,omitempty"`
 }

@@ -151,7 +151,7 @@ func (m *Market) convert(quotes []pricing.Offer) []scaling.Offer {
 			}
 		}
 		out = append(out, scaling.Offer{Provider: o.Provider, Region: o.Region, Zone: o.Zone, InstanceType: o.InstanceType,
-			Capacity: o.Capacity, PricePerHour: o.PricePerHour})
+			Capacity: o.Capacity, PricePerHour: o.PricePerHour, Accelerator: o.Accelerator, AcceleratorCount: o.AcceleratorCount})
 	}
 	return out
 }

@@ -240,7 +240,8 @@ func (s *Sim) Quote(_ context.Context, service string, sp *spec.Service) ([]Quot
 	sm.quoted = s.cfg.Now()
 	var out []Quote
 	for _, o := range sm.m.Offers(sm.marketTime(s.cfg.Now())) {
-		out = append(out, Quote{Provider: s.Name(), Region: o.Region, Zone: o.Zone, Capacity: o.Capacity, PricePerHour: o.PricePerHour})
+		out = append(out, Quote{Provider: s.Name(), Region: o.Region, Zone: o.Zone, Capacity: o.Capacity, PricePerHour: o.PricePerHour,
+			InstanceType: o.InstanceType, Accelerator: o.Accelerator, AcceleratorCount: o.AcceleratorCount})
 	}
 	if len(out) == 0 {
 		// A market always offers something; saying "none" would read as "not a market".

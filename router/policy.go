@@ -224,6 +224,7 @@ func (p *SLOCheapest) Pick(req *Request, cands []*Replica, rng *rand.Rand) *Repl
 	if len(all) == 0 {
 		return nil
 	}
+	all = holding(all)
 	choice, reason := p.choose(req, all)
 	if s, ok := p.resample(req, all, choice); ok {
 		choice, reason = s, ReasonResample
@@ -235,6 +236,23 @@ func (p *SLOCheapest) Pick(req *Request, cands []*Replica, rng *rand.Rand) *Repl
 	}
 	req.picked, req.pickedPred = choice.r, choice.p
 	return choice.r
+}
+
+// holding keeps the candidates whose profile holds the request (on a fleet of several GPU
+// types a small card's context may be shorter than a long prompt): one that would refuse it
+// is neither meeting the SLO nor worth re-sampling. When none is known to hold it, all
+// stay: the profiles may be wrong, and the replica's own answer says.
+func holding(all []scored) []scored {
+	n := 0
+	for _, s := range all {
+		if !s.p.TooLong {
+			n++
+		}
+	}
+	if n == 0 || n == len(all) {
+		return all
+	}
+	return slices.DeleteFunc(all, func(s scored) bool { return s.p.TooLong })
 }
 
 func (p *SLOCheapest) score(req *Request, r *Replica) scored {

@@ -113,12 +113,14 @@ func (p *Pool) SetReplicas(set []fleet.Replica) {
 	}
 }
 
-// profile is the engine profile a replica's model runs with: the one it names, else the
-// default. A name the router does not know (the set was validated elsewhere, e.g. by a
-// newer control plane) falls back to the default, loudly: predictions then rest on
-// calibration alone. Caller holds p.mu for writing.
+// profile is the engine profile a replica's model runs with: the one it names, else its
+// accelerator's profile of its model (or, for a model name no shape is known for, of the
+// default profile's 8B shape: the right GPU at least), else the default. A name the router
+// does not know (the set was validated elsewhere, e.g. by a newer control plane) falls
+// back to the default, loudly: predictions then rest on calibration alone. Caller holds
+// p.mu for writing.
 func (p *Pool) profile(info fleet.Replica) *engine.Profile {
-	name := cmp.Or(info.Profile, DefaultProfile)
+	name := cmp.Or(info.Profile, profileOfAccelerator(info), DefaultProfile)
 	if prof, ok := p.profiles[name]; ok {
 		return prof
 	}
@@ -131,6 +133,19 @@ func (p *Pool) profile(info fleet.Replica) *engine.Profile {
 	}
 	p.profiles[name] = prof
 	return prof
+}
+
+// profileOfAccelerator names the profile of a replica's model on its accelerator, "" when
+// it names no accelerator or one no profile can be made for.
+func profileOfAccelerator(info fleet.Replica) string {
+	if info.Accelerator == "" {
+		return ""
+	}
+	if name, err := engine.ProfileOn(info.Accelerator, info.Model); err == nil {
+		return name
+	}
+	name, _ := engine.ProfileOn(info.Accelerator, DefaultProfile)
+	return name
 }
 
 // retire marks a replica removed: requests already on it finish (they hold it), new ones

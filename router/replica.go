@@ -215,6 +215,9 @@ type Prediction struct {
 	// picks add sequences to its batch, so a policy that fills a replica up to the TPOT
 	// target would otherwise see its earlier streams slow past it.
 	TPOTSpread float64
+	// TooLong: the prompt and its output are more than the replica's profile holds (its
+	// max_model_len, which vLLM bounds by the KV cache): the replica would refuse it.
+	TooLong bool
 
 	seq *twinSeq // the request in the model, once Begin sent it
 }
@@ -252,7 +255,8 @@ func (r *Replica) predictLocked(now time.Time, p shape, outTokens int, staleAfte
 		}
 	}
 	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, Wait: max(res.start.Sub(now).Seconds(), 0),
-		Ahead: ahead, Load: r.loadLocked(now, staleAfter), Uncached: uncached, Spread: r.spread.factor(), TPOTSpread: r.tpotSpread.factor()}
+		Ahead: ahead, Load: r.loadLocked(now, staleAfter), Uncached: uncached, Spread: r.spread.factor(), TPOTSpread: r.tpotSpread.factor(),
+		TooLong: w.prof != nil && w.prof.MaxModelLen > 0 && prompt+max(outTokens, 1) > w.prof.MaxModelLen}
 }
 
 // withKnownPrefix counts as cached what the replica's prefix cache likely holds of the

@@ -12,6 +12,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/arbiter-serve/arbiter/engine"
 	"github.com/arbiter-serve/arbiter/fleet"
 )
 
@@ -19,6 +20,10 @@ import (
 //
 //	replicas:
 //	  - {id: a, address: 127.0.0.1:8001, model: m, capacity: reserved, price_per_hour: 2.5}
+//	  - {id: b, address: 127.0.0.1:8002, model: m, price_per_hour: 0.8, accelerator: L4}
+//
+// accelerator (the catalogs' GPU name) or profile (an engine profile) says what the
+// router predicts a replica with (fleet.Replica).
 type replicaFile struct {
 	Replicas []fleet.Replica `yaml:"replicas"`
 }
@@ -33,6 +38,20 @@ func ParseReplicaFile(b []byte) ([]fleet.Replica, error) {
 	}
 	if err := fleet.ValidateSet(f.Replicas); err != nil {
 		return nil, err
+	}
+	for i, r := range f.Replicas {
+		// A replica's GPU or profile the router cannot model would be predicted as the
+		// default's: the file's author hears of it now, not from a wrong pick later.
+		if r.Profile != "" {
+			if err := engine.CheckProfileName(r.Profile); err != nil {
+				return nil, fmt.Errorf("replicas[%d] (%s): profile: %w", i, r.ID, err)
+			}
+		}
+		if r.Accelerator != "" {
+			if _, err := engine.LookupGPU(r.Accelerator); err != nil {
+				return nil, fmt.Errorf("replicas[%d] (%s): accelerator: %w", i, r.ID, err)
+			}
+		}
 	}
 	return f.Replicas, nil
 }

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
@@ -25,15 +26,67 @@ type Offer struct {
 	Capacity                             fleet.Capacity // spot or on_demand
 	PricePerHour                         float64
 	// Accelerator × AcceleratorCount is the GPU the offer runs on, passed through to the
-	// launch (placement itself compares places and prices only).
+	// launch.
 	Accelerator      string
 	AcceleratorCount int
+	// Sustains is what one replica on this offer serves within the service's SLO for its
+	// request mix (Sustained); its zero value is not known, and the offer is then compared
+	// by its price per hour.
+	Sustains Sustains
 	// PriceSource says where the price came from (a catalog file, a provider's price API),
 	// for the launch's log line.
 	PriceSource string
 }
 
 func (o Offer) place() string { return place(o.Provider, o.Region, o.Zone) }
+
+// Sustains is the throughput one replica keeps within a latency SLO for a request mix.
+type Sustains struct {
+	// Known: the throughput was computed (from the GPU's performance profile); a known 0
+	// is a GPU that cannot meet the SLO even with one request (or cannot hold the model).
+	Known bool
+	// TokensPerSecond is prompt plus output tokens a second at the SLO.
+	TokensPerSecond float64
+	// Why says what it was computed from (profile, mix, SLO), for reasons and `serve up`.
+	Why string
+}
+
+// PerMTokens is the offer's $ per million tokens at the SLO: its hourly price over what it
+// sustains; +Inf where it sustains nothing, 0 where that is not known.
+func (o Offer) PerMTokens() float64 {
+	if !o.Sustains.Known {
+		return 0
+	}
+	if o.Sustains.TokensPerSecond <= 0 {
+		return math.Inf(1)
+	}
+	return o.PricePerHour / 3600 / o.Sustains.TokensPerSecond * 1e6
+}
+
+// unitPrice is what offers are ranked by: $ per million tokens at the SLO where both are
+// known (the cheapest token, not the cheapest hour: an H100 at five times an L4's price
+// may serve ten times its tokens), else the price per hour.
+func unitPrice(o, than Offer) (a, b float64) {
+	if o.Sustains.Known && than.Sustains.Known {
+		return o.PerMTokens(), than.PerMTokens()
+	}
+	return o.PricePerHour, than.PricePerHour
+}
+
+// priced describes an offer's price for a reason: $/h, and $/M tokens where known.
+func (o Offer) priced() string {
+	s := fmt.Sprintf("$%.2f/h", o.PricePerHour)
+	if o.Accelerator != "" {
+		s = o.Accelerator + " at " + s
+	}
+	switch m := o.PerMTokens(); {
+	case math.IsInf(m, 1):
+		s += " (cannot meet the SLO)"
+	case m > 0:
+		s += fmt.Sprintf(" ($%.3f/M tokens at the SLO)", m)
+	}
+	return s
+}
 
 // place names provider/region/zone for keys and reasons, leaving out what is not known (a
 // Kubernetes node without zone labels): "kubernetes:x", never "kubernetes:x//".
@@ -243,9 +296,16 @@ const moveQuiet = time.Hour
 // minutes); the replacement, if still starting, is drained as any extra replica.
 const moveTimeout = 15 * time.Minute
 
+// refusal is what a refusal keeps out: one place's offers of one capacity kind and GPU
+// (a zone out of L4s may have H100s).
 type refusal struct {
-	place    string
-	capacity fleet.Capacity
+	place       string
+	capacity    fleet.Capacity
+	accelerator string
+}
+
+func refusalOf(o Offer) refusal {
+	return refusal{o.place(), o.Capacity, strings.ToLower(o.Accelerator)}
 }
 
 // NewPlacer returns a placer for a policy.
@@ -340,11 +400,11 @@ func (pl *Placer) zoneShare(n, zones int) int {
 	return max(1, (n+k-1)/k)
 }
 
-// Refused records that a place turned down a launch of o's capacity kind for want of
+// Refused records that a place turned down a launch of o's capacity kind and GPU for want of
 // capacity: that offer leaves the plan for RefusalBackoff, and a spot zone cools down as
 // after a preemption.
 func (pl *Placer) Refused(o Offer, at time.Time) {
-	pl.refused[refusal{o.place(), o.Capacity}] = at
+	pl.refused[refusalOf(o)] = at
 	if o.Capacity == fleet.Spot {
 		pl.preempted[o.place()] = at // cools the zone; a refusal took nothing back
 		if m := pl.moving; m != nil && m.to.place() == o.place() {
@@ -365,7 +425,7 @@ func (pl *Placer) offered(now time.Time, offers []Offer) []Offer {
 	}
 	out := make([]Offer, 0, len(offers))
 	for _, o := range offers {
-		if _, ok := pl.refused[refusal{o.place(), o.Capacity}]; !ok {
+		if _, ok := pl.refused[refusalOf(o)]; !ok {
 			out = append(out, o)
 		}
 	}
@@ -389,6 +449,7 @@ func cheapest(offers []Offer, capacity fleet.Capacity, ok func(Offer) bool) (Off
 // Plan returns the launches and drains that move existing toward target replicas.
 func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Offer) Plan {
 	p := pl.policy
+	all := offers
 	offers = pl.offered(now, offers)
 	alive := len(existing)
 	existing = slices.DeleteFunc(slices.Clone(existing), func(r Placed) bool { return r.Leaving })
@@ -421,6 +482,9 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	spotOffer, haveSpot := cheapest(offers, fleet.Spot, func(o Offer) bool { return active[o.place()] })
 	odOffer, haveOD := cheapest(offers, fleet.OnDemand, nil)
 	useSpot, holdSpot, why := false, false, ""
+	// Spot and on-demand compare per token where both are known: the cheapest of each may
+	// be different GPUs.
+	spotUnit, odUnit := unitPrice(spotOffer, odOffer)
 	switch {
 	case !p.UseSpot:
 		why = "use_spot is off: on-demand"
@@ -432,11 +496,11 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		why = fmt.Sprintf("no spot offer now: keeping %d spot replicas, on-demand for the rest", min(len(have[fleet.Spot]), rest-base))
 	case !haveSpot:
 		why = "no spot offer: on-demand"
-	case haveOD && spotOffer.PricePerHour > p.MaxSpotPriceRatio*odOffer.PricePerHour:
-		why = fmt.Sprintf("spot $%.2f/h > %.2f × on-demand $%.2f/h: on-demand", spotOffer.PricePerHour, p.MaxSpotPriceRatio, odOffer.PricePerHour)
+	case haveOD && spotUnit > p.MaxSpotPriceRatio*odUnit:
+		why = fmt.Sprintf("spot %s > %.2f × on-demand %s: on-demand", spotOffer.priced(), p.MaxSpotPriceRatio, odOffer.priced())
 	case haveOD:
 		useSpot = true
-		why = fmt.Sprintf("spot $%.2f/h ≤ %.2f × on-demand $%.2f/h: spot", spotOffer.PricePerHour, p.MaxSpotPriceRatio, odOffer.PricePerHour)
+		why = fmt.Sprintf("spot %s ≤ %.2f × on-demand %s: spot", spotOffer.priced(), p.MaxSpotPriceRatio, odOffer.priced())
 	default:
 		useSpot = true
 		why = "spot offered, no on-demand price to compare: spot"
@@ -451,7 +515,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	hedge := 0
 	if useSpot && p.SpotMinZones >= 2 && rest-base == 1 && base == 0 && want[fleet.Reserved] == 0 && p.Overprovision == 0 &&
 		(p.MaxReplicas == 0 || p.MaxReplicas >= 2) &&
-		(!haveOD || 2*spotOffer.PricePerHour <= p.MaxSpotPriceRatio*odOffer.PricePerHour) {
+		(!haveOD || 2*spotUnit <= p.MaxSpotPriceRatio*odUnit) {
 		hedge = 1
 	}
 	if useSpot || holdSpot {
@@ -493,7 +557,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		}
 		for i := range spotLaunches {
 			o := spotLaunches[i].Offer
-			spotLaunches[i].Reason = fmt.Sprintf("spot in %s at $%.2f/h: %s; %d spot replicas there now", o.place(), o.PricePerHour, why, there[i])
+			spotLaunches[i].Reason = fmt.Sprintf("spot in %s, %s: %s; %d spot replicas there now", o.place(), o.priced(), why, there[i]) + pl.passedOver(now, all, o)
 		}
 		if p.DynamicFallback {
 			// One on-demand stand-in per spot replica that is wanted but not ready (never for
@@ -532,7 +596,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	plan.Launch = append(plan.Launch, spotLaunches...)
 	// On-demand: cheapest.
 	for n := want[fleet.OnDemand] - len(have[fleet.OnDemand]); n > 0 && haveOD; n-- {
-		reason := fmt.Sprintf("on-demand in %s at $%.2f/h: ", odOffer.place(), odOffer.PricePerHour)
+		reason := fmt.Sprintf("on-demand in %s, %s%s: ", odOffer.place(), odOffer.priced(), pl.passedOver(now, all, odOffer))
 		if useSpot {
 			reason += fmt.Sprintf("base %d + stand-ins for %d spot replicas not ready", base, want[fleet.OnDemand]-base)
 		} else {
@@ -796,6 +860,10 @@ func (pl *Placer) spotZone(offers []Offer, active map[string]bool, spotIn map[st
 		case ZoneExpectedCost:
 			// Under its share first; then the lowest expected cost.
 			c, over := pl.expectedCost(o, odPrice), spotIn[o.place()] >= share
+			if o.Sustains.Known {
+				// Several GPU types: an hour of each buys different tokens.
+				c /= max(o.Sustains.TokensPerSecond, 1e-9)
+			}
 			better = !found || !over && bestOver || over == bestOver && (c < bestCost || c == bestCost && o.place() < best.place())
 			if better {
 				bestCost, bestOver = c, over
@@ -813,7 +881,34 @@ func (pl *Placer) spotZone(offers []Offer, active map[string]bool, spotIn map[st
 	return best, found
 }
 
-// cheaper orders offers by price, then place.
+// passedOver says, for a launch on chosen, which offer of the same capacity kind would be
+// cheaper per token but was refused within RefusalBackoff (a type that cannot be had falls
+// to the next cheapest, and the reason says so); "" when none was.
+func (pl *Placer) passedOver(now time.Time, all []Offer, chosen Offer) string {
+	best, found := Offer{}, false
+	for _, o := range all {
+		_, refused := pl.refused[refusalOf(o)]
+		if o.Capacity != chosen.Capacity || !refused || !cheaper(o, chosen) || (found && !cheaper(o, best)) {
+			continue
+		}
+		best, found = o, true
+	}
+	if !found {
+		return ""
+	}
+	at := pl.refused[refusalOf(best)]
+	return fmt.Sprintf(" (the cheaper %s in %s refused a launch %v ago: no capacity)", best.priced(), best.place(), now.Sub(at).Round(time.Second))
+}
+
+// cheaper orders offers by unit price ($ per token at the SLO where known, else per
+// hour), then hourly price, then place and accelerator.
 func cheaper(a, b Offer) bool {
-	return a.PricePerHour < b.PricePerHour || a.PricePerHour == b.PricePerHour && a.place() < b.place()
+	ua, ub := unitPrice(a, b)
+	if ua != ub {
+		return ua < ub
+	}
+	if a.PricePerHour != b.PricePerHour {
+		return a.PricePerHour < b.PricePerHour
+	}
+	return a.place() < b.place() || a.place() == b.place() && a.Accelerator < b.Accelerator
 }

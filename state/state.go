@@ -105,6 +105,7 @@ CREATE TABLE IF NOT EXISTS replicas (
 	zone           TEXT NOT NULL DEFAULT '',
 	price_per_hour REAL NOT NULL DEFAULT 0,
 	price_source   TEXT NOT NULL DEFAULT '',
+	accelerator    TEXT NOT NULL DEFAULT '',
 	launched_at    INTEGER NOT NULL,
 	ready_at       INTEGER NOT NULL DEFAULT 0,
 	updated_at     INTEGER NOT NULL,
@@ -171,9 +172,11 @@ func OpenWith(path string, o Options) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("state %s: create schema: %w", path, err)
 	}
-	if err := s.addColumn(context.Background(), "replicas", "price_source", "TEXT NOT NULL DEFAULT ''"); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("state %s: %w", path, err)
+	for _, col := range []string{"price_source", "accelerator"} {
+		if err := s.addColumn(context.Background(), "replicas", col, "TEXT NOT NULL DEFAULT ''"); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("state %s: %w", path, err)
+		}
 	}
 	return s, nil
 }
@@ -297,7 +300,10 @@ type Replica struct {
 	PricePerHour float64 `json:"price_per_hour"`
 	// PriceSource says where PricePerHour came from (a catalog file, a provider's price
 	// API); "" where the provider does not say.
-	PriceSource string    `json:"price_source,omitempty"`
+	PriceSource string `json:"price_source,omitempty"`
+	// Accelerator is the GPU placement launched the replica on, as the catalogs name it
+	// (L4, H100); "" where the provider quotes no market (the local machine).
+	Accelerator string    `json:"accelerator,omitempty"`
 	LaunchedAt  time.Time `json:"launched_at"`
 	ReadyAt     time.Time `json:"ready_at,omitzero"`
 	UpdatedAt   time.Time `json:"updated_at"`
@@ -533,9 +539,9 @@ func (s *Store) newReplica(ctx context.Context, r Replica, now time.Time) (Repli
 	}
 	r.ID = fmt.Sprintf("%s-%d", r.Service, seq)
 	r.LaunchedAt, r.UpdatedAt = now, now
-	_, err = tx.ExecContext(ctx, `INSERT INTO replicas (id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, launched_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		r.ID, r.Service, r.Version, r.Provider, r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, r.PriceSource, ms(now), ms(now))
+	_, err = tx.ExecContext(ctx, `INSERT INTO replicas (id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, accelerator, launched_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		r.ID, r.Service, r.Version, r.Provider, r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, r.PriceSource, r.Accelerator, ms(now), ms(now))
 	if err != nil {
 		return r, fmt.Errorf("new replica %s: %w", r.ID, err)
 	}
@@ -592,7 +598,7 @@ func moved(move, reason string) string {
 	return move + ": " + reason
 }
 
-const replicaCols = `id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, launched_at, ready_at, updated_at, ended_at`
+const replicaCols = `id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, accelerator, launched_at, ready_at, updated_at, ended_at`
 
 // Replicas lists a service's replicas ("" = all services); ended ones only when withEnded.
 func (s *Store) Replicas(ctx context.Context, service string, withEnded bool) ([]Replica, error) {
@@ -610,7 +616,7 @@ func (s *Store) Replicas(ctx context.Context, service string, withEnded bool) ([
 		var r Replica
 		var l, rd, u, e int64
 		if err := rows.Scan(&r.ID, &r.Service, &r.Version, &r.Provider, &r.Handle, &r.Address, &r.Model, &r.State, &r.Reason,
-			&r.Capacity, &r.Region, &r.Zone, &r.PricePerHour, &r.PriceSource, &l, &rd, &u, &e); err != nil {
+			&r.Capacity, &r.Region, &r.Zone, &r.PricePerHour, &r.PriceSource, &r.Accelerator, &l, &rd, &u, &e); err != nil {
 			return nil, err
 		}
 		r.LaunchedAt, r.ReadyAt, r.UpdatedAt, r.EndedAt = fromMS(l), fromMS(rd), fromMS(u), fromMS(e)

@@ -147,6 +147,38 @@ func TestOlderFileGainsThePriceSourceColumn(t *testing.T) {
 	}
 }
 
+// A replica's accelerator is written with its intent and read back, and a file from before
+// the column opens with it added (empty: not known).
+func TestReplicaKeepsItsAccelerator(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.UnixMilli(1_700_000_000_000)
+	if _, err := s.PutService(ctx, "llm", "run: x", "", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.NewReplica(ctx, Replica{Service: "llm", Version: 1, Provider: "aws", State: "pending", Accelerator: "L4"}, now); err != nil {
+		t.Fatal(err)
+	}
+	if rows, err := s.Replicas(ctx, "llm", true); err != nil || len(rows) != 1 || rows[0].Accelerator != "L4" {
+		t.Fatalf("rows %+v %v: want the accelerator L4", rows, err)
+	}
+	if _, err := s.db.ExecContext(ctx, "ALTER TABLE replicas DROP COLUMN accelerator"); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if s, err = Open(path); err != nil {
+		t.Fatalf("reopening an older file: %v", err)
+	}
+	defer s.Close()
+	if rows, err := s.Replicas(ctx, "llm", true); err != nil || len(rows) != 1 || rows[0].Accelerator != "" {
+		t.Fatalf("rows %+v %v", rows, err)
+	}
+}
+
 // A name deleted and created again is a new service: its events start at its creation, and
 // the deleted one's (its problems, its replicas of the same IDs) are not replayed as its
 // own. They stay, as history, in the log of every service.

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -448,6 +449,13 @@ func printPreview(out io.Writer, name string, sp *spec.Service, pv *control.Prev
 			fmt.Fprintf(out, ", priced by %s", l.PriceSource)
 		}
 		fmt.Fprintln(out)
+		// What placement ranked it by: $ per million tokens at the SLO, and what that rests on.
+		switch m := l.PerMTokens(); {
+		case math.IsInf(m, 1):
+			fmt.Fprintf(out, "              cannot meet the SLO (%s)\n", l.Sustains.Why)
+		case m > 0:
+			fmt.Fprintf(out, "              $%.3f/M tokens at the SLO: %.0f tokens/s (%s)\n", m, l.Sustains.TokensPerSecond, l.Sustains.Why)
+		}
 		total += l.PricePerHour
 		dearest = max(dearest, l.PricePerHour)
 	}

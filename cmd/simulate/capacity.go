@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -86,7 +84,7 @@ func capacity(args []string, out io.Writer) error {
 			return fmt.Errorf("-gpus %s: the catalogs price no on-demand instance with %d × %s at %s", name, tp, g.Name, *start)
 		}
 		for _, sh := range shapes {
-			rate, err := maxRate(*prof, sh, *tpotMs, *ttftMs, *requests, *seed)
+			rate, err := engine.MaxRate(*prof, sh[0], sh[1], *tpotMs, *ttftMs, *requests, *seed)
 			if err != nil {
 				return fmt.Errorf("%s, %d:%d: %w", g.Name, sh[0], sh[1], err)
 			}
@@ -130,98 +128,4 @@ func cheapestOnDemand(offers []pricing.Offer, accelerator string, gpus int) (flo
 		}
 	}
 	return best, ok
-}
-
-// maxRate finds by bisection the highest Poisson arrival rate (requests/s) at which one
-// engine keeps the p90 TPOT and TTFT within the targets, in virtual time.
-func maxRate(p engine.Profile, sh [2]int, tpotMs, ttftMs float64, n int, seed uint64) (float64, error) {
-	meets := func(rate float64) (bool, error) {
-		// At least a minute of arrivals, so a fast card's queue has time to build, and at
-		// most 20,000 requests, so a trial stays bounded.
-		tpot, ttft, err := p90s(p, sh, rate, min(max(n, int(rate*60)), max(n, 20000)), seed)
-		return err == nil && tpot <= tpotMs && (ttftMs == 0 || ttft <= ttftMs), err
-	}
-	lo, hi := 0.0, 0.25
-	for ; ; hi *= 2 {
-		ok, err := meets(hi)
-		if err != nil {
-			return 0, err
-		}
-		if !ok {
-			break
-		}
-		lo = hi
-		if hi > 1e5 {
-			return lo, nil
-		}
-	}
-	for range 12 {
-		mid := (lo + hi) / 2
-		ok, err := meets(mid)
-		if err != nil {
-			return 0, err
-		}
-		if ok {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	return lo, nil
-}
-
-// p90s runs n requests of one shape arriving as a Poisson process at rate per second
-// through an engine and returns the p90 TPOT and TTFT (ms) of all but the first 10 %.
-// A run whose backlog outgrows an hour past the last arrival counts as missing both.
-func p90s(p engine.Profile, sh [2]int, rate float64, n int, seed uint64) (tpot, ttft float64, err error) {
-	e, err := engine.New(p)
-	if err != nil {
-		return 0, 0, err
-	}
-	rng := rand.New(rand.NewPCG(seed, 0x5eed))
-	arrive := make([]float64, n) // ms
-	t := 0.0
-	for i := range arrive {
-		t += rng.ExpFloat64() / rate * 1000
-		arrive[i] = t
-	}
-	first := make([]float64, n)
-	var tpots, ttfts []float64
-	now, next, done := 0.0, 0, 0
-	for done < n {
-		for next < n && arrive[next] <= now {
-			if err := e.Add(engine.Request{ID: uint64(next), PromptTokens: sh[0], MaxTokens: sh[1]}); err != nil {
-				return 0, 0, err
-			}
-			next++
-		}
-		if e.Idle() {
-			now = arrive[next]
-			continue
-		}
-		if now > arrive[n-1]+3.6e6 {
-			return math.Inf(1), math.Inf(1), nil
-		}
-		st := e.Step()
-		now += float64(st.Duration) / float64(time.Millisecond)
-		for _, em := range st.Emits {
-			id := int(em.ID)
-			if em.Index == 0 {
-				first[id] = now
-			}
-			if em.Done {
-				done++
-				if id >= n/10 {
-					ttfts = append(ttfts, first[id]-arrive[id])
-					tpots = append(tpots, (now-first[id])/float64(sh[1]-1))
-				}
-			}
-		}
-	}
-	return p90(tpots), p90(ttfts), nil
-}
-
-func p90(v []float64) float64 {
-	slices.Sort(v)
-	return v[int(math.Ceil(0.9*float64(len(v))))-1]
 }
