@@ -326,6 +326,7 @@ func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
 				PricePerHour: r.row.PricePerHour, Version: r.row.Version, Draining: st == replicas.Draining}
 			if sp := s.specs[r.row.Version]; sp != nil {
 				rep.Profile = sp.Arbiter.Profile // the spec the replica was launched from
+				rep.Tasks = sp.Arbiter.Tasks
 			}
 			set.Replicas = append(set.Replicas, rep)
 		}
