@@ -26,8 +26,8 @@ func TestPoolingTasksAsVLLMServesThem(t *testing.T) {
 	code, body := post(t, url+"/v1/rerank", `{"model":"m","query":"capital of France","documents":["Berlin is in Germany.","The capital of France is Paris."],"top_n":1}`)
 	var rr struct {
 		Results []struct {
-			Index          int     `json:"index"`
-			RelevanceScore float64 `json:"relevance_score"`
+			Index          int                   `json:"index"`
+			RelevanceScore float64               `json:"relevance_score"`
 			Document       struct{ Text string } `json:"document"`
 		} `json:"results"`
 		Usage map[string]int `json:"usage"`
