@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/arbiter-serve/arbiter/pricing"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/scaling"
 	"github.com/arbiter-serve/arbiter/spec"
@@ -56,11 +57,26 @@ type Vars struct {
 	Envs, Secrets map[string]string
 }
 
+// embeddedCatalog is the price catalogs shipped in the binary, parsed once (0.1–0.2 s).
+var embeddedCatalog = sync.OnceValues(pricing.Embedded)
+
 // parseSpec validates a submitted spec; the file name is only for messages.
 func (c *Controller) parseSpec(name, text string, v Vars) (*spec.Service, error) {
 	sp, err := spec.ParseWith(name+".yaml", []byte(text), spec.Overrides{Envs: v.Envs, Secrets: v.Secrets})
 	if err != nil {
 		return nil, err
+	}
+	// As the CLI does before it submits (serve up's warnings): names spelled as the
+	// catalogs spell them, and what nothing can price or run left out, so that placement
+	// and the providers see what runs; a file left with nothing is refused.
+	if len(sp.AcceleratorNames()) > 0 {
+		cat, err := embeddedCatalog()
+		if err != nil {
+			return nil, err
+		}
+		if _, err := pricing.Resolve(sp, cat); err != nil {
+			return nil, err
+		}
 	}
 	// spec validation applies these rules too (scaling's FuzzAcceptedSpecsRun keeps them in
 	// step); checked again here so that nothing the decider or the placer would refuse is

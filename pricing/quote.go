@@ -56,10 +56,12 @@ func (a amount) ok(have float64) bool {
 // ratio and fall back; filter by Capacity to get one kind. Reserved capacity is in the
 // spec, not in catalogs: see ReservedOffers.
 //
-// An accelerator no catalog knows is an *UnknownAcceleratorError naming the closest known
-// ones, even when other candidates have offers (a typo should not quietly shrink the
-// choice). When no candidate has an offer the error is a *NoOffersError saying, for each,
-// which constraint emptied the list and what the catalogs have instead.
+// An accelerator no catalog knows is left out, as SkyPilot's optimizer skips a candidate
+// no enabled cloud offers (Resolve warns about it, with its place in the file, before a
+// service is accepted); when every accelerator named is unknown the error is one
+// *UnknownAcceleratorError per name, naming the closest known ones. When no candidate has
+// an offer the error is a *NoOffersError saying, for each, which constraint emptied the
+// list and what the catalogs have instead.
 func (c *Catalog) Quote(r spec.Resources, at time.Time) ([]Offer, error) {
 	opts, err := options(r)
 	if err != nil {
@@ -68,19 +70,26 @@ func (c *Catalog) Quote(r spec.Resources, at time.Time) ([]Offer, error) {
 	var unknownErrs []error
 	names := map[string]bool{}
 	overlap := false
+	known := opts[:0:0]
 	for _, o := range opts {
 		n := lowerName(o.accelerator.Name)
+		if n != "" && c.byAcc[n] == nil && c.notes[n] == nil {
+			if !names[n] {
+				unknownErrs = append(unknownErrs, &UnknownAcceleratorError{Name: o.accelerator.Name, Closest: closest(o.accelerator.Name, c.names, 3)})
+			}
+			names[n] = true
+			continue
+		}
 		// A line can match two candidates only if they name the same accelerator, or one
 		// names none (instance type alone).
-		overlap = overlap || (len(opts) > 1 && (names[n] || n == ""))
-		if n != "" && !names[n] && c.byAcc[n] == nil && c.notes[n] == nil {
-			unknownErrs = append(unknownErrs, &UnknownAcceleratorError{Name: o.accelerator.Name, Closest: closest(o.accelerator.Name, c.names, 3)})
-		}
+		overlap = overlap || (len(known) > 0 && (names[n] || n == ""))
 		names[n] = true
+		known = append(known, o)
 	}
-	if len(unknownErrs) > 0 {
+	if len(known) == 0 {
 		return nil, errors.Join(unknownErrs...)
 	}
+	opts = known
 	t := resolve(at)
 	var seen map[int32]int // line → position in hits, to list a line once at its best rank
 	if overlap {

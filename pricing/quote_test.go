@@ -214,11 +214,11 @@ func TestQuoteErrors(t *testing.T) {
 		r:    spec.Resources{Accelerators: acc("A10O", 1)},
 		want: `unknown accelerator "A10O"; closest known: A100, A10G, A10`,
 	}, {
-		name: "unknown in one any_of candidate",
+		name: "every candidate unknown",
 		r: spec.Resources{AnyOf: []spec.Resources{
-			{Accelerators: acc("L4", 1)}, {Accelerators: acc("H10", 8)},
+			{Accelerators: acc("L40", 1)}, {Accelerators: acc("H10", 8)},
 		}},
-		want: `unknown accelerator "H10"; closest known: A10, H100, M60`,
+		want: "unknown accelerator \"L40\"; closest known: L4, L40S, A10…",
 	}, {
 		name: "region",
 		r:    spec.Resources{Accelerators: acc("L4", 1), Cloud: "aws", Region: "us-west-9"},

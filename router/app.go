@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
@@ -30,6 +31,9 @@ type Options struct {
 	Log                         *slog.Logger
 	// Ready, if set, receives the bound addresses once both listeners are up.
 	Ready func(listen, admin net.Addr)
+	// Reload, if set, receives a function that reads the TLS pair again at once (cmd/router
+	// calls it on SIGHUP); the files are also watched.
+	Reload func(reload func())
 	// ControlMetrics merges the control plane's own metrics (its API's /v1/metrics) into
 	// the admin port's /metrics: the embedded daemon's router and control plane are two
 	// processes behind one scrape target.
@@ -72,12 +76,33 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	var certs *CertReloader
+	if cfg.TLSCertFile != "" {
+		if certs, err = NewCertReloader(cfg.TLSCertFile, cfg.TLSKeyFile, log); err != nil {
+			return err
+		}
+	}
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if certs != nil {
+		go certs.Watch(ctx, time.Second)
+		if o.Reload != nil {
+			o.Reload(func() {
+				if changed, err := certs.Reload(); err != nil {
+					log.Error("tls certificate not reloaded; serving the previous one", "err", err)
+				} else if changed {
+					log.Info("tls certificate reloaded", "cert", cfg.TLSCertFile)
+				}
+			})
+		}
+	}
 	if err := px.loadKeys(ctx, cfg.APIKeysFile, os.Getenv(KeysEnv), log); err != nil {
 		ln.Close()
 		return err
@@ -109,7 +134,7 @@ func Run(ctx context.Context, o Options) error {
 		gather = prometheus.Gatherers{newControlMetrics(o.ControlURL, o.Token, reg), reg}
 	}
 	adminSrv := &fasthttp.Server{Handler: AdminHandler(gather, pool, cfg.Pprof), Name: "arbiter-admin", ReadTimeout: 10 * time.Second, Logger: httplog.Fasthttp{L: log}}
-	log.Info("router serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(), "policy", cfg.Policy, "control_plane", o.ControlURL)
+	log.Info("router serving", "listen", ln.Addr().String(), "tls", certs != nil, "admin", aln.Addr().String(), "policy", cfg.Policy, "control_plane", o.ControlURL)
 	errc := make(chan error, 2)
 	// A request refused before it was read whole (413, a shed connection's 503) must reach
 	// the client rather than be destroyed by the reset of a plain close. Lingering holds
@@ -118,9 +143,14 @@ func Run(ctx context.Context, o Options) error {
 	if limit > 0 {
 		lingerMax = max(16, int(limit/16))
 	}
-	go func() {
-		errc <- srv.Serve(linger.Listener(fdlimit.Listener(ln, log), 250*time.Millisecond, 5*time.Second, lingerMax))
-	}()
+	cln := linger.Listener(fdlimit.Listener(ln, log), 250*time.Millisecond, 5*time.Second, lingerMax)
+	if certs != nil {
+		// TLS over the lingering listener: a lingering close then finishes the TLS
+		// record's bytes too. The handshake runs on the connection's first read, inside
+		// the server's read timeout.
+		cln = tls.NewListener(cln, certs.Config())
+	}
+	go func() { errc <- srv.Serve(cln) }()
 	go func() { errc <- adminSrv.Serve(fdlimit.Listener(aln, log)) }()
 	if o.Ready != nil {
 		o.Ready(ln.Addr(), aln.Addr())

@@ -94,6 +94,13 @@ type Config struct {
 	// APIKeysFile lists client API keys (see KeySpec), reloaded when it changes. With
 	// neither it nor ARBITER_API_KEYS, the router takes requests without a key.
 	APIKeysFile string `yaml:"api_keys_file"`
+	// TLSCertFile and TLSKeyFile, given together, serve the client endpoint over HTTPS
+	// with this PEM certificate chain and key (SkyServe's service.tls certfile/keyfile).
+	// Both files are watched: a changed pair is read again within a second and new
+	// connections get it (SIGHUP reloads at once); a pair that does not load, such as one
+	// half-written during a rotation, keeps the previous certificate until it does.
+	TLSCertFile string `yaml:"tls_cert_file"`
+	TLSKeyFile  string `yaml:"tls_key_file"`
 	// PassHeaders names client headers forwarded to replicas that are otherwise stripped
 	// (Authorization, Proxy-Authorization, Cookie: the client's Arbiter key and session are
 	// not the replica's to read). Pass Authorization only to replicas that check the
@@ -185,6 +192,9 @@ func LoadConfig(path string) (Config, error) {
 
 // Validate checks every field and names the one that is wrong.
 func (c *Config) Validate() error {
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		return fmt.Errorf("tls_cert_file and tls_key_file: give both (a certificate and its key) or neither, got cert %q and key %q", c.TLSCertFile, c.TLSKeyFile)
+	}
 	if _, err := NewPolicy(c.Policy, nil, 0); err != nil {
 		return fmt.Errorf("policy: %w", err)
 	}

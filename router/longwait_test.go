@@ -3,7 +3,10 @@ package router
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -17,12 +20,12 @@ import (
 // shown here with timers shortened to seconds; e2e's cold-start tests run it at a real
 // vLLM cold start's length.
 
-// heldRig is a router whose control plane (a fake, over real HTTP) declares testModel's
-// service with no replica: a request for it is held.
-func heldRig(t *testing.T, mod func(*Config)) (*rig, *fakeControlPlane) {
+// cpRig is a router whose control plane is a fake over real HTTP, publishing services and
+// replicas, with load reports every reportEvery (0: the default).
+func cpRig(t *testing.T, mod func(*Config), reportEvery time.Duration, services []fleet.Service, replicas []fleet.Replica) (*rig, *fakeControlPlane) {
 	t.Helper()
 	fake := &fakeControlPlane{changed: make(chan struct{})}
-	fake.publish([]fleet.Service{{Name: "svc", Models: []string{testModel}}}, nil)
+	fake.publish(services, replicas)
 	cps := httptest.NewServer(fake)
 	t.Cleanup(cps.Close)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -30,11 +33,21 @@ func heldRig(t *testing.T, mod func(*Config)) (*rig, *fakeControlPlane) {
 	var cp *ControlPlane
 	r := startRouterWith(t, mod, func(px *Proxy, pool *Pool) {
 		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
+		if reportEvery > 0 {
+			cp.ReportEvery = reportEvery
+		}
 		px.ControlPlane = cp
 	})
 	go cp.Run(ctx)
 	waitFor(t, "the first ready set", func() bool { return cp.Revision() == 1 })
 	return r, fake
+}
+
+// heldRig is a router whose control plane declares testModel's service with no replica: a
+// request for it is held.
+func heldRig(t *testing.T, mod func(*Config)) (*rig, *fakeControlPlane) {
+	t.Helper()
+	return cpRig(t, mod, 0, []fleet.Service{{Name: "svc", Models: []string{testModel}}}, nil)
 }
 
 // A request held through a cold start longer than the connection's read_timeout is
@@ -163,20 +176,7 @@ func TestLongWholeResponseIsWaitedForWhileItProgresses(t *testing.T) {
 // drain waits for its requests instead of cutting them at the drain timeout.
 func TestLoadReportsSayWhichReplicasProgress(t *testing.T) {
 	s := startSim(t, simOpts{})
-	fake := &fakeControlPlane{changed: make(chan struct{})}
-	fake.publish([]fleet.Service{{Name: "svc", Models: []string{testModel}}}, []fleet.Replica{replica("a", s, fleet.Reserved, 0)})
-	cps := httptest.NewServer(fake)
-	t.Cleanup(cps.Close)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	var cp *ControlPlane
-	r := startRouterWith(t, nil, func(px *Proxy, pool *Pool) {
-		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
-		cp.ReportEvery = 100 * time.Millisecond
-		px.ControlPlane = cp
-	})
-	go cp.Run(ctx)
-	waitFor(t, "the first ready set", func() bool { return cp.Revision() == 1 })
+	r, fake := cpRig(t, nil, 100*time.Millisecond, []fleet.Service{{Name: "svc", Models: []string{testModel}}}, []fleet.Replica{replica("a", s, fleet.Reserved, 0)})
 	progressing := func(inflight int) bool {
 		fake.mu.Lock()
 		defer fake.mu.Unlock()
@@ -199,4 +199,58 @@ func TestLoadReportsSayWhichReplicasProgress(t *testing.T) {
 	}()
 	waitFor(t, "a report of the replica progressing with the request in flight", func() bool { return progressing(1) })
 	<-done
+}
+
+// vLLM sends a stream's header at once and its first chunk after the prompt's prefill,
+// which for a long prompt is far longer than a gap between tokens. This replica does the
+// same, prefilling for 2.5 s: with stream_idle_timeout at 1 s the first token is still
+// waited for (first_byte_slo_multiple × the 1 s TTFT target = 4 s), the gaps after it are
+// not. Before, the prefill was cut at the idle timeout as a stalled stream.
+func TestLongPrefillAfterTheStreamHeaderIsWaitedFor(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			return // probes
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush() // the header now, as Starlette's StreamingResponse sends it
+		stall := r.Header.Get("X-Test-Stall") == "1"
+		prefill := 2500 * time.Millisecond
+		if stall {
+			prefill = 10 * time.Second
+		}
+		select {
+		case <-time.After(prefill):
+		case <-r.Context().Done():
+			return
+		}
+		if stall {
+			<-r.Context().Done() // the first token comes, then nothing
+		}
+		for i := range 3 {
+			fmt.Fprintf(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"},\"finish_reason\":null}]}\n\n", i)
+			w.(http.Flusher).Flush()
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	r := startRouter(t, func(c *Config) {
+		c.StreamIdleTimeout = time.Second
+		c.SLOs = map[string]SLO{"*": {TTFT: 1}}
+	}, fleet.Replica{ID: "v", Address: ln.Addr().String(), Model: testModel, Capacity: fleet.Reserved})
+	resp, out := post(t, r.url+"/v1/chat/completions", chatBody(true, ""))
+	if resp.StatusCode != 200 || !strings.Contains(out, "t2") || strings.Contains(out, `"error"`) {
+		t.Fatalf("a 2.5 s prefill after the header: %d\n%s", resp.StatusCode, out)
+	}
+	// A replica that stops after its header is still let go: within the 4 s first-token wait.
+	start := time.Now()
+	resp, out = post(t, r.url+"/v1/chat/completions", chatBody(true, ""), "X-Test-Stall", "1")
+	if took := time.Since(start); !strings.Contains(out, "stalled") || took > 8*time.Second {
+		t.Fatalf("a replica silent after its header: %d after %v\n%s", resp.StatusCode, took, out)
+	}
 }

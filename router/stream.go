@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"io"
+	"math"
 	"os"
 	"sync"
 	"time"
@@ -85,8 +86,19 @@ func (s *streamer) Read(dst []byte) (int, error) {
 func (s *streamer) fill() {
 	px, c := s.px, s.c
 	// A stream runs as long as it progresses (a long answer streams for many minutes):
-	// only a gap between chunks, or the client's own deadline, ends it.
-	idle := px.Now().Add(px.cfg.StreamIdleTimeout)
+	// only a gap between chunks, or the client's own deadline, ends it. Before the first
+	// token the gap is the prompt's prefill, which vLLM spends after it has sent the
+	// stream's header: a 120k-token prompt takes far longer than a gap between tokens, so
+	// the wait for the first token is first_byte_slo_multiple × the TTFT expected (the SLO
+	// or the replica's predicted TTFT, whichever is longer) when that is longer, up to
+	// request_timeout.
+	gap := px.cfg.StreamIdleTimeout
+	if s.res.firstAt.IsZero() {
+		if expect := max(c.slo.TTFT, s.res.pred.TTFT); expect > 0 && !math.IsInf(expect, 0) {
+			gap = max(gap, min(time.Duration(px.cfg.FirstByteSLOMultiple*expect*float64(time.Second)), px.cfg.RequestTimeout))
+		}
+	}
+	idle := px.Now().Add(gap)
 	if !c.clientDeadline.IsZero() {
 		idle = minTime(idle, c.clientDeadline)
 	}

@@ -1,10 +1,12 @@
 package scaling
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/arbiter-serve/arbiter/pricing"
 	"github.com/arbiter-serve/arbiter/spec"
 )
 
@@ -15,13 +17,33 @@ import (
 func FuzzAcceptedSpecsRun(f *testing.F) {
 	// min, max, qps target, stable window, panic window, panic threshold, max scale-up rate,
 	// scale to zero after, upscale delay, downscale delay, overprovision, base on-demand,
-	// spot price ratio, rebalance saving, use spot, signal (0 none, 1 qps, 2 concurrency, 3 tokens)
-	f.Add(int64(1), int64(4), 2.0, 60.0, 6.0, 2.0, 4.0, 300.0, 0.0, 0.0, int64(0), int64(0), 0.6, 0.2, true, uint8(0))
-	f.Add(int64(1), int64(4), 2.0, 60.0, 6.0, 1.0, 4.0, 300.0, 0.0, 0.0, int64(0), int64(0), 0.6, 0.2, true, uint8(2))
-	f.Add(int64(0), int64(3), 1.0, 60.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, int64(1), int64(1), 1.0, 0.0, true, uint8(1))
-	f.Add(int64(2), int64(2), 0.0, 1.0, 1.0, 1.5, 1.0, 1.0, 5.0, 5.0, int64(0), int64(0), 0.1, 0.9, false, uint8(3))
-	f.Fuzz(func(t *testing.T, minR, maxR int64, qps, stable, panicW, panicT, rate, zero, up, down float64, over, base int64, ratio, saving float64, spot bool, signal uint8) {
+	// spot price ratio, rebalance saving, use spot, signal (0 none, 1 qps, 2 concurrency, 3 tokens),
+	// accelerators (an index into accelerators; odd: on the sim market rather than local)
+	f.Add(int64(1), int64(4), 2.0, 60.0, 6.0, 2.0, 4.0, 300.0, 0.0, 0.0, int64(0), int64(0), 0.6, 0.2, true, uint8(0), uint8(0))
+	f.Add(int64(1), int64(4), 2.0, 60.0, 6.0, 1.0, 4.0, 300.0, 0.0, 0.0, int64(0), int64(0), 0.6, 0.2, true, uint8(2), uint8(3))
+	f.Add(int64(0), int64(3), 1.0, 60.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, int64(1), int64(1), 1.0, 0.0, true, uint8(1), uint8(9))
+	f.Add(int64(2), int64(2), 0.0, 1.0, 1.0, 1.5, 1.0, 1.0, 5.0, 5.0, int64(0), int64(0), 0.1, 0.9, false, uint8(3), uint8(10))
+	f.Add(int64(1), int64(1), 0.0, 60.0, 6.0, 2.0, 4.0, 300.0, 0.0, 0.0, int64(0), int64(0), 0.6, 0.0, false, uint8(0), uint8(11))
+	// One GPU at several counts, names no catalog prices beside priced ones, and a set
+	// with nothing priced (refused, with its places).
+	accelerators := []string{
+		"H100:1",
+		"{A100:4, A100:8, A100-80GB:2, A100-80GB:4, A100-80GB:8}",
+		"{L4:1, L4:4}",
+		"[a100:4, A100:8]",
+		"{L4:1, L40:1, A100:8, GB200:4}",
+		"{B100:8, GB200:4}",
+	}
+	cat, err := pricing.Embedded()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, minR, maxR int64, qps, stable, panicW, panicT, rate, zero, up, down float64, over, base int64, ratio, saving float64, spot bool, signal, acc uint8) {
 		signals := []string{"", "qps", "concurrency", "tokens_per_second"}
+		providers := "local"
+		if acc%2 == 1 {
+			providers = "sim"
+		}
 		y := fmt.Sprintf(`service:
   readiness_probe: /health
   replica_policy:
@@ -36,10 +58,11 @@ func FuzzAcceptedSpecsRun(f *testing.F) {
 			y += fmt.Sprintf("    base_ondemand_fallback_replicas: %d\n", base)
 		}
 		y += fmt.Sprintf(`resources:
-  accelerators: H100:1
+  accelerators: %s
   use_spot: %t
 run: x
 arbiter:
+  providers: [%s]
   model: m
   scale_to_zero_after_seconds: %g
   spot_policy: {max_price_ratio: %g, rebalance_min_saving: %g}
@@ -49,13 +72,29 @@ arbiter:
     panic_threshold: %g
     max_scale_up_rate: %g
     target_tokens_per_second_per_replica: 1000
-`, spot, zero, ratio, saving, stable, panicW, panicT, rate)
+`, accelerators[int(acc/2)%len(accelerators)], spot, providers, zero, ratio, saving, stable, panicW, panicT, rate)
 		if s := signals[int(signal)%len(signals)]; s != "" {
 			y += "    signal: " + s + "\n"
 		}
 		sp, err := spec.Parse("fuzz.yaml", []byte(y))
 		if err != nil {
 			return // refused, with its reason: fine
+		}
+		if _, err := pricing.Resolve(sp, cat); err != nil { // as serve validate and the control plane do
+			var el *spec.ErrorList
+			if !errors.As(err, &el) || (*el)[0].Line == 0 {
+				t.Fatalf("refused without a place in the file: %v\n%s", err, y)
+			}
+			return
+		}
+		if providers == "sim" {
+			// The market prices the resources with the catalogs: whatever is left must quote.
+			if _, err := cat.Quote(sp.Resources, time.Time{}); err != nil {
+				var unknown *pricing.UnknownAcceleratorError
+				if errors.As(err, &unknown) {
+					t.Fatalf("spec accepted for the market, catalog refuses: %v\n%s", err, y)
+				}
+			}
 		}
 		cfg := ConfigFromSpec(sp)
 		if err := cfg.Validate(); err != nil {

@@ -34,6 +34,11 @@
 //   - resources: infra or cloud/region/zone, not both; any_of or ordered, not both; several
 //     accelerators as a list cannot be combined with any_of, nor several in any form with
 //     ordered; job_recovery is refused; ports are 1–65535.
+//   - accelerators: one name at several counts ({A100:4, A100:8}) is several candidates, as
+//     in SkyPilot; the same name:count twice is refused. Names no catalog prices are left
+//     to pricing.Resolve, which knows the catalogs and providers (Service.AcceleratorPositions
+//     gives it the places to warn at).
+//   - service.tls: keyfile and certfile, both required (the endpoint serves HTTPS).
 //
 // # Arbiter's keys
 //

@@ -33,10 +33,12 @@ type decoder struct {
 	// value from a default.
 	keys map[string]*yaml.Node
 	vals map[string]*yaml.Node
+	// accPos is where each accelerator name (lower-cased) is written (Service.accPos).
+	accPos map[string][]Pos
 }
 
 func newDecoder(file string) *decoder {
-	return &decoder{file: file, keys: map[string]*yaml.Node{}, vals: map[string]*yaml.Node{}}
+	return &decoder{file: file, keys: map[string]*yaml.Node{}, vals: map[string]*yaml.Node{}, accPos: map[string][]Pos{}}
 }
 
 // given reports whether the file sets path to a non-null value.

@@ -105,6 +105,12 @@ func serviceNode(svc *ServiceSection) *yaml.Node {
 	if svc.Port != 0 {
 		put(m, "ports", integer(svc.Port))
 	}
+	if svc.TLS != nil {
+		t := mapping()
+		put(t, "keyfile", str(svc.TLS.KeyFile))
+		put(t, "certfile", str(svc.TLS.CertFile))
+		put(m, "tls", t)
+	}
 	return m
 }
 
@@ -238,8 +244,18 @@ func acceleratorsNode(r *Resources) *yaml.Node {
 	}
 	m := mapping()
 	m.Style = yaml.FlowStyle
+	names := map[string]bool{}
+	repeated := false
+	for _, a := range r.Accelerators {
+		repeated = repeated || names[strings.ToLower(a.Name)]
+		names[strings.ToLower(a.Name)] = true
+	}
 	for _, a := range r.Accelerators { // in the order written: it is the order of preference to show
-		put(m, a.Name, integer(a.Count))
+		if repeated {
+			put(m, acceleratorKey(a), null())
+		} else {
+			put(m, a.Name, integer(a.Count))
+		}
 	}
 	return m
 }

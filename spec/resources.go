@@ -388,14 +388,18 @@ func parseCount(s string) (int, error) {
 // [A100, V100] (in order of preference).
 func (d *decoder) accelerators(path string, n *yaml.Node) ([]Accelerator, bool) {
 	var out []Accelerator
+	// One GPU at several counts is several candidates, as in SkyPilot ({A100:4, A100:8}:
+	// each name:count is its own choice); only the same name at the same count twice is
+	// a mistake.
 	add := func(at *yaml.Node, a Accelerator) {
 		for _, x := range out {
-			if x.Name == a.Name {
-				d.errorf(at, "%s: %s is listed twice", path, quote(a.Name))
+			if strings.EqualFold(x.Name, a.Name) && x.Count == a.Count {
+				d.errorf(at, "%s: %s is listed twice", path, quote(a.Name+":"+strconv.Itoa(a.Count)))
 				return
 			}
 		}
 		out = append(out, a)
+		d.notePos(a.Name, at)
 	}
 	ordered := false
 	switch n.Kind {

@@ -24,7 +24,8 @@ const (
 )
 
 var (
-	serviceKeys = []string{"readiness_probe", "replicas", "replica_policy", "load_balancing_policy", "ports"}
+	serviceKeys = []string{"readiness_probe", "replicas", "replica_policy", "load_balancing_policy", "ports", "tls"}
+	tlsKeys     = []string{"keyfile", "certfile"}
 	probeKeys   = []string{"path", "initial_delay_seconds", "timeout_seconds", "post_data", "headers"}
 	policyKeys  = []string{
 		"min_replicas", "max_replicas", "target_qps_per_replica", "upscale_delay_seconds",
@@ -78,7 +79,36 @@ func (d *decoder) serviceSection(n, at *yaml.Node, vars map[string]string) Servi
 	}
 	b.enum("load_balancing_policy", lbPolicies, &s.LoadBalancingPolicy)
 	b.integer("ports", "a port number from 1 to 65535", validPort, &s.Port)
+	if n := b.get("tls"); n != nil {
+		s.TLS = d.tls(n, b.key("tls"))
+	}
 	return s
+}
+
+// tls reads SkyServe's service.tls: the endpoint serves HTTPS with this key and
+// certificate. Both are required; the files are checked where they are read (serve up,
+// the router), since the file may be validated on another machine.
+func (d *decoder) tls(n, at *yaml.Node) *TLS {
+	const path = "service.tls"
+	b := d.block(path, at, n, tlsKeys)
+	if b == nil {
+		return nil
+	}
+	t := &TLS{}
+	b.str("keyfile", &t.KeyFile)
+	b.str("certfile", &t.CertFile)
+	for _, k := range []struct {
+		key, val string
+	}{{"keyfile", t.KeyFile}, {"certfile", t.CertFile}} {
+		if strings.TrimSpace(k.val) == "" && !d.failed(path+"."+k.key) {
+			at := b.get(k.key)
+			if at == nil {
+				at = b.at
+			}
+			d.errorf(at, "%s.%s: missing; give the path of the PEM %s, e.g. tls: {keyfile: ~/certs/key.pem, certfile: ~/certs/cert.pem}", path, k.key, map[string]string{"keyfile": "private key", "certfile": "certificate (chain)"}[k.key])
+		}
+	}
+	return t
 }
 
 // MaxReplicas bounds any replica count a spec may ask for. Far above what one service

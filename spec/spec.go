@@ -29,6 +29,10 @@ type Service struct {
 	Resources Resources
 	Service   ServiceSection
 	Arbiter   Arbiter
+
+	// accPos is where each accelerator name (lower-cased) is written in the file, for the
+	// messages of steps after parsing (AcceleratorPositions).
+	accPos map[string][]Pos
 }
 
 // ServiceSection is the service: block.
@@ -45,6 +49,15 @@ type ServiceSection struct {
 	// Port is the replica port: service.ports, else the single port of resources.ports; 0
 	// when neither names one and the provider picks it (the local provider exports $PORT).
 	Port int
+	// TLS, when set, is the key and certificate the endpoint serves HTTPS with (SkyServe
+	// terminates TLS at its load balancer; here the router does); nil: plain HTTP.
+	TLS *TLS
+}
+
+// TLS is service.tls: PEM files, paths as written (~ for the home directory allowed;
+// relative paths are relative to where serve up runs).
+type TLS struct {
+	KeyFile, CertFile string
 }
 
 // ReadinessProbe says how to tell that a replica can take traffic.
@@ -343,6 +356,9 @@ func (d *decoder) service(root *yaml.Node, o Overrides) *Service {
 		d.arbiter(n, top.key("arbiter"), &s.Arbiter)
 	}
 	d.crossCheck(s)
+	if len(d.accPos) > 0 {
+		s.accPos = d.accPos
+	}
 	return s
 }
 

@@ -34,6 +34,8 @@ func run() error {
 		id        = flag.String("id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this router's name in load reports")
 		policy    = flag.String("policy", "", "override the config's routing policy")
 		apiKeys   = flag.String("api-keys", "", "client API keys file (overrides the config's api_keys_file; also $"+router.KeysEnv+")")
+		tlsCert   = flag.String("tls-certfile", "", "serve HTTPS with this PEM certificate (chain); with -tls-keyfile; overrides the config's tls_cert_file. Reloaded when it changes, or on SIGHUP")
+		tlsKey    = flag.String("tls-keyfile", "", "the PEM private key of -tls-certfile; overrides the config's tls_key_file")
 		logLevel  = flag.String("log-level", "info", "debug, info, warn or error")
 	)
 	flag.Parse()
@@ -54,6 +56,12 @@ func run() error {
 	if *apiKeys != "" {
 		cfg.APIKeysFile = *apiKeys
 	}
+	if *tlsCert != "" || *tlsKey != "" {
+		cfg.TLSCertFile, cfg.TLSKeyFile = *tlsCert, *tlsKey
+		if err := cfg.Validate(); err != nil {
+			return fmt.Errorf("-tls-certfile and -tls-keyfile: %w", err)
+		}
+	}
 	token := ""
 	if *tokenFile != "" {
 		b, err := os.ReadFile(*tokenFile)
@@ -65,5 +73,25 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	return router.Run(ctx, router.Options{Listen: *listen, Admin: *admin, Config: cfg, ReplicaFile: *replicas,
-		ControlURL: strings.TrimSuffix(*control, "/"), Token: token, RouterID: *id, Log: log})
+		ControlURL: strings.TrimSuffix(*control, "/"), Token: token, RouterID: *id, Log: log, Reload: onSIGHUP(ctx)})
+}
+
+// onSIGHUP calls the router's reload on each SIGHUP until ctx ends (the TLS pair is read
+// again at once, instead of at the next poll).
+func onSIGHUP(ctx context.Context) func(func()) {
+	return func(reload func()) {
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		go func() {
+			defer signal.Stop(hup)
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-hup:
+					reload()
+				}
+			}
+		}()
+	}
 }

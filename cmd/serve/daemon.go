@@ -31,6 +31,10 @@ type daemonInfo struct {
 	Admin    string `json:"admin"`    // router admin (metrics)
 	// RouterPID is the router process's: it outlives a daemon that crashes.
 	RouterPID int `json:"router_pid,omitempty"`
+	// TLSCert and TLSKey are the pair the endpoint serves HTTPS with (service.tls); empty
+	// for plain HTTP.
+	TLSCert string `json:"tls_certfile,omitempty"`
+	TLSKey  string `json:"tls_keyfile,omitempty"`
 }
 
 func daemonInfoPath(home string) string { return filepath.Join(home, "daemon.json") }
@@ -57,6 +61,8 @@ type daemonFlags struct {
 	zoneCooldown       time.Duration
 	maxReplicas        int
 	localMaxReplicas   int
+	// tlsCert and tlsKey: the endpoint serves HTTPS with this pair (service.tls).
+	tlsCert, tlsKey string
 }
 
 // runDaemon runs the embedded default in the foreground: a control plane with the local
@@ -90,7 +96,18 @@ func runDaemon(ctx context.Context, home string, f daemonFlags) error {
 			return err
 		}
 	}
-	rf.config = fmt.Sprintf("listen=%s admin=%s api-keys=%s log-level=%s", f.listen, f.admin, rf.apiKeys, f.logLevel)
+	if f.tlsCert != "" || f.tlsKey != "" {
+		if f.tlsCert == "" || f.tlsKey == "" {
+			return errors.New("--tls-certfile and --tls-keyfile: give both or neither")
+		}
+		if rf.tlsCert, err = filepath.Abs(f.tlsCert); err != nil {
+			return err
+		}
+		if rf.tlsKey, err = filepath.Abs(f.tlsKey); err != nil {
+			return err
+		}
+	}
+	rf.config = fmt.Sprintf("listen=%s admin=%s api-keys=%s log-level=%s tls=%s,%s", f.listen, f.admin, rf.apiKeys, f.logLevel, rf.tlsCert, rf.tlsKey)
 	rlog := log.With("part", "daemon")
 	rp := adoptRouter(home, rf.config)
 	if rp != nil {
@@ -107,6 +124,9 @@ func runDaemon(ctx context.Context, home string, f daemonFlags) error {
 		rln.Close()
 	}
 	endpoint := "http://" + rf.listen
+	if rf.tlsCert != "" {
+		endpoint = "https://" + rf.listen
+	}
 	cctx, stopControl := context.WithCancel(ctx)
 	defer stopControl()
 	apic := make(chan net.Addr, 1)
@@ -139,7 +159,8 @@ func runDaemon(ctx context.Context, home string, f daemonFlags) error {
 		rf.admin = rp.info.Admin // a restarted router keeps the metrics address
 	}
 	publish := func() error {
-		info := daemonInfo{PID: os.Getpid(), API: rf.control, Endpoint: endpoint, Admin: "http://" + rp.info.Admin, RouterPID: rp.info.PID}
+		info := daemonInfo{PID: os.Getpid(), API: rf.control, Endpoint: endpoint, Admin: "http://" + rp.info.Admin, RouterPID: rp.info.PID,
+			TLSCert: rf.tlsCert, TLSKey: rf.tlsKey}
 		b, _ := json.MarshalIndent(info, "", "  ")
 		return writeFileAtomic(daemonInfoPath(home), b)
 	}
@@ -249,6 +270,9 @@ func ensureDaemon(ctx context.Context, home string, f daemonFlags, log *slog.Log
 			return nil, daemonInfo{}, err
 		}
 		cmd.Args = append(cmd.Args, "--providers", abs)
+	}
+	if f.tlsCert != "" {
+		cmd.Args = append(cmd.Args, "--tls-certfile", f.tlsCert, "--tls-keyfile", f.tlsKey)
 	}
 	cmd.Args = append(cmd.Args, "--zone-cooldown", f.zoneCooldown.String(),
 		"--max-replicas", strconv.Itoa(f.maxReplicas), "--local-max-replicas", strconv.Itoa(f.localMaxReplicas))

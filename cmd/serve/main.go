@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -87,6 +88,8 @@ func addDaemonFlags(c *cobra.Command, df *daemonFlags) {
 	f.DurationVar(&df.grace, "grace", 10*time.Second, "SIGTERM to SIGKILL grace for local replicas")
 	f.StringVar(&df.logLevel, "log-level", "info", "daemon log level")
 	f.StringVar(&df.apiKeys, "api-keys", "", "client API keys file for the router (see `serve keys new`); default: $"+router.KeysEnv+", else no key needed")
+	f.StringVar(&df.tlsCert, "tls-certfile", "", "serve the router endpoint over HTTPS with this PEM certificate (embedded daemon; serve up takes it from service.tls); reloaded when the file changes")
+	f.StringVar(&df.tlsKey, "tls-keyfile", "", "the PEM private key of --tls-certfile")
 	f.StringVar(&df.providers, "providers", "", "providers file: the Kubernetes clusters, AWS account and RunPod account replicas may run on (default: <home>/providers.yaml if it exists)")
 	f.DurationVar(&df.zoneCooldown, "zone-cooldown", 10*time.Minute, "how long spot stays out of a zone that preempted a replica or refused a launch")
 	f.IntVar(&df.maxReplicas, "max-replicas", control.DefaultMaxReplicas, "the most replicas the control plane runs at once, all services together")
@@ -152,6 +155,89 @@ func loadSpec(path string, o spec.Overrides) (*spec.Service, []byte, error) {
 		return nil, nil, fail(exitUsage, "%s is not a valid service:\n%v", path, err)
 	}
 	return sp, b, nil
+}
+
+// tlsPaths is service.tls with ~ expanded and relative paths made absolute (relative to
+// where serve runs, as SkyPilot reads local files), checked to load as a pair.
+func tlsPaths(t *spec.TLS) (cert, key string, err error) {
+	abs := func(p string) (string, error) {
+		if rest, ok := strings.CutPrefix(p, "~/"); ok || p == "~" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return "", err
+			}
+			p = filepath.Join(home, rest)
+		}
+		return filepath.Abs(p)
+	}
+	if cert, err = abs(t.CertFile); err != nil {
+		return "", "", err
+	}
+	if key, err = abs(t.KeyFile); err != nil {
+		return "", "", err
+	}
+	if _, err := tls.LoadX509KeyPair(cert, key); err != nil {
+		return "", "", fmt.Errorf("service.tls: certfile %s and keyfile %s do not load as a pair: %v", cert, key, err)
+	}
+	return cert, key, nil
+}
+
+// tlsFromSpec sets the embedded daemon's TLS pair from service.tls; a pair given with
+// --tls-certfile/--tls-keyfile must be the same one.
+func tlsFromSpec(df *daemonFlags, sp *spec.Service) error {
+	if sp.Service.TLS == nil {
+		return nil
+	}
+	cert, key, err := tlsPaths(sp.Service.TLS)
+	if err != nil {
+		return fail(exitUsage, "%v", err)
+	}
+	if df.tlsCert != "" || df.tlsKey != "" {
+		fc, _ := filepath.Abs(df.tlsCert)
+		fk, _ := filepath.Abs(df.tlsKey)
+		if fc != cert || fk != key {
+			return fail(exitUsage, "service.tls names certfile %s and keyfile %s, --tls-certfile/--tls-keyfile name %s and %s: give one pair", cert, key, fc, fk)
+		}
+	}
+	df.tlsCert, df.tlsKey = cert, key
+	return nil
+}
+
+// checkDaemonTLS refuses to submit a service whose service.tls the running daemon's
+// endpoint does not serve: one router serves every service of a daemon, so its TLS pair
+// is the daemon's.
+func checkDaemonTLS(info daemonInfo, df daemonFlags) error {
+	if df.tlsCert == "" || (info.TLSCert == df.tlsCert && info.TLSKey == df.tlsKey) {
+		return nil
+	}
+	now := "plain HTTP"
+	if info.TLSCert != "" {
+		now = "HTTPS with certfile " + info.TLSCert + " and keyfile " + info.TLSKey
+	}
+	return fail(exitErr, "service.tls: the running daemon's endpoint %s serves %s, not certfile %s and keyfile %s (one router serves every service of a daemon); stop it with `serve stop` and run serve up again, or give the services one pair",
+		info.Endpoint, now, df.tlsCert, df.tlsKey)
+}
+
+// resolveSpec does what SkyPilot does before it optimises (pricing.Resolve): accelerator
+// names spelled as the catalogs spell them, and those nothing can price or run left out,
+// each with a warning at its place in the file, written to warn. A service left with no
+// accelerator to run on is refused, with the places.
+func resolveSpec(sp *spec.Service, path string, warn io.Writer) error {
+	if len(sp.AcceleratorNames()) == 0 {
+		return nil
+	}
+	cat, err := pricing.Embedded()
+	if err != nil {
+		return err
+	}
+	warnings, err := pricing.Resolve(sp, cat)
+	if err != nil {
+		return fail(exitUsage, "%s is not a valid service:\n%v", path, err)
+	}
+	for _, w := range warnings {
+		fmt.Fprintf(warn, "warning: %v\n", w)
+	}
+	return nil
 }
 
 // loadSpecAsking is loadSpec for a launch: the envs and secrets the file leaves null and
@@ -237,6 +323,9 @@ func upCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := resolveSpec(sp, args[0], cmd.ErrOrStderr()); err != nil {
+				return err
+			}
 			envs := o.Envs
 			name = serviceName(name, sp, args[0])
 			if err := spec.CheckName(name); err != nil {
@@ -248,7 +337,13 @@ func upCmd(g *globals) *cobra.Command {
 			if g.api != "" {
 				c, info, err = connect(cmd.Context(), g.home, g.api)
 			} else {
-				c, info, err = ensureDaemon(cmd.Context(), g.home, g.daemon, log)
+				df := g.daemon
+				if err := tlsFromSpec(&df, sp); err != nil {
+					return err
+				}
+				if c, info, err = ensureDaemon(cmd.Context(), g.home, df, log); err == nil {
+					err = checkDaemonTLS(info, df)
+				}
 			}
 			if err != nil {
 				return err
@@ -578,6 +673,15 @@ func validateCmd() *cobra.Command {
 			if err != nil {
 				return err // an invalid or missing file exits 2, as from every command
 			}
+			if err := resolveSpec(sp, args[0], cmd.ErrOrStderr()); err != nil {
+				return err
+			}
+			if sp.Service.TLS != nil {
+				// The pair may live only where the service is launched: say so, do not refuse.
+				if _, _, err := tlsPaths(sp.Service.TLS); err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v (serve up refuses it unless they load there)\n", err)
+				}
+			}
 			b, err := sp.ResolvedYAML()
 			if err != nil {
 				return err
@@ -627,8 +731,11 @@ It needs room for both fleets at once.`,
 			if err != nil {
 				return err
 			}
-			_, raw, o, err := loadSpecAsking(cmd, args[1], o)
+			sp, raw, o, err := loadSpecAsking(cmd, args[1], o)
 			if err != nil {
+				return err
+			}
+			if err := resolveSpec(sp, args[1], cmd.ErrOrStderr()); err != nil {
 				return err
 			}
 			c, _, err := connect(cmd.Context(), g.home, g.api)
@@ -909,13 +1016,11 @@ func quotePreview(out io.Writer, sp *spec.Service) error {
 	if err != nil {
 		return err
 	}
+	// resolveSpec has already refused a file with nothing to run on; a name no catalog
+	// prices that is left is one a provider runs without a price (the local machine).
 	offers, err := cat.Quote(r, time.Time{})
-	var unknown *pricing.UnknownAcceleratorError
-	switch {
-	case errors.As(err, &unknown):
-		return fail(exitUsage, "resources: %v", err) // the file is wrong: exit 2
-	case err != nil:
-		fmt.Fprintf(out, "# price catalogs: %v\n", err)
+	if err != nil {
+		fmt.Fprintf(out, "# price catalogs: %v\n", strings.ReplaceAll(err.Error(), "\n", "; "))
 		return nil
 	}
 	fmt.Fprintf(out, "# cheapest catalog offers (%d in all, $/hour per instance):\n", len(offers))

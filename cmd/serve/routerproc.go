@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -47,6 +48,7 @@ func readRouterInfo(home string) (routerInfo, error) {
 
 type routerFlags struct {
 	listen, admin, control, apiKeys, logLevel, config string
+	tlsCert, tlsKey                                   string // service.tls: the endpoint serves HTTPS
 }
 
 func routerCmd(g *globals) *cobra.Command {
@@ -67,6 +69,8 @@ func routerCmd(g *globals) *cobra.Command {
 	fl.StringVar(&f.apiKeys, "api-keys", "", "client API keys file")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level")
 	fl.StringVar(&f.config, "config", "", "the daemon settings this router was started for")
+	fl.StringVar(&f.tlsCert, "tls-certfile", "", "serve HTTPS with this PEM certificate (reloaded when it changes, or on SIGHUP)")
+	fl.StringVar(&f.tlsKey, "tls-keyfile", "", "the certificate's PEM private key")
 	return cmd
 }
 
@@ -82,8 +86,9 @@ func runRouterProcess(ctx context.Context, home string, f routerFlags) error {
 	}
 	cfg := router.Defaults()
 	cfg.APIKeysFile = f.apiKeys
+	cfg.TLSCertFile, cfg.TLSKeyFile = f.tlsCert, f.tlsKey
 	err = router.Run(ctx, router.Options{Listen: f.listen, Admin: f.admin, Config: cfg, ControlURL: f.control,
-		Token: string(bytes.TrimSpace(b)), RouterID: "embedded", Log: log, ControlMetrics: true,
+		Token: string(bytes.TrimSpace(b)), RouterID: "embedded", Log: log, ControlMetrics: true, Reload: onSIGHUP(ctx),
 		Ready: func(l, a net.Addr) {
 			info := routerInfo{PID: os.Getpid(), Listen: l.String(), Admin: a.String(), Control: f.control, Config: f.config}
 			b, _ := json.MarshalIndent(info, "", "  ")
@@ -175,6 +180,9 @@ func startRouter(home, exe string, f routerFlags) (*routerProc, error) {
 	if f.apiKeys != "" {
 		args = append(args, "--api-keys", f.apiKeys)
 	}
+	if f.tlsCert != "" {
+		args = append(args, "--tls-certfile", f.tlsCert, "--tls-keyfile", f.tlsKey)
+	}
 	cmd := exec.Command(exe, args...)
 	// The daemon's own output (its log file when serve up started it).
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
@@ -217,5 +225,25 @@ func (p *routerProc) stop(grace time.Duration) {
 	select {
 	case <-p.done:
 	case <-time.After(5 * time.Second):
+	}
+}
+
+// onSIGHUP calls the router's reload on each SIGHUP until ctx ends: `kill -HUP` reads the
+// TLS pair again at once, instead of at the next poll of the files.
+func onSIGHUP(ctx context.Context) func(func()) {
+	return func(reload func()) {
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		go func() {
+			defer signal.Stop(hup)
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-hup:
+					reload()
+				}
+			}
+		}()
 	}
 }

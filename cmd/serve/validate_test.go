@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// runServe runs the CLI in-process with args, returning stdout, stderr and the error.
+func runServe(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	cmd := root()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs(append([]string{"--home", t.TempDir()}, args...))
+	err := cmd.ExecuteContext(context.Background())
+	return out.String(), errOut.String(), err
+}
+
+// The forms SkyPilot's service files use for accelerator sets (testdata/skypilot, written
+// for these tests): every file validates, warns where it must, and resolves to what runs.
+func TestValidateSkyPilotAcceleratorForms(t *testing.T) {
+	for _, tc := range []struct {
+		file     string
+		resolved []string // lines the resolved file holds
+		warnings []string // lines of stderr, in order
+	}{
+		{file: "counts-mapping.yaml", resolved: []string{`accelerators: {'A100:4': null, 'A100:8': null, 'A100-80GB:2': null, 'A100-80GB:4': null, 'A100-80GB:8': null}`}},
+		{file: "counts-block.yaml", resolved: []string{`accelerators: {'L4:1': null, 'L4:4': null}`}},
+		{file: "counts-list.yaml", resolved: []string{`accelerators: ['A100:4', 'A100:8', 'H100:8']`}},
+		{file: "unpriced-local.yaml", resolved: []string{`accelerators: {L4: 1, A100: 1}`},
+			warnings: []string{`warning: testdata/skypilot/unpriced-local.yaml:5:24: resources.accelerators: "L40": no price catalog lists it (closest known: L4, L40S, A10), and none of this service's providers (local) offers a GPU no catalog lists`}},
+		{file: "unpriced-kubernetes.yaml", resolved: []string{`accelerators: {L4: 1, L40: 1, A40: 1}`},
+			warnings: []string{
+				`warning: testdata/skypilot/unpriced-kubernetes.yaml:5:24: resources.accelerators: "L40": no price catalog lists it (closest known: L4, L40S, A10); kept, as kubernetes can run it without one, while a provider that places by price leaves it out`,
+				`warning: testdata/skypilot/unpriced-kubernetes.yaml:5:31: resources.accelerators: "A40": no price catalog lists it`,
+			}},
+		{file: "unpriced-market.yaml", resolved: []string{`accelerators: {L4: 1, A100: 8}`},
+			warnings: []string{
+				`warning: testdata/skypilot/unpriced-market.yaml:4:24: resources.accelerators: "L40": no price catalog lists it (closest known: L4, L40S, A10), and none of this service's providers (sim) offers a GPU no catalog lists (kubernetes and runpod match names against their own nodes and GPU types); left out, the others remain`,
+				`warning: testdata/skypilot/unpriced-market.yaml:4:31: resources.accelerators: "A40": no price catalog lists it`,
+				`warning: testdata/skypilot/unpriced-market.yaml:4:46: resources.accelerators: "GB200": no price catalog lists it`,
+			}},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			out, errOut, err := runServe(t, "validate", "--env", "HF_TOKEN=x", filepath.Join("testdata/skypilot", tc.file))
+			if err != nil {
+				t.Fatalf("validate: %v\nstderr:\n%s", err, errOut)
+			}
+			for _, l := range tc.resolved {
+				if !strings.Contains(out, l) {
+					t.Errorf("resolved:\n%s\nwant a line %q", out, l)
+				}
+			}
+			lines := strings.Split(strings.TrimSpace(errOut), "\n")
+			if errOut == "" {
+				lines = nil
+			}
+			if len(lines) != len(tc.warnings) {
+				t.Fatalf("stderr:\n%s\nwant %d warnings", errOut, len(tc.warnings))
+			}
+			for i, w := range tc.warnings {
+				if !strings.HasPrefix(lines[i], w) {
+					t.Errorf("warning %d:\n%s\nwant it to start\n%s", i, lines[i], w)
+				}
+			}
+		})
+	}
+}
+
+func TestValidateRefusesASetWithNothingToRunOn(t *testing.T) {
+	_, _, err := runServe(t, "validate", "testdata/skypilot/unpriced-only.yaml")
+	var ce *cliError
+	if !errors.As(err, &ce) || ce.code != exitUsage {
+		t.Fatalf("err = %v, want a usage error", err)
+	}
+	for _, w := range []string{
+		`testdata/skypilot/unpriced-only.yaml:4:21: resources.accelerators: "B100": no price catalog lists it`,
+		`testdata/skypilot/unpriced-only.yaml:5:21: resources.accelerators: "GB200": no price catalog lists it`,
+		"no other accelerator is left to run the service on",
+	} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error:\n%v\nwant %q", err, w)
+		}
+	}
+}
