@@ -13,7 +13,7 @@ const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 2
 test('models.list shows the served model', async () => {
   const ids = [];
   for await (const m of client.models.list()) ids.push(m.id);
-  assert.deepEqual(ids, [model]);
+  assert.ok(ids.includes(model), `models ${ids}`); // beside run.sh's reranker and Whisper model
 });
 
 test('chat completion with usage', async () => {

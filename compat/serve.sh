@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The README's run command, end to end: `serve up examples/local.yaml` in a scratch home on
-# free loopback ports, then curl and the official OpenAI Node client against the endpoint,
-# then `serve down --all`, checking that no replica process is left.
+# free loopback ports, then the Vercel AI SDK (its first call finds the service at zero
+# replicas), curl and the official OpenAI Node client against the endpoint; then three more
+# services at zero: a second generation model (the OpenAI SDK's responses.create first), a
+# reranker and a Whisper model (replicasim -task score / transcription, arbiter.tasks
+# declared) for rerank, score, tokenize and an audio transcription; then `serve down --all`,
+# checking that no replica process is left.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p bin
@@ -19,10 +23,38 @@ cleanup() {
 trap cleanup EXIT
 bin/serve up --listen "127.0.0.1:$lp" --control-listen "127.0.0.1:$cp" --admin "127.0.0.1:$ap" examples/local.yaml
 model=$(sed -n 's/^ *model: *\([^ #]*\).*/\1/p' examples/local.yaml | head -1)
-# curl, as the README shows it (the first request wakes the service from zero).
+export ARBITER_URL="http://127.0.0.1:$lp/v1"
+# The AI SDK's generateText is the first request: it wakes the service from zero.
+(cd compat && ARBITER_MODEL="$model" node --test aisdk.test.mjs)
+# curl, as the README shows it.
 curl -sf "http://127.0.0.1:$lp/v1/chat/completions" -H 'Content-Type: application/json' \
   -d "{\"model\":\"$model\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":5}" | grep -q '"completion_tokens":5'
-(cd compat && ARBITER_URL="http://127.0.0.1:$lp/v1" ARBITER_MODEL="$model" node --test serve.test.mjs)
+(cd compat && ARBITER_MODEL="$model" node --test serve.test.mjs && ARBITER_MODEL="$model" node --test responses.test.mjs)
+
+# Three more services, each at zero replicas until its first request.
+svc() { # name model task
+  cat > "$ARBITER_HOME/$1.yaml" <<EOF
+name: $1
+run: exec replicasim -listen 127.0.0.1:\$PORT -model $2 -task $3 -profile h100-llama-3.2-1b
+service:
+  readiness_probe: /health
+  replica_policy: {min_replicas: 0, max_replicas: 1}
+arbiter:
+  model: $2
+  tasks: [$3]
+  autoscaling: {signal: concurrency, target_concurrency_per_replica: 4}
+  readiness: {probe_interval_seconds: 1}
+  local: {capacity: reserved, price_per_hour: 0}
+EOF
+  bin/serve up -d "$ARBITER_HOME/$1.yaml" >/dev/null
+  for _ in $(seq 100); do curl -sf "$ARBITER_URL/models/$2" >/dev/null && return; sleep 0.1; done
+  echo "the router never listed $2" >&2; exit 1
+}
+svc compat-gen compat-responses generate
+svc compat-rerank compat-reranker score
+svc compat-whisper compat-whisper transcription
+(cd compat && ARBITER_MODEL=compat-responses node --test responses.test.mjs && ARBITER_MODEL=compat-responses node --test aisdk.test.mjs &&
+  RERANK_MODEL=compat-reranker WHISPER_MODEL=compat-whisper TOKENIZE_MODEL="$model" node --test pooling.test.mjs)
 bin/serve status
 # Replicas carry ARBITER_OWNER=arbiter-<first 12 hex of sha256(home)> (control.Owner).
 owner="arbiter-$(printf %s "$ARBITER_HOME" | sha256sum | cut -c1-12)"

@@ -328,6 +328,7 @@ func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
 			rep.Accelerator = r.row.Accelerator
 			if sp := s.specs[r.row.Version]; sp != nil {
 				rep.Profile = replicaProfile(sp.Arbiter.Profile, r.row.Accelerator)
+				rep.Tasks = sp.Arbiter.Tasks
 			}
 			set.Replicas = append(set.Replicas, rep)
 		}

@@ -61,6 +61,11 @@ type Replica struct {
 	// Without a Profile, routers predict the replica with that GPU's profile of its model
 	// (engine.ProfileOn). Empty: not known.
 	Accelerator string `yaml:"accelerator,omitempty" json:"accelerator,omitempty"`
+	// Tasks are what the replica's model serves (TaskNames: generate, embed, classify,
+	// score, transcription); routers send it only requests for those. Empty: unknown, every
+	// request may go to it, and a refusal (vLLM's "does not support") takes it off that
+	// endpoint's candidates.
+	Tasks []string `yaml:"tasks,omitempty" json:"tasks,omitempty"`
 	// Draining replicas get no new requests; in-flight ones finish.
 	Draining bool `yaml:"draining,omitempty" json:"draining,omitempty"`
 }
@@ -94,6 +99,9 @@ func (r *Replica) Validate() error {
 	}
 	if r.TokensPerSecond < 0 {
 		return fmt.Errorf("replica %q: tokens_per_second %v: must be >= 0", r.ID, r.TokensPerSecond)
+	}
+	if err := CheckTasks(r.Tasks); err != nil {
+		return fmt.Errorf("replica %q: tasks: %w", r.ID, err)
 	}
 	return nil
 }
@@ -265,4 +273,64 @@ func ServiceFor(services []Service, model string) int {
 		return 0
 	}
 	return -1
+}
+
+// The tasks a replica's model serves, by vLLM's names for them (its --task, now --runner
+// and --convert, and the engine's get_supported_tasks, 0.11): which endpoints it answers.
+// vLLM answers the others 400 "The model does not support … API" (404 in later versions,
+// which leave their routes out).
+const (
+	TaskGenerate      = "generate"      // chat, completions, responses
+	TaskEmbed         = "embed"         // embeddings, pooling, score and rerank (by similarity)
+	TaskClassify      = "classify"      // classify, pooling
+	TaskScore         = "score"         // score and rerank (a cross-encoder), classify, pooling
+	TaskTranscription = "transcription" // audio transcriptions and translations (Whisper)
+)
+
+// TaskNames lists the tasks a replica or a service may declare.
+var TaskNames = []string{TaskGenerate, TaskEmbed, TaskClassify, TaskScore, TaskTranscription}
+
+// The APIs a request may need, one per family of endpoints.
+const (
+	APIGenerate      = "generate"
+	APIEmbeddings    = "embeddings"
+	APIPooling       = "pooling"
+	APIScore         = "score" // score and rerank
+	APIClassify      = "classify"
+	APITranscription = "transcription"
+)
+
+// taskAPIs is what each task answers.
+var taskAPIs = map[string][]string{
+	TaskGenerate:      {APIGenerate},
+	TaskEmbed:         {APIEmbeddings, APIPooling, APIScore},
+	TaskClassify:      {APIClassify, APIPooling},
+	TaskScore:         {APIScore, APIClassify, APIPooling},
+	TaskTranscription: {APITranscription},
+}
+
+// Serves reports whether a replica declaring tasks answers api. No tasks declared: unknown,
+// so true (the router then learns from the replica's own refusals).
+func Serves(tasks []string, api string) bool {
+	if len(tasks) == 0 {
+		return true
+	}
+	for _, t := range tasks {
+		for _, a := range taskAPIs[t] {
+			if a == api {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// CheckTasks checks declared task names.
+func CheckTasks(tasks []string) error {
+	for _, t := range tasks {
+		if _, ok := taskAPIs[t]; !ok {
+			return fmt.Errorf("task %q: want one of %v", t, TaskNames)
+		}
+	}
+	return nil
 }

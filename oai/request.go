@@ -50,6 +50,11 @@ type Request struct {
 	// PreviousResponseID is a Responses request's previous_response_id: the response whose
 	// conversation it continues, which only the replica that produced it holds.
 	PreviousResponseID string
+	// Pairs is the number of (query, document) or (text_1, text_2) pairs a rerank or score
+	// request prefills; SharedText, when not empty, is the text prefilled with each of them
+	// (a rerank's query, a score's one text_1), which Prompt holds once.
+	Pairs      int
+	SharedText string
 }
 
 // ErrBadRequest wraps every parse failure; its message names the field.
@@ -161,6 +166,10 @@ func FromValue(v *fastjson.Value, kind Kind) (Request, error) {
 		}
 	case Responses:
 		if err := appendResponsesInput(&sb, &r, v); err != nil {
+			return r, err
+		}
+	case Rerank, Score, Pooling, Classify:
+		if err := poolingInput(&sb, &r, v, kind); err != nil {
 			return r, err
 		}
 	}

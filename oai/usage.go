@@ -12,7 +12,10 @@ import (
 // it was): Prompt and Completion are then 0, and the router counts nothing from it.
 type Usage struct {
 	Prompt, Completion int
-	Invalid, Detail    string
+	// AudioSeconds is a transcription's usage: vLLM's TranscriptionUsageAudio
+	// ({"type":"duration","seconds":N}), which counts no tokens.
+	AudioSeconds    int
+	Invalid, Detail string
 }
 
 // MaxUsageTokens bounds each count a usage object may report for one request: 2^24,
@@ -78,9 +81,21 @@ func ReadUsage(v *fastjson.Value) Usage {
 	if v.Get("input_tokens") != nil || v.Get("output_tokens") != nil {
 		promptKey, completionKey, detailsKey = "input_tokens", "output_tokens", "input_tokens_details"
 	}
-	prompt, _ := count(v.Get(promptKey), promptKey)
-	completion, _ := count(v.Get(completionKey), completionKey)
+	if t := v.Get("type"); t != nil && string(t.GetStringBytes()) == "duration" {
+		secs, _ := count(v.Get("seconds"), "seconds")
+		if bad.Invalid != "" {
+			return bad
+		}
+		return Usage{AudioSeconds: secs}
+	}
+	prompt, hasPrompt := count(v.Get(promptKey), promptKey)
+	completion, hasCompletion := count(v.Get(completionKey), completionKey)
 	total, hasTotal := count(v.Get("total_tokens"), "total_tokens")
+	if hasTotal && !hasPrompt && !hasCompletion {
+		// A rerank's usage is total_tokens alone (vLLM's RerankUsage, after Jina's): all
+		// of them prompt tokens, since a rerank generates none.
+		prompt = total
+	}
 	var cached int
 	var hasCached bool
 	if d := v.Get(detailsKey); d != nil && d.Type() == fastjson.TypeObject {

@@ -12,6 +12,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,7 +61,10 @@ type Config struct {
 	StoreResponses bool
 	// EmbeddingDim is the length of embedding vectors (default 384).
 	EmbeddingDim int
-	Logger       *slog.Logger
+	// Task is what the model serves, as vLLM's --task (TaskNames; default generate): the
+	// endpoints of other tasks answer vLLM's 400 "The model does not support … API".
+	Task   string
+	Logger *slog.Logger
 	// Exit ends the process for the crash fault and preemption (default os.Exit).
 	Exit func(code int)
 }
@@ -103,6 +107,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.EmbeddingDim <= 0 {
 		cfg.EmbeddingDim = 384
+	}
+	if cfg.Task != "" && !slices.Contains(TaskNames, cfg.Task) {
+		return nil, fmt.Errorf("task %q: want one of %v", cfg.Task, TaskNames)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -212,13 +219,33 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	case "/v1/models":
 		s.models(ctx)
 	case "/v1/chat/completions":
-		s.generate(ctx, oai.Chat)
+		if s.supports(ctx, "generate", "Chat Completions API") {
+			s.generate(ctx, oai.Chat)
+		}
 	case "/v1/completions":
-		s.generate(ctx, oai.Completion)
+		if s.supports(ctx, "generate", "Completions API") {
+			s.generate(ctx, oai.Completion)
+		}
 	case "/v1/embeddings":
-		s.embed(ctx)
+		if s.supports(ctx, "embeddings", "Embeddings API") {
+			s.embed(ctx)
+		}
 	case "/v1/responses":
-		s.generate(ctx, oai.Responses)
+		if s.supports(ctx, "generate", "Responses API") {
+			s.generate(ctx, oai.Responses)
+		}
+	case "/rerank", "/v1/rerank", "/v2/rerank":
+		s.rerank(ctx)
+	case "/score", "/v1/score":
+		s.score(ctx)
+	case "/classify":
+		s.classify(ctx)
+	case "/pooling":
+		s.pooling(ctx)
+	case "/v1/audio/transcriptions":
+		s.transcribe(ctx, false)
+	case "/v1/audio/translations":
+		s.transcribe(ctx, true)
 	case "/admin/fault", "/admin/health", "/admin/preempt", "/admin/preemption":
 		s.admin(ctx, path)
 	default:

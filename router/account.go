@@ -53,6 +53,9 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 			px.met.keyTokens.WithLabelValues(c.key.Name, "completion").Add(float64(res.usage.Completion))
 		}
 	}
+	if res.usage.AudioSeconds > 0 {
+		px.met.audioSeconds.WithLabelValues(c.model, info.Service, info.ID).Add(float64(res.usage.AudioSeconds))
+	}
 	if code != 200 || res.clientGone || res.failed != "" {
 		return
 	}
@@ -81,7 +84,8 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	} else {
 		ms.sloMissed.Inc()
 	}
-	if c.kind == oai.Embedding {
+	if !c.kind.Generates() {
+		// No decode to learn from: a pooling, scoring, tokenizing or audio request.
 		return
 	}
 	if res.streamed {

@@ -140,6 +140,10 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		px.upstreamFailed(r, "status_5xx", nil)
 		return false
 	}
+	if px.refusesAPI(c, r, status, ctx.Response.Body()) {
+		ctx.Response.Reset() // another replica may serve it (endpoints.go)
+		return false
+	}
 	var usage oai.Usage
 	if status == fasthttp.StatusOK {
 		p := px.parsers.Get()

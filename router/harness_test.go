@@ -33,12 +33,13 @@ type simOpts struct {
 	profile  string
 	addr     string // listen here (default: a free loopback port)
 	store    bool   // keep Responses API answers (VLLM_ENABLE_RESPONSES_API_STORE)
+	task     string // what the model serves (replicasim.TaskNames; default generate)
 }
 
 func startSim(t *testing.T, o simOpts) *sim {
 	t.Helper()
 	cfg := replicasim.Config{Model: testModel, Echo: o.echo, EchoTokenInterval: o.interval, StopAfter: 8,
-		Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}, StoreResponses: o.store}
+		Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}, StoreResponses: o.store, Task: o.task}
 	if !o.echo {
 		name := o.profile
 		if name == "" {

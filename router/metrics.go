@@ -21,6 +21,7 @@ type Metrics struct {
 	ejections         *prometheus.CounterVec   // replica
 	rejected          *prometheus.CounterVec   // replica, source, reason
 	tokens            *prometheus.CounterVec   // model, service, replica, provider, region, capacity, type
+	audioSeconds      *prometheus.CounterVec   // model, service, replica
 	slo               *prometheus.CounterVec   // model, service, result
 	ttft              *prometheus.HistogramVec // model
 	itl               *prometheus.HistogramVec // model
@@ -62,15 +63,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ejections: cv("ejections_total", "Passive ejections of a replica after consecutive failures.", "replica"),
 		rejected: cv("replica_reports_rejected_total", "Numbers a replica reported that the router refused and dropped, by replica, source (usage: a response's token counts; metrics: a /metrics scrape) and reason (negative, fractional, too_large, not_a_number, not_an_object, inconsistent; for metrics also too_big, the body over its limit).",
 			"replica", "source", "reason"),
-		tokens:      cv("tokens_total", "Tokens served, from each response's usage.", "model", "service", "replica", "provider", "region", "capacity", "type"),
-		keyRequests: cv("key_requests_total", "Requests per client API key (its name, never the key), by HTTP status code.", "key", "code"),
-		keyTokens:   cv("key_tokens_total", "Tokens served per client API key, from each response's usage.", "key", "type"),
-		slo:         cv("slo_requests_total", "Requests by whether they met their model's latency SLO.", "model", "service", "result"),
-		ttft:        hv("time_to_first_token_seconds", "Time to first token as the router saw it.", latencyBuckets, "model", "service"),
-		itl:         hv("inter_token_latency_seconds", "Mean gap between streamed tokens of a request.", latencyBuckets, "model", "service"),
-		e2e:         hv("e2e_request_latency_seconds", "Request latency as the router saw it.", latencyBuckets, "model", "service"),
-		picks:       cv("picks_total", "slo_cheapest's picks by reason: cheapest (predicted to meet the SLO and to start the request at once), queued (every replica predicted to meet it has prompts queued: the least loaded), prefix_holder (its cache saves more than it costs over the cheapest), prefix_holder_only (only the prefix holder, with its cache, is predicted to meet it), fastest (none predicted to meet it), resample (a cheaper replica predicted to miss, tried again).", "model", "reason"),
-		predicted:   hv("predicted_ttft_seconds", "TTFT predicted for streamed requests, on the replica that served them (compare with ttft_seconds).", latencyBuckets, "model", "service"),
+		tokens:       cv("tokens_total", "Tokens served, from each response's usage.", "model", "service", "replica", "provider", "region", "capacity", "type"),
+		audioSeconds: cv("audio_seconds_total", "Seconds of audio transcribed or translated, from each response's usage (vLLM's TranscriptionUsageAudio, which counts no tokens).", "model", "service", "replica"),
+		keyRequests:  cv("key_requests_total", "Requests per client API key (its name, never the key), by HTTP status code.", "key", "code"),
+		keyTokens:    cv("key_tokens_total", "Tokens served per client API key, from each response's usage.", "key", "type"),
+		slo:          cv("slo_requests_total", "Requests by whether they met their model's latency SLO.", "model", "service", "result"),
+		ttft:         hv("time_to_first_token_seconds", "Time to first token as the router saw it.", latencyBuckets, "model", "service"),
+		itl:          hv("inter_token_latency_seconds", "Mean gap between streamed tokens of a request.", latencyBuckets, "model", "service"),
+		e2e:          hv("e2e_request_latency_seconds", "Request latency as the router saw it.", latencyBuckets, "model", "service"),
+		picks:        cv("picks_total", "slo_cheapest's picks by reason: cheapest (predicted to meet the SLO and to start the request at once), queued (every replica predicted to meet it has prompts queued: the least loaded), prefix_holder (its cache saves more than it costs over the cheapest), prefix_holder_only (only the prefix holder, with its cache, is predicted to meet it), fastest (none predicted to meet it), resample (a cheaper replica predicted to miss, tried again).", "model", "reason"),
+		predicted:    hv("predicted_ttft_seconds", "TTFT predicted for streamed requests, on the replica that served them (compare with ttft_seconds).", latencyBuckets, "model", "service"),
 		predErr: hv("ttft_prediction_error_seconds", "Measured minus predicted TTFT of streamed requests.",
 			[]float64{-5, -1, -0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 5}, "model", "service"),
 	}
@@ -136,7 +138,7 @@ func (m *Metrics) forgetGone(prev, rs []*Replica, now time.Time) {
 		if now.Sub(at) < goneRetention {
 			continue
 		}
-		for _, v := range []*prometheus.CounterVec{m.requests, m.tokens, m.ejections, m.rejected} {
+		for _, v := range []*prometheus.CounterVec{m.requests, m.tokens, m.audioSeconds, m.ejections, m.rejected} {
 			v.DeletePartialMatch(prometheus.Labels{"replica": id})
 		}
 		delete(m.gone, id)

@@ -119,33 +119,29 @@ func (px *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	path := string(ctx.Path())
+	kind, routed := kindFor(path)
 	var key *Key
-	if strings.HasPrefix(path, "/v1/") {
+	if routed || strings.HasPrefix(path, "/v1/") {
+		// vLLM's paths outside /v1 (rerank, score, pooling, tokenize…) run models too.
 		var ok bool
 		if key, ok = px.keys.Load().authenticate(ctx); !ok {
 			px.met.errors.WithLabelValues("unauthenticated").Inc()
 			return
 		}
 	}
-	switch path {
-	case "/v1/chat/completions":
-		px.forward(ctx, oai.Chat, key)
-	case "/v1/completions":
-		px.forward(ctx, oai.Completion, key)
-	case "/v1/embeddings":
-		px.forward(ctx, oai.Embedding, key)
-	case "/v1/responses":
-		px.forward(ctx, oai.Responses, key)
-	case "/v1/models":
+	switch {
+	case routed:
+		px.forward(ctx, kind, key)
+	case path == "/v1/models":
 		px.models(ctx)
-	case "/health":
+	case path == "/health":
 		ctx.SetStatusCode(fasthttp.StatusOK)
+	case strings.HasPrefix(path, "/v1/models/"):
+		px.model(ctx, path)
+	case strings.HasPrefix(path, "/v1/responses/"):
+		px.storedResponse(ctx, path)
 	default:
-		if strings.HasPrefix(path, "/v1/responses/") {
-			px.storedResponse(ctx, path)
-			return
-		}
-		oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, fmt.Sprintf("Unknown path %s", ctx.Path()))
+		px.unknownPath(ctx, path)
 	}
 }
 
@@ -252,6 +248,12 @@ type call struct {
 	// response it continues (prevResponse, its previous_response_id); nil: any.
 	pinned       *Replica
 	prevResponse string
+	// path is the request's path; api what its replica's model must serve ("": any).
+	path string
+	api  string
+	// notServed: replicas of the model are ready, but none serves the API.
+	notServed  bool
+	servingBuf []*Replica
 }
 
 func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
@@ -322,6 +324,11 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 			c.route.Now = px.Now()
 			cands = px.pool.candidates(c.model)
 		}
+		all := cands
+		if cands = servingCandidates(cands, c.api, &c.servingBuf); len(cands) == 0 && len(all) > 0 {
+			c.notServed = true
+			break
+		}
 		r := policy.Pick(&c.route, cands, rng)
 		if c.pinned != nil {
 			// Only the replica that stored the response can continue it.
@@ -344,7 +351,14 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 			return
 		}
 	}
+	if !c.notServed && c.api != "" && len(c.tried) > 0 {
+		// The replicas tried may have refused the API: none left that serves it.
+		all := px.pool.candidates(c.model)
+		c.notServed = len(all) > 0 && len(servingCandidates(all, c.api, &c.servingBuf)) == 0
+	}
 	switch {
+	case c.notServed:
+		px.notServed(ctx, c, len(px.pool.candidates(c.model)))
 	case c.lastUpstream != 0:
 		// The replica's own 502/503 is already in the response: pass it through.
 		px.met.request(c.model, c.tried[len(c.tried)-1], c.lastUpstream)
@@ -426,10 +440,21 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 
 // newCall parses and validates the request; on failure it has answered the client.
 func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (*call, bool) {
-	values, err := oai.Scan(body, oai.MaxDepth, oai.MaxValues)
-	cost := oai.ParseCost(len(body), values) // what parsing it takes in memory
 	var req oai.Request
+	var audio oai.AudioRequest
+	var err error
+	values, cost := 0, int64(0)
+	if kind == oai.Transcription {
+		// multipart/form-data: the file is scanned in place, not parsed into a tree.
+		if audio, err = oai.ParseAudioRequest(body, string(ctx.Request.Header.ContentType())); err == nil {
+			req = oai.Request{Kind: kind, Model: audio.Model, Stream: audio.Stream, Prompt: audio.Prompt}
+		}
+	} else {
+		values, err = oai.Scan(body, oai.MaxDepth, oai.MaxValues)
+		cost = oai.ParseCost(len(body), values) // what parsing it takes in memory
+	}
 	switch {
+	case kind == oai.Transcription:
 	case err != nil:
 	case cost <= largeParse:
 		p := px.parsers.Get()
@@ -480,7 +505,8 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 		return nil, false
 	}
 	now := px.Now()
-	c := &call{kind: kind, model: req.Model, stream: req.Stream, body: body, start: now, slo: px.cfg.SLOFor(req.Model)}
+	c := &call{kind: kind, model: req.Model, stream: req.Stream, body: body, start: now, slo: px.cfg.SLOFor(req.Model),
+		path: string(ctx.Path()), api: apiOf(kind)}
 	c.tried = c.triedBuf[:0]
 	if px.ControlPlane != nil {
 		// The service's spec, as the control plane published it, outranks the router's config.
@@ -512,7 +538,7 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 	}
 	c.prevResponse = req.PreviousResponseID
 	// A Responses stream always ends with its usage (response.completed).
-	if req.Stream && !req.IncludeUsage && kind != oai.Embedding && kind != oai.Responses {
+	if req.Stream && !req.IncludeUsage && (kind == oai.Chat || kind == oai.Completion) {
 		// Ask for the usage chunk so every stream is accounted; hide it from the client.
 		c.body, c.stripUsage = withIncludeUsage(c.body, req.HasStreamOptions), true
 	}
@@ -521,11 +547,22 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 	if out == 0 {
 		out = px.cfg.DefaultOutputTokens
 	}
-	if kind == oai.Embedding {
+	if !kind.Generates() {
 		out = 0
 	}
 	key := promptKey(req)
-	c.route = Request{Model: req.Model, PromptTokens: px.counter.Count(req.Prompt) + len(req.TokenIDs) + 5*req.Messages + 5,
+	prompt := px.counter.Count(req.Prompt) + len(req.TokenIDs) + 5*req.Messages + 5
+	if req.Pairs > 1 && req.SharedText != "" {
+		// A rerank's query (a score's one text_1) is prefilled with each document.
+		prompt += (req.Pairs - 1) * px.counter.Count(req.SharedText)
+	}
+	if kind == oai.Transcription {
+		// Whisper's encoder reads 1,500 positions per 30 s window (50 a second); its
+		// decoder writes about 3 tokens a second of speech.
+		prompt += int(math.Ceil(audio.Seconds * 50))
+		out = int(math.Ceil(audio.Seconds * 3))
+	}
+	c.route = Request{Model: req.Model, PromptTokens: prompt,
 		OutTokens: out, Prefix: prefixBlocks(key), SLO: c.slo, Streamed: req.Stream}
 	if len(key) > 0 {
 		// How many tokens a matched block stands for in this prompt: a cache hit is worth

@@ -35,6 +35,9 @@ type Replica struct {
 	// progressAt is when a scrape last saw the engine's token counters grow (unix
 	// nanoseconds; 0: never): a wait for a whole response is extended while it moves.
 	progressAt atomic.Int64
+	// refused holds the APIs (apiBit) the replica answered with vLLM's "does not support":
+	// its model does not serve them, so it gets no more of their requests (endpoints.go).
+	refused    atomic.Uint32
 	tokensSeen float64 // the counters' last sum; only the replica's scrape loop touches it
 
 	mu         sync.Mutex // guards everything below

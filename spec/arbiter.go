@@ -10,12 +10,13 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/fleet"
 )
 
 var (
 	arbiterKeys = []string{
 		"model", "models", "routing_policy", "slo", "spot_policy", "reserved", "providers",
-		"scale_to_zero_after_seconds", "autoscaling", "readiness", "local", "sim", "profile",
+		"scale_to_zero_after_seconds", "autoscaling", "readiness", "local", "sim", "profile", "tasks",
 	}
 	sloKeys         = []string{"ttft_seconds", "tpot_seconds", "e2e_seconds", "percentile"}
 	spotPolicyKeys  = []string{"max_price_ratio", "rebalance_min_saving", "min_zones"}
@@ -69,6 +70,7 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 		return
 	}
 	d.models(b, a)
+	d.tasks(b, a)
 	b.enum("routing_policy", routingPolicies, &a.RoutingPolicy)
 	if n := b.get("profile"); n != nil {
 		// Measured profiles, and any GPU-MODEL pair the engine can generate a profile for
@@ -186,6 +188,35 @@ func (d *decoder) models(b *block, a *Arbiter) {
 			d.errorf(it, "%s: %s is listed twice", path, quote(name))
 		default:
 			a.Models = append(a.Models, name)
+		}
+	}
+}
+
+// tasks reads "tasks: [generate]", what the model serves, by vLLM's task names (a single
+// name is taken as a list of one).
+func (d *decoder) tasks(b *block, a *Arbiter) {
+	n := b.get("tasks")
+	if n == nil {
+		return
+	}
+	items := []*yaml.Node{n}
+	if n.Kind == yaml.SequenceNode {
+		items = n.Content
+	}
+	if len(items) == 0 {
+		d.errorf(n, "arbiter.tasks: want at least one of %s, or leave tasks out", strings.Join(fleet.TaskNames, ", "))
+		return
+	}
+	for _, it := range items {
+		name, ok := d.str("arbiter.tasks", it)
+		switch {
+		case !ok:
+		case !contains(fleet.TaskNames, name):
+			d.errorf(it, "arbiter.tasks: %s is not a task vLLM serves: want one of %s", quote(name), strings.Join(fleet.TaskNames, ", "))
+		case contains(a.Tasks, name):
+			d.errorf(it, "arbiter.tasks: %s is listed twice", quote(name))
+		default:
+			a.Tasks = append(a.Tasks, name)
 		}
 	}
 }

@@ -47,6 +47,7 @@
 //	| arbiter.model / arbiter.models                    | none (any model)                   | model names clients send; one string, or a list |
 //	| arbiter.routing_policy                            | slo_cheapest                       | slo_cheapest, least_load or round_robin; if unset and service.load_balancing_policy is given, round_robin → round_robin, least_load and instance_aware_least_load → least_load |
 //	| arbiter.profile                                   | none (the router's default)        | the replicas' GPU and model shape, one of h100-llama-3.1-8b, h100-llama-3.2-1b, h200-llama-3.1-8b, h200-llama-3.2-1b: routers predict TTFT and TPOT with its measured step times, corrected by what replicas answer |
+//	| arbiter.tasks                                     | none (learned from refusals)       | what the model serves, by vLLM's task names: generate, embed, classify, score, transcription; one or a list. Routers send the service's replicas only the requests of those tasks (generate: chat, completions, responses; embed: embeddings, pooling, score, rerank; classify: classify, pooling; score: score, rerank, classify, pooling; transcription: audio) |
 //	| arbiter.slo.ttft_seconds                          | 2                                  | time-to-first-token target; 0 = none |
 //	| arbiter.slo.tpot_seconds                          | 0.1                                | time-per-output-token target; 0 = none |
 //	| arbiter.slo.e2e_seconds                           | 0 (none)                           | end-to-end latency target |

@@ -269,6 +269,9 @@ func arbiterNode(a *Arbiter) *yaml.Node {
 	if a.Profile != "" {
 		put(m, "profile", str(a.Profile))
 	}
+	if len(a.Tasks) > 0 {
+		put(m, "tasks", strList(a.Tasks))
+	}
 
 	slo := mapping()
 	put(slo, "ttft_seconds", num(a.SLO.TTFTSeconds))

@@ -133,7 +133,11 @@ type Arbiter struct {
 	// Profile is the replicas' performance profile (engine.ProfileNames, or a GPU-MODEL
 	// pair engine.LoadProfile generates, such as l4-llama-3.1-8b) that routers
 	// predict latency with; empty: their default, corrected by traffic.
-	Profile                 string
+	Profile string
+	// Tasks are what the service's model serves, by vLLM's names (fleet.TaskNames:
+	// generate, embed, classify, score, transcription): routers send its replicas only
+	// those requests. Empty: unknown; routers learn it from the replicas' refusals.
+	Tasks                   []string
 	SLO                     SLO
 	SpotPolicy              SpotPolicy
 	Reserved                []ReservedCapacity

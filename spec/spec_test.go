@@ -537,6 +537,19 @@ func TestArbiter(t *testing.T) {
 	if got := mustParse(t, minimal+"arbiter: {model: m}\n").Arbiter.Models; !reflect.DeepEqual(got, []string{"m"}) {
 		t.Errorf("model: m → %v", got)
 	}
+	if got := mustParse(t, minimal+"arbiter: {tasks: [embed, score]}\n").Arbiter.Tasks; !reflect.DeepEqual(got, []string{"embed", "score"}) {
+		t.Errorf("tasks: [embed, score] → %v", got)
+	}
+	checkRoundTrip(t, []byte(minimal+"arbiter: {tasks: transcription}\n"))
+	for src, want := range map[string]string{
+		"arbiter: {tasks: [rerank]}\n":       `arbiter.tasks: "rerank" is not a task vLLM serves: want one of generate, embed, classify, score, transcription`,
+		"arbiter: {tasks: [embed, embed]}\n": `arbiter.tasks: "embed" is listed twice`,
+		"arbiter: {tasks: []}\n":             "arbiter.tasks: want at least one of generate",
+	} {
+		if _, err := Parse("s.yaml", []byte(minimal+src)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v, want %q", src, err, want)
+		}
+	}
 }
 
 func TestOverrides(t *testing.T) {

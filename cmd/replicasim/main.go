@@ -33,6 +33,7 @@ func run() error {
 		profile     = flag.String("profile", "h100-llama-3.1-8b", fmt.Sprintf("GPU profile: measured %v, any GPU[xN]-MODEL pair generated from data sheets (GPUs %v, models %v; e.g. l4-llama-3.1-8b), or a .json file", engine.ProfileNames(), engine.GPUNames(), engine.ModelNames()))
 		details     = flag.Bool("enable-prompt-tokens-details", false, "report usage.prompt_tokens_details.cached_tokens, as vLLM's --enable-prompt-tokens-details does")
 		store       = flag.Bool("enable-responses-store", false, "keep Responses API answers for previous_response_id and GET /v1/responses/{id}, as vLLM does with VLLM_ENABLE_RESPONSES_API_STORE=1 (also honoured)")
+		task        = flag.String("task", replicasim.TaskGenerate, fmt.Sprintf("what the model serves, as vLLM's --task: %v (embed, classify and score are pooling models: rerank, score, pooling, classify; transcription a Whisper model)", replicasim.TaskNames))
 		echo        = flag.Bool("echo", false, "answer at once with no model delay (proxy benchmarks)")
 		echoEvery   = flag.Duration("echo-token-interval", 0, "pace echo-mode stream tokens")
 		tokenizer   = flag.String("tokenizer", "", "prompt token counter: bpe or approx (default bpe; approx in echo mode)")
@@ -67,7 +68,7 @@ func run() error {
 		}
 		addr = net.JoinHostPort(host, port)
 	}
-	cfg := replicasim.Config{Model: *model, Echo: *echo, EchoTokenInterval: *echoEvery, StopAfter: stopAfter, Logger: log, PromptTokensDetails: *details, StoreResponses: *store}
+	cfg := replicasim.Config{Model: *model, Echo: *echo, EchoTokenInterval: *echoEvery, StopAfter: stopAfter, Logger: log, PromptTokensDetails: *details, StoreResponses: *store, Task: *task}
 	if !*echo {
 		p, err := engine.LoadProfile(*profile)
 		if err != nil {
