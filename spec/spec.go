@@ -23,9 +23,9 @@ type Service struct {
 	// Missing are the envs and secrets the file leaves null and no override fills
 	// ("envs.HF_TOKEN", "secrets.HF_TOKEN"), when parsed with Overrides.DeferMissing; they
 	// must be given when the service is launched.
-	Missing   []string
-	Setup     string
-	Run       string
+	Missing []string
+	Setup   string
+	Run     string
 	// NumNodes is how many nodes one replica spans (num_nodes; 1 unless given): the nodes
 	// of a replica are launched, probed through its head (rank 0), billed, preempted and
 	// terminated together.
@@ -34,8 +34,8 @@ type Service struct {
 	Volumes    []Volume
 	Config     TaskConfig
 	Resources  Resources
-	Service   ServiceSection
-	Arbiter   Arbiter
+	Service    ServiceSection
+	Arbiter    Arbiter
 
 	// accPos is where each accelerator name (lower-cased) is written in the file, for the
 	// messages of steps after parsing (AcceleratorPositions).

@@ -241,7 +241,7 @@ func TestDefaults(t *testing.T) {
 	got := mustParse(t, "run: python serve.py\nservice: {}\n")
 	want := &Service{
 		NumNodes: 1,
-		Run: "python serve.py",
+		Run:      "python serve.py",
 		Service: ServiceSection{
 			ReadinessProbe: ReadinessProbe{Path: "/", InitialDelaySeconds: 1200, TimeoutSeconds: 15},
 			ReplicaPolicy: ReplicaPolicy{
