@@ -41,8 +41,7 @@ file_mounts:
 }
 
 func TestVolumesConfigNumNodes(t *testing.T) {
-	src := `num_nodes: 2
-volumes:
+	src := `volumes:
   /mnt/cache: model-cache
 config:
   kubernetes:
@@ -54,10 +53,10 @@ service: {replicas: 1}
 arbiter: {providers: [kubernetes]}
 `
 	s := mustParse(t, src)
-	if s.NumNodes != 2 || !reflect.DeepEqual(s.Volumes, []Volume{{"/mnt/cache", "model-cache"}}) ||
+	if !reflect.DeepEqual(s.Volumes, []Volume{{"/mnt/cache", "model-cache"}}) ||
 		!reflect.DeepEqual(s.Config.KubernetesLabels, map[string]string{"team": "llm"}) ||
 		!reflect.DeepEqual(s.Config.KubernetesAnnotations, map[string]string{"owner": "platform"}) {
-		t.Errorf("parsed %d %+v %+v", s.NumNodes, s.Volumes, s.Config)
+		t.Errorf("parsed %+v %+v", s.Volumes, s.Config)
 	}
 	if len(s.Warnings()) != 0 {
 		t.Errorf("warnings: %v", s.Warnings())
@@ -66,6 +65,10 @@ arbiter: {providers: [kubernetes]}
 	if s := mustParse(t, minimal); s.NumNodes != 1 {
 		t.Errorf("num_nodes defaults to %d", s.NumNodes)
 	}
+	if s := mustParse(t, minimal+"num_nodes: 2\n"); s.NumNodes != 2 {
+		t.Errorf("num_nodes: 2 read as %d", s.NumNodes)
+	}
+	checkRoundTrip(t, []byte(minimal+"num_nodes: 3\n"))
 }
 
 // Each key a provider cannot honour is refused at its place, naming the key and the
@@ -92,6 +95,7 @@ func TestMountRefusals(t *testing.T) {
 		{"ecc on aws", minimal + "config:\n  nvidia_gpus: {disable_ecc: true}\narbiter: {providers: [aws]}\n", 5, 17, "config.nvidia_gpus.disable_ecc: the aws provider"},
 		{"unknown config key", minimal + "config:\n  kubernetes: {pod_confg: {}}\n", 5, 16, `unknown key "pod_confg" in config.kubernetes`},
 		{"num_nodes on aws", minimal + "num_nodes: 2\narbiter: {providers: [aws]}\n", 4, 12, "num_nodes: 2: the aws provider launches a replica on one machine"},
+		{"num_nodes on kubernetes", minimal + "num_nodes: 2\narbiter: {providers: [kubernetes]}\n", 4, 12, "num_nodes: 2: the kubernetes provider launches a replica on one machine (or pod)"},
 		{"num_nodes zero", minimal + "num_nodes: 0\n", 4, 12, "num_nodes: want an integer ≥ 1"},
 	}
 	for _, tt := range tests {
