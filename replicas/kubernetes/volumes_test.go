@@ -3,8 +3,6 @@ package kubernetes
 import (
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/spec"
 )
@@ -34,5 +32,4 @@ func TestPodVolumesAndCustomMetadata(t *testing.T) {
 	if pod.Labels["team"] != "llm" || pod.Labels[LabelOwner] != "arbiter-abc" || pod.Annotations["owner"] != "platform" {
 		t.Errorf("labels %v annotations %v", pod.Labels, pod.Annotations)
 	}
-	var _ corev1.Volume
 }
