@@ -55,7 +55,7 @@ func TestServiceLargerThanItsBoundsIsRefused(t *testing.T) {
 	c, st := newLimitedController(t, boundedMem{mem, 8}, Config{MaxReplicas: 20})
 	for _, tc := range []struct{ size, want string }{
 		{"21", "this control plane runs at most 20"},
-		{"9", "hold at most 8 at once"},
+		{"9", "hold at most 8 nodes at once"},
 		{"1000", "runs at most 20"},
 	} {
 		_, _, err := c.Create(ctx, "big", sized(tc.size), nil)

@@ -22,6 +22,13 @@ func quoteAll(ctx context.Context, ps []replicas.Provider, service string, sp *s
 			continue
 		}
 		market = market || len(qs) > 0
+		// A provider quotes one node; a replica of num_nodes nodes is billed for all of
+		// them, and placement ranks offers by what the whole group costs.
+		if n := sp.NumNodes; n > 1 {
+			for i := range qs {
+				qs[i].PricePerHour *= float64(n)
+			}
+		}
 		quotes = append(quotes, qs...)
 	}
 	return quotes, market, problems

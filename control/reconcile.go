@@ -450,7 +450,9 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 	intent := state.Replica{Service: s.name, Version: s.version, Provider: p.Name(), State: string(replicas.Pending),
 		Reason: fmt.Sprintf("target %d", s.target), Capacity: sp.Arbiter.Local.Capacity, Region: sp.Arbiter.Local.Region,
 		Zone: sp.Arbiter.Local.Zone}
-	price := sp.Arbiter.Local.PricePerHour
+	// arbiter.local.price_per_hour is a node's; a replica of num_nodes nodes costs that
+	// many (quotes are multiplied in quoteAll).
+	price := sp.Arbiter.Local.PricePerHour * float64(max(1, sp.NumNodes))
 	if at != nil {
 		o := at.Offer
 		intent.Reason, intent.Capacity, intent.Region, intent.Zone, price = at.Reason, string(o.Capacity), o.Region, o.Zone, o.PricePerHour
@@ -488,7 +490,9 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 	}
 	ls := replicas.LaunchSpec{ReplicaID: row.ID, Service: s.name, Version: version, Run: sp.Run, Setup: sp.Setup, Workdir: sp.Workdir, Envs: envs,
 		Image: strings.TrimPrefix(sp.Resources.ImageID, "docker:"), Capacity: fleet.Capacity(row.Capacity), Region: row.Region, Zone: row.Zone,
-		PricePerHour: &price, Port: sp.Service.Port, DiskGiB: sp.Resources.DiskSize}
+		PricePerHour: &price, Port: sp.Service.Port, DiskGiB: sp.Resources.DiskSize,
+		NumNodes: sp.NumNodes, FileMounts: sp.FileMounts, Volumes: sp.Volumes,
+		PodLabels: sp.Config.KubernetesLabels, PodAnnotations: sp.Config.KubernetesAnnotations}
 	if at != nil {
 		ls.Accelerator, ls.AcceleratorCount, ls.InstanceType = at.Offer.Accelerator, at.Offer.AcceleratorCount, at.Offer.InstanceType
 		ls.PriceSource = at.Offer.PriceSource

@@ -130,9 +130,11 @@ func (c *Controller) checkSize(sp *spec.Service) error {
 		}
 		hold += b.MaxReplicas()
 	}
-	if len(names) > 0 && want > hold {
-		return fmt.Errorf("%w: the service may run up to %d replicas; its providers (%v) hold at most %d at once (serve daemon --local-max-replicas)",
-			errBadRequest, want, names, hold)
+	// A bounded provider counts nodes (the local machine's processes): a replica of
+	// num_nodes nodes takes that many.
+	if n := max(1, sp.NumNodes); len(names) > 0 && want*n > hold {
+		return fmt.Errorf("%w: the service may run up to %d replicas of %d node(s) each; its providers (%v) hold at most %d nodes at once (serve daemon --local-max-replicas)",
+			errBadRequest, want, n, names, hold)
 	}
 	return nil
 }

@@ -162,49 +162,137 @@ func (l *Local) Launch(ctx context.Context, spec LaunchSpec) (Instance, error) {
 	if err != nil {
 		return Instance{}, fmt.Errorf("launch %s: %w", spec.ReplicaID, err)
 	}
-	if len(running) >= l.cfg.MaxReplicas {
-		return Instance{}, fmt.Errorf("launch %s: this machine already runs %d replicas, the %s provider's limit (serve daemon --local-max-replicas): %w",
-			spec.ReplicaID, len(running), l.cfg.Name, ErrNoCapacity)
+	// The bound counts processes: each node of a multi-node replica is one.
+	used := 0
+	for _, r := range running {
+		used += strings.Count(r.Handle, nodeSep) + 1
 	}
-	port, err := freePort()
-	if err != nil {
+	if used+spec.Nodes() > l.cfg.MaxReplicas {
+		return Instance{}, fmt.Errorf("launch %s: this machine already runs %d replica nodes and this replica needs %d, over the %s provider's limit of %d (serve daemon --local-max-replicas): %w",
+			spec.ReplicaID, used, spec.Nodes(), l.cfg.Name, l.cfg.MaxReplicas, ErrNoCapacity)
+	}
+	if err := linkMounts(spec.FileMounts); err != nil {
 		return Instance{}, fmt.Errorf("launch %s: %w", spec.ReplicaID, err)
-	}
-	run := spec.Run
-	if spec.Port != 0 {
-		run = portFlag(spec.Port).ReplaceAllString(run, "${1}"+strconv.Itoa(port))
 	}
 	f, err := os.OpenFile(l.LogPath(spec.ReplicaID), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return Instance{}, fmt.Errorf("launch %s: %w", spec.ReplicaID, err)
 	}
 	defer f.Close()
+	n := spec.Nodes()
+	ports := make([]int, n)
+	for i := range ports {
+		if ports[i], err = freePort(); err != nil {
+			return Instance{}, fmt.Errorf("launch %s: %w", spec.ReplicaID, err)
+		}
+	}
 	seq := spec.ReplicaID[strings.LastIndexByte(spec.ReplicaID, '-')+1:]
-	cmd := exec.Command("bash", "-c", run)
-	cmd.Dir, cmd.Stdout, cmd.Stderr = spec.Workdir, f, f
 	lb := l.labels(spec)
-	// The labels ride in the environment too, so List (after a control-plane restart)
-	// reports the replica as it was launched, not with the provider's defaults.
-	cmd.Env = l.env(spec.Envs,
-		EnvOwner+"="+l.cfg.Owner, EnvProvider+"="+l.cfg.Name, EnvReplicaID+"="+spec.ReplicaID, EnvPort+"="+strconv.Itoa(port),
-		envCapacity+"="+string(lb.capacity), envRegion+"="+lb.region, envZone+"="+lb.zone,
-		envPrice+"="+strconv.FormatFloat(lb.price, 'g', -1, 64),
-		"SKYPILOT_SERVE_REPLICA_ID="+seq, "SKYPILOT_NUM_GPUS_PER_NODE=1")
-	// Its own process group: the whole tree is terminated together, and a Ctrl-C aimed at
-	// the control plane does not reach replicas it may want to adopt after a restart.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return Instance{}, fmt.Errorf("launch %s: %w", spec.ReplicaID, err)
+	// Every node is on this machine: SKYPILOT_NODE_IPS lists its loopback address once per
+	// node, head first, as SkyPilot lists a cluster's IPs.
+	ips := strings.TrimSuffix(strings.Repeat("127.0.0.1\n", n), "\n")
+	gpus := strconv.Itoa(max(1, spec.AcceleratorCount))
+	nodes := make([]string, 0, n)
+	headPID := 0
+	for rank := range n {
+		run := spec.Run
+		if spec.Port != 0 {
+			run = portFlag(spec.Port).ReplaceAllString(run, "${1}"+strconv.Itoa(ports[rank]))
+		}
+		cmd := exec.Command("bash", "-c", run)
+		cmd.Dir, cmd.Stdout, cmd.Stderr = spec.Workdir, f, f
+		// The labels ride in the environment too, so List (after a control-plane restart)
+		// reports the replica as it was launched, not with the provider's defaults.
+		cmd.Env = l.env(spec.Envs,
+			EnvOwner+"="+l.cfg.Owner, EnvProvider+"="+l.cfg.Name, EnvReplicaID+"="+spec.ReplicaID, EnvPort+"="+strconv.Itoa(ports[rank]),
+			envCapacity+"="+string(lb.capacity), envRegion+"="+lb.region, envZone+"="+lb.zone,
+			envPrice+"="+strconv.FormatFloat(lb.price, 'g', -1, 64), envNodes+"="+strconv.Itoa(n), envNodeRank+"="+strconv.Itoa(rank),
+			"SKYPILOT_SERVE_REPLICA_ID="+seq, "SKYPILOT_NUM_GPUS_PER_NODE="+gpus,
+			"SKYPILOT_NODE_RANK="+strconv.Itoa(rank), "SKYPILOT_NUM_NODES="+strconv.Itoa(n), "SKYPILOT_NODE_IPS="+ips)
+		// One process group for all the nodes, led by the head: the whole tree is
+		// terminated together, and a Ctrl-C aimed at the control plane does not reach
+		// replicas it may want to adopt after a restart.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pgid: headPID}
+		if err := cmd.Start(); err != nil {
+			if headPID != 0 {
+				_ = l.Terminate(ctx, strings.Join(nodes, nodeSep))
+			}
+			return Instance{}, fmt.Errorf("launch %s: node %d: %w", spec.ReplicaID, rank, err)
+		}
+		pid := cmd.Process.Pid
+		go cmd.Wait() // reap; liveness is read from /proc, so the result is not needed
+		st, err := readStat(pid)
+		if err != nil {
+			// It exited already; still a valid handle for Status (gone) and Terminate.
+			st.start = 0
+		}
+		if rank == 0 {
+			headPID = pid
+		}
+		nodes = append(nodes, fmt.Sprintf("%d:%d", pid, st.start))
 	}
-	pid := cmd.Process.Pid
-	go cmd.Wait() // reap; liveness is read from /proc, so the result is not needed
-	st, err := readStat(pid)
+	l.cfg.Log.Info("local replica started", "replica", spec.ReplicaID, "pid", headPID, "nodes", n, "port", ports[0], "log", l.LogPath(spec.ReplicaID))
+	return l.instance(spec.ReplicaID, strings.Join(nodes, nodeSep), ports[0], lb), nil
+}
+
+// nodeSep joins the nodes' pid:start in a multi-node replica's handle, head first.
+const nodeSep = "+"
+
+// linkMounts makes each file_mounts folder available at its path: a symlink to the source,
+// made if the path is free; a path that already is the source (or a link to it) is left
+// as it is. Links stay after the replica goes: they point at the user's own folders, and
+// other replicas of the service read them. ~ is the home directory, and a relative path
+// is relative to it, as SkyPilot places file mounts; a relative source is relative to the
+// control plane's working directory, as workdir is.
+func linkMounts(mounts []spec.FileMount) error {
+	for _, m := range mounts {
+		if !m.Local() {
+			return fmt.Errorf("file_mounts.%s: the local provider does not mount buckets (%s)", m.Path, m.Source)
+		}
+		src, err := expandHome(m.Source, false)
+		if err != nil {
+			return fmt.Errorf("file_mounts.%s: %w", m.Path, err)
+		}
+		if src, err = filepath.Abs(src); err != nil {
+			return fmt.Errorf("file_mounts.%s: %w", m.Path, err)
+		}
+		if _, err := os.Stat(src); err != nil {
+			return fmt.Errorf("file_mounts.%s: source %w", m.Path, err)
+		}
+		dst, err := expandHome(m.Path, true)
+		if err != nil {
+			return fmt.Errorf("file_mounts.%s: %w", m.Path, err)
+		}
+		if fi, err := os.Stat(dst); err == nil {
+			if si, _ := os.Stat(src); os.SameFile(fi, si) {
+				continue
+			}
+			return fmt.Errorf("file_mounts.%s: %s already exists on this machine and is not %s; move it away, or mount at another path", m.Path, dst, src)
+		}
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return fmt.Errorf("file_mounts.%s: cannot make %s a link to %s: %w", m.Path, dst, src, err)
+		}
+		if err := os.Symlink(src, dst); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("file_mounts.%s: cannot make %s a link to %s: %w", m.Path, dst, src, err)
+		}
+	}
+	return nil
+}
+
+// expandHome resolves ~ and ~/…; with relToHome, any other relative path is under the
+// home directory too.
+func expandHome(p string, relToHome bool) (string, error) {
+	if p != "~" && !strings.HasPrefix(p, "~/") && (!relToHome || filepath.IsAbs(p)) {
+		return p, nil
+	}
+	home, err := os.UserHomeDir()
 	if err != nil {
-		// It exited already; still a valid handle for Status (gone) and Terminate.
-		st.start = 0
+		return "", err
 	}
-	l.cfg.Log.Info("local replica started", "replica", spec.ReplicaID, "pid", pid, "port", port, "log", l.LogPath(spec.ReplicaID))
-	return l.instance(spec.ReplicaID, pid, st.start, port, lb), nil
+	if p == "~" {
+		return home, nil
+	}
+	return filepath.Join(home, strings.TrimPrefix(p, "~/")), nil
 }
 
 // Environment variables that record how a local replica is labelled and billed.
@@ -213,6 +301,10 @@ const (
 	envRegion   = "ARBITER_REGION"
 	envZone     = "ARBITER_ZONE"
 	envPrice    = "ARBITER_PRICE_PER_HOUR"
+	// envNodes and envNodeRank say how many nodes the replica spans and which one a
+	// process is, so that List finds a multi-node replica's nodes again.
+	envNodes    = "ARBITER_NUM_NODES"
+	envNodeRank = "ARBITER_NODE_RANK"
 )
 
 // localLabels is how a local replica is labelled and billed: the service's arbiter.local
@@ -250,8 +342,8 @@ func (l *Local) labelsFromEnv(vars map[string]string) localLabels {
 	return l.labels(spec)
 }
 
-func (l *Local) instance(id string, pid int, start uint64, port int, lb localLabels) Instance {
-	return Instance{ReplicaID: id, Handle: fmt.Sprintf("%d:%d", pid, start), Address: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+func (l *Local) instance(id, handle string, port int, lb localLabels) Instance {
+	return Instance{ReplicaID: id, Handle: handle, Address: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
 		Capacity: lb.capacity, Region: lb.region, Zone: lb.zone, PricePerHour: lb.price}
 }
 
@@ -264,8 +356,37 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
+// parseHandle reads the head's pid:start from a handle; a multi-node replica's handle
+// goes on with its other nodes' (parseNodes).
 func parseHandle(h string) (pid int, start uint64, err error) {
-	a, b, ok := strings.Cut(h, ":")
+	head, _, _ := strings.Cut(h, nodeSep)
+	return parseNode(head, h)
+}
+
+// nodeProc is one node of a replica; pid 0 is a node found gone (List).
+type nodeProc struct {
+	pid   int
+	start uint64
+}
+
+func parseNodes(h string) ([]nodeProc, error) {
+	var out []nodeProc
+	for i, part := range strings.Split(h, nodeSep) {
+		if i > 0 && part == "0:0" {
+			out = append(out, nodeProc{})
+			continue
+		}
+		pid, start, err := parseNode(part, h)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, nodeProc{pid, start})
+	}
+	return out, nil
+}
+
+func parseNode(node, h string) (pid int, start uint64, err error) {
+	a, b, ok := strings.Cut(node, ":")
 	if ok {
 		pid, err = strconv.Atoi(a)
 		if err == nil {
@@ -273,22 +394,28 @@ func parseHandle(h string) (pid int, start uint64, err error) {
 		}
 	}
 	if !ok || err != nil || pid <= 1 {
-		return 0, 0, fmt.Errorf("local handle %q: want pid:starttime", h)
+		return 0, 0, fmt.Errorf("local handle %q: want pid:starttime, or several joined by %s", h, nodeSep)
 	}
 	return pid, start, nil
 }
 
-// Status implements Provider: running while the process group's leader lives (the same
-// process: a reused PID has another start time).
+// Status implements Provider: running while every node's process lives (the same
+// process: a reused PID has another start time). A multi-node replica is gone when any
+// of its nodes is, as a cluster is that loses a node.
 func (l *Local) Status(_ context.Context, handle string) (Status, string, error) {
-	pid, start, err := parseHandle(handle)
+	nodes, err := parseNodes(handle)
 	if err != nil {
 		return "", "", err
 	}
-	if leaderAlive(pid, start) {
-		return StatusRunning, "", nil
+	for rank, n := range nodes {
+		if n.pid == 0 || !leaderAlive(n.pid, n.start) {
+			if len(nodes) == 1 {
+				return StatusGone, "its process exited", nil
+			}
+			return StatusGone, fmt.Sprintf("the process of node %d of %d exited", rank, len(nodes)), nil
+		}
 	}
-	return StatusGone, "its process exited", nil
+	return StatusRunning, "", nil
 }
 
 func leaderAlive(pid int, start uint64) bool {
@@ -362,9 +489,44 @@ func (l *Local) List(context.Context) ([]Instance, error) {
 			continue
 		}
 		port, _ := strconv.Atoi(vars[EnvPort])
-		out = append(out, l.instance(vars[EnvReplicaID], p.pid, p.start, port, l.labelsFromEnv(vars)))
+		handle := fmt.Sprintf("%d:%d", p.pid, p.start)
+		if n, _ := strconv.Atoi(vars[envNodes]); n > 1 {
+			handle = groupHandle(procs, p, n, vars[EnvReplicaID], buf, young)
+		}
+		out = append(out, l.instance(vars[EnvReplicaID], handle, port, l.labelsFromEnv(vars)))
 	}
 	return out, nil
+}
+
+// groupHandle finds the other nodes of a multi-node replica led by head in its process
+// group: for each rank, the earliest-started process carrying it (its node's shell; the
+// processes it starts inherit the rank). A rank with no live process is written 0:0, so
+// that Status reports the replica gone.
+func groupHandle(procs []procStat, head procStat, n int, id string, buf []byte, young uint64) string {
+	nodes := make([]procStat, n)
+	nodes[0] = head
+	for _, p := range procs {
+		if p.pgid != head.pid || p.pid == head.pid || p.state == 'Z' || p.state == 'X' {
+			continue
+		}
+		env, err := environ(p.pid, buf, p.start >= young)
+		if err != nil {
+			continue
+		}
+		vars := parseEnviron(env)
+		rank, err := strconv.Atoi(vars[envNodeRank])
+		if err != nil || rank < 1 || rank >= n || vars[EnvReplicaID] != id {
+			continue
+		}
+		if q := nodes[rank]; q.pid == 0 || p.start < q.start || (p.start == q.start && p.pid < q.pid) {
+			nodes[rank] = p
+		}
+	}
+	parts := make([]string, n)
+	for i, p := range nodes {
+		parts[i] = fmt.Sprintf("%d:%d", p.pid, p.start)
+	}
+	return strings.Join(parts, nodeSep)
 }
 
 // Notices implements Provider. The local provider's notices come from Preempt.
@@ -538,7 +700,7 @@ func parseEnviron(b []byte) map[string]string {
 	for _, kv := range bytes.Split(b, []byte{0}) {
 		if k, v, ok := bytes.Cut(kv, []byte{'='}); ok {
 			switch string(k) {
-			case EnvOwner, EnvProvider, EnvReplicaID, EnvPort, envCapacity, envRegion, envZone, envPrice:
+			case EnvOwner, EnvProvider, EnvReplicaID, EnvPort, envCapacity, envRegion, envZone, envPrice, envNodes, envNodeRank:
 				m[string(k)] = string(v)
 			}
 		}

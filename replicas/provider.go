@@ -45,7 +45,22 @@ type LaunchSpec struct {
 	// DiskGiB is the spec's resources.disk_size; 0: the provider's default. Only VM
 	// providers use it.
 	DiskGiB int
+	// NumNodes is how many nodes the replica spans (num_nodes; 0 reads as 1). The nodes
+	// are one replica: launched together, one Instance whose Address is the head's (rank
+	// 0), gone when any node is gone, terminated together. Each node's run: sees
+	// SkyPilot's SKYPILOT_NODE_RANK, SKYPILOT_NUM_NODES and SKYPILOT_NODE_IPS (one address
+	// a line, the head's first).
+	NumNodes int
+	// FileMounts, Volumes and the pod labels and annotations are the spec's file_mounts,
+	// volumes and config.kubernetes.custom_metadata; spec validation has refused what the
+	// provider cannot honour.
+	FileMounts                []spec.FileMount
+	Volumes                   []spec.Volume
+	PodLabels, PodAnnotations map[string]string
 }
+
+// Nodes is NumNodes, at least 1.
+func (s LaunchSpec) Nodes() int { return max(1, s.NumNodes) }
 
 // Instance is a replica as a provider sees it.
 type Instance struct {

@@ -134,8 +134,12 @@ func (d *decoder) crossCheck(s *Service) {
 		for k, v := range s.Envs {
 			size += len(k) + len(v) + len("export ='' --setenv=")
 		}
+		// Each S3 mount is a mkdir and a mount-s3 or aws s3 sync line (replicas/aws.s3Mounts).
+		for _, m := range s.FileMounts {
+			size += 2*len(m.Path) + len(m.Source) + 120
+		}
 		if size > awsScriptBudget {
-			d.errorAt("run", "run, setup and envs: %d bytes; the aws provider passes them as EC2 user data, which holds 16 KiB with the script around them (at most %d of yours): move long scripts into the AMI or fetch them in setup", size, awsScriptBudget)
+			d.errorAt("run", "run, setup, envs and file_mounts: %d bytes; the aws provider passes them as EC2 user data, which holds 16 KiB with the script around them (at most %d of yours): move long scripts into the AMI or fetch them in setup", size, awsScriptBudget)
 		}
 	}
 

@@ -2,11 +2,10 @@
 // `serve up`.
 //
 // The format is SkyServe's task YAML, so that a file written for `sky serve up` loads here
-// unchanged and means the same thing: top-level name, workdir, num_nodes (1 only), envs,
-// secrets, resources, setup, run (required) and service (required), plus volumes,
-// file_mounts and config, which are accepted and ignored. Arbiter's own settings live under
-// one extra top-level key, arbiter:, so SkyServe's keys keep SkyServe's meaning and
-// defaults.
+// unchanged and means the same thing: top-level name, workdir, num_nodes, envs, secrets,
+// resources, setup, run (required), service (required), file_mounts, volumes and config.
+// Arbiter's own settings live under one extra top-level key, arbiter:, so SkyServe's keys
+// keep SkyServe's meaning and defaults.
 //
 // Every problem is reported with file:line:col and a sentence saying what to write instead;
 // unknown keys get the closest allowed key ("did you mean ...?"). Parse reports all
@@ -39,6 +38,29 @@
 //     to pricing.Resolve, which knows the catalogs and providers (Service.AcceleratorPositions
 //     gives it the places to warn at).
 //   - service.tls: keyfile and certfile, both required (the endpoint serves HTTPS).
+//
+// # Mounts, config and nodes, held to what the providers do
+//
+// What a provider in arbiter.providers cannot honour is refused at its place, naming the
+// key and the provider; nothing is dropped without a word.
+//
+//   - file_mounts: a local folder (PATH: ~/dir) on local and sim, whose replicas find it
+//     at PATH (a symlink the provider makes); an S3 bucket (PATH: s3://b, or the block
+//     form with source/name+store and mode MOUNT, COPY or MOUNT_CACHED) on aws, mounted
+//     or copied by the instance's user data. Buckets elsewhere, folders on remote
+//     providers, and the block form with a local source (a bucket SkyPilot would create)
+//     are refused.
+//   - volumes: PATH: NAME mounts an existing PersistentVolumeClaim on kubernetes; refused
+//     on every other provider, and the block form (an ephemeral volume) everywhere.
+//   - config: the keys SkyPilot lets a task override. kubernetes.custom_metadata (labels,
+//     annotations) is set on the kubernetes provider's pods; the other keys are refused
+//     while a provider they are about is in use, and otherwise accepted with a warning
+//     (Service.Warnings) that they have no effect, as SkyPilot ignores a cloud's keys on
+//     another cloud. Unknown keys are refused.
+//   - num_nodes: N ≥ 1; a replica is a group of N nodes (local processes) launched,
+//     probed through the head (rank 0), billed N times, preempted and terminated
+//     together. Refused on kubernetes, aws and runpod, which launch one pod or machine per
+//     replica.
 //
 // # Arbiter's keys
 //

@@ -35,10 +35,15 @@ type decoder struct {
 	vals map[string]*yaml.Node
 	// accPos is where each accelerator name (lower-cased) is written (Service.accPos).
 	accPos map[string][]Pos
+	// mountAt and volumeAt are where each entry of Service.FileMounts and Volumes is
+	// written; configAt where each config key is; warns the warnings (Service.Warnings).
+	mountAt, volumeAt []*yaml.Node
+	configAt          map[string]*yaml.Node
+	warns             ErrorList
 }
 
 func newDecoder(file string) *decoder {
-	return &decoder{file: file, keys: map[string]*yaml.Node{}, vals: map[string]*yaml.Node{}, accPos: map[string][]Pos{}}
+	return &decoder{file: file, keys: map[string]*yaml.Node{}, vals: map[string]*yaml.Node{}, accPos: map[string][]Pos{}, configAt: map[string]*yaml.Node{}}
 }
 
 // given reports whether the file sets path to a non-null value.

@@ -22,6 +22,9 @@ func (s *Service) ResolvedYAML() ([]byte, error) {
 	if s.Workdir != "" {
 		put(doc, "workdir", str(s.Workdir))
 	}
+	if s.NumNodes > 1 {
+		put(doc, "num_nodes", integer(s.NumNodes))
+	}
 	if len(s.Envs) > 0 {
 		put(doc, "envs", stringMapNode(s.Envs, false))
 	}
@@ -30,6 +33,42 @@ func (s *Service) ResolvedYAML() ([]byte, error) {
 	}
 	if res := resourcesNode(s.Resources); len(res.Content) > 0 {
 		put(doc, "resources", res)
+	}
+	if len(s.FileMounts) > 0 {
+		fm := mapping()
+		for _, m := range s.FileMounts {
+			if m.Local() {
+				put(fm, m.Path, str(m.Source))
+				continue
+			}
+			b := mapping()
+			b.Style = yaml.FlowStyle
+			put(b, "source", str(m.Source))
+			put(b, "mode", str(m.Mode))
+			put(fm, m.Path, b)
+		}
+		put(doc, "file_mounts", fm)
+	}
+	if len(s.Volumes) > 0 {
+		vm := mapping()
+		for _, v := range s.Volumes {
+			put(vm, v.Path, str(v.Name))
+		}
+		put(doc, "volumes", vm)
+	}
+	if c := s.Config; c.KubernetesLabels != nil || c.KubernetesAnnotations != nil {
+		cm := mapping()
+		if c.KubernetesLabels != nil {
+			put(cm, "labels", stringMapNode(c.KubernetesLabels, true))
+		}
+		if c.KubernetesAnnotations != nil {
+			put(cm, "annotations", stringMapNode(c.KubernetesAnnotations, true))
+		}
+		k := mapping()
+		put(k, "custom_metadata", cm)
+		conf := mapping()
+		put(conf, "kubernetes", k)
+		put(doc, "config", conf)
 	}
 	if s.Setup != "" {
 		put(doc, "setup", str(s.Setup))

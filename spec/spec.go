@@ -23,16 +23,25 @@ type Service struct {
 	// Missing are the envs and secrets the file leaves null and no override fills
 	// ("envs.HF_TOKEN", "secrets.HF_TOKEN"), when parsed with Overrides.DeferMissing; they
 	// must be given when the service is launched.
-	Missing   []string
-	Setup     string
-	Run       string
-	Resources Resources
-	Service   ServiceSection
-	Arbiter   Arbiter
+	Missing []string
+	Setup   string
+	Run     string
+	// NumNodes is how many nodes one replica spans (num_nodes; 1 unless given): the nodes
+	// of a replica are launched, probed through its head (rank 0), billed, preempted and
+	// terminated together.
+	NumNodes   int
+	FileMounts []FileMount
+	Volumes    []Volume
+	Config     TaskConfig
+	Resources  Resources
+	Service    ServiceSection
+	Arbiter    Arbiter
 
 	// accPos is where each accelerator name (lower-cased) is written in the file, for the
 	// messages of steps after parsing (AcceleratorPositions).
 	accPos map[string][]Pos
+	// warnings are Warnings().
+	warnings ErrorList
 }
 
 // ServiceSection is the service: block.
@@ -307,9 +316,16 @@ func (d *decoder) service(root *yaml.Node, o Overrides) *Service {
 		}
 	}
 	top.str("workdir", &s.Workdir)
-	if n := top.get("num_nodes"); n != nil {
-		// Multi-node replicas would need a gang launch no provider here does.
-		d.integer("num_nodes", n, "1 (a service replica runs on one node; remove num_nodes)", func(v int) bool { return v == 1 })
+	s.NumNodes = 1
+	top.integer("num_nodes", "an integer ≥ 1 (the nodes one replica spans)", atLeast(1), &s.NumNodes)
+	if n := top.get("file_mounts"); n != nil {
+		s.FileMounts = d.fileMounts(n)
+	}
+	if n := top.get("volumes"); n != nil {
+		s.Volumes = d.volumes(n)
+	}
+	if n := top.get("config"); n != nil {
+		s.Config = d.config(n)
 	}
 	d.deferMissing = o.DeferMissing
 	s.Envs = d.vars("envs", top.get("envs"), o.Envs, "--env")
@@ -356,6 +372,10 @@ func (d *decoder) service(root *yaml.Node, o Overrides) *Service {
 		d.arbiter(n, top.key("arbiter"), &s.Arbiter)
 	}
 	d.crossCheck(s)
+	d.checkMounts(s)
+	if len(d.warns) > 0 {
+		s.warnings = d.warns
+	}
 	if len(d.accPos) > 0 {
 		s.accPos = d.accPos
 	}

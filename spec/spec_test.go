@@ -62,7 +62,6 @@ func TestErrors(t *testing.T) {
 		{"no run", "service: {}\n", 1, 1, "run: missing"},
 		{"blank run", "run: '  '\nservice: {}\n", 1, 6, "run: is empty"},
 		{"service not a mapping", "run: x\nservice: [a]\n", 2, 10, "service: want a mapping of readiness_probe, replicas"},
-		{"num_nodes", minimal + "num_nodes: 2\n", 4, 12, "num_nodes: want 1 (a service replica runs on one node"},
 		{"name", minimal + "name: my/service\n", 4, 7, `name: "my/service" is not a valid service name`},
 		{"env null", minimal + "envs:\n  MODEL: m\n  HF_TOKEN:\n", 6, 12, "envs.HF_TOKEN: no value; give one here or with --env HF_TOKEN=…"},
 		{"env explicit null", minimal + "envs: {HF_TOKEN: null}\n", 4, 18, "envs.HF_TOKEN: no value"},
@@ -241,7 +240,8 @@ func TestErrorFormat(t *testing.T) {
 func TestDefaults(t *testing.T) {
 	got := mustParse(t, "run: python serve.py\nservice: {}\n")
 	want := &Service{
-		Run: "python serve.py",
+		NumNodes: 1,
+		Run:      "python serve.py",
 		Service: ServiceSection{
 			ReadinessProbe: ReadinessProbe{Path: "/", InitialDelaySeconds: 1200, TimeoutSeconds: 15},
 			ReplicaPolicy: ReplicaPolicy{
@@ -651,6 +651,7 @@ func checkRoundTrip(t *testing.T, src []byte) {
 		t.Fatalf("re-Parse of resolved:\n%s\nfrom:\n%s\n%v", out, src, err)
 	}
 	s.accPos, s2.accPos = nil, nil // where names are written differs between the two files
+	s.warnings, s2.warnings = nil, nil
 	if !reflect.DeepEqual(s, s2) {
 		t.Fatalf("round trip changed the service\nsource:\n%s\nresolved:\n%s\nfirst:  %+v\nsecond: %+v", src, out, s, s2)
 	}

@@ -224,6 +224,11 @@ func checkDaemonTLS(info daemonInfo, df daemonFlags) error {
 // each with a warning at its place in the file, written to warn. A service left with no
 // accelerator to run on is refused, with the places.
 func resolveSpec(sp *spec.Service, path string, warn io.Writer) error {
+	// What the file gives that has no effect where the service runs (config keys for a
+	// platform it does not use) is said, not dropped.
+	for _, w := range sp.Warnings() {
+		fmt.Fprintf(warn, "warning: %v\n", w)
+	}
 	if len(sp.AcceleratorNames()) == 0 {
 		return nil
 	}

@@ -88,3 +88,45 @@ func TestValidateRefusesASetWithNothingToRunOn(t *testing.T) {
 		}
 	}
 }
+
+// file_mounts, volumes, config and num_nodes in SkyPilot's forms (testdata/skypilot,
+// written for these tests): what the providers can honour validates and resolves; what
+// one cannot is refused at its place, naming the key and the provider.
+func TestValidateSkyPilotMountForms(t *testing.T) {
+	for _, tc := range []struct {
+		file     string
+		resolved []string
+		warnings []string
+	}{
+		{file: "mounts-local.yaml", resolved: []string{"file_mounts:\n  /models: ~/checkpoints/sd-v1-5\n"},
+			warnings: []string{"warning: testdata/skypilot/mounts-local.yaml:8:5: config.kubernetes.pod_config: has no effect: no provider in arbiter.providers (local) is one it is about"}},
+		{file: "mounts-aws.yaml", resolved: []string{"/data: {source: 's3://vector-db-corpus/shards', mode: COPY}", "/weights: {source: 's3://sd-weights', mode: MOUNT_CACHED}"}},
+		{file: "volumes-kubernetes.yaml", resolved: []string{"volumes:\n  /root/.cache/huggingface: hf-cache\n", "labels: {team: search}"}},
+		{file: "num-nodes.yaml", resolved: []string{"num_nodes: 2\n"}},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			out, errOut, err := runServe(t, "validate", filepath.Join("testdata/skypilot", tc.file))
+			if err != nil {
+				t.Fatalf("validate: %v\nstderr:\n%s", err, errOut)
+			}
+			for _, l := range tc.resolved {
+				if !strings.Contains(out, l) {
+					t.Errorf("resolved:\n%s\nwant %q", out, l)
+				}
+			}
+			if got := strings.TrimSpace(errOut); len(tc.warnings) == 0 && got != "" || len(tc.warnings) > 0 && !strings.HasPrefix(got, tc.warnings[0]) {
+				t.Errorf("stderr:\n%s\nwant %q", errOut, tc.warnings)
+			}
+		})
+	}
+	_, _, err := runServe(t, "validate", "testdata/skypilot/refused-mounts.yaml")
+	for _, w := range []string{
+		"refused-mounts.yaml:2:12: num_nodes: 2: the kubernetes provider launches a replica on one machine",
+		"refused-mounts.yaml:6:3: file_mounts./data: the kubernetes",
+		"refused-mounts.yaml:9:5: config.kubernetes.provision_timeout: Arbiter replaces a replica not ready in time",
+	} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("error:\n%v\nwant %q", err, w)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/spec"
 )
 
 // maxUserData is EC2's limit on user data before base64 (RunInstances, UserData).
@@ -50,6 +51,7 @@ func userData(ls replicas.LaunchSpec, port int) (string, error) {
 	}
 	fmt.Fprintf(&b, "export %s=\"${%s:-0.0.0.0}\"\nexport %s=\"${%s:-/opt/arbiter}\"\n", envHost, envHost, envDir, envDir)
 	fmt.Fprintf(&b, "mkdir -p \"$%s\"\ncd \"$%s\"\n", envDir, envDir)
+	b.WriteString(s3Mounts(ls.FileMounts))
 	fmt.Fprintf(&b, "cat > setup.sh <<'%s'\n%s\n%s\n", tag, ls.Setup, tag)
 	fmt.Fprintf(&b, "cat > run.sh <<'%s'\n%s\n%s\n", tag, ls.Run, tag)
 	b.WriteString("bash setup.sh > setup.log 2>&1\n")
@@ -62,6 +64,47 @@ func userData(ls replicas.LaunchSpec, port int) (string, error) {
 		return "", fmt.Errorf("aws: the replica's script is %d bytes with the spec's setup, run and envs; EC2 takes at most %d: move long scripts into the image or fetch them in setup", b.Len(), maxUserData)
 	}
 	return b.String(), nil
+}
+
+// s3Mounts is the script that puts file_mounts' S3 buckets (spec validation refuses any
+// other source on aws) where the run: script reads them, with AWS's own tools, before
+// setup: MOUNT and MOUNT_CACHED with Mountpoint for Amazon S3 (mount-s3 BUCKET DIR
+// [--prefix P/] [--cache DIR], https://docs.aws.amazon.com/AmazonS3/latest/userguide/mountpoint-usage.html),
+// COPY with aws s3 sync. Both must be in the AMI, and the instance profile must reach the
+// bucket; a failure stops the script (set -e), so the replica never becomes ready and
+// its user-data log says why. A relative path is under the home directory, as SkyPilot
+// places file mounts.
+func s3Mounts(mounts []spec.FileMount) string {
+	var b strings.Builder
+	for i, m := range mounts {
+		dir := m.Path
+		switch {
+		case strings.HasPrefix(dir, "~/"):
+			dir = "$HOME/" + shellQuote(strings.TrimPrefix(dir, "~/"))
+		case !strings.HasPrefix(dir, "/"):
+			dir = "$HOME/" + shellQuote(dir)
+		default:
+			dir = shellQuote(dir)
+		}
+		bucket, prefix, _ := strings.Cut(strings.TrimPrefix(m.Source, "s3://"), "/")
+		fmt.Fprintf(&b, "mkdir -p %s\n", dir)
+		switch m.Mode {
+		case "COPY":
+			fmt.Fprintf(&b, "aws s3 sync --only-show-errors %s %s\n", shellQuote(m.Source), dir)
+		default:
+			args := shellQuote(bucket) + " " + dir
+			if prefix = strings.TrimSuffix(prefix, "/"); prefix != "" {
+				args += " --prefix " + shellQuote(prefix+"/")
+			}
+			if m.Mode == "MOUNT_CACHED" {
+				cache := fmt.Sprintf("/var/cache/arbiter-s3/%d", i)
+				fmt.Fprintf(&b, "mkdir -p %s\n", cache)
+				args += " --cache " + cache
+			}
+			fmt.Fprintf(&b, "mount-s3 %s\n", args)
+		}
+	}
+	return b.String()
 }
 
 func setenvs(keys []string) string {

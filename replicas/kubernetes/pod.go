@@ -169,6 +169,26 @@ func buildPod(ls replicas.LaunchSpec, ps podSpec, price float64) *corev1.Pod {
 	if ls.PriceSource != "" {
 		pod.Annotations[annPriceSource] = ls.PriceSource
 	}
+	// config.kubernetes.custom_metadata, as SkyPilot sets it on its pods; Arbiter's own
+	// keys win, since List and Status find replicas by them.
+	for k, v := range ls.PodLabels {
+		if _, ours := pod.Labels[k]; !ours {
+			pod.Labels[k] = v
+		}
+	}
+	for k, v := range ls.PodAnnotations {
+		if _, ours := pod.Annotations[k]; !ours {
+			pod.Annotations[k] = v
+		}
+	}
+	// volumes: each an existing PersistentVolumeClaim by name, mounted at its path.
+	for i, v := range ls.Volumes {
+		name := "vol-" + strconv.Itoa(i)
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: name,
+			VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: v.Name}}})
+		c := &pod.Spec.Containers[0]
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: name, MountPath: v.Path})
+	}
 	for _, s := range ps.pullSecrets {
 		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: s})
 	}
