@@ -164,6 +164,7 @@ type replica struct {
 	busy          bool // a goroutine is launching, probing or terminating it
 	nextProbe     time.Time
 	fails         int
+	passes        int // consecutive passed probes while not ready: as many as failure_threshold bring it back
 	notReadySince time.Time
 	drainSince    time.Time
 	drainProgress time.Time // the last time a router saw its in-flight requests progress while it drained

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
@@ -692,7 +693,13 @@ func (c *Controller) check(ctx context.Context, s *service, r *replica) {
 				c.learnModels(ctx, s, r, models)
 				c.transition(ctx, s, r, replicas.Ready, fmt.Sprintf("readiness probe passed after %s", now.Sub(r.row.LaunchedAt).Round(100*time.Millisecond)))
 			} else if now.Sub(r.row.LaunchedAt) > budget {
-				c.transition(ctx, s, r, replicas.Failed, fmt.Sprintf("not ready within its %s budget (last probe: %v); replacing it", budget, perr))
+				hint := ""
+				if errors.Is(perr, syscall.ECONNREFUSED) {
+					// A vLLM binds its port before it loads (connections wait, they are not
+					// refused): refused all along, the server most likely listens elsewhere.
+					hint = fmt.Sprintf(": nothing listens on %s, where the provider told it to ($PORT); does the run: command's server listen on another port?", addr)
+				}
+				c.transition(ctx, s, r, replicas.Failed, fmt.Sprintf("not ready within its %s budget (last probe: %v)%s; replacing it", budget, perr, hint))
 			}
 		case replicas.Ready:
 			if perr == nil {
@@ -701,10 +708,17 @@ func (c *Controller) check(ctx context.Context, s *service, r *replica) {
 				c.transition(ctx, s, r, replicas.NotReady, fmt.Sprintf("%d probes failed in a row: %v", r.fails, perr))
 			}
 		case replicas.NotReady:
+			// Back only after as many passes in a row as failures took it out: a /health that
+			// flaps on every probe must not move it in and out of every router's set.
 			if perr == nil {
-				r.fails = 0
-				c.transition(ctx, s, r, replicas.Ready, "readiness probe passed again")
-			} else if now.Sub(r.notReadySince) > budget {
+				if r.passes++; r.passes >= threshold {
+					r.fails, r.passes = 0, 0
+					c.transition(ctx, s, r, replicas.Ready, fmt.Sprintf("readiness probe passed again, %d times in a row", threshold))
+				}
+				return
+			}
+			r.passes = 0
+			if now.Sub(r.notReadySince) > budget {
 				c.transition(ctx, s, r, replicas.Failed, fmt.Sprintf("not ready for %s: %v; replacing it", budget, perr))
 			}
 		}
