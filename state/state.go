@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" driver
 )
 
@@ -154,6 +155,19 @@ func (o *Options) defaults() {
 // postgresql:// URL) rather than a SQLite file's path.
 func IsPostgres(setting string) bool {
 	return strings.HasPrefix(setting, "postgres://") || strings.HasPrefix(setting, "postgresql://")
+}
+
+// Describe names the store a setting opens for logs and messages: a file's path, or a
+// database's host, port and name without its password.
+func Describe(setting string) string {
+	if !IsPostgres(setting) {
+		return "SQLite " + setting
+	}
+	cfg, err := pgx.ParseConfig(setting)
+	if err != nil {
+		return "PostgreSQL (an invalid URL)"
+	}
+	return "PostgreSQL " + pgName(cfg)
 }
 
 // OpenSetting opens the store a setting names: a PostgreSQL URL, or else a SQLite file's

@@ -11,6 +11,8 @@ package pgtest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -75,8 +77,9 @@ type Cluster struct {
 	dbs      atomic.Int64
 }
 
-// template is one initdb'd data folder per process: initdb takes seconds, a copy of its
-// result a fraction of that.
+// template is an initdb'd data folder that servers start from as copies: initdb takes
+// seconds, a copy a fraction of that. It is kept in the temporary folder under a name of
+// the binaries' folder and the user, for later test processes too (about 40 MB, once).
 var template struct {
 	once sync.Once
 	dir  string
@@ -97,11 +100,18 @@ func initTemplate(bin string) (string, *syscall.Credential, error) {
 			gid, _ := strconv.Atoi(u.Gid)
 			cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 		}
-		dir, err := os.MkdirTemp("", "arbiter-pgtemplate-")
+		sum := sha256.Sum256([]byte(fmt.Sprintf("%s %d", bin, os.Geteuid())))
+		final := filepath.Join(os.TempDir(), "arbiter-pgtemplate-"+hex.EncodeToString(sum[:6]))
+		if _, err := os.Stat(filepath.Join(final, "data", "PG_VERSION")); err == nil {
+			template.dir, template.cred = final, cred
+			return
+		}
+		dir, err := os.MkdirTemp("", "arbiter-pgtemplate-new-")
 		if err != nil {
 			template.err = err
 			return
 		}
+		defer os.RemoveAll(dir) // left only when the rename below did not take it
 		if err := own(dir, cred); err != nil {
 			template.err = err
 			return
@@ -113,7 +123,14 @@ func initTemplate(bin string) (string, *syscall.Credential, error) {
 			template.err = fmt.Errorf("initdb: %v\n%s", err, out)
 			return
 		}
-		template.dir, template.cred = dir, cred
+		// Another process may have made it meanwhile: either one serves.
+		if err := os.Rename(dir, final); err != nil {
+			if _, serr := os.Stat(filepath.Join(final, "data", "PG_VERSION")); serr != nil {
+				template.err = fmt.Errorf("keep the template cluster: %w", err)
+				return
+			}
+		}
+		template.dir, template.cred = final, cred
 	})
 	return template.dir, template.cred, template.err
 }
@@ -316,15 +333,12 @@ func DSN(t testing.TB) string {
 	return c.NewDatabase(t)
 }
 
-// Shutdown stops the shared server and removes the template, if they were made.
+// Shutdown stops the shared server, if it was started, and removes its folder.
 func Shutdown() {
 	shared.mu.Lock()
+	defer shared.mu.Unlock()
 	if shared.c != nil {
 		shared.c.Close()
 		shared.c = nil
-	}
-	shared.mu.Unlock()
-	if template.dir != "" {
-		os.RemoveAll(template.dir)
 	}
 }
