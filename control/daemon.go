@@ -29,7 +29,10 @@ import (
 // replica logs), where its API listens, and how it runs local replicas.
 type DaemonOptions struct {
 	Home string
-	API  string // listen address of the HTTP API
+	// State is where the state lives: "" for the SQLite file <home>/state.db, or a
+	// postgres:// URL for a PostgreSQL database (which several control planes can share).
+	State string
+	API   string // listen address of the HTTP API
 	// Token protects the API; empty: read <home>/token, creating it if missing.
 	Token        string
 	Tick         time.Duration
@@ -145,11 +148,16 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	if h, _, err := net.SplitHostPort(o.API); err == nil && !loopback(h) {
 		o.Log.Warn("the control plane API listens beyond loopback; its token is its only protection", "api", o.API)
 	}
-	store, err := state.Open(StatePath(o.Home))
+	setting := o.State
+	if setting == "" {
+		setting = StatePath(o.Home)
+	}
+	store, err := state.OpenSetting(ctx, setting, state.Options{})
 	if err != nil {
 		return err
 	}
 	defer store.Close()
+	o.Log.Info("state", "store", state.Describe(setting))
 	procs := replicas.LocalConfig{Owner: Owner(o.Home), LogDir: filepath.Join(o.Home, "logs"), ExtraPath: o.BinDir,
 		Capacity: fleet.Reserved, Region: "local", Zone: "local", Grace: o.LocalGrace, Log: o.Log, MaxReplicas: o.LocalMaxReplicas}
 	local, err := replicas.NewLocal(procs)

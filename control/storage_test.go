@@ -17,6 +17,7 @@ import (
 
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/state"
+	"github.com/arbiter-serve/arbiter/state/pgtest"
 )
 
 // lockStateFile takes the state file's write lock as another process would (an operator's
@@ -219,5 +220,84 @@ func TestDeathDuringALockIsRecordedWhenTheFileFrees(t *testing.T) {
 	joined := strings.Join(msgs, "\n")
 	if !strings.Contains(joined, "→ failed") || !strings.Contains(joined, "→ terminated") || strings.Index(joined, "→ failed") > strings.Index(joined, "→ terminated") {
 		t.Fatalf("the dead replica's events, in order:\n%s\nwant its failure, then its termination", joined)
+	}
+}
+
+// With its PostgreSQL server out of reach the control plane behaves as with a locked state
+// file: it launches nothing whose row it could not write, answers submissions with a 503
+// that says why, and catches up once the server is back; a control plane started afterwards
+// on the same database finds exactly what runs.
+func TestStateDatabaseOutOfReachLaunchesNothing(t *testing.T) {
+	ctx := context.Background()
+	pg := pgtest.Start(t)
+	url := pg.NewDatabase(t)
+	st, err := state.OpenPostgres(ctx, url, state.Options{WriteTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	mem := &memProvider{running: map[string]replicas.Instance{}}
+	reg := prometheus.NewRegistry()
+	cfg := Config{Store: st, Providers: map[string]replicas.Provider{"local": mem}, Token: "secret", Metrics: reg,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	c, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(c.Handler())
+	defer srv.Close()
+	if code, body := call(t, srv, http.MethodPost, "/v1/services", "secret", submit("svc", fixedSpec)); code != http.StatusCreated {
+		t.Fatalf("submit before the outage: %d %s", code, body)
+	}
+	pg.Stop()
+	code, body := call(t, srv, http.MethodPost, "/v1/services", "secret", submit("second", strings.Replace(fixedSpec, "model: m}", "model: m2}", 1)))
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "out of reach") {
+		t.Fatalf("submit while the database is down: %d %s; want 503 saying it is out of reach", code, body)
+	}
+	start := time.Now()
+	c.tick(ctx)
+	c.wg.Wait()
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("a tick with the database down took %v; want it bounded by one write timeout", took)
+	}
+	if n := len(mem.running); n != 0 {
+		t.Fatalf("%d replicas launched while their rows could not be written", n)
+	}
+	if got := testutil.ToFloat64(c.metrics.stateErrors); got < 3 {
+		t.Errorf("state_write_errors_total = %v; want ≥ 3 (one per launch not made)", got)
+	}
+	if err := pg.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(15 * time.Second); len(mem.running) < 3 && time.Now().Before(deadline); {
+		c.tick(ctx)
+		c.wg.Wait()
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := len(mem.running); n != 3 {
+		t.Fatalf("%d replicas running after the database came back; want the spec's 3", n)
+	}
+	st2, err := state.OpenPostgres(ctx, url, state.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Close()
+	c2, err := New(ctx, Config{Store: st2, Providers: cfg.Providers, Log: cfg.Log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2.tick(ctx)
+	c2.wg.Wait()
+	rows, err := st2.Replicas(ctx, "svc", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 3 || len(mem.running) != 3 {
+		t.Fatalf("after a restart: %d live rows, %d instances; want 3 and 3", len(rows), len(mem.running))
+	}
+	for _, r := range rows {
+		if _, ok := mem.running[r.ID]; !ok {
+			t.Errorf("row %s (%s) has no instance", r.ID, r.State)
+		}
 	}
 }

@@ -2,7 +2,6 @@ package state
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -113,37 +112,25 @@ func TestFullDatabaseFailsCleanly(t *testing.T) {
 	}
 }
 
-// Another process holding the file's write lock (a backup, an operator's sqlite3 shell)
-// fails writes after the busy timeout with an error that says so; nothing is half-written,
-// reads go on, and writes work again when the lock is released.
-func TestBusyFileFailsCleanly(t *testing.T) {
+// Another process holding the store's write locks (a backup, an operator's sqlite3 shell
+// or psql session) fails writes after the busy timeout with an error that says so; nothing
+// is half-written, reads go on, and writes work again when the lock is released.
+func TestLockedStoreFailsCleanly(t *testing.T) {
+	forEachBackend(t, lockedStoreFailsCleanly)
+}
+
+func lockedStoreFailsCleanly(t *testing.T, b backend, setting string) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "state.db")
-	s, err := OpenWith(path, Options{BusyTimeout: 150 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openSetting(t, setting, Options{BusyTimeout: 150 * time.Millisecond})
 	defer s.Close()
 	now := time.UnixMilli(1_700_000_000_000)
 	if err := writeEverything(ctx, s, now, 0); err != nil {
 		t.Fatal(err)
 	}
-	other, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(100)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	conn, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
-		t.Fatal(err)
-	}
+	unlock := b.lock(t, setting)
 	before := snap(t, s)
 	start := time.Now()
-	_, err = s.NewReplica(ctx, Replica{Service: "svc", Version: 1, Provider: "local", State: "pending"}, now)
+	_, err := s.NewReplica(ctx, Replica{Service: "svc", Version: 1, Provider: "local", State: "pending"}, now)
 	if err == nil {
 		t.Fatal("NewReplica succeeded while another process held the write lock")
 	}
@@ -151,26 +138,25 @@ func TestBusyFileFailsCleanly(t *testing.T) {
 		t.Errorf("failed after %v, before its busy timeout", waited)
 	}
 	if why := Unavailable(err); !strings.Contains(why, "locked") {
-		t.Fatalf("Unavailable(%v) = %q; want it to say the file is locked", err, why)
+		t.Fatalf("Unavailable(%v) = %q; want it to say the store is locked", err, why)
 	}
+	t.Logf("the write failed with: %v (%s)", err, Unavailable(err))
 	// The next write does not wait out the timeout again: one stalled write per busy
 	// spell, not one per write.
 	start = time.Now()
-	if err := s.AddEvent(ctx, now, "svc", "", "note", "x"); err == nil || Unavailable(err) == "" {
-		t.Fatalf("a write right after a busy one: %v; want a fast busy error", err)
+	if err := s.AddEvent(ctx, now, "svc", "", "note", "x"); err == nil || !strings.Contains(Unavailable(err), "locked") {
+		t.Fatalf("a write right after a busy one: %v (%q); want a fast busy error saying it is locked", err, Unavailable(err))
 	}
 	if waited := time.Since(start); waited > 50*time.Millisecond {
 		t.Errorf("the second write waited %v; want it to fail at once", waited)
 	}
 	if after := snap(t, s); after != before {
-		t.Fatalf("a failed write changed the file: before %+v, after %+v", before, after)
+		t.Fatalf("a failed write changed the store: before %+v, after %+v", before, after)
 	}
 	if _, err := s.Replicas(ctx, "svc", true); err != nil {
 		t.Fatalf("reads must go on while another process writes: %v", err)
 	}
-	if _, err := conn.ExecContext(ctx, `ROLLBACK`); err != nil {
-		t.Fatal(err)
-	}
+	unlock()
 	var r Replica
 	deadline := time.Now().Add(busyBackoff + time.Second)
 	for {

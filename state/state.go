@@ -1,5 +1,6 @@
 // Package state is the control plane's durable memory: services and their versions,
-// replicas with their provider handles, and an event log, in one SQLite file (WAL).
+// replicas with their provider handles, and an event log, in one SQLite file (WAL) by
+// default, or in a PostgreSQL database that several control planes can share.
 //
 // The one rule it exists for: a replica row is written before the provider is asked to
 // launch it, so a crash at any point leaves a row that names what might be running, and a
@@ -13,122 +14,169 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"modernc.org/sqlite" // also registers the pure-Go "sqlite" driver
-	sqlite3 "modernc.org/sqlite/lib"
+	"github.com/jackc/pgx/v5"
+	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" driver
 )
 
 // ErrNotFound is returned when a service or replica does not exist.
 var ErrNotFound = errors.New("not found")
 
-// Store is an open state file. It is safe for concurrent use.
+// Store is an open state file or database. It is safe for concurrent use.
 type Store struct {
 	db *sql.DB
-	// busyUntil (Unix ms): after a write found the file locked by another process, further
-	// writes fail at once until then instead of each waiting out the busy timeout, so a
-	// control loop that writes under its lock is stalled for one timeout, not one per write.
+	d  dialect
+	// writeTimeout bounds each write to a PostgreSQL store (0: unbounded, SQLite's case,
+	// where the busy timeout does it), so a server that stopped answering fails a write as
+	// a locked file does instead of stalling it.
+	writeTimeout time.Duration
+	// busyUntil (Unix ms): after a write found the store locked by another process or out of
+	// reach, further writes fail at once until then instead of each waiting out the busy
+	// timeout, so a control loop that writes under its lock is stalled for one timeout, not
+	// one per write. busyWhy says why, for those fast failures.
 	busyUntil atomic.Int64
+	busyWhy   atomic.Pointer[string]
 }
 
-// busyBackoff is how long writes fail fast after one found the file locked.
+// dialect is what differs between the two databases.
+type dialect struct {
+	name     string // the migrations folder: "sqlite" or "postgres"
+	postgres bool
+}
+
+// q rewrites a query's ? placeholders as PostgreSQL's $1, $2… (no query of this package
+// has a ? inside a string literal).
+func (s *Store) q(query string) string {
+	if !s.d.postgres || !strings.Contains(query, "?") {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range query {
+		if r == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// busyBackoff is how long writes fail fast after one found the store locked or unreachable.
 const busyBackoff = 2 * time.Second
 
-// ErrBusy is returned, without touching the file, by writes made shortly after one found
-// it locked by another process.
-var ErrBusy = errors.New("the state file was locked by another process moments ago; not waiting again yet")
+// ErrBusy is returned, without touching the store, by writes made shortly after one found
+// it locked by another process or out of reach; Unavailable says which.
+var ErrBusy = errors.New("the state store refused a write moments ago; not trying again yet")
 
-// writable fails fast while a recent write found the file locked.
+// fastFail is ErrBusy with the reason of the write that started the spell.
+type fastFail struct{ why string }
+
+func (f fastFail) Error() string {
+	return f.why + " (found so by a write moments ago; not trying again yet)"
+}
+func (f fastFail) Is(target error) bool { return target == ErrBusy }
+
+// writable fails fast while a recent write found the store locked or unreachable.
 func (s *Store) writable() error {
 	if time.Now().UnixMilli() < s.busyUntil.Load() {
+		if why := s.busyWhy.Load(); why != nil {
+			return fastFail{why: *why}
+		}
 		return ErrBusy
 	}
 	return nil
 }
 
-// wrote notes a write's outcome: a busy file starts the fail-fast period.
-func (s *Store) wrote(err error) error {
+// errWriteTimeout is the cause of a write's context ending at Store.writeTimeout.
+var errWriteTimeout = errors.New("the state database did not answer in time")
+
+// bound gives a write its deadline (PostgreSQL's writeTimeout; none for SQLite).
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.writeTimeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeoutCause(ctx, s.writeTimeout, errWriteTimeout)
+}
+
+// wrote notes a write's outcome: a locked or unreachable store starts the fail-fast period.
+// ctx is the write's own (from bound): a write that ran out of its time is one the server
+// did not answer.
+func (s *Store) wrote(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, context.DeadlineExceeded) && context.Cause(ctx) == errWriteTimeout {
+		err = fmt.Errorf("%w (%w)", errWriteTimeout, err)
+	}
 	if busy(err) {
+		why := Unavailable(err)
+		s.busyWhy.Store(&why)
 		s.busyUntil.Store(time.Now().Add(busyBackoff).UnixMilli())
 	}
 	return err
 }
 
-// sqliteCode is an error's primary SQLite result code, or -1 when SQLite did not give it.
-func sqliteCode(err error) int {
-	var se *sqlite.Error
-	if errors.As(err, &se) {
-		return se.Code() & 0xff
-	}
-	return -1
-}
-
-// busy reports whether another process's lock on the file made a write fail.
+// busy reports whether a write failed because another process holds a lock the store
+// needs, or the store is out of reach for now: failures that will likely pass, that the
+// next writes would only wait on again.
 func busy(err error) bool {
-	c := sqliteCode(err)
-	return errors.Is(err, ErrBusy) || c == sqlite3.SQLITE_BUSY || c == sqlite3.SQLITE_LOCKED
+	return errors.Is(err, ErrBusy) || sqliteBusy(err) || pgBusy(err)
 }
 
-const schema = `
-CREATE TABLE IF NOT EXISTS services (
-	name        TEXT PRIMARY KEY,
-	version     INTEGER NOT NULL,
-	status      TEXT NOT NULL,
-	next_seq    INTEGER NOT NULL DEFAULT 1,
-	tokens      REAL NOT NULL DEFAULT 0,
-	created_at  INTEGER NOT NULL,
-	updated_at  INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS versions (
-	service     TEXT NOT NULL,
-	version     INTEGER NOT NULL,
-	spec        TEXT NOT NULL,
-	envs        TEXT NOT NULL DEFAULT '{}',
-	setup_done  INTEGER NOT NULL DEFAULT 0,
-	created_at  INTEGER NOT NULL,
-	PRIMARY KEY (service, version)
-);
-CREATE TABLE IF NOT EXISTS replicas (
-	id             TEXT PRIMARY KEY,
-	service        TEXT NOT NULL,
-	version        INTEGER NOT NULL,
-	provider       TEXT NOT NULL,
-	handle         TEXT NOT NULL DEFAULT '',
-	address        TEXT NOT NULL DEFAULT '',
-	model          TEXT NOT NULL DEFAULT '',
-	state          TEXT NOT NULL,
-	reason         TEXT NOT NULL DEFAULT '',
-	capacity       TEXT NOT NULL DEFAULT '',
-	region         TEXT NOT NULL DEFAULT '',
-	zone           TEXT NOT NULL DEFAULT '',
-	price_per_hour REAL NOT NULL DEFAULT 0,
-	price_source   TEXT NOT NULL DEFAULT '',
-	accelerator    TEXT NOT NULL DEFAULT '',
-	launched_at    INTEGER NOT NULL,
-	ready_at       INTEGER NOT NULL DEFAULT 0,
-	updated_at     INTEGER NOT NULL,
-	ended_at       INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS replicas_by_service ON replicas (service, state);
-CREATE TABLE IF NOT EXISTS events (
-	id       INTEGER PRIMARY KEY AUTOINCREMENT,
-	at       INTEGER NOT NULL,
-	service  TEXT NOT NULL,
-	replica  TEXT NOT NULL DEFAULT '',
-	kind     TEXT NOT NULL,
-	message  TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_by_service ON events (service, id);
-`
-
-// Options tune how a state file is opened.
+// Options tune how a store is opened.
 type Options struct {
-	// BusyTimeout is how long a write waits for another process's write lock on the file
-	// (a backup, someone's sqlite3 shell) before failing with a busy error; default 1 s.
-	// The control plane is the file's only writer, so anything longer only stalls it.
+	// BusyTimeout is how long a write waits for another process's lock on what it writes
+	// (SQLite: the file's write lock, held by a backup or someone's sqlite3 shell;
+	// PostgreSQL: a row or table lock, as lock_timeout) before failing with a busy error;
+	// default 1 s. The control plane is the store's only writer, so anything longer only
+	// stalls it.
 	BusyTimeout time.Duration
+	// WriteTimeout bounds a write to a PostgreSQL store, connecting included (default 5 s):
+	// past it the server counts as unreachable. SQLite ignores it.
+	WriteTimeout time.Duration
+}
+
+func (o *Options) defaults() {
+	if o.BusyTimeout <= 0 {
+		o.BusyTimeout = time.Second
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = 5 * time.Second
+	}
+}
+
+// IsPostgres says whether a state setting names a PostgreSQL database (a postgres:// or
+// postgresql:// URL) rather than a SQLite file's path.
+func IsPostgres(setting string) bool {
+	return strings.HasPrefix(setting, "postgres://") || strings.HasPrefix(setting, "postgresql://")
+}
+
+// Describe names the store a setting opens for logs and messages: a file's path, or a
+// database's host, port and name without its password.
+func Describe(setting string) string {
+	if !IsPostgres(setting) {
+		return "SQLite " + setting
+	}
+	cfg, err := pgx.ParseConfig(setting)
+	if err != nil {
+		return "PostgreSQL (an invalid URL)"
+	}
+	return "PostgreSQL " + pgName(cfg)
+}
+
+// OpenSetting opens the store a setting names: a PostgreSQL URL, or else a SQLite file's
+// path.
+func OpenSetting(ctx context.Context, setting string, o Options) (*Store, error) {
+	if IsPostgres(setting) {
+		return OpenPostgres(ctx, setting, o)
+	}
+	return OpenWith(setting, o)
 }
 
 // Open opens (creating if needed) the state file at path with default options.
@@ -137,9 +185,7 @@ func Open(path string) (*Store, error) { return OpenWith(path, Options{}) }
 // OpenWith opens (creating if needed) the state file at path. A file that fails SQLite's
 // quick check is refused: acting on a corrupt record of what runs is how replicas leak.
 func OpenWith(path string, o Options) (*Store, error) {
-	if o.BusyTimeout <= 0 {
-		o.BusyTimeout = time.Second
-	}
+	o.defaults()
 	// busy_timeout: the CLI may read while the daemon writes; synchronous=FULL: a row the
 	// control plane acted on must survive a power cut, not just a process crash.
 	// The state names every replica, its address and its service's spec (envs included):
@@ -163,53 +209,32 @@ func OpenWith(path string, o Options) (*Store, error) {
 	// One writer at a time is SQLite's model; one connection avoids SQLITE_BUSY between our
 	// own goroutines and keeps transactions serial.
 	db.SetMaxOpenConns(1)
-	s := &Store{db: db}
+	s := &Store{db: db, d: dialect{name: "sqlite"}}
 	if err := s.check(context.Background(), "quick_check"); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("state %s: %w", path, err)
 	}
-	if _, err := db.Exec(schema); err != nil {
+	if err := s.migrate(context.Background()); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("state %s: create schema: %w", path, err)
-	}
-	for _, col := range []string{"price_source", "accelerator"} {
-		if err := s.addColumn(context.Background(), "replicas", col, "TEXT NOT NULL DEFAULT ''"); err != nil {
-			db.Close()
-			return nil, fmt.Errorf("state %s: %w", path, err)
-		}
+		return nil, fmt.Errorf("state %s: %w", path, err)
 	}
 	return s, nil
 }
 
-// addColumn adds a column a state file written by an older version lacks (CREATE TABLE IF
-// NOT EXISTS leaves an existing table as it was).
-func (s *Store) addColumn(ctx context.Context, table, column, decl string) error {
-	rows, err := s.db.QueryContext(ctx, "SELECT name FROM pragma_table_info(?)", table)
-	if err != nil {
-		return fmt.Errorf("read %s's columns: %w", table, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			return err
+// Check runs the database's own integrity check: SQLite's over the whole file; on
+// PostgreSQL, whose server checks its pages itself, a read of every table.
+func (s *Store) Check(ctx context.Context) error {
+	if s.d.postgres {
+		for _, t := range []string{"services", "versions", "replicas", "events"} {
+			var n int
+			if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM `+t).Scan(&n); err != nil {
+				return fmt.Errorf("read %s: %w", t, err)
+			}
 		}
-		if name == column {
-			return nil
-		}
+		return nil
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	rows.Close()
-	if _, err := s.db.ExecContext(ctx, "ALTER TABLE "+table+" ADD COLUMN "+column+" "+decl); err != nil {
-		return fmt.Errorf("add %s.%s: %w", table, column, err)
-	}
-	return nil
+	return s.check(ctx, "integrity_check")
 }
-
-// Check runs SQLite's full integrity check over the file.
-func (s *Store) Check(ctx context.Context) error { return s.check(ctx, "integrity_check") }
 
 func (s *Store) check(ctx context.Context, pragma string) error {
 	rows, err := s.db.QueryContext(ctx, "PRAGMA "+pragma)
@@ -239,24 +264,25 @@ func (s *Store) check(ctx context.Context, pragma string) error {
 // ErrCorrupt is returned when SQLite's integrity check finds damage.
 var ErrCorrupt = errors.New("the state file is damaged (SQLite integrity check)")
 
-// Unavailable says, for an error from a Store, whether the state file could not be used for
-// a reason outside Arbiter that will likely pass (another process holds its write lock, the
-// disk is full), in words for an operator; "" otherwise. The write that failed changed
-// nothing: every write is one transaction.
+// Unavailable says, for an error from a Store, whether the store could not be used for a
+// reason outside Arbiter that will likely pass (another process holds its write lock, the
+// disk is full, the database server is out of reach), in words for an operator; ""
+// otherwise.
 func Unavailable(err error) string {
-	if busy(err) {
-		return "the state file is locked by another process (SQLite busy); nothing was written"
+	var ff fastFail
+	if errors.As(err, &ff) {
+		return ff.why
 	}
-	switch sqliteCode(err) {
-	case sqlite3.SQLITE_FULL:
-		return "the disk holding the state file is full; nothing was written"
-	case sqlite3.SQLITE_IOERR:
-		return "the state file could not be written (I/O error); nothing was written"
+	if errors.Is(err, ErrBusy) {
+		return "the state store was locked or out of reach moments ago; nothing was written"
 	}
-	return ""
+	if why := sqliteUnavailable(err); why != "" {
+		return why
+	}
+	return pgUnavailable(err)
 }
 
-// Close closes the file.
+// Close closes the store.
 func (s *Store) Close() error { return s.db.Close() }
 
 // Service is one service's row.
@@ -340,8 +366,10 @@ func (s *Store) PutService(ctx context.Context, name, spec, envs string, now tim
 	if err := s.writable(); err != nil {
 		return 0, err
 	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	v, err := s.putService(ctx, name, spec, envs, now)
-	return v, s.wrote(err)
+	return v, s.wrote(ctx, err)
 }
 
 func (s *Store) putService(ctx context.Context, name, spec, envs string, now time.Time) (int, error) {
@@ -354,22 +382,22 @@ func (s *Store) putService(ctx context.Context, name, spec, envs string, now tim
 	}
 	defer tx.Rollback()
 	var v int
-	err = tx.QueryRowContext(ctx, `SELECT version FROM services WHERE name = ?`, name).Scan(&v)
+	err = tx.QueryRowContext(ctx, s.q(`SELECT version FROM services WHERE name = ?`), name).Scan(&v)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		v = 1
-		_, err = tx.ExecContext(ctx, `INSERT INTO services (name, version, status, created_at, updated_at) VALUES (?, 1, 'active', ?, ?)`, name, ms(now), ms(now))
+		_, err = tx.ExecContext(ctx, s.q(`INSERT INTO services (name, version, status, created_at, updated_at) VALUES (?, 1, 'active', ?, ?)`), name, ms(now), ms(now))
 	case err == nil:
 		v++
-		_, err = tx.ExecContext(ctx, `UPDATE services SET version = ?, status = 'active', updated_at = ? WHERE name = ?`, v, ms(now), name)
+		_, err = tx.ExecContext(ctx, s.q(`UPDATE services SET version = ?, status = 'active', updated_at = ? WHERE name = ?`), v, ms(now), name)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("put service %s: %w", name, err)
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO versions (service, version, spec, envs, created_at) VALUES (?, ?, ?, ?, ?)`, name, v, spec, envs, ms(now)); err != nil {
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO versions (service, version, spec, envs, created_at) VALUES (?, ?, ?, ?, ?)`), name, v, spec, envs, ms(now)); err != nil {
 		return 0, fmt.Errorf("put service %s version %d: %w", name, v, err)
 	}
-	if err := addEvent(ctx, tx, now, name, "", eventService, fmt.Sprintf("version %d submitted", v)); err != nil {
+	if err := s.insertEvent(ctx, tx, now, name, "", eventService, fmt.Sprintf("version %d submitted", v)); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -383,11 +411,13 @@ func (s *Store) SetServiceStatus(ctx context.Context, name, status string, now t
 	if err := s.writable(); err != nil {
 		return err
 	}
-	return s.wrote(s.setServiceStatus(ctx, name, status, now))
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.wrote(ctx, s.setServiceStatus(ctx, name, status, now))
 }
 
 func (s *Store) setServiceStatus(ctx context.Context, name, status string, now time.Time) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE services SET status = ?, updated_at = ? WHERE name = ?`, status, ms(now), name)
+	res, err := s.db.ExecContext(ctx, s.q(`UPDATE services SET status = ?, updated_at = ? WHERE name = ?`), status, ms(now), name)
 	if err != nil {
 		return fmt.Errorf("service %s status: %w", name, err)
 	}
@@ -406,11 +436,13 @@ func (s *Store) AddTokens(ctx context.Context, name string, n float64) error {
 	if err := s.writable(); err != nil {
 		return err
 	}
-	return s.wrote(s.addTokens(ctx, name, n))
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.wrote(ctx, s.addTokens(ctx, name, n))
 }
 
 func (s *Store) addTokens(ctx context.Context, name string, n float64) error {
-	if _, err := s.db.ExecContext(ctx, `UPDATE services SET tokens = tokens + ? WHERE name = ?`, n, name); err != nil {
+	if _, err := s.db.ExecContext(ctx, s.q(`UPDATE services SET tokens = tokens + ? WHERE name = ?`), n, name); err != nil {
 		return fmt.Errorf("service %s tokens: %w", name, err)
 	}
 	return nil
@@ -425,7 +457,9 @@ func (s *Store) DeleteService(ctx context.Context, name string, now time.Time) e
 	if err := s.writable(); err != nil {
 		return err
 	}
-	return s.wrote(s.deleteService(ctx, name, now))
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.wrote(ctx, s.deleteService(ctx, name, now))
 }
 
 func (s *Store) deleteService(ctx context.Context, name string, now time.Time) error {
@@ -435,18 +469,18 @@ func (s *Store) deleteService(ctx context.Context, name string, now time.Time) e
 	}
 	defer tx.Rollback()
 	var live int
-	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM replicas WHERE service = ? AND ended_at = 0`, name).Scan(&live); err != nil {
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT count(*) FROM replicas WHERE service = ? AND ended_at = 0`), name).Scan(&live); err != nil {
 		return fmt.Errorf("delete service %s: %w", name, err)
 	}
 	if live > 0 {
 		return fmt.Errorf("delete service %s: %d replicas not terminated yet", name, live)
 	}
 	for _, q := range []string{`DELETE FROM replicas WHERE service = ?`, `DELETE FROM versions WHERE service = ?`, `DELETE FROM services WHERE name = ?`} {
-		if _, err := tx.ExecContext(ctx, q, name); err != nil {
+		if _, err := tx.ExecContext(ctx, s.q(q), name); err != nil {
 			return fmt.Errorf("delete service %s: %w", name, err)
 		}
 	}
-	if err := addEvent(ctx, tx, now, name, "", eventService, eventDeleted); err != nil {
+	if err := s.insertEvent(ctx, tx, now, name, "", eventService, eventDeleted); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
@@ -457,7 +491,7 @@ func (s *Store) deleteService(ctx context.Context, name string, now time.Time) e
 
 // Services lists every service, by name.
 func (s *Store) Services(ctx context.Context) ([]Service, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, version, status, tokens, created_at, updated_at FROM services ORDER BY name`)
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT name, version, status, tokens, created_at, updated_at FROM services ORDER BY name`))
 	if err != nil {
 		return nil, fmt.Errorf("list services: %w", err)
 	}
@@ -479,7 +513,7 @@ func (s *Store) Services(ctx context.Context) ([]Service, error) {
 func (s *Store) GetService(ctx context.Context, name string) (Service, error) {
 	var sv Service
 	var c, u int64
-	err := s.db.QueryRowContext(ctx, `SELECT name, version, status, tokens, created_at, updated_at FROM services WHERE name = ?`, name).
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT name, version, status, tokens, created_at, updated_at FROM services WHERE name = ?`), name).
 		Scan(&sv.Name, &sv.Version, &sv.Status, &sv.Tokens, &c, &u)
 	if errors.Is(err, sql.ErrNoRows) {
 		return sv, fmt.Errorf("service %q: %w", name, ErrNotFound)
@@ -493,7 +527,7 @@ func (s *Store) GetVersion(ctx context.Context, service string, version int) (Ve
 	v := Version{Service: service, Version: version}
 	var c int64
 	var done int
-	err := s.db.QueryRowContext(ctx, `SELECT spec, envs, setup_done, created_at FROM versions WHERE service = ? AND version = ?`, service, version).Scan(&v.Spec, &v.Envs, &done, &c)
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT spec, envs, setup_done, created_at FROM versions WHERE service = ? AND version = ?`), service, version).Scan(&v.Spec, &v.Envs, &done, &c)
 	if errors.Is(err, sql.ErrNoRows) {
 		return v, fmt.Errorf("service %q version %d: %w", service, version, ErrNotFound)
 	}
@@ -506,11 +540,13 @@ func (s *Store) MarkSetupDone(ctx context.Context, service string, version int) 
 	if err := s.writable(); err != nil {
 		return err
 	}
-	return s.wrote(s.markSetupDone(ctx, service, version))
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.wrote(ctx, s.markSetupDone(ctx, service, version))
 }
 
 func (s *Store) markSetupDone(ctx context.Context, service string, version int) error {
-	if _, err := s.db.ExecContext(ctx, `UPDATE versions SET setup_done = 1 WHERE service = ? AND version = ?`, service, version); err != nil {
+	if _, err := s.db.ExecContext(ctx, s.q(`UPDATE versions SET setup_done = 1 WHERE service = ? AND version = ?`), service, version); err != nil {
 		return fmt.Errorf("service %s version %d setup done: %w", service, version, err)
 	}
 	return nil
@@ -523,8 +559,10 @@ func (s *Store) NewReplica(ctx context.Context, r Replica, now time.Time) (Repli
 	if err := s.writable(); err != nil {
 		return r, err
 	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	out, err := s.newReplica(ctx, r, now)
-	return out, s.wrote(err)
+	return out, s.wrote(ctx, err)
 }
 
 func (s *Store) newReplica(ctx context.Context, r Replica, now time.Time) (Replica, error) {
@@ -534,18 +572,18 @@ func (s *Store) newReplica(ctx context.Context, r Replica, now time.Time) (Repli
 	}
 	defer tx.Rollback()
 	var seq int
-	if err := tx.QueryRowContext(ctx, `UPDATE services SET next_seq = next_seq + 1 WHERE name = ? RETURNING next_seq - 1`, r.Service).Scan(&seq); err != nil {
+	if err := tx.QueryRowContext(ctx, s.q(`UPDATE services SET next_seq = next_seq + 1 WHERE name = ? RETURNING next_seq - 1`), r.Service).Scan(&seq); err != nil {
 		return r, fmt.Errorf("new replica for %s: %w", r.Service, err)
 	}
 	r.ID = fmt.Sprintf("%s-%d", r.Service, seq)
 	r.LaunchedAt, r.UpdatedAt = now, now
-	_, err = tx.ExecContext(ctx, `INSERT INTO replicas (id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, accelerator, launched_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err = tx.ExecContext(ctx, s.q(`INSERT INTO replicas (id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, accelerator, launched_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 		r.ID, r.Service, r.Version, r.Provider, r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, r.PriceSource, r.Accelerator, ms(now), ms(now))
 	if err != nil {
 		return r, fmt.Errorf("new replica %s: %w", r.ID, err)
 	}
-	if err := addEvent(ctx, tx, now, r.Service, r.ID, "state", moved("→ "+r.State, r.Reason)); err != nil {
+	if err := s.insertEvent(ctx, tx, now, r.Service, r.ID, "state", moved("→ "+r.State, r.Reason)); err != nil {
 		return r, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -560,7 +598,9 @@ func (s *Store) SaveReplica(ctx context.Context, r Replica, prevState string, no
 	if err := s.writable(); err != nil {
 		return err
 	}
-	return s.wrote(s.saveReplica(ctx, r, prevState, now))
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.wrote(ctx, s.saveReplica(ctx, r, prevState, now))
 }
 
 func (s *Store) saveReplica(ctx context.Context, r Replica, prevState string, now time.Time) error {
@@ -570,8 +610,8 @@ func (s *Store) saveReplica(ctx context.Context, r Replica, prevState string, no
 	}
 	defer tx.Rollback()
 	r.UpdatedAt = now
-	res, err := tx.ExecContext(ctx, `UPDATE replicas SET handle = ?, address = ?, model = ?, state = ?, reason = ?, capacity = ?, region = ?, zone = ?,
-		price_per_hour = ?, price_source = ?, ready_at = ?, updated_at = ?, ended_at = ? WHERE id = ?`,
+	res, err := tx.ExecContext(ctx, s.q(`UPDATE replicas SET handle = ?, address = ?, model = ?, state = ?, reason = ?, capacity = ?, region = ?, zone = ?,
+		price_per_hour = ?, price_source = ?, ready_at = ?, updated_at = ?, ended_at = ? WHERE id = ?`),
 		r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, r.PriceSource, ms(r.ReadyAt), ms(now), ms(r.EndedAt), r.ID)
 	if err != nil {
 		return fmt.Errorf("save replica %s: %w", r.ID, err)
@@ -580,7 +620,7 @@ func (s *Store) saveReplica(ctx context.Context, r Replica, prevState string, no
 		return fmt.Errorf("save replica %s: %w", r.ID, ErrNotFound)
 	}
 	if prevState != r.State {
-		if err := addEvent(ctx, tx, now, r.Service, r.ID, "state", moved(prevState+" → "+r.State, r.Reason)); err != nil {
+		if err := s.insertEvent(ctx, tx, now, r.Service, r.ID, "state", moved(prevState+" → "+r.State, r.Reason)); err != nil {
 			return err
 		}
 	}
@@ -606,7 +646,7 @@ func (s *Store) Replicas(ctx context.Context, service string, withEnded bool) ([
 	if !withEnded {
 		q += ` AND ended_at = 0`
 	}
-	rows, err := s.db.QueryContext(ctx, q+` ORDER BY service, launched_at, id`, service, service)
+	rows, err := s.db.QueryContext(ctx, s.q(q+` ORDER BY service, launched_at, id`), service, service)
 	if err != nil {
 		return nil, fmt.Errorf("list replicas: %w", err)
 	}
@@ -630,19 +670,33 @@ func (s *Store) AddEvent(ctx context.Context, now time.Time, service, replica, k
 	if err := s.writable(); err != nil {
 		return err
 	}
-	return s.wrote(s.addEvent(ctx, now, service, replica, kind, msg))
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.wrote(ctx, s.addEvent(ctx, now, service, replica, kind, msg))
 }
 
 func (s *Store) addEvent(ctx context.Context, now time.Time, service, replica, kind, msg string) error {
-	return addEvent(ctx, s.db, now, service, replica, kind, msg)
+	return s.insertEvent(ctx, s.db, now, service, replica, kind, msg)
 }
 
 type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-func addEvent(ctx context.Context, db execer, now time.Time, service, replica, kind, msg string) error {
-	if _, err := db.ExecContext(ctx, `INSERT INTO events (at, service, replica, kind, message) VALUES (?, ?, ?, ?, ?)`, ms(now), service, replica, kind, msg); err != nil {
+// eventLock is the key of the PostgreSQL advisory lock that event inserts take until their
+// transaction commits, so that event IDs are given in commit order as in SQLite: a reader
+// following the log by ID (serve logs) never passes an event that commits later with a
+// smaller one.
+const eventLock = 0x61726269746572 // "arbiter"
+
+func (s *Store) insertEvent(ctx context.Context, db execer, now time.Time, service, replica, kind, msg string) error {
+	q := `INSERT INTO events (at, service, replica, kind, message) VALUES (?, ?, ?, ?, ?)`
+	if s.d.postgres {
+		// One statement, so that the lock is held to the end of an autocommitted insert too.
+		q = `WITH l AS (SELECT pg_advisory_xact_lock(` + fmt.Sprint(eventLock) + `))
+			INSERT INTO events (at, service, replica, kind, message) SELECT ?, ?, ?, ?, ? FROM l`
+	}
+	if _, err := db.ExecContext(ctx, s.q(q), ms(now), service, replica, kind, msg); err != nil {
 		return fmt.Errorf("event log: %w", err)
 	}
 	return nil
@@ -658,7 +712,7 @@ func (s *Store) Events(ctx context.Context, service, replica string, after int64
 		// Deletion writes its event in the same transaction that removes the service, so
 		// the current service's log begins after the name's last deletion.
 		var deleted sql.NullInt64
-		err := s.db.QueryRowContext(ctx, `SELECT (SELECT max(id) FROM events WHERE service = ? AND kind = ? AND message = ?) FROM services WHERE name = ?`,
+		err := s.db.QueryRowContext(ctx, s.q(`SELECT (SELECT max(id) FROM events WHERE service = ? AND kind = ? AND message = ?) FROM services WHERE name = ?`),
 			service, eventService, eventDeleted, service).Scan(&deleted)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
@@ -668,8 +722,8 @@ func (s *Store) Events(ctx context.Context, service, replica string, after int64
 			after = max(after, deleted.Int64)
 		}
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT id, at, service, replica, kind, message FROM events
-		WHERE id > ? AND (? = '' OR service = ?) AND (? = '' OR replica = ?) ORDER BY id LIMIT ?`,
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, at, service, replica, kind, message FROM events
+		WHERE id > ? AND (? = '' OR service = ?) AND (? = '' OR replica = ?) ORDER BY id LIMIT ?`),
 		after, service, service, replica, replica, limit)
 	if err != nil {
 		return nil, fmt.Errorf("events: %w", err)

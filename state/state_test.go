@@ -11,12 +11,12 @@ import (
 )
 
 func TestReplicaLifecycleSurvivesReopen(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, _ backend, setting string) { replicaLifecycleSurvivesReopen(t, setting) })
+}
+
+func replicaLifecycleSurvivesReopen(t *testing.T, setting string) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "state.db")
-	s, err := Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openSetting(t, setting, Options{})
 	now := time.UnixMilli(1_700_000_000_000)
 	v, err := s.PutService(ctx, "llm", "run: x", "", now)
 	if err != nil || v != 1 {
@@ -43,10 +43,7 @@ func TestReplicaLifecycleSurvivesReopen(t *testing.T) {
 	s.Close()
 
 	// A crash is a reopen: everything written must be there.
-	s, err = Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s = openSetting(t, setting, Options{})
 	defer s.Close()
 	rows, err := s.Replicas(ctx, "llm", false)
 	if err != nil || len(rows) != 2 {
@@ -123,9 +120,12 @@ func TestOlderFileGainsThePriceSourceColumn(t *testing.T) {
 	if _, err := s.NewReplica(ctx, Replica{Service: "llm", Version: 1, Provider: "aws", State: "pending", PricePerHour: 0.38}, now); err != nil {
 		t.Fatal(err)
 	}
-	// What the previous version's file looks like.
-	if _, err := s.db.ExecContext(ctx, "ALTER TABLE replicas DROP COLUMN price_source"); err != nil {
-		t.Fatal(err)
+	// What the previous version's file looks like: no price source, and no record of
+	// migrations (its schema was made by hand).
+	for _, q := range []string{"ALTER TABLE replicas DROP COLUMN price_source", "DROP TABLE goose_db_version"} {
+		if _, err := s.db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
 	}
 	s.Close()
 	s, err = Open(path)
@@ -166,7 +166,11 @@ func TestReplicaKeepsItsAccelerator(t *testing.T) {
 	if rows, err := s.Replicas(ctx, "llm", true); err != nil || len(rows) != 1 || rows[0].Accelerator != "L4" {
 		t.Fatalf("rows %+v %v: want the accelerator L4", rows, err)
 	}
+	// A file from before the column: without it, and without the migrations that added it.
 	if _, err := s.db.ExecContext(ctx, "ALTER TABLE replicas DROP COLUMN accelerator"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.db.ExecContext(ctx, "DELETE FROM goose_db_version WHERE version_id >= 3"); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -183,11 +187,12 @@ func TestReplicaKeepsItsAccelerator(t *testing.T) {
 // the deleted one's (its problems, its replicas of the same IDs) are not replayed as its
 // own. They stay, as history, in the log of every service.
 func TestRecreatedServiceStartsANewEventLog(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, _ backend, setting string) { recreatedServiceStartsANewEventLog(t, setting) })
+}
+
+func recreatedServiceStartsANewEventLog(t *testing.T, setting string) {
 	ctx := context.Background()
-	s, err := Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openSetting(t, setting, Options{})
 	defer s.Close()
 	now := time.UnixMilli(1_700_000_000_000)
 	if _, err := s.PutService(ctx, "llm", "run: x", "", now); err != nil {

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -18,12 +19,15 @@ import (
 	"github.com/arbiter-serve/arbiter/httplog"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/replicas/providers"
+	"github.com/arbiter-serve/arbiter/state"
 )
 
 func main() {
 	home, _ := os.UserHomeDir()
 	var (
 		homeDir   = flag.String("home", envOr("ARBITER_HOME", filepath.Join(home, ".arbiter")), "state directory (state.db, token, logs)")
+		stateURL  = flag.String("state", os.Getenv("ARBITER_STATE_DSN"), "state in PostgreSQL: a postgres:// URL ($ARBITER_STATE_DSN; default: the SQLite file <home>/state.db)")
+		stateFile = flag.String("state-file", "", "file holding the --state URL (a mounted Kubernetes Secret)")
 		api       = flag.String("api", "127.0.0.1:8081", "API listen address (loopback by default; routers and the CLI call it)")
 		admin     = flag.String("admin", "127.0.0.1:8083", "metrics and health listen address (empty: none)")
 		endpoint  = flag.String("endpoint", "", "router URL shown to users by `serve status`")
@@ -48,11 +52,15 @@ func main() {
 			}
 		}
 	}
+	var setting string
+	if err == nil {
+		setting, err = stateSetting(*stateURL, *stateFile)
+	}
 	if err == nil {
 		exe, _ := os.Executable()
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
-		err = control.Serve(ctx, control.DaemonOptions{Home: *homeDir, API: *api, Token: token, Tick: *tick, DrainTimeout: *drain, Endpoint: *endpoint,
+		err = control.Serve(ctx, control.DaemonOptions{Home: *homeDir, State: setting, API: *api, Token: token, Tick: *tick, DrainTimeout: *drain, Endpoint: *endpoint,
 			BinDir: filepath.Dir(exe), LocalGrace: *grace, Log: log, Admin: *admin, ZoneCooldown: *cooldown,
 			MaxReplicas: *maxReps, LocalMaxReplicas: *localMax,
 			Providers: func(ctx context.Context, owner string) ([]replicas.Provider, error) {
@@ -74,4 +82,26 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// stateSetting is the state store the flags name: a postgres:// URL given as such or read
+// from a file, or "" for the home's SQLite file.
+func stateSetting(url, file string) (string, error) {
+	if file != "" {
+		if url != "" {
+			return "", errors.New("--state (or $ARBITER_STATE_DSN) and --state-file both name the state: give one")
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("--state-file: %w", err)
+		}
+		if url = strings.TrimSpace(string(b)); url == "" {
+			return "", fmt.Errorf("--state-file %s is empty", file)
+		}
+	}
+	if url != "" && !state.IsPostgres(url) {
+		// Not echoed: it may hold a password.
+		return "", errors.New("--state: want a postgres:// or postgresql:// URL (the SQLite file is <home>/state.db, chosen by --home)")
+	}
+	return url, nil
 }

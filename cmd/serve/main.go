@@ -74,7 +74,7 @@ func root() *cobra.Command {
 	up, daemon := upCmd(g), daemonCmd(g)
 	addDaemonFlags(up, &g.daemon)
 	addDaemonFlags(daemon, &g.daemon)
-	cmd.AddCommand(up, daemon, startCmd(g), statusCmd(g), replicasCmd(g), updateCmd(g), downCmd(g), validateCmd(), logsCmd(g), stopCmd(g), preemptCmd(g), keysCmd(), routerCmd(g))
+	cmd.AddCommand(up, daemon, startCmd(g), statusCmd(g), replicasCmd(g), updateCmd(g), downCmd(g), validateCmd(), logsCmd(g), stopCmd(g), preemptCmd(g), keysCmd(), routerCmd(g), stateCmd(g))
 	return cmd
 }
 
