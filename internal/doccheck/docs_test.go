@@ -165,12 +165,25 @@ func TestREADMEStaysAFirstVisit(t *testing.T) {
 	}
 }
 
+// TestMain removes the binaries the tests built (about 120 MB).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// binDir is where binaries built them; empty until it has.
+var binDir string
+
 // binaries builds the commands the docs run, once per test binary.
 var binaries = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "doccheck-bin-")
 	if err != nil {
 		return "", err
 	}
+	binDir = dir
 	root, err := findRoot()
 	if err != nil {
 		return "", err
