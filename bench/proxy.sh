@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Router vs nginx on the same echo replicas, plus a 5,000-stream SSE soak. Installs nginx
-# and wrk from Debian if missing. Prints Markdown tables (see bench/README.md).
+# and wrk from Debian if missing. Prints Markdown tables (see bench/docs/proxy.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then

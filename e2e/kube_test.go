@@ -136,7 +136,7 @@ func openAIClient(t *testing.T, c *cluster, model string) error {
 	return nil
 }
 
-// benchLine logs one row of bench/README.md's kube table: launch-to-ready seconds of the
+// benchLine logs one row of bench/docs/kubernetes.md's table: launch-to-ready seconds of the
 // replicas that got ready (min/median/max), the requests ok and failed through the fault,
 // how long until the service was whole again, and the pods left after the test.
 func benchLine(t *testing.T, test string, rows []state.Replica, l *load, whole time.Duration, podsLeft int) {

@@ -47,7 +47,7 @@ func TestModelShapesMatchPublishedAndMeasured(t *testing.T) {
 }
 
 // TestLeaveOneOutWithinFifteenPercent calibrates on one measured card and predicts every
-// row of the other, both ways: the bound bench/README.md states (achieved: 13.7 % from the
+// row of the other, both ways: the bound bench/docs/gpu-model.md states (achieved: 13.7 % from the
 // H100 to the H200, 14.6 % back).
 func TestLeaveOneOutWithinFifteenPercent(t *testing.T) {
 	for _, pair := range [][2]string{{"h100", "h200"}, {"h200", "h100"}} {

@@ -10,7 +10,7 @@
 //   - goroutines did not come back to their idle level once the load stopped;
 //   - a replica process outlived `serve down`.
 //
-// Run it through bench/soak.sh (builds the binaries). Results: bench/README.md.
+// Run it through bench/soak.sh (builds the binaries). Results: bench/docs/soak.md.
 package main
 
 import (
