@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/arbiter-serve/arbiter/textdist"
+	"github.com/arbiter-serve/arbiter/internal/text/textdist"
 )
 
 // UnknownAcceleratorError is an accelerator name no loaded catalog mentions.

@@ -26,11 +26,11 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 	"github.com/valyala/fastjson"
 
-	"github.com/arbiter-serve/arbiter/connwatch"
 	"github.com/arbiter-serve/arbiter/engine"
-	"github.com/arbiter-serve/arbiter/httplog"
+	"github.com/arbiter-serve/arbiter/internal/conn/connwatch"
+	"github.com/arbiter-serve/arbiter/internal/httplog"
+	"github.com/arbiter-serve/arbiter/internal/text/tokens"
 	"github.com/arbiter-serve/arbiter/oai"
-	"github.com/arbiter-serve/arbiter/tokens"
 )
 
 // Config configures a simulated replica. Zero values mean the documented defaults.

@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/valyala/fasthttp"
 
-	"github.com/arbiter-serve/arbiter/fdlimit"
-	"github.com/arbiter-serve/arbiter/httplog"
-	"github.com/arbiter-serve/arbiter/linger"
+	"github.com/arbiter-serve/arbiter/internal/conn/fdlimit"
+	"github.com/arbiter-serve/arbiter/internal/conn/linger"
+	"github.com/arbiter-serve/arbiter/internal/httplog"
 )
 
 // Options is a whole router: where it listens and where its replica set comes from (a

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/arbiter-serve/arbiter/connwatch"
+	"github.com/arbiter-serve/arbiter/internal/conn/connwatch"
 )
 
 // watchInterval is how long a request waits on a replica before its client is first

@@ -26,9 +26,9 @@ import (
 	"github.com/valyala/fastjson"
 	"golang.org/x/sync/semaphore"
 
-	"github.com/arbiter-serve/arbiter/connwatch"
+	"github.com/arbiter-serve/arbiter/internal/conn/connwatch"
+	"github.com/arbiter-serve/arbiter/internal/text/tokens"
 	"github.com/arbiter-serve/arbiter/oai"
-	"github.com/arbiter-serve/arbiter/tokens"
 )
 
 // Proxy is the OpenAI-compatible front end. Its exported fields are hooks; nil means the

@@ -3,7 +3,7 @@ package router
 import (
 	"log/slog"
 
-	"github.com/arbiter-serve/arbiter/httplog"
+	"github.com/arbiter-serve/arbiter/internal/httplog"
 
 	"github.com/valyala/fasthttp"
 )

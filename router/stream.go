@@ -13,7 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 
-	"github.com/arbiter-serve/arbiter/connwatch"
+	"github.com/arbiter-serve/arbiter/internal/conn/connwatch"
 	"github.com/arbiter-serve/arbiter/oai"
 )
 

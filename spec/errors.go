@@ -10,7 +10,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/arbiter-serve/arbiter/textdist"
+	"github.com/arbiter-serve/arbiter/internal/text/textdist"
 )
 
 // Error is one problem in a service.yaml, placed at the key or value it is about so that

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/control"
-	"github.com/arbiter-serve/arbiter/httplog"
+	"github.com/arbiter-serve/arbiter/internal/httplog"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/replicas/providers"
 	"github.com/arbiter-serve/arbiter/state"

@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/engine"
-	"github.com/arbiter-serve/arbiter/httplog"
+	"github.com/arbiter-serve/arbiter/internal/httplog"
+	"github.com/arbiter-serve/arbiter/internal/text/tokens"
 	"github.com/arbiter-serve/arbiter/replicasim"
-	"github.com/arbiter-serve/arbiter/tokens"
 )
 
 func main() {

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/arbiter-serve/arbiter/httplog"
+	"github.com/arbiter-serve/arbiter/internal/httplog"
 	"github.com/arbiter-serve/arbiter/router"
 )
 

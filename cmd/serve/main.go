@@ -31,7 +31,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/arbiter-serve/arbiter/control"
-	"github.com/arbiter-serve/arbiter/httplog"
+	"github.com/arbiter-serve/arbiter/internal/httplog"
 	"github.com/arbiter-serve/arbiter/pricing"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/router"

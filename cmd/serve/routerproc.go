@@ -19,7 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/arbiter-serve/arbiter/control"
-	"github.com/arbiter-serve/arbiter/httplog"
+	"github.com/arbiter-serve/arbiter/internal/httplog"
 	"github.com/arbiter-serve/arbiter/router"
 )
 
