@@ -30,9 +30,9 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	switch {
 	case res.clientGone:
 		code = 499 // nginx's "client closed request"
-		px.met.errors.WithLabelValues("client_gone").Inc()
+		px.met.fail("client_gone", c.service)
 	case res.failed == streamDeadline:
-		px.met.errors.WithLabelValues("deadline").Inc() // the client's deadline, not the replica's fault
+		px.met.fail("deadline", c.service) // the client's deadline, not the replica's fault
 	case res.failed != "":
 		px.upstreamFailed(r, res.failed, nil)
 	case code < 500:
@@ -49,8 +49,8 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 			px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), "completion").Add(float64(res.usage.Completion))
 		}
 		if c.key != nil {
-			px.met.keyTokens.WithLabelValues(c.key.Name, "prompt").Add(float64(res.usage.Prompt))
-			px.met.keyTokens.WithLabelValues(c.key.Name, "completion").Add(float64(res.usage.Completion))
+			px.met.keyTokens.WithLabelValues(c.key.Name, c.service, "prompt").Add(float64(res.usage.Prompt))
+			px.met.keyTokens.WithLabelValues(c.key.Name, c.service, "completion").Add(float64(res.usage.Completion))
 		}
 	}
 	if res.usage.AudioSeconds > 0 {
@@ -97,7 +97,7 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 
 // upstreamFailed counts a replica failure for passive health.
 func (px *Proxy) upstreamFailed(r *Replica, reason string, err error) {
-	px.met.errors.WithLabelValues(reason).Inc()
+	px.met.fail(reason, r.Info().Service)
 	if r.requestFailed(px.Now(), px.cfg.Ejection.MaxFails, px.cfg.Ejection.BaseBackoff, px.cfg.Ejection.MaxBackoff) {
 		px.met.ejections.WithLabelValues(r.Info().ID).Inc()
 		px.log.Warn("replica ejected", "replica", r.Info().ID, "reason", reason, "err", err)

@@ -117,7 +117,7 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		_ = uc.Close()
 		ctx.Response.Reset()
 		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-			px.met.errors.WithLabelValues("response_too_large").Inc()
+			px.met.fail("response_too_large", c.service)
 			oai.WriteError(ctx, fasthttp.StatusBadGateway, oai.ServerError, "replica response exceeds the router's size limit")
 			return true
 		}

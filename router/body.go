@@ -148,7 +148,7 @@ func (px *Proxy) refuseUnread(ctx *fasthttp.RequestCtx, err error) {
 // refuseBody answers a request whose body the router will not read (whole): the rest of it
 // is not read, so the connection closes after the answer (lingering, so the answer is read).
 func (px *Proxy) refuseBody(ctx *fasthttp.RequestCtx, code int, reason, msg string) {
-	px.met.errors.WithLabelValues(reason).Inc()
+	px.met.fail(reason, "") // the body is not read yet: nor is its model
 	typ := oai.InvalidRequest
 	if code == fasthttp.StatusServiceUnavailable {
 		typ = oai.Unavailable

@@ -98,6 +98,16 @@ func (cp *ControlPlane) Knows(model string) bool {
 	return fleet.ServiceFor(cp.services, model) >= 0
 }
 
+// ServiceOf names the service of model ("" when none serves it).
+func (cp *ControlPlane) ServiceOf(model string) string {
+	cp.mu.RLock()
+	defer cp.mu.RUnlock()
+	if i := fleet.ServiceFor(cp.services, model); i >= 0 {
+		return cp.services[i].Name
+	}
+	return ""
+}
+
 // Models lists the models the control plane's services declare, sorted: what a client may
 // ask for while a service is at zero replicas.
 func (cp *ControlPlane) Models() []string {
@@ -204,6 +214,9 @@ func (cp *ControlPlane) follow(ctx context.Context) {
 		cp.mu.Lock()
 		cp.services = set.Services
 		cp.mu.Unlock()
+		for _, sv := range set.Services {
+			cp.pool.met.knowService(sv.Name)
+		}
 		cp.pool.SetReplicas(ownedReplicas(set.Services, set.Replicas, cp.log))
 		cp.revision.Store(set.Revision)
 		cp.log.Debug("ready set", "revision", set.Revision, "replicas", len(set.Replicas), "services", len(set.Services))

@@ -160,7 +160,7 @@ func (px *Proxy) refusesAPI(c *call, r *Replica, status int, body []byte) bool {
 		return false
 	}
 	if r.refused.Or(apiBit(api))&apiBit(api) == 0 {
-		px.met.errors.WithLabelValues("api_not_served").Inc()
+		px.met.fail("api_not_served", c.service)
 		px.log.Warn("replica does not serve this API: no longer sent its requests", "replica", r.Info().ID, "model", c.model, "api", api)
 	}
 	return true
@@ -169,7 +169,7 @@ func (px *Proxy) refusesAPI(c *call, r *Replica, status int, body []byte) bool {
 // notServed answers a request that no replica of its model serves: vLLM's own error shape
 // (its ErrorResponse: message, type, param, code), 404.
 func (px *Proxy) notServed(ctx *fasthttp.RequestCtx, c *call, n int) {
-	px.met.errors.WithLabelValues("api_not_served").Inc()
+	px.met.fail("api_not_served", c.service)
 	msg := fmt.Sprintf("The model `%s` does not support %s: none of its %d ready replicas serves it (their tasks, declared or shown by their answers, leave it out).", c.model, apiName(c.path), n)
 	writeVLLMError(ctx, fasthttp.StatusNotFound, "NotFoundError", msg)
 }
@@ -187,7 +187,7 @@ func writeVLLMError(ctx *fasthttp.RequestCtx, status int, typ, msg string) {
 
 // unknownPath answers a path the router does not route.
 func (px *Proxy) unknownPath(ctx *fasthttp.RequestCtx, path string) {
-	px.met.errors.WithLabelValues("unknown_path").Inc()
+	px.met.fail("unknown_path", "")
 	oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound,
 		fmt.Sprintf("Unknown path %s %s: Arbiter's router does not route it. It routes %s.", ctx.Method(), path, routedPaths))
 }

@@ -52,7 +52,7 @@ func (px *Proxy) refuseFraming(ctx *fasthttp.RequestCtx) bool {
 	if why == "" {
 		return false
 	}
-	px.met.errors.WithLabelValues("bad_framing").Inc()
+	px.met.fail("bad_framing", "")
 	oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, "malformed HTTP request: "+why)
 	ctx.SetConnectionClose() // after WriteError, which resets the response
 	return true

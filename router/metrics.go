@@ -13,8 +13,8 @@ import (
 // Metrics are the router's Prometheus metrics (namespace arbiter, subsystem router).
 type Metrics struct {
 	requests *prometheus.CounterVec // model, service, replica, code
-	errors   *prometheus.CounterVec // reason
-	retries  prometheus.Counter
+	errors   *prometheus.CounterVec // reason, service
+	retries  *prometheus.CounterVec // service
 	// firstByteExtended: waits for a whole response extended because the replica's
 	// engine was still making progress when the first-byte timeout ran out.
 	firstByteExtended prometheus.Counter
@@ -29,10 +29,10 @@ type Metrics struct {
 	predicted         *prometheus.HistogramVec // model: predicted TTFT
 	predErr           *prometheus.HistogramVec // model: measured − predicted TTFT
 	picks             *prometheus.CounterVec   // model, reason
-	keyRequests       *prometheus.CounterVec   // key, code
-	keyTokens         *prometheus.CounterVec   // key, type
-	held              prometheus.Gauge
-	holdWait          *prometheus.HistogramVec // model
+	keyRequests       *prometheus.CounterVec   // key, service, code
+	keyTokens         *prometheus.CounterVec   // key, service, type
+	held              *prometheus.GaugeVec     // service
+	holdWait          *prometheus.HistogramVec // model, service
 	replicaInfo       *replicaCollector
 	// gone: replicas that left the set, and when (forgetGone).
 	goneMu sync.Mutex
@@ -59,14 +59,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m := &Metrics{
 		requests:  cv("requests_total", "Requests answered, by model, service, replica and HTTP status code.", "model", "service", "replica", "code"),
-		errors:    cv("errors_total", "Requests that failed in the router, by reason.", "reason"),
+		errors:    cv("errors_total", "Requests that failed in the router, by reason and service (empty where the router failed the request before it knew its service: an unauthenticated or malformed request, a model no service serves).", "reason", "service"),
 		ejections: cv("ejections_total", "Passive ejections of a replica after consecutive failures.", "replica"),
 		rejected: cv("replica_reports_rejected_total", "Numbers a replica reported that the router refused and dropped, by replica, source (usage: a response's token counts; metrics: a /metrics scrape) and reason (negative, fractional, too_large, not_a_number, not_an_object, inconsistent; for metrics also too_big, the body over its limit).",
 			"replica", "source", "reason"),
 		tokens:       cv("tokens_total", "Tokens served, from each response's usage.", "model", "service", "replica", "provider", "region", "capacity", "type"),
 		audioSeconds: cv("audio_seconds_total", "Seconds of audio transcribed or translated, from each response's usage (vLLM's TranscriptionUsageAudio, which counts no tokens).", "model", "service", "replica"),
-		keyRequests:  cv("key_requests_total", "Requests per client API key (its name, never the key), by HTTP status code.", "key", "code"),
-		keyTokens:    cv("key_tokens_total", "Tokens served per client API key, from each response's usage.", "key", "type"),
+		keyRequests:  cv("key_requests_total", "Requests per client API key (its name, never the key), by service and HTTP status code.", "key", "service", "code"),
+		keyTokens:    cv("key_tokens_total", "Tokens served per client API key and service, from each response's usage.", "key", "service", "type"),
 		slo:          cv("slo_requests_total", "Requests by whether they met their model's latency SLO.", "model", "service", "result"),
 		ttft:         hv("time_to_first_token_seconds", "Time to first token as the router saw it.", latencyBuckets, "model", "service"),
 		itl:          hv("inter_token_latency_seconds", "Mean gap between streamed tokens of a request.", latencyBuckets, "model", "service"),
@@ -76,11 +76,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		predErr: hv("ttft_prediction_error_seconds", "Measured minus predicted TTFT of streamed requests.",
 			[]float64{-5, -1, -0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 5}, "model", "service"),
 	}
-	m.held = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "held_requests", Help: "Requests waiting because their service has no ready replica (scale from zero)."})
+	m.held = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "held_requests", Help: "Requests waiting because their service has no ready replica (scale from zero), by service."}, []string{"service"})
 	reg.MustRegister(m.held)
-	m.holdWait = hv("hold_wait_seconds", "How long requests waited for a replica of a service scaled to zero.", latencyBuckets, "model")
-	m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "retries_total", Help: "Attempts retried on another replica before the first response byte."})
-	reg.MustRegister(m.retries)
+	m.holdWait = hv("hold_wait_seconds", "How long requests waited for a replica of a service scaled to zero.", latencyBuckets, "model", "service")
+	m.retries = cv("retries_total", "Attempts retried on another replica before the first response byte, by service.", "service")
 	m.firstByteExtended = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "first_byte_extensions_total",
 		Help: "Waits for a replica's response header extended by another first-byte timeout because the replica's engine was still progressing (its token counters moved): long non-streamed generations."})
 	reg.MustRegister(m.firstByteExtended)
@@ -105,8 +104,16 @@ func (m *Metrics) setReplicas(rs []*Replica) {
 	// answer's tokens shows none).
 	for _, r := range rs {
 		m.replica(r)
+		m.knowService(r.Info().Service)
 	}
 	m.forgetGone(prev, rs, time.Now())
+}
+
+// knowService makes a service's held and retried series exist at 0, so that its panels
+// show 0 rather than no data, and a first retry counts in rate().
+func (m *Metrics) knowService(service string) {
+	m.held.WithLabelValues(service)
+	m.retries.WithLabelValues(service)
 }
 
 // goneRetention is how long a removed replica's counters stay exported: long enough for
@@ -244,3 +251,8 @@ func (m *Metrics) request(model string, r *Replica, code int) {
 	}
 	m.requests.WithLabelValues(model, r.Info().Service, r.Info().ID, strconv.Itoa(code)).Inc()
 }
+
+// fail counts a request the router failed for reason, under its service ("" where it is not
+// known: before the request's model was read, or a model no service serves; never the
+// client's own string, which would let a client make series without bound).
+func (m *Metrics) fail(reason, service string) { m.errors.WithLabelValues(reason, service).Inc() }

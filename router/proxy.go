@@ -125,7 +125,7 @@ func (px *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		// vLLM's paths outside /v1 (rerank, score, pooling, tokenize…) run models too.
 		var ok bool
 		if key, ok = px.keys.Load().authenticate(ctx); !ok {
-			px.met.errors.WithLabelValues("unauthenticated").Inc()
+			px.met.fail("unauthenticated", "")
 			return
 		}
 	}
@@ -145,14 +145,14 @@ func (px *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// keyDone ends one admitted request of a key (nil: no authentication): its concurrency
-// slot and its count by status code.
-func (px *Proxy) keyDone(k *Key, code int) {
+// keyDone ends one admitted request of a key (nil: no authentication) for service ("": not
+// known): its concurrency slot and its count by status code.
+func (px *Proxy) keyDone(k *Key, service string, code int) {
 	if k == nil {
 		return
 	}
 	k.done()
-	px.met.keyRequests.WithLabelValues(k.Name, strconv.Itoa(code)).Inc()
+	px.met.keyRequests.WithLabelValues(k.Name, service, strconv.Itoa(code)).Inc()
 }
 
 // SetKeys replaces the client API keys (nil: no authentication); requests already in
@@ -248,6 +248,8 @@ type call struct {
 	// response it continues (prevResponse, its previous_response_id); nil: any.
 	pinned       *Replica
 	prevResponse string
+	// service serves model (for metrics; "" when no service is known to).
+	service string
 	// path is the request's path; api what its replica's model must serve ("": any).
 	path string
 	api  string
@@ -262,15 +264,17 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 		return
 	}
 	if !key.admit(ctx) {
-		px.met.errors.WithLabelValues("key_limited").Inc()
-		px.met.keyRequests.WithLabelValues(key.label(), "429").Inc()
+		px.met.fail("key_limited", "")
+		px.met.keyRequests.WithLabelValues(key.label(), "", "429").Inc() // refused before its body (and model) is read
 		return
 	}
 	var c *call
 	defer func() {
 		// A stream's end is counted by its writer (CloseWithError), which outlives this.
-		if c == nil || !c.streaming {
-			px.keyDone(key, ctx.Response.StatusCode())
+		if c == nil {
+			px.keyDone(key, "", ctx.Response.StatusCode())
+		} else if !c.streaming {
+			px.keyDone(key, c.service, ctx.Response.StatusCode())
 		}
 	}()
 	body, ok := px.readBody(ctx)
@@ -343,7 +347,7 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 		c.tried = append(c.tried, r)
 		c.route.Tried = c.tried
 		if attempt > 0 {
-			px.met.retries.Inc()
+			px.met.retries.WithLabelValues(c.service).Inc()
 		}
 		// A replica's 502/503 is hidden only when another replica can still be tried.
 		mayRetry := attempt+1 < px.cfg.MaxAttempts && anyUsable(&c.route, cands) && c.pinned == nil
@@ -363,13 +367,13 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 		// The replica's own 502/503 is already in the response: pass it through.
 		px.met.request(c.model, c.tried[len(c.tried)-1], c.lastUpstream)
 	case !px.Now().Before(c.deadline):
-		px.met.errors.WithLabelValues("deadline").Inc()
+		px.met.fail("deadline", c.service)
 		oai.WriteError(ctx, fasthttp.StatusGatewayTimeout, oai.Timeout, "request deadline exceeded before a replica answered")
 	case len(c.tried) > 0:
-		px.met.errors.WithLabelValues("all_attempts_failed").Inc()
+		px.met.fail("all_attempts_failed", c.service)
 		oai.WriteError(ctx, fasthttp.StatusBadGateway, oai.ServerError, fmt.Sprintf("all %d attempts failed before a response", len(c.tried)))
 	default:
-		px.met.errors.WithLabelValues("no_replica").Inc()
+		px.met.fail("no_replica", c.service)
 		oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable, fmt.Sprintf("no ready replica for model %q", c.model))
 	}
 }
@@ -388,19 +392,19 @@ const holdPoll = 250 * time.Millisecond
 func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 	if px.held.Add(1) > int64(px.cfg.MaxHeld) {
 		px.held.Add(-1)
-		px.met.errors.WithLabelValues("hold_queue_full").Inc()
+		px.met.fail("hold_queue_full", c.service)
 		oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable,
 			fmt.Sprintf("model %q is starting and %d requests already wait for it; retry shortly", c.model, px.cfg.MaxHeld))
 		return false
 	}
 	load.held.Add(1)
-	px.met.held.Inc()
+	px.met.held.WithLabelValues(c.service).Inc()
 	start := px.Now()
 	defer func() {
 		px.held.Add(-1)
 		load.held.Add(-1)
-		px.met.held.Dec()
-		px.met.holdWait.WithLabelValues(c.model).Observe(px.Now().Sub(start).Seconds())
+		px.met.held.WithLabelValues(c.service).Dec()
+		px.met.holdWait.WithLabelValues(c.model, c.service).Observe(px.Now().Sub(start).Seconds())
 	}()
 	for {
 		px.ControlPlane.Wake(c.model)
@@ -411,21 +415,21 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 		}
 		if !px.ControlPlane.Knows(c.model) {
 			// Its service was deleted while the request waited.
-			px.met.errors.WithLabelValues("no_replica").Inc()
+			px.met.fail("no_replica", c.service)
 			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable, fmt.Sprintf("the service of model %q was removed", c.model))
 			return false
 		}
 		if !now.Before(c.deadline) {
 			// The service is still starting: a 503 with Retry-After is what clients retry
 			// (the OpenAI SDKs do, honouring the header); a 504 reads as a server fault.
-			px.met.errors.WithLabelValues("hold_deadline").Inc()
+			px.met.fail("hold_deadline", c.service)
 			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable,
 				fmt.Sprintf("model %q is starting: no replica became ready within the %s this request could wait; retry shortly", c.model, now.Sub(start).Round(time.Second)))
 			ctx.Response.Header.Set("Retry-After", strconv.Itoa(holdRetryAfter))
 			return false
 		}
 		if connwatch.PeerClosed(ctx.Conn()) {
-			px.met.errors.WithLabelValues("client_gone").Inc()
+			px.met.fail("client_gone", c.service)
 			ctx.SetConnectionClose()
 			return false
 		}
@@ -465,7 +469,7 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 		// at a time, each with a parser of its own that is dropped after, so that neither a
 		// flood of them nor the pooled parsers' caches hold that memory.
 		if !px.largeBodies.TryAcquire(cost) {
-			px.met.errors.WithLabelValues("large_bodies_busy").Inc()
+			px.met.fail("large_bodies_busy", "")
 			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable,
 				fmt.Sprintf("too many large requests are being parsed at once (max_parse_bytes %d MiB); retry shortly", px.largeBudget>>20))
 			ctx.Response.Header.Set("Retry-After", "1")
@@ -475,7 +479,7 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 		px.largeBodies.Release(cost)
 	}
 	if err != nil {
-		px.met.errors.WithLabelValues("bad_request").Inc()
+		px.met.fail("bad_request", "")
 		oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, err.Error())
 		return nil, false
 	}
@@ -483,7 +487,7 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 		// vLLM serves its only model to a request that names none; so does a router of one.
 		models := px.servedModels()
 		if len(models) != 1 {
-			px.met.errors.WithLabelValues("bad_request").Inc()
+			px.met.fail("bad_request", "")
 			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, fmt.Sprintf("'model' is required: this endpoint serves %v", models))
 			return nil, false
 		}
@@ -493,11 +497,11 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 		// Without replicas a standalone router cannot tell an unknown model from one whose
 		// replicas are not up yet; with a control plane it can, once it has its services.
 		if len(px.pool.Models()) == 0 && (px.ControlPlane == nil || px.ControlPlane.Revision() == 0) {
-			px.met.errors.WithLabelValues("no_replica").Inc()
+			px.met.fail("no_replica", "")
 			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable, "no replicas are serving yet")
 			return nil, false
 		}
-		px.met.errors.WithLabelValues("unknown_model").Inc()
+		px.met.fail("unknown_model", "")
 		ctx.Response.Reset()
 		ctx.SetStatusCode(fasthttp.StatusNotFound)
 		ctx.SetContentType("application/json")
@@ -505,7 +509,7 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 		return nil, false
 	}
 	now := px.Now()
-	c := &call{kind: kind, model: req.Model, stream: req.Stream, body: body, start: now, slo: px.cfg.SLOFor(req.Model),
+	c := &call{kind: kind, model: req.Model, service: px.serviceOf(req.Model), stream: req.Stream, body: body, start: now, slo: px.cfg.SLOFor(req.Model),
 		path: string(ctx.Path()), api: apiOf(kind)}
 	c.tried = c.triedBuf[:0]
 	if px.ControlPlane != nil {
@@ -524,7 +528,7 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 		target *float64
 	}{{"X-Slo-Ttft-Ms", &c.slo.TTFT}, {"X-Slo-Tpot-Ms", &c.slo.TPOT}} {
 		if err := tightenSLO(h.target, ctx.Request.Header.Peek(h.name)); err != nil {
-			px.met.errors.WithLabelValues("bad_request").Inc()
+			px.met.fail("bad_request", c.service)
 			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, fmt.Sprintf("%s: %v", h.name, err))
 			return nil, false
 		}
@@ -673,4 +677,20 @@ func withIncludeUsage(body []byte, hasStreamOptions bool) []byte {
 	so := v.Get("stream_options")
 	so.Set("include_usage", fastjson.MustParse("true"))
 	return v.MarshalTo(nil)
+}
+
+// serviceOf is the service that serves model, for metrics: the control plane's, else that of
+// the model's replicas; "" when neither says.
+func (px *Proxy) serviceOf(model string) string {
+	if px.ControlPlane != nil {
+		if s := px.ControlPlane.ServiceOf(model); s != "" {
+			return s
+		}
+	}
+	for _, r := range px.pool.candidates(model) {
+		if s := r.Info().Service; s != "" {
+			return s
+		}
+	}
+	return ""
 }

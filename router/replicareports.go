@@ -58,7 +58,7 @@ func (px *Proxy) checkedUsage(r *Replica, u oai.Usage) oai.Usage {
 // Deferred by account.
 func (px *Proxy) survive(r *Replica) {
 	if v := recover(); v != nil {
-		px.met.errors.WithLabelValues("panic_after_answer").Inc()
+		px.met.fail("panic_after_answer", r.Info().Service)
 		px.log.Error("panic in accounting; the request's answer stands, its figures are lost", "replica", r.Info().ID, "panic", v, "stack", string(debug.Stack()))
 	}
 }
@@ -68,7 +68,7 @@ func (px *Proxy) survive(r *Replica) {
 // stands: a bug after the first byte must never turn a delivered answer into an error.
 func (px *Proxy) recovered(ctx *fasthttp.RequestCtx, v any) {
 	answered := ctx.Response.IsBodyStream() || len(ctx.Response.Body()) > 0
-	px.met.errors.WithLabelValues("panic").Inc()
+	px.met.fail("panic", "")
 	px.log.Error("panic in request handler", "panic", v, "path", string(ctx.Path()), "answer_kept", answered, "stack", string(debug.Stack()))
 	if !answered {
 		oai.WriteError(ctx, fasthttp.StatusInternalServerError, oai.ServerError, "internal error")

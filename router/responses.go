@@ -116,7 +116,7 @@ func (px *Proxy) pin(ctx *fasthttp.RequestCtx, c *call, prev string) bool {
 		c.pinned = r
 		return true
 	}
-	px.met.errors.WithLabelValues("previous_response_gone").Inc()
+	px.met.fail("previous_response_gone", c.service)
 	ctx.Response.Reset()
 	ctx.SetStatusCode(fasthttp.StatusNotFound)
 	ctx.SetContentType("application/json")
@@ -149,7 +149,7 @@ func (px *Proxy) storedResponse(ctx *fasthttp.RequestCtx, path string) {
 		if ok {
 			msg = fmt.Sprintf("Response with id '%s' was stored by replica %s, which no longer serves", id, owner)
 		}
-		px.met.errors.WithLabelValues("previous_response_gone").Inc()
+		px.met.fail("previous_response_gone", "")
 		ctx.Response.Reset()
 		ctx.SetStatusCode(fasthttp.StatusNotFound)
 		ctx.SetContentType("application/json")

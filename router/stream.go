@@ -255,6 +255,6 @@ func (s *streamer) CloseWithError(wErr error) error {
 	if s.res.clientGone {
 		code = 499
 	}
-	px.keyDone(s.c.key, code)
+	px.keyDone(s.c.key, s.c.service, code)
 	return nil
 }
