@@ -38,6 +38,11 @@ type Options struct {
 	// the admin port's /metrics: the embedded daemon's router and control plane are two
 	// processes behind one scrape target.
 	ControlMetrics bool
+	// FrontDoors are other front doors served beside the client port, each until ctx ends,
+	// on this router's proxy (its pool, policies and accounting): the endpoint picker
+	// (package picker) is one. synced says the replica set has been received once. An
+	// error from one ends the router.
+	FrontDoors []func(ctx context.Context, px *Proxy, synced func() bool) error
 }
 
 // Run serves until ctx ends, then finishes in-flight requests (up to 30 s).
@@ -115,6 +120,7 @@ func Run(ctx context.Context, o Options) error {
 		ln.Close()
 		return err
 	}
+	synced := func() bool { return true } // the file is read before serving
 	if o.ReplicaFile != "" {
 		if err := WatchReplicaFile(ctx, o.ReplicaFile, pool, log, time.Second); err != nil {
 			ln.Close()
@@ -124,6 +130,7 @@ func Run(ctx context.Context, o Options) error {
 	} else {
 		cp := NewControlPlane(o.ControlURL, o.Token, o.RouterID, pool, px.Load, log)
 		px.ControlPlane = cp
+		synced = func() bool { return cp.Revision() > 0 }
 		go cp.Run(ctx)
 	}
 	go pool.Run(ctx)
@@ -135,7 +142,10 @@ func Run(ctx context.Context, o Options) error {
 	}
 	adminSrv := &fasthttp.Server{Handler: AdminHandler(gather, pool, cfg.Pprof), Name: "arbiter-admin", ReadTimeout: 10 * time.Second, Logger: httplog.Fasthttp{L: log}}
 	log.Info("router serving", "listen", ln.Addr().String(), "tls", certs != nil, "admin", aln.Addr().String(), "policy", cfg.Policy, "control_plane", o.ControlURL)
-	errc := make(chan error, 2)
+	errc := make(chan error, 2+len(o.FrontDoors))
+	for _, fd := range o.FrontDoors {
+		go func() { errc <- fd(ctx, px, synced) }()
+	}
 	// A request refused before it was read whole (413, a shed connection's 503) must reach
 	// the client rather than be destroyed by the reset of a plain close. Lingering holds
 	// descriptors: at most a sixteenth of the budget's worth at once.

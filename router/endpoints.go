@@ -169,20 +169,21 @@ func (px *Proxy) refusesAPI(c *call, r *Replica, status int, body []byte) bool {
 // notServed answers a request that no replica of its model serves: vLLM's own error shape
 // (its ErrorResponse: message, type, param, code), 404.
 func (px *Proxy) notServed(ctx *fasthttp.RequestCtx, c *call, n int) {
-	px.met.fail("api_not_served", c.service)
-	msg := fmt.Sprintf("The model `%s` does not support %s: none of its %d ready replicas serves it (their tasks, declared or shown by their answers, leave it out).", c.model, apiName(c.path), n)
-	writeVLLMError(ctx, fasthttp.StatusNotFound, "NotFoundError", msg)
+	px.refuse(ctx, notServedRefusal(c, n))
 }
 
-// writeVLLMError answers in vLLM's ErrorResponse shape, whose code is the HTTP status.
-func writeVLLMError(ctx *fasthttp.RequestCtx, status int, typ, msg string) {
+// notServedRefusal is the answer to a request for an API none of the n ready replicas of
+// its model serves: vLLM's own 404, in its ErrorResponse shape.
+func notServedRefusal(c *call, n int) *refusal {
+	msg := fmt.Sprintf("The model `%s` does not support %s: none of its %d ready replicas serves it (their tasks, declared or shown by their answers, leave it out).", c.model, apiName(c.path), n)
+	return &refusal{status: fasthttp.StatusNotFound, reason: "api_not_served", service: c.service, raw: vllmErrorBody(fasthttp.StatusNotFound, "NotFoundError", msg)}
+}
+
+// vllmErrorBody is an error in vLLM's ErrorResponse shape, whose code is the HTTP status.
+func vllmErrorBody(status int, typ, msg string) []byte {
 	b := oai.ErrorBody(typ, msg, "")
 	b = append(b[:len(b)-len(`null}}`)], strconv.Itoa(status)...)
-	b = append(b, "}}"...)
-	ctx.Response.Reset()
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(b)
+	return append(b, "}}"...)
 }
 
 // unknownPath answers a path the router does not route.

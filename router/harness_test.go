@@ -15,6 +15,7 @@ import (
 
 	"github.com/arbiter-serve/arbiter/engine"
 	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/internal/conn/linger"
 	"github.com/arbiter-serve/arbiter/replicasim"
 )
 
@@ -121,7 +122,8 @@ func startRouterWith(t *testing.T, mod func(*Config), setup func(*Proxy, *Pool),
 		t.Fatal(err)
 	}
 	srv := NewServer(&cfg, px.Handle, log)
-	go func() { _ = srv.Serve(ln) }()
+	// As App serves: a refused request's answer is read, not reset (internal/conn/linger).
+	go func() { _ = srv.Serve(linger.Listener(ln, 250*time.Millisecond, 5*time.Second, 64)) }()
 	ctx, cancel := context.WithCancel(context.Background())
 	go pool.Run(ctx)
 	t.Cleanup(func() {

@@ -163,53 +163,66 @@ func HashKey(key string) string {
 	return hex.EncodeToString(d[:])
 }
 
-// authenticate finds the request's key. Only digests are kept and compared: the map is
-// keyed by the digest of what the client sent, so lookup time says nothing about how close
-// a guess was, and the final comparison is constant-time. On failure it has answered 401.
+// authenticate finds the request's key. On failure it has answered 401.
 func (ks *Keys) authenticate(ctx *fasthttp.RequestCtx) (*Key, bool) {
-	if ks == nil {
-		return nil, true
-	}
-	auth := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
-	const bearer = "Bearer "
-	if len(auth) <= len(bearer) || !strings.EqualFold(string(auth[:len(bearer)]), bearer) {
-		writeAuthError(ctx, "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
-		return nil, false
-	}
-	d := sha256.Sum256(bytes.TrimSpace(auth[len(bearer):]))
-	k := ks.byDigest[d]
-	if k == nil || subtle.ConstantTimeCompare(k.digest[:], d[:]) != 1 {
-		writeAuthError(ctx, "Incorrect API key provided.")
+	k, f := ks.lookup(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
+	if f != nil {
+		f.writeTo(ctx)
 		return nil, false
 	}
 	return k, true
 }
 
-func writeAuthError(ctx *fasthttp.RequestCtx, msg string) {
-	ctx.Response.Reset()
-	ctx.SetStatusCode(fasthttp.StatusUnauthorized)
-	ctx.SetContentType("application/json")
-	ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="arbiter"`)
-	ctx.SetBody(oai.ErrorBody(oai.InvalidRequest, msg, "invalid_api_key"))
+// lookup finds the key an Authorization header names (nil Keys: none needed). Only
+// digests are kept and compared: the map is keyed by the digest of what the client sent,
+// so lookup time says nothing about how close a guess was, and the final comparison is
+// constant-time.
+func (ks *Keys) lookup(auth []byte) (*Key, *refusal) {
+	if ks == nil {
+		return nil, nil
+	}
+	const bearer = "Bearer "
+	if len(auth) <= len(bearer) || !strings.EqualFold(string(auth[:len(bearer)]), bearer) {
+		return nil, authRefusal("You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+	}
+	d := sha256.Sum256(bytes.TrimSpace(auth[len(bearer):]))
+	k := ks.byDigest[d]
+	if k == nil || subtle.ConstantTimeCompare(k.digest[:], d[:]) != 1 {
+		return nil, authRefusal("Incorrect API key provided.")
+	}
+	return k, nil
+}
+
+func authRefusal(msg string) *refusal {
+	return &refusal{status: fasthttp.StatusUnauthorized, errType: oai.InvalidRequest, msg: msg, code: "invalid_api_key",
+		reason: "unauthenticated", wwwAuthenticate: `Bearer realm="arbiter"`}
 }
 
 // admit applies the key's limits to one request; on refusal it has answered 429. A
 // request admitted must call done exactly once when it ends (streams: when the stream does).
 func (k *Key) admit(ctx *fasthttp.RequestCtx) bool {
-	if k == nil {
-		return true
-	}
-	if k.limiter != nil && !k.limiter.Allow() {
-		retry := max(1, int(math.Ceil(1/float64(k.limiter.Limit()))))
-		tooMany(ctx, retry, fmt.Sprintf("Rate limit reached for key %s: %.3g requests per second. Retry after %d s.", k.Name, float64(k.limiter.Limit()), retry))
-		return false
-	}
-	if n := k.inflight.Add(1); k.maxConc > 0 && n > k.maxConc {
-		k.inflight.Add(-1)
-		tooMany(ctx, 1, fmt.Sprintf("Concurrency limit reached for key %s: %d requests in flight.", k.Name, k.maxConc))
+	if f := k.take(); f != nil {
+		f.writeTo(ctx)
 		return false
 	}
 	return true
+}
+
+// take applies the key's limits to one request (nil: none); a request admitted must call
+// done exactly once when it ends.
+func (k *Key) take() *refusal {
+	if k == nil {
+		return nil
+	}
+	if k.limiter != nil && !k.limiter.Allow() {
+		retry := max(1, int(math.Ceil(1/float64(k.limiter.Limit()))))
+		return tooMany(retry, fmt.Sprintf("Rate limit reached for key %s: %.3g requests per second. Retry after %d s.", k.Name, float64(k.limiter.Limit()), retry))
+	}
+	if n := k.inflight.Add(1); k.maxConc > 0 && n > k.maxConc {
+		k.inflight.Add(-1)
+		return tooMany(1, fmt.Sprintf("Concurrency limit reached for key %s: %d requests in flight.", k.Name, k.maxConc))
+	}
+	return nil
 }
 
 func (k *Key) done() { k.inflight.Add(-1) }
@@ -217,12 +230,9 @@ func (k *Key) done() { k.inflight.Add(-1) }
 // InFlight is the key's requests in flight.
 func (k *Key) InFlight() int64 { return k.inflight.Load() }
 
-func tooMany(ctx *fasthttp.RequestCtx, retryAfter int, msg string) {
-	ctx.Response.Reset()
-	ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
-	ctx.SetContentType("application/json")
-	ctx.Response.Header.Set("Retry-After", strconv.Itoa(retryAfter))
-	ctx.SetBody(oai.ErrorBody(oai.RateLimit, msg, "rate_limit_exceeded"))
+func tooMany(retryAfter int, msg string) *refusal {
+	return &refusal{status: fasthttp.StatusTooManyRequests, errType: oai.RateLimit, msg: msg, code: "rate_limit_exceeded",
+		reason: "key_limited", retryAfter: retryAfter}
 }
 
 // label is the key's name for metrics ("" without authentication).

@@ -63,6 +63,11 @@ type Request struct {
 	// was a third of a pick's cost), and it is the prediction that chose the replica.
 	picked     *Replica
 	pickedPred Prediction
+	// fallback marks a pick made for the retries of a gateway (the endpoint picker's
+	// ordered list, after its first entry): it is not where the request goes unless the
+	// first fails, so it neither teaches prefix affinity, nor claims a re-sample, nor
+	// counts as a pick.
+	fallback bool
 }
 
 // anyUsable reports whether req may use one of cands.
@@ -226,6 +231,9 @@ func (p *SLOCheapest) Pick(req *Request, cands []*Replica, rng *rand.Rand) *Repl
 	}
 	all = holding(all)
 	choice, reason := p.choose(req, all)
+	if req.fallback {
+		return choice.r
+	}
 	if s, ok := p.resample(req, all, choice); ok {
 		choice, reason = s, ReasonResample
 	} else {

@@ -297,17 +297,10 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 	if c.prevResponse != "" && !px.pin(ctx, c, c.prevResponse) {
 		return
 	}
-	policy := px.policies[px.cfg.Policy]
-	if c.policy != "" {
-		policy = px.policies[c.policy]
-	}
-	if h := ctx.Request.Header.Peek("X-Arbiter-Policy"); len(h) > 0 {
-		if p, ok := px.policies[string(h)]; ok {
-			policy = p
-		} else {
-			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, fmt.Sprintf("X-Arbiter-Policy %q: want slo_cheapest, least_load or round_robin", h))
-			return
-		}
+	policy, f := px.policyFor(c, ctx.Request.Header.Peek("X-Arbiter-Policy"))
+	if f != nil {
+		f.writeTo(ctx)
+		return
 	}
 	rng := px.rngs.Get().(*rand.Rand)
 	defer px.rngs.Put(rng)
@@ -378,6 +371,23 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 	}
 }
 
+// policyFor is the policy that routes c: the service's, or the router's default, unless the
+// request names one (X-Arbiter-Policy, for experiments).
+func (px *Proxy) policyFor(c *call, named []byte) (Policy, *refusal) {
+	policy := px.policies[px.cfg.Policy]
+	if c.policy != "" {
+		policy = px.policies[c.policy]
+	}
+	if len(named) > 0 {
+		p, ok := px.policies[string(named)]
+		if !ok {
+			return nil, badRequest(fmt.Sprintf("X-Arbiter-Policy %q: want slo_cheapest, least_load or round_robin", named))
+		}
+		policy = p
+	}
+	return policy, nil
+}
+
 // holdRetryAfter is the Retry-After, in seconds, of a request whose hold ran out: a vLLM
 // replica takes 30 s to minutes to start, so a retry sooner would most likely be held again.
 const holdRetryAfter = 15
@@ -444,13 +454,25 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 
 // newCall parses and validates the request; on failure it has answered the client.
 func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (*call, bool) {
+	c, f := px.parseCall(kind, string(ctx.Path()), string(ctx.Request.Header.ContentType()), body, ctx.Request.Header.Peek)
+	if f != nil {
+		px.refuse(ctx, f)
+		return nil, false
+	}
+	return c, true
+}
+
+// parseCall parses and validates a request of kind at path, whichever front door it came
+// through: header reads one of its headers by name ("" when absent). On failure it returns
+// the answer the request gets instead.
+func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte, header func(string) []byte) (*call, *refusal) {
 	var req oai.Request
 	var audio oai.AudioRequest
 	var err error
 	values, cost := 0, int64(0)
 	if kind == oai.Transcription {
 		// multipart/form-data: the file is scanned in place, not parsed into a tree.
-		if audio, err = oai.ParseAudioRequest(body, string(ctx.Request.Header.ContentType())); err == nil {
+		if audio, err = oai.ParseAudioRequest(body, contentType); err == nil {
 			req = oai.Request{Kind: kind, Model: audio.Model, Stream: audio.Stream, Prompt: audio.Prompt}
 		}
 	} else {
@@ -469,27 +491,20 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 		// at a time, each with a parser of its own that is dropped after, so that neither a
 		// flood of them nor the pooled parsers' caches hold that memory.
 		if !px.largeBodies.TryAcquire(cost) {
-			px.met.fail("large_bodies_busy", "")
-			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable,
-				fmt.Sprintf("too many large requests are being parsed at once (max_parse_bytes %d MiB); retry shortly", px.largeBudget>>20))
-			ctx.Response.Header.Set("Retry-After", "1")
-			return nil, false
+			return nil, &refusal{status: fasthttp.StatusServiceUnavailable, errType: oai.Unavailable, reason: "large_bodies_busy", retryAfter: 1,
+				msg: fmt.Sprintf("too many large requests are being parsed at once (max_parse_bytes %d MiB); retry shortly", px.largeBudget>>20)}
 		}
 		req, err = oai.Parse(&fastjson.Parser{}, body, kind)
 		px.largeBodies.Release(cost)
 	}
 	if err != nil {
-		px.met.fail("bad_request", "")
-		oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, err.Error())
-		return nil, false
+		return nil, badRequest(err.Error())
 	}
 	if req.Model == "" {
 		// vLLM serves its only model to a request that names none; so does a router of one.
 		models := px.servedModels()
 		if len(models) != 1 {
-			px.met.fail("bad_request", "")
-			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, fmt.Sprintf("'model' is required: this endpoint serves %v", models))
-			return nil, false
+			return nil, badRequest(fmt.Sprintf("'model' is required: this endpoint serves %v", models))
 		}
 		req.Model = models[0]
 	}
@@ -497,20 +512,14 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 		// Without replicas a standalone router cannot tell an unknown model from one whose
 		// replicas are not up yet; with a control plane it can, once it has its services.
 		if len(px.pool.Models()) == 0 && (px.ControlPlane == nil || px.ControlPlane.Revision() == 0) {
-			px.met.fail("no_replica", "")
-			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable, "no replicas are serving yet")
-			return nil, false
+			return nil, &refusal{status: fasthttp.StatusServiceUnavailable, errType: oai.Unavailable, reason: "no_replica", msg: "no replicas are serving yet"}
 		}
-		px.met.fail("unknown_model", "")
-		ctx.Response.Reset()
-		ctx.SetStatusCode(fasthttp.StatusNotFound)
-		ctx.SetContentType("application/json")
-		ctx.SetBody(oai.ErrorBody(oai.InvalidRequest, fmt.Sprintf("The model `%s` does not exist. Served models: %v", req.Model, px.servedModels()), "model_not_found"))
-		return nil, false
+		return nil, &refusal{status: fasthttp.StatusNotFound, errType: oai.InvalidRequest, reason: "unknown_model", code: "model_not_found",
+			msg: fmt.Sprintf("The model `%s` does not exist. Served models: %v", req.Model, px.servedModels())}
 	}
 	now := px.Now()
-	c := &call{kind: kind, model: req.Model, service: px.serviceOf(req.Model), stream: req.Stream, body: body, start: now, slo: px.cfg.SLOFor(req.Model),
-		path: string(ctx.Path()), api: apiOf(kind)}
+	c := &call{kind: kind, model: req.Model, stream: req.Stream, body: body, start: now, slo: px.cfg.SLOFor(req.Model),
+		path: path, api: apiOf(kind)}
 	c.tried = c.triedBuf[:0]
 	if px.ControlPlane != nil {
 		// The service's spec, as the control plane published it, outranks the router's config.
@@ -527,14 +536,12 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 		name   string
 		target *float64
 	}{{"X-Slo-Ttft-Ms", &c.slo.TTFT}, {"X-Slo-Tpot-Ms", &c.slo.TPOT}} {
-		if err := tightenSLO(h.target, ctx.Request.Header.Peek(h.name)); err != nil {
-			px.met.fail("bad_request", c.service)
-			oai.WriteError(ctx, fasthttp.StatusBadRequest, oai.InvalidRequest, fmt.Sprintf("%s: %v", h.name, err))
-			return nil, false
+		if err := tightenSLO(h.target, header(h.name)); err != nil {
+			return nil, badRequest(fmt.Sprintf("%s: %v", h.name, err))
 		}
 	}
 	c.deadline = now.Add(px.cfg.RequestTimeout)
-	if h := ctx.Request.Header.Peek("X-Arbiter-Deadline-Ms"); len(h) > 0 {
+	if h := header("X-Arbiter-Deadline-Ms"); len(h) > 0 {
 		if ms, err := strconv.Atoi(string(h)); err == nil && ms > 0 {
 			c.clientDeadline = now.Add(time.Duration(ms) * time.Millisecond)
 			c.deadline = minTime(c.deadline, c.clientDeadline)
@@ -573,7 +580,11 @@ func (px *Proxy) newCall(ctx *fasthttp.RequestCtx, kind oai.Kind, body []byte) (
 		// its tokens, and bytes per token vary with the text (and are 4 for token ids).
 		c.route.BlockTokens = float64(c.route.PromptTokens) * prefixBlockBytes / float64(len(key))
 	}
-	return c, true
+	return c, nil
+}
+
+func badRequest(msg string) *refusal {
+	return &refusal{status: fasthttp.StatusBadRequest, errType: oai.InvalidRequest, reason: "bad_request", msg: msg}
 }
 
 // tightenSLO applies a client's per-request target (llm-d's x-slo-ttft-ms and

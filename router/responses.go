@@ -106,22 +106,28 @@ func classifyResponsesEvent(ev, data []byte) responsesEvent {
 // It returns false when it has answered the client: the replica that holds the response
 // left, so no replica can continue it.
 func (px *Proxy) pin(ctx *fasthttp.RequestCtx, c *call, prev string) bool {
+	if f := px.pinFor(c, prev); f != nil {
+		px.refuse(ctx, f)
+		return false
+	}
+	return true
+}
+
+// pinFor sets c.pinned to the replica that stored prev, if this router knows it, or returns
+// why the request cannot continue it.
+func (px *Proxy) pinFor(c *call, prev string) *refusal {
 	owner, ok := px.responses.owner(prev)
 	if !ok {
 		// Not seen by this router (another router's, or from before a restart): any
 		// replica may hold it, and the one picked answers vLLM's own 404 if it does not.
-		return true
+		return nil
 	}
 	if r := px.pool.Get(owner); r != nil && r.Available(px.Now()) {
 		c.pinned = r
-		return true
+		return nil
 	}
-	px.met.fail("previous_response_gone", c.service)
-	ctx.Response.Reset()
-	ctx.SetStatusCode(fasthttp.StatusNotFound)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(oai.ErrorBody(oai.InvalidRequest, fmt.Sprintf("Response with id '%s' was stored by replica %s, which no longer serves: what it stored left with it. Start the conversation again without previous_response_id.", prev, owner), "previous_response_not_found"))
-	return false
+	return &refusal{status: fasthttp.StatusNotFound, errType: oai.InvalidRequest, code: "previous_response_not_found", reason: "previous_response_gone", service: c.service,
+		msg: fmt.Sprintf("Response with id '%s' was stored by replica %s, which no longer serves: what it stored left with it. Start the conversation again without previous_response_id.", prev, owner)}
 }
 
 // storedResponse forwards GET /v1/responses/{id} (and POST /v1/responses/{id}/cancel) to the

@@ -126,41 +126,16 @@ func (s *streamer) fill() {
 	_ = s.uc.SetReadDeadline(idle)
 	n, err := s.body.Read(*s.buf)
 	if n > 0 {
-		from := max(len(s.pending)-2, 0) // what was pending held no terminator
-		s.pending = append(s.pending, (*s.buf)[:n]...)
-		rest := s.pending
-		for {
-			ev, r, ok := oai.NextEventFrom(rest, from)
-			if !ok {
-				break
-			}
-			from = 0
-			if s.keep(ev) {
-				s.out = append(s.out, ev...)
-			}
-			rest = r
-			s.progress = px.Now()
-		}
-		s.pending = append(s.pending[:0], rest...)
+		s.consume((*s.buf)[:n])
 	}
 	switch {
-	case err == nil && len(s.pending) > maxEventBytes:
-		s.finished, s.res.failed = true, "stream_event_too_large"
-		s.pending = s.pending[:0]
-		s.out = append(s.out, oai.ErrorEvent(oai.ServerError, fmt.Sprintf("replica sent an SSE event too large (over %d bytes)", maxEventBytes))...)
+	case err == nil && s.overlong():
 	case err == nil && len(s.out) == 0 && px.Now().Sub(s.progress) >= streamClientCheck && s.client != nil && connwatch.PeerClosed(s.client):
 		// Bytes that complete no event, and nobody to send them to.
 		s.finished, s.res.clientGone = true, true
 	case err == nil:
-	case errors.Is(err, io.EOF) && s.sawDone:
-		s.out = append(s.out, s.pending...) // an unterminated last event passes as it is
-		s.finished, s.cleanEOF = true, true
 	case errors.Is(err, io.EOF):
-		// The body ended without [DONE]: a replica that died mid-stream on a response
-		// delimited by closing the connection looks like a clean end. It is not one.
-		s.out = append(s.out, s.pending...)
-		s.finished, s.res.failed = true, "stream_truncated"
-		s.out = append(s.out, s.errorEvent("replica closed the stream before its end")...)
+		s.eof()
 	default:
 		s.finished = true
 		s.res.failed = "stream_broken"
@@ -173,6 +148,53 @@ func (s *streamer) fill() {
 		}
 		s.out = append(s.out, s.errorEvent(msg)...)
 	}
+}
+
+// consume takes bytes of the replica's stream: each event they complete is accounted and,
+// if the client should get it, queued in s.out.
+func (s *streamer) consume(b []byte) {
+	from := max(len(s.pending)-2, 0) // what was pending held no terminator
+	s.pending = append(s.pending, b...)
+	rest := s.pending
+	for {
+		ev, r, ok := oai.NextEventFrom(rest, from)
+		if !ok {
+			break
+		}
+		from = 0
+		if s.keep(ev) {
+			s.out = append(s.out, ev...)
+		}
+		rest = r
+		s.progress = s.px.Now()
+	}
+	s.pending = append(s.pending[:0], rest...)
+}
+
+// overlong ends a stream whose unfinished event has grown past maxEventBytes, with an
+// error event, and reports whether it did.
+func (s *streamer) overlong() bool {
+	if len(s.pending) <= maxEventBytes {
+		return false
+	}
+	s.finished, s.res.failed = true, "stream_event_too_large"
+	s.pending = s.pending[:0]
+	s.out = append(s.out, oai.ErrorEvent(oai.ServerError, fmt.Sprintf("replica sent an SSE event too large (over %d bytes)", maxEventBytes))...)
+	return true
+}
+
+// eof ends the stream at the end of the replica's body.
+func (s *streamer) eof() {
+	s.out = append(s.out, s.pending...) // an unterminated last event passes as it is
+	s.pending = s.pending[:0]
+	if s.sawDone {
+		s.finished, s.cleanEOF = true, true
+		return
+	}
+	// The body ended without [DONE]: a replica that died mid-stream on a response
+	// delimited by closing the connection looks like a clean end. It is not one.
+	s.finished, s.res.failed = true, "stream_truncated"
+	s.out = append(s.out, s.errorEvent("replica closed the stream before its end")...)
 }
 
 // errorEvent is the event that ends a stream that failed after bytes reached the client,

@@ -6,12 +6,14 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 
 	"github.com/arbiter-serve/arbiter/internal/httplog"
+	"github.com/arbiter-serve/arbiter/picker"
 	"github.com/arbiter-serve/arbiter/router"
 )
 
@@ -37,6 +39,7 @@ func run() error {
 		tlsCert   = flag.String("tls-certfile", "", "serve HTTPS with this PEM certificate (chain); with -tls-keyfile; overrides the config's tls_cert_file. Reloaded when it changes, or on SIGHUP")
 		tlsKey    = flag.String("tls-keyfile", "", "the PEM private key of -tls-certfile; overrides the config's tls_key_file")
 		logLevel  = flag.String("log-level", "info", "debug, info, warn or error")
+		extProc   = flag.String("ext-proc-listen", "", "also serve the endpoint picker for Kubernetes gateways (Gateway API Inference Extension, Envoy ext_proc gRPC, with gRPC health) on this address, e.g. 0.0.0.0:9002; same config, replicas and policy as the router")
 	)
 	flag.Parse()
 	log, err := httplog.NewLogger(*logLevel)
@@ -72,8 +75,20 @@ func run() error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return router.Run(ctx, router.Options{Listen: *listen, Admin: *admin, Config: cfg, ReplicaFile: *replicas,
-		ControlURL: strings.TrimSuffix(*control, "/"), Token: token, RouterID: *id, Log: log, Reload: onSIGHUP(ctx)})
+	o := router.Options{Listen: *listen, Admin: *admin, Config: cfg, ReplicaFile: *replicas,
+		ControlURL: strings.TrimSuffix(*control, "/"), Token: token, RouterID: *id, Log: log, Reload: onSIGHUP(ctx)}
+	if *extProc != "" {
+		ln, err := net.Listen("tcp", *extProc)
+		if err != nil {
+			return fmt.Errorf("-ext-proc-listen: %w", err)
+		}
+		log.Info("endpoint picker serving", "ext_proc", ln.Addr().String())
+		o.FrontDoors = append(o.FrontDoors, func(ctx context.Context, px *router.Proxy, synced func() bool) error {
+			p := &picker.Picker{Router: px, Endpoints: cfg.MaxAttempts, MaxBody: cfg.MaxRequestBodyBytes, Log: log}
+			return picker.Serve(ctx, ln, p, synced)
+		})
+	}
+	return router.Run(ctx, o)
 }
 
 // onSIGHUP calls the router's reload on each SIGHUP until ctx ends (the TLS pair is read
