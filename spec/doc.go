@@ -57,10 +57,10 @@
 //     while a provider they are about is in use, and otherwise accepted with a warning
 //     (Service.Warnings) that they have no effect, as SkyPilot ignores a cloud's keys on
 //     another cloud. Unknown keys are refused.
-//   - num_nodes: N ≥ 1; a replica is a group of N nodes (local processes) launched,
-//     probed through the head (rank 0), billed N times, preempted and terminated
-//     together. Refused on kubernetes, aws and runpod, which launch one pod or machine per
-//     replica.
+//   - num_nodes: N ≥ 1; a replica is a group of N nodes (local processes, kubernetes
+//     pods in one zone) launched, probed through the head (rank 0), billed N times,
+//     preempted and terminated together. Refused on aws and runpod, which launch one
+//     machine per replica.
 //
 // # Arbiter's keys
 //

@@ -339,10 +339,11 @@ func (d *decoder) checkMounts(s *Service) {
 		d.warnf(at, "config.%s: has no effect: %s", k.path, what)
 	}
 	if s.NumNodes > 1 {
-		// Only the local provider (and sim, which runs its replicas through it) launches a
-		// replica's nodes as a group yet; a kubernetes pod group is to come.
-		if p := uses(func(p string) bool { return !localish(p) }); p != "" {
-			d.errorAt("num_nodes", "num_nodes: %d: the %s provider launches a replica on one machine (or pod); run multi-node replicas on the local provider", s.NumNodes, p)
+		// The local provider (and sim, which runs its replicas through it) launches a
+		// replica's nodes as a process group, kubernetes as a pod group; aws and runpod
+		// launch one machine per replica.
+		if p := uses(func(p string) bool { return !localish(p) && !IsKubernetes(p) }); p != "" {
+			d.errorAt("num_nodes", "num_nodes: %d: the %s provider launches a replica on one machine; run multi-node replicas on the local or kubernetes provider", s.NumNodes, p)
 		}
 	}
 }

@@ -69,6 +69,10 @@ arbiter: {providers: [kubernetes]}
 		t.Errorf("num_nodes: 2 read as %d", s.NumNodes)
 	}
 	checkRoundTrip(t, []byte(minimal+"num_nodes: 3\n"))
+	// A kubernetes replica of N nodes is a pod group.
+	if s := mustParse(t, minimal+"num_nodes: 2\narbiter: {providers: [kubernetes, kubernetes:gke]}\n"); s.NumNodes != 2 {
+		t.Errorf("num_nodes: 2 on kubernetes read as %d", s.NumNodes)
+	}
 }
 
 // Each key a provider cannot honour is refused at its place, naming the key and the
@@ -95,7 +99,7 @@ func TestMountRefusals(t *testing.T) {
 		{"ecc on aws", minimal + "config:\n  nvidia_gpus: {disable_ecc: true}\narbiter: {providers: [aws]}\n", 5, 17, "config.nvidia_gpus.disable_ecc: the aws provider"},
 		{"unknown config key", minimal + "config:\n  kubernetes: {pod_confg: {}}\n", 5, 16, `unknown key "pod_confg" in config.kubernetes`},
 		{"num_nodes on aws", minimal + "num_nodes: 2\narbiter: {providers: [aws]}\n", 4, 12, "num_nodes: 2: the aws provider launches a replica on one machine"},
-		{"num_nodes on kubernetes", minimal + "num_nodes: 2\narbiter: {providers: [kubernetes]}\n", 4, 12, "num_nodes: 2: the kubernetes provider launches a replica on one machine (or pod)"},
+		{"num_nodes on runpod", minimal + "num_nodes: 2\narbiter: {providers: [local, runpod]}\n", 4, 12, "num_nodes: 2: the runpod provider launches a replica on one machine; run multi-node replicas on the local or kubernetes provider"},
 		{"num_nodes zero", minimal + "num_nodes: 0\n", 4, 12, "num_nodes: want an integer ≥ 1"},
 	}
 	for _, tt := range tests {

@@ -103,6 +103,7 @@ func TestValidateSkyPilotMountForms(t *testing.T) {
 		{file: "mounts-aws.yaml", resolved: []string{"/data: {source: 's3://vector-db-corpus/shards', mode: COPY}", "/weights: {source: 's3://sd-weights', mode: MOUNT_CACHED}"}},
 		{file: "volumes-kubernetes.yaml", resolved: []string{"volumes:\n  /root/.cache/huggingface: hf-cache\n", "labels: {team: search}"}},
 		{file: "num-nodes.yaml", resolved: []string{"num_nodes: 2\n"}},
+		{file: "num-nodes-kubernetes.yaml", resolved: []string{"num_nodes: 2\n", "providers: [kubernetes]"}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			out, errOut, err := runServe(t, "validate", filepath.Join("testdata/skypilot", tc.file))
@@ -119,11 +120,15 @@ func TestValidateSkyPilotMountForms(t *testing.T) {
 			}
 		})
 	}
+	// A replica over several machines where each replica is one machine is refused.
+	if _, _, err := runServe(t, "validate", "testdata/skypilot/num-nodes-aws.yaml"); err == nil ||
+		!strings.Contains(err.Error(), "num-nodes-aws.yaml:2:12: num_nodes: 2: the aws provider launches a replica on one machine; run multi-node replicas on the local or kubernetes provider") {
+		t.Errorf("num_nodes on aws: %v", err)
+	}
 	_, _, err := runServe(t, "validate", "testdata/skypilot/refused-mounts.yaml")
 	for _, w := range []string{
-		"refused-mounts.yaml:2:12: num_nodes: 2: the kubernetes provider launches a replica on one machine",
-		"refused-mounts.yaml:6:3: file_mounts./data: the kubernetes",
-		"refused-mounts.yaml:9:5: config.kubernetes.provision_timeout: Arbiter replaces a replica not ready in time",
+		"refused-mounts.yaml:5:3: file_mounts./data: the kubernetes",
+		"refused-mounts.yaml:8:5: config.kubernetes.provision_timeout: Arbiter replaces a replica not ready in time",
 	} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("error:\n%v\nwant %q", err, w)

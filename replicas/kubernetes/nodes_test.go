@@ -122,7 +122,7 @@ func TestPodAffinityPinsCapacityZoneAndGPU(t *testing.T) {
 		Envs: map[string]string{"B": "2", "A": "1"}}
 	ps := podSpec{namespace: "ns", owner: "arbiter-abc", image: "vllm/vllm-openai:v1", port: 8000, grace: 30,
 		accelKey: labelGKEAccelerator, accelValues: []string{"nvidia-h100-80gb"}}
-	pod := buildPod(ls, ps, 6.3)
+	pod := buildPod(ls, ps, 6.3, 0)
 	terms := pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
 	if len(terms) != len(spotLabels) {
 		t.Fatalf("spot: %d terms, want one per platform's spot label (%d)", len(terms), len(spotLabels))
@@ -171,7 +171,7 @@ func TestPodAffinityPinsCapacityZoneAndGPU(t *testing.T) {
 
 	// On-demand excludes every platform's spot label; NotIn admits nodes without it.
 	ls.Capacity = fleet.OnDemand
-	od := buildPod(ls, ps, 11).Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	od := buildPod(ls, ps, 11, 0).Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
 	if len(od) != 1 {
 		t.Fatalf("on-demand: %d terms, want 1", len(od))
 	}
@@ -184,7 +184,7 @@ func TestPodAffinityPinsCapacityZoneAndGPU(t *testing.T) {
 	if not != len(spotLabels) {
 		t.Errorf("on-demand term %v: want a NotIn for each spot label", od[0].MatchExpressions)
 	}
-	for _, tol := range buildPod(ls, ps, 11).Spec.Tolerations {
+	for _, tol := range buildPod(ls, ps, 11, 0).Spec.Tolerations {
 		if tol.Key == labelAKSPriority {
 			t.Errorf("an on-demand pod tolerates the AKS spot taint")
 		}

@@ -34,6 +34,13 @@ const (
 	// annPriceSource is the rule that priced the replica (PRICED BY), so that a control
 	// plane that reattaches after a crash still knows it.
 	annPriceSource = "arbiter.dev/price-source"
+	// A replica of num_nodes N is N pods (see group.go): each says its rank and N, and
+	// annNodeIPs, set on every pod once all have IPs, lists them (head first) for the
+	// launcher to read through the downward API.
+	annNodes      = "arbiter.dev/nodes"
+	annNodeRank   = "arbiter.dev/node-rank"
+	annNodeIPs    = "arbiter.dev/node-ips"
+	LabelNodeRank = "arbiter.dev/node-rank"
 
 	containerName = "replica"
 	// DefaultPort is the replica port when the spec names none.
@@ -41,8 +48,22 @@ const (
 )
 
 // launcher runs the spec's setup, then execs its run, both as written (bash), from
-// environment variables so that no quoting of the user's commands is needed.
-const launcher = `if [ -n "$ARBITER_SETUP" ]; then bash -c "$ARBITER_SETUP" || { echo "arbiter: setup failed (exit $?)" >&2; exit 1; }; fi; exec bash -c "$ARBITER_RUN"`
+// environment variables so that no quoting of the user's commands is needed. A node of a
+// multi-node replica waits between the two for the file that lists every node's IP (the
+// downward API's copy of annNodeIPs, written once all the group's pods have IPs), and
+// runs with it as SKYPILOT_NODE_IPS.
+const launcher = `if [ -n "$ARBITER_SETUP" ]; then bash -c "$ARBITER_SETUP" || { echo "arbiter: setup failed (exit $?)" >&2; exit 1; }; fi; ` +
+	`if [ -n "$ARBITER_NODE_IPS_FILE" ]; then echo "arbiter: node $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES waits for every node's IP" >&2; ` +
+	`while [ ! -s "$ARBITER_NODE_IPS_FILE" ]; do sleep 0.5; done; export SKYPILOT_NODE_IPS="$(cat "$ARBITER_NODE_IPS_FILE")"; fi; ` +
+	`exec bash -c "$ARBITER_RUN"`
+
+// nodeInfoDir is where a multi-node replica's pods see their downward API volume, and
+// nodeIPsFile the file in it that holds annNodeIPs.
+const (
+	nodeInfoDir  = "/etc/arbiter"
+	nodeIPsFile  = "node-ips"
+	nodeInfoName = "arbiter-nodes"
+)
 
 // podSpec is what buildPod needs besides the launch itself.
 type podSpec struct {
@@ -60,15 +81,24 @@ type podSpec struct {
 	poolLabels map[string]string
 }
 
-// PodName is the pod a replica runs as: its ID with a hash of the owner, so that two
-// control planes sharing a namespace never collide, cut to a DNS label.
-func PodName(owner, replicaID string) string {
+// PodName is the pod a replica runs as (the head's, rank 0, for a multi-node replica):
+// its ID with a hash of the owner, so that two control planes sharing a namespace never
+// collide, cut to a DNS label.
+func PodName(owner, replicaID string) string { return NodePodName(owner, replicaID, 0) }
+
+// NodePodName is the pod of a replica's node rank: PodName for the head, the same with
+// -n<rank> before the hash for a worker.
+func NodePodName(owner, replicaID string, rank int) string {
 	h := strconv.FormatUint(xxhash.Sum64String(owner+"/"+replicaID), 36)[:6]
-	base := dnsLabel(replicaID)
-	if len(base) > 63-7 {
-		base = strings.TrimRight(base[:63-7], "-")
+	suffix := "-" + h
+	if rank > 0 {
+		suffix = "-n" + strconv.Itoa(rank) + suffix
 	}
-	return base + "-" + h
+	base := dnsLabel(replicaID)
+	if len(base) > 63-len(suffix) {
+		base = strings.TrimRight(base[:63-len(suffix)], "-")
+	}
+	return base + suffix
 }
 
 // dnsLabel lower-cases s and replaces what a DNS label cannot hold with '-'.
@@ -99,10 +129,11 @@ func isAlnum(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 }
 
-// buildPod is the pod for one replica: the image, the setup-then-run launcher with the
-// spec's envs, the GPU limit, and a required node affinity that admits only nodes of the
-// capacity kind, zone, GPU and instance type placement chose.
-func buildPod(ls replicas.LaunchSpec, ps podSpec, price float64) *corev1.Pod {
+// buildPod is the pod for one replica, or for node rank of a multi-node one: the image,
+// the setup-then-run launcher with the spec's envs, the GPU limit, and a required node
+// affinity that admits only nodes of the capacity kind, zone, GPU and instance type
+// placement chose.
+func buildPod(ls replicas.LaunchSpec, ps podSpec, price float64, rank int) *corev1.Pod {
 	seq := ls.ReplicaID[strings.LastIndexByte(ls.ReplicaID, '-')+1:]
 	env := []corev1.EnvVar{
 		{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
@@ -111,6 +142,14 @@ func buildPod(ls replicas.LaunchSpec, ps podSpec, price float64) *corev1.Pod {
 		{Name: replicas.EnvReplicaID, Value: ls.ReplicaID},
 		{Name: "SKYPILOT_SERVE_REPLICA_ID", Value: seq},
 		{Name: "SKYPILOT_NUM_GPUS_PER_NODE", Value: strconv.Itoa(max(ls.AcceleratorCount, 0))},
+		{Name: "SKYPILOT_NODE_RANK", Value: strconv.Itoa(rank)},
+		{Name: "SKYPILOT_NUM_NODES", Value: strconv.Itoa(ls.Nodes())},
+	}
+	if ls.Nodes() == 1 {
+		// One node: its own IP is the whole list, known when the container starts.
+		env = append(env, corev1.EnvVar{Name: "SKYPILOT_NODE_IPS", Value: "$(POD_IP)"})
+	} else {
+		env = append(env, corev1.EnvVar{Name: "ARBITER_NODE_IPS_FILE", Value: nodeInfoDir + "/" + nodeIPsFile})
 	}
 	keys := make([]string, 0, len(ls.Envs))
 	for k := range ls.Envs {
@@ -142,7 +181,7 @@ func buildPod(ls replicas.LaunchSpec, ps podSpec, price float64) *corev1.Pod {
 	shm := corev1.Volume{Name: "dshm", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: PodName(ps.owner, ls.ReplicaID), Namespace: ps.namespace,
+			Name: NodePodName(ps.owner, ls.ReplicaID, rank), Namespace: ps.namespace,
 			Labels: map[string]string{LabelManagedBy: "arbiter", LabelOwner: labelValue(ps.owner), LabelService: labelValue(ls.Service),
 				LabelVersion: strconv.Itoa(ls.Version), LabelReplica: labelValue(ls.ReplicaID)},
 			Annotations: map[string]string{annReplicaID: ls.ReplicaID, annCapacity: string(ls.Capacity), annRegion: ls.Region, annZone: ls.Zone,
@@ -169,6 +208,9 @@ func buildPod(ls replicas.LaunchSpec, ps podSpec, price float64) *corev1.Pod {
 	if ls.PriceSource != "" {
 		pod.Annotations[annPriceSource] = ls.PriceSource
 	}
+	if n := ls.Nodes(); n > 1 {
+		groupPod(pod, ls, ps, rank)
+	}
 	// config.kubernetes.custom_metadata, as SkyPilot sets it on its pods; Arbiter's own
 	// keys win, since List and Status find replicas by them.
 	for k, v := range ls.PodLabels {
@@ -193,6 +235,34 @@ func buildPod(ls replicas.LaunchSpec, ps podSpec, price float64) *corev1.Pod {
 		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: s})
 	}
 	return pod
+}
+
+// groupPod makes pod node rank of a multi-node replica: its rank and the group's size as
+// label and annotations, the downward API volume through which the launcher reads every
+// node's IP, and a required pod affinity that keeps it in the zone of the group's other
+// pods.
+//
+// The zone (topology.kubernetes.io/zone) is the one domain every platform labels alike
+// (GKE, EKS, AKS, Karpenter); it bounds the latency and the cross-zone traffic bill
+// between the nodes of a tensor- or pipeline-parallel engine. A node pool is not a finer
+// domain worth naming: each platform labels pools its own way, and the node affinity
+// already pins the pool's machine type and capacity kind. The affinity is only written
+// where the nodes carry a zone (placement chose one): a required term's topology key must
+// be on the node, and a cluster without zone labels has no domain to name.
+func groupPod(pod *corev1.Pod, ls replicas.LaunchSpec, ps podSpec, rank int) {
+	pod.Labels[LabelNodeRank] = strconv.Itoa(rank)
+	pod.Annotations[annNodes] = strconv.Itoa(ls.Nodes())
+	pod.Annotations[annNodeRank] = strconv.Itoa(rank)
+	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: nodeInfoName, VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
+		Items: []corev1.DownwardAPIVolumeFile{{Path: nodeIPsFile, FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + annNodeIPs + "']"}}}}}})
+	c := &pod.Spec.Containers[0]
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: nodeInfoName, MountPath: nodeInfoDir, ReadOnly: true})
+	if ls.Zone != "" {
+		pod.Spec.Affinity.PodAffinity = &corev1.PodAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelOwner: labelValue(ps.owner), LabelReplica: labelValue(ls.ReplicaID)}},
+			TopologyKey:   labelZone,
+		}}}
+	}
 }
 
 // nodeTerms is the required node affinity: any one term admits a node (terms are ORed,

@@ -262,6 +262,11 @@ func (p *Provider) podGone(obj any) {
 	if pod, ok := obj.(*corev1.Pod); ok {
 		delete(p.noticed, handleOf(pod))
 		delete(p.deleting, handleOf(pod))
+		// A group's notice and deletion are the group's until its last pod is gone.
+		if h := p.handleFor(pod); h != handleOf(pod) && !p.groupLeft(h) {
+			delete(p.noticed, h)
+			delete(p.deleting, h)
+		}
 	}
 }
 
@@ -301,11 +306,15 @@ func (p *Provider) nodeEvent(obj any, gone bool) {
 	}
 }
 
-// notice announces a pod's reclaim once. Caller holds p.mu.
+// notice announces a pod's reclaim once, as its replica's: one pod of a multi-node
+// replica takes the whole group. Caller holds p.mu.
 func (p *Provider) notice(pod *corev1.Pod, deadline time.Time, why string) {
-	h := handleOf(pod)
-	if p.noticed[h] || p.deleting[h] {
+	h := p.handleFor(pod)
+	if p.noticed[h] || p.deleting[h] || p.deleting[handleOf(pod)] {
 		return
+	}
+	if n := podNodes(pod); n > 1 {
+		why = fmt.Sprintf("node %s of %d (pod %s): %s", pod.Annotations[annNodeRank], n, pod.Name, why)
 	}
 	p.noticed[h] = true
 	id := pod.Annotations[annReplicaID]
@@ -378,26 +387,31 @@ func (p *Provider) cachedNode(name string) (*corev1.Node, bool) {
 }
 
 // List implements replicas.Provider: every pod with this owner's label, running or not.
+// A multi-node replica's pods are one instance.
 func (p *Provider) List(context.Context) ([]replicas.Instance, error) {
 	if err := p.usable(); err != nil {
 		return nil, err
 	}
-	var out []replicas.Instance
+	var pods []*corev1.Pod
 	for _, obj := range p.pods.GetStore().List() {
 		if pod, ok := obj.(*corev1.Pod); ok && pod.Annotations[annReplicaID] != "" {
-			out = append(out, p.instance(pod))
+			pods = append(pods, pod)
 		}
 	}
-	return out, nil
+	return p.groupInstances(pods), nil
 }
 
 // Status implements replicas.Provider. A pod is gone when it was deleted, ended, sits on a
 // node that no longer exists (nothing collects those without a controller-manager, and a
 // real cluster's pod GC takes its time), or is stuck in a state it cannot leave by itself
-// (a crash loop, a bad image); the reason is the pod's own.
+// (a crash loop, a bad image); the reason is the pod's own. A multi-node replica is gone
+// when any of its pods is.
 func (p *Provider) Status(ctx context.Context, handle string) (replicas.Status, string, error) {
 	if err := p.usable(); err != nil {
 		return "", "", err
+	}
+	if pods := groupPods(handle); pods != nil {
+		return p.statusGroup(ctx, pods)
 	}
 	pod, err := p.get(ctx, handle)
 	switch {
@@ -439,7 +453,16 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 	ps := podSpec{namespace: p.cfg.Namespace, owner: p.cfg.Owner, image: cmp.Or(ls.Image, p.cfg.Image), port: cmp.Or(ls.Port, DefaultPort),
 		grace: int64(p.cfg.GraceSeconds), serviceAccount: p.cfg.ServiceAccount, pullSecrets: p.cfg.ImagePullSecrets,
 		accelKey: pool.accelKey, accelValues: pool.accelValues, poolLabels: pool.poolLabels}
-	pod := buildPod(ls, ps, price)
+	if n := ls.Nodes(); n > 1 {
+		// The group's pods all go to this pool (the node affinity pins it): one whose nodes
+		// could not hold them even empty never will.
+		if slots := pool.slots(ls.AcceleratorCount); slots < n {
+			return replicas.Instance{}, fmt.Errorf("launch %s: %w: cluster %s's %s %s nodes%s hold at most %d pods of %s, and the replica spans %d nodes",
+				ls.ReplicaID, replicas.ErrNoCapacity, p.Name(), ls.Capacity, cmp.Or(ls.InstanceType, ls.Accelerator, "schedulable"), where(ls.Region, ls.Zone), slots, gpus(ls.AcceleratorCount), n)
+		}
+		return p.launchGroup(ctx, ls, ps, price)
+	}
+	pod := buildPod(ls, ps, price, 0)
 	created := &corev1.Pod{}
 	if err := p.client.Create(ctx, coreclient.Pods, ps.namespace, pod, created); err != nil {
 		if !apierrors.IsAlreadyExists(err) {
@@ -550,8 +573,11 @@ const forceAfter = 30 * time.Second
 // Terminate implements replicas.Provider: deletes the pod with its grace period and returns
 // once the apiserver no longer has it. A pod whose node is gone, or that outlives its
 // deletion deadline by forceAfter, is deleted with no grace, as the pod garbage collector
-// of a full cluster would.
+// of a full cluster would. A multi-node replica's pods are all deleted at once.
 func (p *Provider) Terminate(ctx context.Context, handle string) error {
+	if pods := groupPods(handle); pods != nil {
+		return p.terminateGroup(ctx, handle, pods)
+	}
 	ns, name, err := splitHandle(handle)
 	if err != nil {
 		return err

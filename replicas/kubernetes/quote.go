@@ -7,6 +7,7 @@ import (
 	"maps"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -129,6 +130,22 @@ func (p *Provider) nodePool(n *corev1.Node) (*NodePool, int) {
 	return nil, -1
 }
 
+// slots is how many pods asking for count GPUs each the pool's nodes hold when empty;
+// any number for pods that ask for none.
+func (pl *pool) slots(count int) int {
+	if count <= 0 {
+		return int(^uint(0) >> 1)
+	}
+	return pl.nodes * int(pl.gpusPerNode/int64(count))
+}
+
+func gpus(n int) string {
+	if n == 1 {
+		return "1 GPU"
+	}
+	return strconv.Itoa(n) + " GPUs"
+}
+
 // poolFor finds the pool a launch's offer came from.
 func (p *Provider) poolFor(ls replicas.LaunchSpec) (*pool, bool) {
 	for _, pl := range p.pools() {
@@ -197,7 +214,9 @@ func (p *Provider) Quote(_ context.Context, service string, sp *spec.Service) ([
 			continue
 		}
 		for _, w := range ws {
-			if !w.admits(pl) {
+			// A multi-node replica's pods all go to one pool (one zone, one machine type):
+			// one whose nodes could not hold the group even empty is no offer.
+			if !w.admits(pl) || pl.slots(w.count) < max(1, sp.NumNodes) {
 				continue
 			}
 			q := replicas.Quote{Provider: p.Name(), Region: pl.key.region, Zone: pl.key.zone, Capacity: pl.key.capacity,
@@ -215,9 +234,13 @@ func (p *Provider) Quote(_ context.Context, service string, sp *spec.Service) ([
 	if len(out) == 0 {
 		seen := make([]string, 0, len(pools))
 		for _, pl := range pools {
-			seen = append(seen, fmt.Sprintf("%s %s×%d%s", pl.key.capacity, cmp.Or(pl.key.accel, "CPU"), pl.gpusPerNode, where(pl.key.region, pl.key.zone)))
+			seen = append(seen, fmt.Sprintf("%d %s %s×%d%s", pl.nodes, pl.key.capacity, cmp.Or(pl.key.accel, "CPU"), pl.gpusPerNode, where(pl.key.region, pl.key.zone)))
 		}
-		return nil, fmt.Errorf("%s: no schedulable node fits %s's resources (%s); the cluster has: %s", p.Name(), service, describeWants(ws),
+		wanted := describeWants(ws)
+		if n := sp.NumNodes; n > 1 {
+			wanted = fmt.Sprintf("%s, on each of %d nodes in one pool", wanted, n)
+		}
+		return nil, fmt.Errorf("%s: no schedulable node fits %s's resources (%s); the cluster has: %s", p.Name(), service, wanted,
 			cmp.Or(strings.Join(seen, ", "), "no schedulable node"))
 	}
 	return out, nil

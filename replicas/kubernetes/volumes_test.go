@@ -15,7 +15,7 @@ func TestPodVolumesAndCustomMetadata(t *testing.T) {
 		Volumes:        []spec.Volume{{Path: "/mnt/cache", Name: "model-cache"}, {Path: "/data", Name: "ds"}},
 		PodLabels:      map[string]string{"team": "llm", LabelOwner: "someone-else"},
 		PodAnnotations: map[string]string{"owner": "platform"}}
-	pod := buildPod(ls, podSpec{namespace: "ns", owner: "arbiter-abc", image: "img", port: 8000, grace: 30}, 1)
+	pod := buildPod(ls, podSpec{namespace: "ns", owner: "arbiter-abc", image: "img", port: 8000, grace: 30}, 1, 0)
 	claims := map[string]string{}
 	for _, v := range pod.Spec.Volumes {
 		if v.PersistentVolumeClaim != nil {

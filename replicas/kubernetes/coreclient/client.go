@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -102,6 +103,12 @@ func (c *Client) Update(ctx context.Context, resource, namespace, name, sub stri
 		r = r.SubResource(sub)
 	}
 	return r.Body(obj).Do(ctx).Into(into)
+}
+
+// MergePatch applies a JSON merge patch (RFC 7386) to an object and reads the result into
+// into: a change to a few keys (annotations) that needs no read first and meets no conflict.
+func (c *Client) MergePatch(ctx context.Context, resource, namespace, name string, patch []byte, into runtime.Object) error {
+	return on(c.rest.Patch(types.MergePatchType), resource, namespace).Name(name).Body(patch).Do(ctx).Into(into)
 }
 
 // Delete deletes one object as opts say (grace period, preconditions).

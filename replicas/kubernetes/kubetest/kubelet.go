@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -28,6 +29,11 @@ func mustQuantity(s string) resource.Quantity { return resource.MustParse(s) }
 // the downward API's status.podIP and metadata fields), so the pod really serves on its
 // IP. It stops the process when the pod is being deleted, is gone, or its node is gone.
 // It does not restart a process that exits (a real kubelet would, by restartPolicy).
+//
+// Of volumes it knows only the downward API's, kept up to date as the pod's labels and
+// annotations change, as a kubelet does. A process has no mount namespace of its own, so
+// such a volume lives in the pod's folder under the stand-in's, and an environment value
+// that names a path under its mountPath is rewritten to name the same file there.
 type Kubelet struct {
 	dir, path string
 	pods      cache.SharedIndexInformer
@@ -91,6 +97,9 @@ func (k *Kubelet) sync() {
 	}
 	for uid, p := range want {
 		if k.procs[uid] != nil {
+			if _, err := k.downward(p); err != nil {
+				fmt.Fprintf(os.Stderr, "kubetest kubelet: pod %s/%s: %v\n", p.Namespace, p.Name, err)
+			}
 			continue
 		}
 		pp, err := k.start(p)
@@ -120,6 +129,10 @@ func (k *Kubelet) start(p *corev1.Pod) (*podProc, error) {
 		return nil, fmt.Errorf("no container")
 	}
 	c := p.Spec.Containers[0]
+	mounts, err := k.downward(p)
+	if err != nil {
+		return nil, err
+	}
 	vars := map[string]string{}
 	env := []string{"PATH=" + k.path + string(os.PathListSeparator) + os.Getenv("PATH"), "HOME=" + k.dir}
 	for _, e := range c.Env {
@@ -141,6 +154,11 @@ func (k *Kubelet) start(p *corev1.Pod) (*podProc, error) {
 			}
 		} else if e.ValueFrom != nil {
 			return nil, fmt.Errorf("env %s: only fieldRef sources are supported by the stand-in", e.Name)
+		}
+		for mp, dir := range mounts {
+			if v == mp || strings.HasPrefix(v, mp+"/") {
+				v = dir + v[len(mp):]
+			}
 		}
 		vars[e.Name] = v
 		env = append(env, e.Name+"="+v)
@@ -167,6 +185,74 @@ func (k *Kubelet) start(p *corev1.Pod) (*podProc, error) {
 	pp := &podProc{name: p.Name, cmd: cmd, exit: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(pp.exit) }()
 	return pp, nil
+}
+
+// downward writes the files of the pod's downward API volumes that its first container
+// mounts, each replaced whole (a reader never sees half a file), and returns each
+// mountPath's folder here.
+func (k *Kubelet) downward(p *corev1.Pod) (map[string]string, error) {
+	if len(p.Spec.Containers) == 0 {
+		return nil, nil
+	}
+	vols := map[string]*corev1.DownwardAPIVolumeSource{}
+	for _, v := range p.Spec.Volumes {
+		if v.DownwardAPI != nil {
+			vols[v.Name] = v.DownwardAPI
+		}
+	}
+	mounts := map[string]string{}
+	for _, m := range p.Spec.Containers[0].VolumeMounts {
+		src := vols[m.Name]
+		if src == nil {
+			continue
+		}
+		dir := filepath.Join(k.dir, "volumes", p.Namespace+"_"+p.Name, m.Name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		for _, item := range src.Items {
+			if item.FieldRef == nil {
+				return nil, fmt.Errorf("volume %s: only fieldRef items are supported by the stand-in", m.Name)
+			}
+			v, err := fieldValue(p, item.FieldRef.FieldPath)
+			if err != nil {
+				return nil, fmt.Errorf("volume %s: %w", m.Name, err)
+			}
+			path := filepath.Join(dir, item.Path)
+			if old, err := os.ReadFile(path); err == nil && string(old) == v {
+				continue
+			}
+			if err := os.WriteFile(path+".tmp", []byte(v), 0o644); err != nil {
+				return nil, err
+			}
+			if err := os.Rename(path+".tmp", path); err != nil {
+				return nil, err
+			}
+		}
+		mounts[m.MountPath] = dir
+	}
+	return mounts, nil
+}
+
+// fieldMap reads metadata.annotations['key'] or metadata.labels['key'].
+var fieldMap = regexp.MustCompile(`^metadata\.(annotations|labels)\['([^']+)'\]$`)
+
+// fieldValue is a downward API volume item's content.
+func fieldValue(p *corev1.Pod, path string) (string, error) {
+	switch path {
+	case "metadata.name":
+		return p.Name, nil
+	case "metadata.namespace":
+		return p.Namespace, nil
+	}
+	m := fieldMap.FindStringSubmatch(path)
+	if m == nil {
+		return "", fmt.Errorf("field %s is not supported by the stand-in", path)
+	}
+	if m[1] == "annotations" {
+		return p.Annotations[m[2]], nil
+	}
+	return p.Labels[m[2]], nil
 }
 
 // kill stops a pod's process group: SIGTERM, then SIGKILL after 3 s.

@@ -1,0 +1,111 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/arbiter-serve/arbiter/replicas/kubernetes"
+	"github.com/arbiter-serve/arbiter/replicas/kubernetes/coreclient"
+	"github.com/arbiter-serve/arbiter/replicas/kubernetes/kubetest"
+)
+
+// Two replicas of num_nodes: 2 on the kubernetes provider: each is two pods in one zone
+// running replicasim as head and worker, each started only once it knows both nodes' IPs
+// (SKYPILOT_NODE_IPS, head first); the router talks to the head pod; each replica is
+// billed two nodes at GCP's spot price. Someone deleting one worker pod (an eviction, a
+// reclaimed node's pod) replaces the whole group, while a non-streaming load sees no
+// request fail; serve down leaves no pod.
+func TestKubernetesMultiNodeGroupReplacedWhole(t *testing.T) {
+	t.Parallel() // each has its own clusters, home and ports; most of their time is waiting
+	k := startKube(t, "gke-mn", "127.0.57.1/24")
+	for _, z := range []string{"us-central1-a", "us-central1-b"} {
+		for i := range 4 {
+			k.AddNode(kubetest.GKENode(fmt.Sprintf("spot-%s-%d", z[len(z)-1:], i), "us-central1", z, true, 1))
+		}
+	}
+	c := newCluster(t)
+	useClusters(t, c, k)
+	const name, model = "mnk", "mnk-model"
+	yaml := strings.Replace(kubeSpec(model, `replicas: 2`), "run: exec replicasim",
+		`num_nodes: 2
+run: test "$SKYPILOT_NUM_NODES" = 2 && test "$(echo "$SKYPILOT_NODE_IPS" | wc -l)" = 2 && test "$(echo "$SKYPILOT_NODE_IPS" | sed -n "$((SKYPILOT_NODE_RANK+1))p")" = "$POD_IP" && exec replicasim`, 1)
+	c.up(name, yaml)
+	c.waitFor("2 ready replicas", 90*time.Second, func() bool { return c.status(name).Ready == 2 })
+	st := c.status(name)
+	for _, r := range st.Replicas {
+		// GCP's a3-highgpu-1g spot price is $6.33/h a node in these zones (the single-pod
+		// test's range, doubled).
+		if r.State == "ready" && (r.PricePerHour < 2*6 || r.PricePerHour > 2*7) {
+			t.Errorf("replica %s billed $%.2f/h; want two nodes at a3-highgpu-1g's spot price", r.ID, r.PricePerHour)
+		}
+	}
+	victim := st.Replicas[0]
+	pods := k.Pods("arbiter", kubernetes.LabelReplica+"="+victim.ID)
+	if len(pods) != 2 {
+		t.Fatalf("replica %s has %d pods; want 2", victim.ID, len(pods))
+	}
+	var worker string
+	zones := map[string]bool{}
+	for _, p := range pods {
+		zones[strings.TrimRight(p.Spec.NodeName, "0123456789")] = true // spot-a-, spot-b-
+		switch p.Labels[kubernetes.LabelNodeRank] {
+		case "0":
+			if want := net.JoinHostPort(p.Status.PodIP, "8000"); victim.Address != want {
+				t.Errorf("replica %s's address is %s; want its head pod's, %s", victim.ID, victim.Address, want)
+			}
+		case "1":
+			worker = p.Name
+		}
+	}
+	if worker == "" || len(zones) != 1 {
+		t.Fatalf("replica %s's pods %v: want a head and a worker in one zone (zones %v)", victim.ID, podNames(pods), zones)
+	}
+	if running := k.Processes(); len(running) != 4 {
+		t.Fatalf("%d pod processes run; want 4 (2 replicas × 2 nodes)", len(running))
+	}
+
+	l := c.startLoad(model, 4, 60, false)
+	time.Sleep(time.Second) // traffic on both replicas before the fault
+	deleted := time.Now()
+	if err := k.Admin.Delete(context.Background(), coreclient.Pods, "arbiter", worker, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the group replaced whole", 90*time.Second, func() bool {
+		st := c.status(name)
+		return st.Ready == 2 && !slices.Contains(replicaIDs(st), victim.ID)
+	})
+	replaced := time.Since(deleted)
+	l.finish(t, "non-streaming load through a worker pod's deletion")
+	c.waitFor("the old group's pods gone", 60*time.Second, func() bool {
+		return len(k.Pods("arbiter", kubernetes.LabelReplica+"="+victim.ID)) == 0
+	})
+	if ev := c.serve("logs", name); !strings.Contains(ev, "node 1 of 2") {
+		t.Errorf("no event naming the lost node:\n%s", ev)
+	}
+	if n := len(ownerPods(k, c)); n != 4 {
+		t.Errorf("%d pods after the replacement; want 4", n)
+	}
+	rows, _ := c.stateRows(name)
+	c.serve("down", name, "--wait", "60s")
+	left := len(ownerPods(k, c))
+	if left != 0 {
+		t.Fatalf("serve down left %d pods", left)
+	}
+	benchLine(t, "worker pod of a 2-node replica deleted under load", rows, l, replaced, left)
+}
+
+func podNames(ps []corev1.Pod) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.Name+" on "+p.Spec.NodeName)
+	}
+	return out
+}
