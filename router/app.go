@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"runtime/debug"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -209,4 +211,25 @@ func memoryLimit(cfg *Config, env string) (int64, bool) {
 		return cfg.MemoryLimitBytes, true
 	}
 	return int64(cfg.MaxBodyBufferBytes) + parseBudget(cfg) + 256<<20, true
+}
+
+// ReloadOnSIGHUP is an Options.Reload that calls the router's reload on each SIGHUP until
+// ctx ends: `kill -HUP` reads the TLS pair again at once, instead of at the next poll of the
+// files.
+func ReloadOnSIGHUP(ctx context.Context) func(func()) {
+	return func(reload func()) {
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		go func() {
+			defer signal.Stop(hup)
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-hup:
+					reload()
+				}
+			}
+		}()
+	}
 }

@@ -403,27 +403,7 @@ func replicaAttacks(bin, dir string) ([]row, error) {
 
 // metric sums the samples of the admin port's /metrics whose line starts with prefix
 // (a name, or a name and the start of its labels); -1 if it cannot be read.
-func metric(admin, prefix string) float64 {
-	resp, err := http.Get("http://" + admin + "/metrics")
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
-	sum := 0.0
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, prefix) {
-			continue
-		}
-		var v float64
-		if _, err := fmt.Sscanf(line[strings.LastIndexByte(line, ' ')+1:], "%g", &v); err == nil {
-			sum += v
-		}
-	}
-	return sum
-}
+func metric(admin, prefix string) float64 { return metricWith(admin, prefix) }
 
 // captureReplica is a minimal OpenAI-compatible replica that records each request's
 // headers: what a replica operator (or a compromised one) would see.

@@ -76,7 +76,7 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	o := router.Options{Listen: *listen, Admin: *admin, Config: cfg, ReplicaFile: *replicas,
-		ControlURL: strings.TrimSuffix(*control, "/"), Token: token, RouterID: *id, Log: log, Reload: onSIGHUP(ctx)}
+		ControlURL: strings.TrimSuffix(*control, "/"), Token: token, RouterID: *id, Log: log, Reload: router.ReloadOnSIGHUP(ctx)}
 	if *extProc != "" {
 		ln, err := net.Listen("tcp", *extProc)
 		if err != nil {
@@ -91,22 +91,3 @@ func run() error {
 	return router.Run(ctx, o)
 }
 
-// onSIGHUP calls the router's reload on each SIGHUP until ctx ends (the TLS pair is read
-// again at once, instead of at the next poll).
-func onSIGHUP(ctx context.Context) func(func()) {
-	return func(reload func()) {
-		hup := make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
-		go func() {
-			defer signal.Stop(hup)
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-hup:
-					reload()
-				}
-			}
-		}()
-	}
-}

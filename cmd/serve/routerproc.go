@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -88,7 +87,7 @@ func runRouterProcess(ctx context.Context, home string, f routerFlags) error {
 	cfg.APIKeysFile = f.apiKeys
 	cfg.TLSCertFile, cfg.TLSKeyFile = f.tlsCert, f.tlsKey
 	err = router.Run(ctx, router.Options{Listen: f.listen, Admin: f.admin, Config: cfg, ControlURL: f.control,
-		Token: string(bytes.TrimSpace(b)), RouterID: "embedded", Log: log, ControlMetrics: true, Reload: onSIGHUP(ctx),
+		Token: string(bytes.TrimSpace(b)), RouterID: "embedded", Log: log, ControlMetrics: true, Reload: router.ReloadOnSIGHUP(ctx),
 		Ready: func(l, a net.Addr) {
 			info := routerInfo{PID: os.Getpid(), Listen: l.String(), Admin: a.String(), Control: f.control, Config: f.config}
 			b, _ := json.MarshalIndent(info, "", "  ")
@@ -228,22 +227,3 @@ func (p *routerProc) stop(grace time.Duration) {
 	}
 }
 
-// onSIGHUP calls the router's reload on each SIGHUP until ctx ends: `kill -HUP` reads the
-// TLS pair again at once, instead of at the next poll of the files.
-func onSIGHUP(ctx context.Context) func(func()) {
-	return func(reload func()) {
-		hup := make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
-		go func() {
-			defer signal.Stop(hup)
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-hup:
-					reload()
-				}
-			}
-		}()
-	}
-}
