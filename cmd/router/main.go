@@ -90,4 +90,3 @@ func run() error {
 	}
 	return router.Run(ctx, o)
 }
-

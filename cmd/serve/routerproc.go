@@ -226,4 +226,3 @@ func (p *routerProc) stop(grace time.Duration) {
 	case <-time.After(5 * time.Second):
 	}
 }
-
