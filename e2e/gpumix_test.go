@@ -21,10 +21,10 @@ import (
 )
 
 // Prices of the two GPUs, $/hour for one GPU on demand, from the shared catalogs
-// (pricing.Embedded, 2026-11): an L4 as GCP's g2-standard-4 in us-central1 and an H100 as
-// Azure's Standard_NC40ads_H100_v5 in eastus.
+// (pricing.Embedded, 2026-11): an L4 on GCP in us-central1 ($0.56004/h) with its
+// g2-standard-4 host ($0.14679/h), and an H100 as Azure's Standard_NC40ads_H100_v5 in eastus.
 const (
-	mixL4Price   = 0.7069
+	mixL4Price   = 0.70683
 	mixH100Price = 6.98
 	mixModel     = "mix-model"
 	mixSLOTTFT   = time.Second
