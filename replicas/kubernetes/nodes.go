@@ -218,12 +218,19 @@ var (
 // nvidia-h100-80gb (GKE) and NVIDIA-H100-80GB-HBM3 (GPU feature discovery) are H100,
 // nvidia-a100-80gb and NVIDIA-A100-SXM4-80GB are A100-80GB (SkyPilot's A100 is the 40 GB
 // card), nvidia-h100-mega-80gb is H100-MEGA, nvidia-tesla-t4 and Tesla-T4 are T4, h100
-// (Karpenter) is H100. A value it cannot read is returned upper-cased.
+// (Karpenter) is H100; NVIDIA-H100-NVL and NVIDIA-H100-PCIe are H100 too, as the catalogs
+// price them (Azure's Standard_NC40ads_H100_v5 is an H100 NVL). A value it cannot read is
+// returned upper-cased, and so is a slice or a share of a GPU, which is not the GPU the
+// catalogs price: GPU feature discovery names a MIG slice NVIDIA-A100-SXM4-40GB-MIG-1g.5gb
+// (mig strategy single; -MIG-INVALID when misconfigured) and a time-sliced GPU Tesla-T4-SHARED
+// (NVIDIA/k8s-device-plugin's README, "Shared Access to GPUs").
 func canonicalAccelerator(v string) string {
 	var model, memory string
 	mega := false
 	for _, t := range strings.FieldsFunc(strings.ToLower(v), func(r rune) bool { return r == '-' || r == '_' || r == ' ' }) {
 		switch {
+		case t == "mig" || t == "shared":
+			return strings.ToUpper(v)
 		case t == "mega":
 			mega = true
 		case gpuMemory.MatchString(t):

@@ -36,6 +36,30 @@ func TestCanonicalAccelerator(t *testing.T) {
 		"Tesla-V100-SXM2-32GB":  "V100-32GB",
 		"nvidia-b200":           "B200",
 		"something-else":        "SOMETHING-ELSE",
+		// GPU feature discovery's nvidia.com/gpu.product: the product name nvidia-smi
+		// reports, spaces as dashes.
+		"NVIDIA-L4":             "L4",
+		"NVIDIA-A10G":           "A10G",
+		"NVIDIA-A10":            "A10",
+		"NVIDIA-H100-NVL":       "H100",
+		"NVIDIA-H100-PCIe":      "H100",
+		"NVIDIA-A100-80GB-PCIe": "A100-80GB",
+		"NVIDIA-A100-PCIE-40GB": "A100",
+		"NVIDIA-H200":           "H200",
+		"NVIDIA-B200":           "B200",
+		"NVIDIA-GH200-480GB":    "GH200",
+		"Tesla-V100-SXM2-16GB":  "V100",
+		// A MIG slice or a time-shared GPU (GFD's mig strategy "single" and sharing
+		// renames the product) is not the whole GPU the catalogs price.
+		"NVIDIA-A100-SXM4-40GB-MIG-1g.5gb":  "NVIDIA-A100-SXM4-40GB-MIG-1G.5GB",
+		"NVIDIA-H100-80GB-HBM3-MIG-3g.40gb": "NVIDIA-H100-80GB-HBM3-MIG-3G.40GB",
+		"NVIDIA-A100-SXM4-40GB-MIG-INVALID": "NVIDIA-A100-SXM4-40GB-MIG-INVALID",
+		"Tesla-T4-SHARED":                   "TESLA-T4-SHARED",
+		// GKE's cloud.google.com/gke-accelerator.
+		"nvidia-tesla-p100":   "P100",
+		"nvidia-tesla-p4":     "P4",
+		"nvidia-tesla-k80":    "K80",
+		"nvidia-tesla-t4-vws": "T4",
 	} {
 		if got := canonicalAccelerator(in); got != want {
 			t.Errorf("canonicalAccelerator(%q) = %q, want %q", in, got, want)

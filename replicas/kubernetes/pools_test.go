@@ -56,6 +56,11 @@ func TestKarpenterAndAKSPoolsOnARealCluster(t *testing.T) {
 	od.Taints = append(od.Taints, corev1.Taint{Key: taintKarpenterUnreg, Effect: corev1.TaintEffectNoExecute})
 	c.AddNode(od)
 	c.AddNode(kubetest.AKSNode("aks-spotpool-0", "spotpool", "eastus", 1, 0, true))
+	// An EKS managed node group's g5.xlarge whose GPU only NVIDIA GPU feature discovery
+	// names (nvidia.com/gpu.product, the product as nvidia-smi reports it, spaces as dashes).
+	c.AddNode(kubetest.Node{Name: "eks-a10g", GPUs: 1, ProviderID: "aws:///us-east-1b/i-0a10a10a10a10a10a",
+		Labels: map[string]string{labelInstanceType: "g5.xlarge", labelZone: "us-east-1b", labelRegion: "us-east-1", labelAWSZoneID: "use1-az2",
+			labelEKSNodeGroup: "a10g", labelGFDProduct: "NVIDIA-A10G"}})
 	// On-prem: a machine type no catalog lists, no zone, no region, no cloud.
 	c.AddNode(kubetest.Node{Name: "dgx", GPUs: 8, Labels: map[string]string{labelInstanceType: "dgx-h100", labelGFDProduct: "NVIDIA-H100-80GB-HBM3"}})
 
@@ -68,7 +73,7 @@ func TestKarpenterAndAKSPoolsOnARealCluster(t *testing.T) {
 	}
 	waitFor(t, "the provider to sync", func() bool { _, err := p.List(ctx); return err == nil })
 	sp, err := spec.Parse("svc.yaml", []byte(`run: sleep infinity
-resources: {accelerators: {L4: 1, H100: 1}, use_spot: true, image_id: "docker:example/replicasim:1"}
+resources: {accelerators: {L4: 1, A10G: 1, H100: 1}, use_spot: true, image_id: "docker:example/replicasim:1"}
 service: {readiness_probe: /health, replicas: 1}
 arbiter: {providers: [kubernetes]}
 `))
@@ -91,6 +96,7 @@ arbiter: {providers: [kubernetes]}
 	})
 	l4Spot, awsFile := offerPrice(t, "aws", "use1-az1", "g6.xlarge", fleet.Spot)
 	l4OD, _ := offerPrice(t, "aws", "use1-az1", "g6.xlarge", fleet.OnDemand)
+	a10gOD, _ := offerPrice(t, "aws", "use1-az2", "g5.xlarge", fleet.OnDemand)
 	h100Spot, azureFile := offerPrice(t, "azure", "eastus", "Standard_NC40ads_H100_v5", fleet.Spot)
 	type priced struct {
 		price  float64
@@ -99,6 +105,7 @@ arbiter: {providers: [kubernetes]}
 	want := map[string]priced{
 		"spot L4 g6.xlarge us-east-1a":                {l4Spot, "aws catalog via provider ID (" + awsFile + ", use1-az1)"},
 		"on_demand L4 g6.xlarge us-east-1a":           {l4OD, "aws catalog via node pool sibling karpenter.sh/nodepool=gpu (" + awsFile + ", us-east-1 median)"},
+		"on_demand A10G g5.xlarge us-east-1b":         {a10gOD, "aws catalog via provider ID (" + awsFile + ", use1-az2)"},
 		"spot H100 Standard_NC40ads_H100_v5 eastus-1": {h100Spot, "azure catalog via provider ID (" + azureFile + ", eastus)"},
 	}
 	got := map[string]replicas.Quote{}
@@ -126,6 +133,7 @@ arbiter: {providers: [kubernetes]}
 		{"svc-1", "spot L4 g6.xlarge us-east-1a", "karp-spot"},
 		{"svc-3", "on_demand L4 g6.xlarge us-east-1a", "karp-od"},
 		{"svc-4", "spot H100 Standard_NC40ads_H100_v5 eastus-1", "aks-spotpool-0"},
+		{"svc-6", "on_demand A10G g5.xlarge us-east-1b", "eks-a10g"},
 	} {
 		inst, err := launch(l.id, l.key)
 		if err != nil {
@@ -147,7 +155,7 @@ arbiter: {providers: [kubernetes]}
 	}
 	// A control plane that reattaches reads the rule back from the pods.
 	list, err := p.List(ctx)
-	if err != nil || len(list) != 3 {
+	if err != nil || len(list) != 4 {
 		t.Fatalf("list: %v %+v", err, list)
 	}
 	for _, in := range list {
