@@ -229,6 +229,10 @@ func (c *Controller) endUnknown(ctx context.Context, p replicas.Provider, in rep
 		defer c.wg.Done()
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer cancel()
+		if err := c.confirmLead(tctx); err != nil {
+			c.log.Warn("not terminating: this control plane no longer leads", "replica", in.ReplicaID, "err", err)
+			return
+		}
 		if err := p.Terminate(tctx, in.Handle); err != nil {
 			c.log.Error("terminate a replica no live row wants", "replica", in.ReplicaID, "err", err)
 		}

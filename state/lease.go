@@ -222,3 +222,18 @@ func (s *Store) Current(ctx context.Context) (holder string, term int64, expires
 	err = s.db.QueryRowContext(ctx, `SELECT holder, term, expires_at FROM leader WHERE id = 1`).Scan(&holder, &term, &e)
 	return holder, term, fromMS(e), err
 }
+
+// Confirm checks, as every write does, that this store's control plane still leads the
+// current term (always nil for a store without a lease); for an action that writes nothing
+// before it asks a provider (a termination). It narrows the window in which a deposed
+// leader acts, but cannot close it: the provider is not fenced by the store's term.
+func (s *Store) Confirm(ctx context.Context) error {
+	if !s.leased.Load() {
+		return nil
+	}
+	tx, err := s.begin(ctx)
+	if err != nil {
+		return err
+	}
+	return tx.Rollback()
+}
