@@ -60,7 +60,9 @@ func (c *Controller) runLeased(ctx context.Context) {
 			cancel()
 		})
 		c.mu.Lock()
-		c.services, c.pending, c.unswept, c.suspects = map[string]*service{}, nil, map[string]bool{}, map[string]bool{}
+		// recover replaces the services it followed; what a past term left queued or
+		// suspected is not this term's to write or judge.
+		c.pending, c.unswept, c.suspects = nil, map[string]bool{}, map[string]bool{}
 		c.mu.Unlock()
 		if err := c.recover(lctx); err != nil {
 			c.log.Error("recovery after taking the lease failed; standing by", "term", term, "err", err)
