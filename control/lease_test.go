@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -105,7 +107,7 @@ func TestTwoControlPlanesOneLeaderFenced(t *testing.T) {
 	logA := &syncBuffer{}
 	cfg := func(st *state.Store, l *state.Lease, log *slog.Logger) Config {
 		return Config{Store: st, Lease: l, Providers: map[string]replicas.Provider{"local": prov}, Tick: 100 * time.Millisecond,
-			DrainTimeout: time.Minute, Log: log}
+			DrainTimeout: time.Minute, Log: log, Token: "secret"}
 	}
 	a, err := New(ctx, cfg(stA, lA, slog.New(slog.NewTextHandler(logA, nil))))
 	if err != nil {
@@ -154,6 +156,17 @@ func TestTwoControlPlanesOneLeaderFenced(t *testing.T) {
 	}
 	if _, _, err := b.Create(ctx, "other", strings.Replace(fixedSpec, "model: m}", "model: m2}", 1), nil); !errors.Is(err, state.ErrNotLeader) {
 		t.Fatalf("a service created through the standby: %v; want ErrNotLeader", err)
+	}
+	// Through the standby's API: reads answered, writes refused as worth retrying (with the
+	// leader).
+	srvB := httptest.NewServer(b.Handler())
+	defer srvB.Close()
+	if code, body := call(t, srvB, "GET", "/v1/services", "secret", ""); code != http.StatusOK || !strings.Contains(body, `"svc"`) {
+		t.Errorf("GET /v1/services from the standby: %d %s; want 200 naming svc", code, body)
+	}
+	other := submit("other", strings.Replace(fixedSpec, "model: m}", "model: m2}", 1))
+	if code, body := call(t, srvB, "POST", "/v1/services", "secret", other); code != http.StatusServiceUnavailable || !strings.Contains(body, "does not hold the lease") {
+		t.Errorf("POST /v1/services to the standby: %d %s; want 503 saying it does not hold the lease", code, body)
 	}
 
 	// cp-a pauses: no renewals, its clock still.
