@@ -21,6 +21,9 @@ import (
 // fenced (state/lease.go), it stops deciding, waits for its work in flight, and stands by
 // again.
 
+// Lock order: c.mu, then the lease's own (tick asks Leading under c.mu; the lease never
+// takes c.mu).
+
 // leading reports whether this control plane may decide: always without a lease.
 func (c *Controller) leading() bool {
 	return c.cfg.Lease == nil || c.cfg.Lease.Leading() != 0

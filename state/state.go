@@ -230,7 +230,7 @@ func OpenWith(path string, o Options) (*Store, error) {
 // PostgreSQL, whose server checks its pages itself, a read of every table.
 func (s *Store) Check(ctx context.Context) error {
 	if s.d.postgres {
-		for _, t := range []string{"services", "versions", "replicas", "events"} {
+		for _, t := range []string{"services", "versions", "replicas", "events", "leader"} {
 			var n int
 			if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM `+t).Scan(&n); err != nil {
 				return fmt.Errorf("read %s: %w", t, err)
