@@ -91,9 +91,12 @@ type Lease struct {
 	ttl    time.Duration
 	now    func() time.Time
 
-	mu      sync.Mutex
-	term    int64     // the term held; 0: none
-	expires time.Time // when the held term expires, by this process's clock
+	// renewing serialises renewals; mu guards term and expires, and is never held across a
+	// database call, so Leading answers at once while a renewal waits on the database.
+	renewing sync.Mutex
+	mu       sync.Mutex
+	term     int64     // the term held; 0: none
+	expires  time.Time // when the held term expires, by this process's clock
 }
 
 // NewLease makes the store one of several control planes' on one database: from now on it
@@ -146,9 +149,11 @@ func (l *Lease) expire() {
 // this control plane holds it, and returns the term it leads (0: another one leads). A
 // renewal that fails leaves the lease held until it expires by this process's clock.
 func (l *Lease) Renew(ctx context.Context) (int64, error) {
+	l.renewing.Lock()
+	defer l.renewing.Unlock()
+	term, err := l.renew(ctx)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	term, err := l.renew(ctx)
 	if err != nil {
 		l.expire()
 		return l.term, fmt.Errorf("lease: %w", err)
@@ -160,6 +165,9 @@ func (l *Lease) renew(ctx context.Context) (int64, error) {
 	ctx, cancel := l.s.bound(ctx)
 	defer cancel()
 	now := l.now()
+	l.mu.Lock()
+	held := l.term
+	l.mu.Unlock()
 	tx, err := l.s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, err
@@ -176,14 +184,16 @@ func (l *Lease) renew(ctx context.Context) (int64, error) {
 	}
 	until := now.Add(l.ttl)
 	switch {
-	case l.term != 0 && term == l.term && holder == l.holder:
+	case held != 0 && term == held && holder == l.holder:
 		// Ours: extend it.
 	case expires <= ms(now):
 		term++ // free or expired: ours, as the next leader
 	default:
 		// Another control plane leads (or took over from us).
+		l.mu.Lock()
 		l.s.term.CompareAndSwap(l.term, 0)
 		l.term = 0
+		l.mu.Unlock()
 		return 0, nil
 	}
 	if _, err := tx.ExecContext(ctx, l.s.q(`UPDATE leader SET holder = ?, term = ?, expires_at = ? WHERE id = 1`), l.holder, term, ms(until)); err != nil {
@@ -192,22 +202,26 @@ func (l *Lease) renew(ctx context.Context) (int64, error) {
 	if err := tx.Commit(); err != nil {
 		return 0, err
 	}
+	l.mu.Lock()
 	l.term, l.expires = term, until
 	l.s.term.Store(term)
+	l.mu.Unlock()
 	return term, nil
 }
 
 // Release gives the lease up (a control plane that stops), so another takes it at its next
 // renewal instead of after the lease expires.
 func (l *Lease) Release(ctx context.Context) error {
+	l.renewing.Lock()
+	defer l.renewing.Unlock()
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.term == 0 {
-		return nil
-	}
 	held := l.term
 	l.s.term.CompareAndSwap(held, 0)
 	l.term = 0
+	l.mu.Unlock()
+	if held == 0 {
+		return nil
+	}
 	ctx, cancel := l.s.bound(ctx)
 	defer cancel()
 	if _, err := l.s.db.ExecContext(ctx, l.s.q(`UPDATE leader SET expires_at = 0 WHERE id = 1 AND term = ? AND holder = ?`), held, l.holder); err != nil {

@@ -253,3 +253,45 @@ func TestLeaseTakeoverWaitsForWritesInFlight(t *testing.T) {
 		t.Fatalf("cp-a's next write: %v; want ErrFenced", err)
 	}
 }
+
+// A renewal that waits on the database (another session holds the lease's row) does not
+// hold up Leading, which the control loop asks on every tick.
+func TestLeaseLeadingAnswersWhileARenewalWaits(t *testing.T) {
+	ctx := context.Background()
+	setting := backends[1].setting(t)
+	s := openSetting(t, setting, Options{BusyTimeout: time.Minute, WriteTimeout: time.Minute})
+	defer s.Close()
+	l := newLease(t, s, "cp-a", 15*time.Second, &clock{t: time.UnixMilli(1_700_000_000_000)})
+	if renew(t, l) != 1 {
+		t.Fatal("no lease")
+	}
+	unlock := holdTx(t, "pgx", setting, `BEGIN`, `SELECT * FROM leader FOR UPDATE`)
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Renew(ctx)
+		done <- err
+	}()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var waiting int
+		if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the renewal never waited on the held row")
+		}
+	}
+	start := time.Now()
+	if term := l.Leading(); term != 1 {
+		t.Fatalf("Leading() = %d while a renewal waits; want 1", term)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("Leading() took %v while a renewal waited on the database; want at once", took)
+	}
+	unlock()
+	if err := <-done; err != nil {
+		t.Fatalf("the renewal after the row was released: %v", err)
+	}
+}
