@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/state"
@@ -153,6 +155,9 @@ func TestTwoControlPlanesOneLeaderFenced(t *testing.T) {
 	waitFor(t, "3 replicas ready, as the standby sees them too", 30*time.Second, func() bool { return ready(a) == 3 && ready(b) == 3 })
 	if lB.Leading() != 0 {
 		t.Fatal("both control planes lead")
+	}
+	if la, lb := testutil.ToFloat64(a.metrics.leader), testutil.ToFloat64(b.metrics.leader); la != 1 || lb != 0 {
+		t.Errorf("arbiter_control_leader: cp-a %v, cp-b %v; want 1 and 0", la, lb)
 	}
 	if _, _, err := b.Create(ctx, "other", strings.Replace(fixedSpec, "model: m}", "model: m2}", 1), nil); !errors.Is(err, state.ErrNotLeader) {
 		t.Fatalf("a service created through the standby: %v; want ErrNotLeader", err)
