@@ -76,6 +76,11 @@ func writeErr(w http.ResponseWriter, err error) {
 	case errors.Is(err, errTooLarge):
 		code = http.StatusRequestEntityTooLarge
 	}
+	if errors.Is(err, state.ErrNotLeader) || errors.Is(err, state.ErrFenced) {
+		// Another control plane leads: nothing changed here, and it takes the write.
+		w.Header().Set("Retry-After", "5")
+		code = http.StatusServiceUnavailable
+	}
 	if why := state.Unavailable(err); why != "" && code == http.StatusInternalServerError {
 		// Nothing changed and a retry may well succeed: say so, and why.
 		w.Header().Set("Retry-After", "5")

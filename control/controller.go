@@ -69,6 +69,10 @@ type Config struct {
 	// NoticeMargin is how long before a preemption notice's deadline a replica with no
 	// replacement ready drains (default DefaultNoticeMargin; preempt.go says why).
 	NoticeMargin time.Duration
+	// Lease, when set, makes this one of several control planes sharing one store
+	// (lease.go): it launches, terminates and writes only while it holds the lease, and
+	// stands by, following the store, while another does. nil: the only control plane.
+	Lease *state.Lease
 }
 
 // DefaultMaxReplicas is the replica ceiling of a control plane whose operator set none.
@@ -100,6 +104,10 @@ type Controller struct {
 	changed  chan struct{} // closed when the ready set changes
 	kick     chan struct{}
 	wg       sync.WaitGroup // background work on replicas
+	// renew renews Config.Lease (a field so that a test can pause it); view is the
+	// fingerprint of what a standby last read (lease.go).
+	renew func(context.Context) (int64, error)
+	view  string
 }
 
 type service struct {
@@ -253,6 +261,14 @@ func New(ctx context.Context, cfg Config) (*Controller, error) {
 		services: map[string]*service{}, routers: map[string]routerReport{}, unswept: map[string]bool{}, suspects: map[string]bool{}, changed: make(chan struct{}), kick: make(chan struct{}, 1)}
 	c.launches = rate.NewLimiter(rate.Limit(cfg.LaunchesPerSecond), cfg.LaunchBurst)
 	c.metrics = newMetrics(cfg.Metrics, c)
+	c.renew = func(ctx context.Context) (int64, error) { return cfg.Lease.Renew(ctx) }
+	if cfg.Lease != nil {
+		// A standby until Run takes the lease: it reads, and recovers only once it leads.
+		if err := c.follow(ctx); err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
 	if err := c.recover(ctx); err != nil {
 		return nil, err
 	}
@@ -260,8 +276,19 @@ func New(ctx context.Context, cfg Config) (*Controller, error) {
 }
 
 // Run reconciles every service each tick until ctx ends; then waits for work in flight.
-// Replicas keep running when the control plane stops: a restart adopts them.
+// Replicas keep running when the control plane stops: a restart adopts them. With a lease,
+// it does so only while it leads (lease.go).
 func (c *Controller) Run(ctx context.Context) {
+	if c.cfg.Lease != nil {
+		c.runLeased(ctx)
+		return
+	}
+	c.lead(ctx)
+}
+
+// lead is the leader's loop: provider notices, audits and ticks until ctx ends or the
+// lease is lost; then it waits for work in flight.
+func (c *Controller) lead(ctx context.Context) {
 	for _, p := range c.cfg.Providers {
 		c.wg.Add(1)
 		go func() {
@@ -275,6 +302,10 @@ func (c *Controller) Run(ctx context.Context) {
 	defer audit.Stop()
 	c.audit(ctx)
 	for {
+		if !c.leading() {
+			c.wg.Wait()
+			return
+		}
 		c.tick(ctx)
 		select {
 		case <-ctx.Done():

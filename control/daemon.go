@@ -58,6 +58,12 @@ type DaemonOptions struct {
 	ZoneCooldown time.Duration
 	// MaxReplicas: see Config.MaxReplicas.
 	MaxReplicas int
+	// LeaseDuration, when set, makes this one of several control planes sharing State:
+	// one leads, holding a lease in the store for this long per renewal, and the others
+	// stand by (lease.go); 0: the only control plane, no lease. LeaseHolder names this one
+	// to the others (default: host name and process ID).
+	LeaseDuration time.Duration
+	LeaseHolder   string
 	// LocalMaxReplicas bounds the replicas the local machine runs at once (the local and
 	// sim providers); 0: replicas.DefaultLocalMaxReplicas.
 	LocalMaxReplicas int
@@ -201,8 +207,20 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 			providers[p.Name()] = p
 		}
 	}
+	var lease *state.Lease
+	if o.LeaseDuration != 0 {
+		holder := o.LeaseHolder
+		if holder == "" {
+			host, _ := os.Hostname()
+			holder = fmt.Sprintf("%s/%d", host, os.Getpid())
+		}
+		if lease, err = store.NewLease(holder, o.LeaseDuration, nil); err != nil {
+			return err
+		}
+		o.Log.Info("one of several control planes: leads only while it holds the store's lease", "holder", holder, "lease", o.LeaseDuration)
+	}
 	c, err := New(ctx, Config{Store: store, Providers: providers, Token: o.Token, Tick: o.Tick, DrainTimeout: o.DrainTimeout,
-		Endpoint: o.Endpoint, Log: o.Log, Metrics: reg, ZoneCooldown: o.ZoneCooldown, MaxReplicas: o.MaxReplicas})
+		Endpoint: o.Endpoint, Log: o.Log, Metrics: reg, ZoneCooldown: o.ZoneCooldown, MaxReplicas: o.MaxReplicas, Lease: lease})
 	if err != nil {
 		return err
 	}

@@ -36,6 +36,10 @@ type metrics struct {
 	// time they left a service with no replica ready.
 	noticeOutcomes *prometheus.CounterVec // service, outcome
 	unready        *prometheus.CounterVec // service
+	// leader is 1 while this control plane leads (always, without a lease), 0 on a
+	// standby: the spend and replica series of every control plane on one store come from
+	// the same rows, so a dashboard sums only the leader's.
+	leader prometheus.GaugeFunc
 }
 
 var coldStartBuckets = []float64{1, 2, 5, 10, 20, 30, 60, 120, 180, 300, 450, 600, 900, 1800}
@@ -66,11 +70,19 @@ func newMetrics(reg prometheus.Registerer, c *Controller) *metrics {
 		unready: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "preemption_unready_seconds_total",
 			Help: "Seconds a service had no replica ready because a preemption notice took its last ready one (drained at the deadline or reclaimed), until a replacement was ready; counted as it passes."},
 			[]string{"service"}),
+		leader: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "leader",
+			Help: "1 while this control plane leads (holds the store's lease, or runs without one), 0 while it stands by. Several control planes on one store report the same spend and replicas: sum only the leader's."},
+			func() float64 {
+				if c.leading() {
+					return 1
+				}
+				return 0
+			}),
 	}
 	if reg == nil {
 		return m
 	}
-	reg.MustRegister(m.preemptions, m.coldStart, m.decisions, m.transitions, m.stateErrors, m.pendingWrites, m.unknown, m.noticeOutcomes, m.unready, &billCollector{c: c})
+	reg.MustRegister(m.leader, m.preemptions, m.coldStart, m.decisions, m.transitions, m.stateErrors, m.pendingWrites, m.unknown, m.noticeOutcomes, m.unready, &billCollector{c: c})
 	return m
 }
 
@@ -229,6 +241,10 @@ func (c *Controller) endUnknown(ctx context.Context, p replicas.Provider, in rep
 		defer c.wg.Done()
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer cancel()
+		if err := c.confirmLead(tctx); err != nil {
+			c.log.Warn("not terminating: this control plane no longer leads", "replica", in.ReplicaID, "err", err)
+			return
+		}
 		if err := p.Terminate(tctx, in.Handle); err != nil {
 			c.log.Error("terminate a replica no live row wants", "replica", in.ReplicaID, "err", err)
 		}

@@ -29,6 +29,9 @@ const reportTTL = 5 * time.Second
 func (c *Controller) tick(ctx context.Context) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !c.leading() {
+		return // a standby, or a leader that lost its lease: another one decides
+	}
 	c.flushPending(ctx)
 	now := c.cfg.Now()
 	inflight, held, view := c.levels(now)
@@ -817,6 +820,10 @@ func (c *Controller) terminate(ctx context.Context, s *service, r *replica, reas
 	p, err := c.provider(r.row.Provider)
 	if err != nil {
 		c.terminateFailed(ctx, s, r, err)
+		return
+	}
+	if err := c.confirmLead(ctx); err != nil {
+		c.log.Warn("not terminating: this control plane no longer leads", "replica", r.row.ID, "err", err)
 		return
 	}
 	r.busy = true

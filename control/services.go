@@ -418,6 +418,10 @@ func (c *Controller) recover(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Built aside and installed under c.mu: a control plane that takes a lease recovers
+	// while its API and ready set are served (lease.go).
+	loaded := map[string]*service{}
+	var unloaded []*service
 	for _, sv := range svcs {
 		v, err := c.store.GetVersion(ctx, sv.Name, sv.Version)
 		if err != nil {
@@ -436,13 +440,13 @@ func (c *Controller) recover(ctx context.Context) error {
 			s = &service{name: sv.Name, version: sv.Version, specs: map[int]*spec.Service{}, replicas: map[string]*replica{},
 				setup: map[int]*sync.Mutex{}, failed: fmt.Sprintf("version %d no longer loads: %v", sv.Version, err)}
 			c.log.Error("service not loaded; the others start", "service", sv.Name, "err", err)
-			c.event(ctx, sv.Name, "", "error", s.failed+"; fix it with `serve update`, or remove it with `serve down`")
+			unloaded = append(unloaded, s)
 		}
 		s.deleting = sv.Status == "deleting"
 		// A blue-green update in progress stays one: the switch is worked out again from
 		// the replicas (switched at once if the new version is ready or nothing old serves).
 		s.blueGreen = storedMode(v.Envs) == ModeBlueGreen
-		c.services[sv.Name] = s
+		loaded[sv.Name] = s
 	}
 	rows, err := c.store.Replicas(ctx, "", false)
 	if err != nil {
@@ -467,6 +471,10 @@ func (c *Controller) recover(ctx context.Context) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.services = loaded
+	for _, s := range unloaded {
+		c.event(ctx, s.name, "", "error", s.failed+"; fix it with `serve update`, or remove it with `serve down`")
+	}
 	for name := range unlisted {
 		c.unswept[name] = true
 	}

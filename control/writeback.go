@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -49,6 +50,11 @@ func (c *Controller) writeOrQueue(ctx context.Context, w pendingWrite) {
 		if err == nil {
 			return
 		}
+		if errors.Is(err, state.ErrFenced) || errors.Is(err, state.ErrNotLeader) {
+			// Another control plane leads and owns the state now: this write never will.
+			c.log.Warn("state write refused: this control plane no longer leads", "write", w.what, "err", err)
+			return
+		}
 		c.metrics.stateErrors.Inc()
 		c.log.Error("state write failed; kept, and written when the file allows", "write", w.what, "err", err, "why", state.Unavailable(err))
 	}
@@ -67,6 +73,10 @@ func (c *Controller) flushPending(ctx context.Context) {
 	n := 0
 	for _, w := range c.pending {
 		if err := w.write(ctx); err != nil {
+			if errors.Is(err, state.ErrFenced) || errors.Is(err, state.ErrNotLeader) {
+				c.log.Warn("state writes that waited are dropped: this control plane no longer leads", "dropped", len(c.pending), "err", err)
+				n = len(c.pending)
+			}
 			break
 		}
 		n++

@@ -40,6 +40,11 @@ type Store struct {
 	// one per write. busyWhy says why, for those fast failures.
 	busyUntil atomic.Int64
 	busyWhy   atomic.Pointer[string]
+	// leased: a Lease was made on this store, so it is one of several control planes on
+	// one database and writes only under the term it holds (term; 0: none), checked in
+	// each write's transaction (lease.go).
+	leased atomic.Bool
+	term   atomic.Int64
 }
 
 // dialect is what differs between the two databases.
@@ -225,7 +230,7 @@ func OpenWith(path string, o Options) (*Store, error) {
 // PostgreSQL, whose server checks its pages itself, a read of every table.
 func (s *Store) Check(ctx context.Context) error {
 	if s.d.postgres {
-		for _, t := range []string{"services", "versions", "replicas", "events"} {
+		for _, t := range []string{"services", "versions", "replicas", "events", "leader"} {
 			var n int
 			if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM `+t).Scan(&n); err != nil {
 				return fmt.Errorf("read %s: %w", t, err)
@@ -376,7 +381,7 @@ func (s *Store) putService(ctx context.Context, name, spec, envs string, now tim
 	if envs == "" {
 		envs = "{}"
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("put service %s: %w", name, err)
 	}
@@ -417,14 +422,19 @@ func (s *Store) SetServiceStatus(ctx context.Context, name, status string, now t
 }
 
 func (s *Store) setServiceStatus(ctx context.Context, name, status string, now time.Time) error {
-	res, err := s.db.ExecContext(ctx, s.q(`UPDATE services SET status = ?, updated_at = ? WHERE name = ?`), status, ms(now), name)
+	tx, err := s.begin(ctx)
+	if err != nil {
+		return fmt.Errorf("service %s status: %w", name, err)
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, s.q(`UPDATE services SET status = ?, updated_at = ? WHERE name = ?`), status, ms(now), name)
 	if err != nil {
 		return fmt.Errorf("service %s status: %w", name, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("service %s: %w", name, ErrNotFound)
 	}
-	return nil
+	return commit(tx, "service "+name+" status")
 }
 
 // AddTokens adds served tokens to a service's total (cost per million tokens survives
@@ -442,10 +452,15 @@ func (s *Store) AddTokens(ctx context.Context, name string, n float64) error {
 }
 
 func (s *Store) addTokens(ctx context.Context, name string, n float64) error {
-	if _, err := s.db.ExecContext(ctx, s.q(`UPDATE services SET tokens = tokens + ? WHERE name = ?`), n, name); err != nil {
+	tx, err := s.begin(ctx)
+	if err != nil {
 		return fmt.Errorf("service %s tokens: %w", name, err)
 	}
-	return nil
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, s.q(`UPDATE services SET tokens = tokens + ? WHERE name = ?`), n, name); err != nil {
+		return fmt.Errorf("service %s tokens: %w", name, err)
+	}
+	return commit(tx, "service "+name+" tokens")
 }
 
 // The event a service's deletion writes (Events reads it to start a new log for the name).
@@ -463,7 +478,7 @@ func (s *Store) DeleteService(ctx context.Context, name string, now time.Time) e
 }
 
 func (s *Store) deleteService(ctx context.Context, name string, now time.Time) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("delete service %s: %w", name, err)
 	}
@@ -546,10 +561,16 @@ func (s *Store) MarkSetupDone(ctx context.Context, service string, version int) 
 }
 
 func (s *Store) markSetupDone(ctx context.Context, service string, version int) error {
-	if _, err := s.db.ExecContext(ctx, s.q(`UPDATE versions SET setup_done = 1 WHERE service = ? AND version = ?`), service, version); err != nil {
-		return fmt.Errorf("service %s version %d setup done: %w", service, version, err)
+	what := fmt.Sprintf("service %s version %d setup done", service, version)
+	tx, err := s.begin(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	return nil
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, s.q(`UPDATE versions SET setup_done = 1 WHERE service = ? AND version = ?`), service, version); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return commit(tx, what)
 }
 
 // NewReplica records the intent to launch a replica (state pending, no handle yet) and
@@ -566,7 +587,7 @@ func (s *Store) NewReplica(ctx context.Context, r Replica, now time.Time) (Repli
 }
 
 func (s *Store) newReplica(ctx context.Context, r Replica, now time.Time) (Replica, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.begin(ctx)
 	if err != nil {
 		return r, fmt.Errorf("new replica for %s: %w", r.Service, err)
 	}
@@ -604,7 +625,7 @@ func (s *Store) SaveReplica(ctx context.Context, r Replica, prevState string, no
 }
 
 func (s *Store) saveReplica(ctx context.Context, r Replica, prevState string, now time.Time) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("save replica %s: %w", r.ID, err)
 	}
@@ -676,7 +697,15 @@ func (s *Store) AddEvent(ctx context.Context, now time.Time, service, replica, k
 }
 
 func (s *Store) addEvent(ctx context.Context, now time.Time, service, replica, kind, msg string) error {
-	return s.insertEvent(ctx, s.db, now, service, replica, kind, msg)
+	tx, err := s.begin(ctx)
+	if err != nil {
+		return fmt.Errorf("event log: %w", err)
+	}
+	defer tx.Rollback()
+	if err := s.insertEvent(ctx, tx, now, service, replica, kind, msg); err != nil {
+		return err
+	}
+	return commit(tx, "event log")
 }
 
 type execer interface {

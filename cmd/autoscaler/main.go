@@ -39,6 +39,8 @@ func main() {
 		tokenFile = flag.String("token-file", "", "file holding the API token routers and the CLI send (default: <home>/token, created if missing)")
 		cooldown  = flag.Duration("zone-cooldown", 10*time.Minute, "how long spot stays out of a zone that preempted a replica or refused a launch")
 		maxReps   = flag.Int("max-replicas", control.DefaultMaxReplicas, "the most replicas this control plane runs at once, all services together")
+		leaseDur  = flag.Duration("lease-duration", 0, "run as one of several control planes sharing --state: the leader holds a lease in the store this long per renewal (15s is a good start) and the others stand by; 0: the only control plane")
+		leaseName = flag.String("lease-holder", "", "this control plane's name in the lease (default: host name/process ID)")
 		localMax  = flag.Int("local-max-replicas", replicas.DefaultLocalMaxReplicas(), "the most replicas the local and sim providers run on this machine at once")
 	)
 	flag.Parse()
@@ -62,7 +64,7 @@ func main() {
 		defer stop()
 		err = control.Serve(ctx, control.DaemonOptions{Home: *homeDir, State: setting, API: *api, Token: token, Tick: *tick, DrainTimeout: *drain, Endpoint: *endpoint,
 			BinDir: filepath.Dir(exe), LocalGrace: *grace, Log: log, Admin: *admin, ZoneCooldown: *cooldown,
-			MaxReplicas: *maxReps, LocalMaxReplicas: *localMax,
+			MaxReplicas: *maxReps, LocalMaxReplicas: *localMax, LeaseDuration: *leaseDur, LeaseHolder: *leaseName,
 			Providers: func(ctx context.Context, owner string) ([]replicas.Provider, error) {
 				path, optional := *provFile, *provFile == ""
 				if optional {

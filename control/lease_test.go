@@ -1,0 +1,224 @@
+package control
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/state"
+	"github.com/arbiter-serve/arbiter/state/pgtest"
+)
+
+// syncBuffer is a log both a controller's goroutines and the test use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// countingProvider counts launches by replica ID: a launch made twice shows.
+type countingProvider struct {
+	*healthProvider
+	mu       sync.Mutex
+	launched map[string]int
+}
+
+func (p *countingProvider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas.Instance, error) {
+	p.mu.Lock()
+	p.launched[ls.ReplicaID]++
+	p.mu.Unlock()
+	return p.healthProvider.Launch(ctx, ls)
+}
+
+// freezable is a clock that reads the real time until frozen: a paused process's idea of
+// the time, which does not move while it is paused.
+type freezable struct {
+	mu     sync.Mutex
+	frozen time.Time
+}
+
+func (f *freezable) now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.frozen.IsZero() {
+		return f.frozen
+	}
+	return time.Now()
+}
+
+func (f *freezable) freeze() { f.mu.Lock(); f.frozen = time.Now(); f.mu.Unlock() }
+
+func waitFor(t *testing.T, what string, within time.Duration, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(within); !ok(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+	}
+}
+
+// Two control planes on one PostgreSQL database: exactly one leads and launches; the other
+// stands by, refuses writes and serves the same ready set. The leader's renewals stop (a
+// pause its own clock does not see): the standby takes over within the lease and adopts
+// what runs, launching nothing twice; the old leader's next write is refused as fenced, and
+// it steps down and stays a standby once its renewals resume.
+func TestTwoControlPlanesOneLeaderFenced(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	url := pgtest.DSN(t)
+	open := func() *state.Store {
+		st, err := state.OpenPostgres(ctx, url, state.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	}
+	stA, stB := open(), open()
+	const ttl = 2 * time.Second
+	clockA := &freezable{}
+	lA, err := stA.NewLease("cp-a", ttl, clockA.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lB, err := stB.NewLease("cp-b", ttl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prov := &countingProvider{healthProvider: &healthProvider{memProvider: memProvider{running: map[string]replicas.Instance{}},
+		health: func(int64) int { return 200 }}, launched: map[string]int{}}
+	defer prov.close()
+	logA := &syncBuffer{}
+	cfg := func(st *state.Store, l *state.Lease, log *slog.Logger) Config {
+		return Config{Store: st, Lease: l, Providers: map[string]replicas.Provider{"local": prov}, Tick: 100 * time.Millisecond,
+			DrainTimeout: time.Minute, Log: log, Token: "secret"}
+	}
+	a, err := New(ctx, cfg(stA, lA, slog.New(slog.NewTextHandler(logA, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// cp-a's renewals stop while paused, as a stopped process's would.
+	var paused atomic.Bool
+	renewA := a.renew
+	a.renew = func(ctx context.Context) (int64, error) {
+		for paused.Load() {
+			select {
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		return renewA(ctx)
+	}
+	var runs sync.WaitGroup
+	ctxA, stopA := context.WithCancel(ctx)
+	defer stopA()
+	runs.Go(func() { a.Run(ctxA) })
+	waitFor(t, "cp-a leads", 10*time.Second, func() bool { return lA.Leading() != 0 })
+	if _, _, err := a.Create(ctx, "svc", fixedSpec, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	b, err := New(ctx, cfg(stB, lB, slog.New(slog.NewTextHandler(&syncBuffer{}, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctxB, stopB := context.WithCancel(ctx)
+	defer stopB()
+	runs.Go(func() { b.Run(ctxB) })
+	defer runs.Wait()
+	defer stopA()
+	defer stopB()
+
+	ready := func(c *Controller) int {
+		set, _ := c.ReadySet()
+		return len(set.Replicas)
+	}
+	waitFor(t, "3 replicas ready, as the standby sees them too", 30*time.Second, func() bool { return ready(a) == 3 && ready(b) == 3 })
+	if lB.Leading() != 0 {
+		t.Fatal("both control planes lead")
+	}
+	if la, lb := testutil.ToFloat64(a.metrics.leader), testutil.ToFloat64(b.metrics.leader); la != 1 || lb != 0 {
+		t.Errorf("arbiter_control_leader: cp-a %v, cp-b %v; want 1 and 0", la, lb)
+	}
+	if _, _, err := b.Create(ctx, "other", strings.Replace(fixedSpec, "model: m}", "model: m2}", 1), nil); !errors.Is(err, state.ErrNotLeader) {
+		t.Fatalf("a service created through the standby: %v; want ErrNotLeader", err)
+	}
+	// Through the standby's API: reads answered, writes refused as worth retrying (with the
+	// leader).
+	srvB := httptest.NewServer(b.Handler())
+	defer srvB.Close()
+	if code, body := call(t, srvB, "GET", "/v1/services", "secret", ""); code != http.StatusOK || !strings.Contains(body, `"svc"`) {
+		t.Errorf("GET /v1/services from the standby: %d %s; want 200 naming svc", code, body)
+	}
+	other := submit("other", strings.Replace(fixedSpec, "model: m}", "model: m2}", 1))
+	if code, body := call(t, srvB, "POST", "/v1/services", "secret", other); code != http.StatusServiceUnavailable || !strings.Contains(body, "does not hold the lease") {
+		t.Errorf("POST /v1/services to the standby: %d %s; want 503 saying it does not hold the lease", code, body)
+	}
+
+	// cp-a pauses: no renewals, its clock still.
+	clockA.freeze()
+	paused.Store(true)
+	pausedAt := time.Now()
+	waitFor(t, "cp-b takes over", 4*ttl, func() bool { return lB.Leading() != 0 })
+	took := time.Since(pausedAt)
+	t.Logf("cp-b took the lease %v after cp-a's renewals stopped (lease %v)", took.Round(time.Millisecond), ttl)
+	if took > ttl+ttl/3+time.Second {
+		t.Errorf("the takeover took %v; want within the lease (%v) plus one renewal period", took, ttl)
+	}
+	if term := lB.Leading(); term != 2 {
+		t.Errorf("cp-b leads term %d; want 2", term)
+	}
+
+	// cp-a, still believing it leads, has a write to make: tokens a router reported.
+	if lA.Leading() == 0 {
+		t.Fatal("cp-a's frozen clock should still say it leads")
+	}
+	a.Report(fleet.LoadReport{Router: "r1", Models: []fleet.ModelLoad{{Model: "m", Requests: 1, Tokens: 10}}})
+	waitFor(t, "cp-a's write refused as fenced", 10*time.Second, func() bool {
+		return strings.Contains(logA.String(), "fenced: this control plane led term 1, but cp-b leads term 2 now")
+	})
+	waitFor(t, "cp-a steps down", 10*time.Second, func() bool { return lA.Leading() == 0 })
+	paused.Store(false)
+
+	// cp-b adopted the three replicas: nothing launched twice, nothing more launched.
+	waitFor(t, "cp-b serves the 3 replicas", 30*time.Second, func() bool { return ready(b) == 3 })
+	for range 3 * int(ttl/(100*time.Millisecond)) / 2 { // three lease periods of cp-b's ticks
+		time.Sleep(100 * time.Millisecond)
+		if lA.Leading() != 0 {
+			t.Fatal("cp-a leads again while cp-b renews")
+		}
+	}
+	prov.mu.Lock()
+	launched := len(prov.launched)
+	for id, n := range prov.launched {
+		if n != 1 {
+			t.Errorf("replica %s launched %d times", id, n)
+		}
+	}
+	prov.mu.Unlock()
+	if launched != 3 {
+		t.Errorf("%d replicas launched; want the 3 cp-a launched, adopted by cp-b", launched)
+	}
+	if rows, err := stB.Replicas(ctx, "svc", false); err != nil || len(rows) != 3 {
+		t.Errorf("live rows %d (%v); want 3", len(rows), err)
+	}
+}
