@@ -98,16 +98,6 @@ func (cp *ControlPlane) Knows(model string) bool {
 	return fleet.ServiceFor(cp.services, model) >= 0
 }
 
-// ServiceOf names the service of model ("" when none serves it).
-func (cp *ControlPlane) ServiceOf(model string) string {
-	cp.mu.RLock()
-	defer cp.mu.RUnlock()
-	if i := fleet.ServiceFor(cp.services, model); i >= 0 {
-		return cp.services[i].Name
-	}
-	return ""
-}
-
 // Models lists the models the control plane's services declare, sorted: what a client may
 // ask for while a service is at zero replicas.
 func (cp *ControlPlane) Models() []string {
@@ -125,20 +115,20 @@ func (cp *ControlPlane) Models() []string {
 	return out
 }
 
-// Routing returns the routing policy and SLO the control plane set for model's service
-// (ok false when it set none).
-func (cp *ControlPlane) Routing(model string) (policy string, slo SLO, ok bool) {
+// Routing returns the service of model and the routing policy and SLO the control plane set
+// for it (empty when it set none); ok is false when no service serves model.
+func (cp *ControlPlane) Routing(model string) (service, policy string, slo SLO, ok bool) {
 	cp.mu.RLock()
 	defer cp.mu.RUnlock()
 	i := fleet.ServiceFor(cp.services, model)
 	if i < 0 {
-		return "", SLO{}, false
+		return "", "", SLO{}, false
 	}
 	s := cp.services[i]
 	if s.SLO != nil {
 		slo = SLO{TTFT: s.SLO.TTFTSeconds, TPOT: s.SLO.TPOTSeconds, E2E: s.SLO.E2ESeconds, Percentile: s.SLO.Percentile}
 	}
-	return s.Policy, slo, s.SLO != nil || s.Policy != ""
+	return s.Name, s.Policy, slo, true
 }
 
 // Revision is the last ready-set revision applied (0 before the first).

@@ -97,7 +97,7 @@ func TestHeldAtZeroUntilTheControlPlanePublishesAReplica(t *testing.T) {
 	})
 	go cp.Run(ctx)
 	waitFor(t, "the first ready set", func() bool { return cp.Revision() == 1 })
-	if pol, slo, ok := cp.Routing(testModel); !ok || pol != "round_robin" || slo.TTFT != 0.5 {
+	if svc, pol, slo, ok := cp.Routing(testModel); !ok || svc != "svc" || pol != "round_robin" || slo.TTFT != 0.5 {
 		t.Fatalf("Routing = %q %+v %v", pol, slo, ok)
 	}
 	// At zero replicas the endpoint lists the model its service declares (clients that list

@@ -111,6 +111,10 @@ func TestHoldThatRunsOutIs503WithRetryAfter(t *testing.T) {
 	if n := r.px.held.Load(); n != 0 {
 		t.Fatalf("held count %d after the request ended", n)
 	}
+	// Counted under its service, so an operator can tell which service is failing.
+	if got := r.counter(t, "arbiter_router_errors_total", "reason", "hold_deadline", "service", "svc"); got != 1 {
+		t.Errorf("errors_total{reason=hold_deadline,service=svc} = %v; want 1", got)
+	}
 }
 
 // A stream that outlasts request_timeout, chunks arriving all along, runs to its end:

@@ -523,7 +523,8 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 	c.tried = c.triedBuf[:0]
 	if px.ControlPlane != nil {
 		// The service's spec, as the control plane published it, outranks the router's config.
-		if pol, slo, ok := px.ControlPlane.Routing(req.Model); ok {
+		if svc, pol, slo, ok := px.ControlPlane.Routing(req.Model); ok {
+			c.service = svc
 			if _, known := px.policies[pol]; known {
 				c.policy = pol
 			}
@@ -531,6 +532,9 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 				c.slo = slo
 			}
 		}
+	}
+	if c.service == "" {
+		c.service = px.serviceOfReplicas(req.Model)
 	}
 	for _, h := range []struct {
 		name   string
@@ -690,14 +694,9 @@ func withIncludeUsage(body []byte, hasStreamOptions bool) []byte {
 	return v.MarshalTo(nil)
 }
 
-// serviceOf is the service that serves model, for metrics: the control plane's, else that of
-// the model's replicas; "" when neither says.
-func (px *Proxy) serviceOf(model string) string {
-	if px.ControlPlane != nil {
-		if s := px.ControlPlane.ServiceOf(model); s != "" {
-			return s
-		}
-	}
+// serviceOfReplicas is the service of model's replicas, for metrics where no control plane
+// names it (a router with a replicas file); "" when none says.
+func (px *Proxy) serviceOfReplicas(model string) string {
 	for _, r := range px.pool.candidates(model) {
 		if s := r.Info().Service; s != "" {
 			return s
