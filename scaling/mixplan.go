@@ -1,0 +1,427 @@
+package scaling
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// The mix planner: how many replicas of each GPU type a service runs, re-decided as its
+// load, its request mix and the prices move. It keeps the decider's rules of time (moves
+// must be wanted for the up- or downscale delay, the most conservative wish of the hold
+// is adopted, scale from zero at once, scale to zero when idle) and adds one of money: a
+// change of type is made only when the hours it saves pay for the cold starts it costs
+// (PayBack). Like the decider it is pure: the caller passes the clock, the classes' rates
+// from Record, the types with their prices and sustained rates, and the counts running.
+
+// MixPolicy is a service's mix policy.
+type MixPolicy struct {
+	MinReplicas, MaxReplicas int
+	// StableWindow averages the load's level (requests a second); MixWindow, longer,
+	// its composition (each class's share and mean shape), which a few minutes of
+	// long prompts would otherwise swing.
+	StableWindow, MixWindow time.Duration
+	UpscaleDelay, DownscaleDelay time.Duration
+	// ScaleToZeroAfter: no request for this long and nothing held: no replicas
+	// (MinReplicas 0 only). 0: never.
+	ScaleToZeroAfter time.Duration
+	// ColdStart is a replica's launch to ready: each launch is charged this many hours
+	// of its price when a change of type is weighed.
+	ColdStart time.Duration
+	// PayBack: a mix that needs launches is chosen over one that needs fewer only when
+	// its saving over PayBack exceeds the difference in cold starts.
+	PayBack time.Duration
+	// Utilization in (0, 1]: replicas are sized for each class's rate ÷ Utilization,
+	// the headroom for bursts beyond Poisson arrivals.
+	Utilization float64
+}
+
+// Validate names what is wrong.
+func (p MixPolicy) Validate() error {
+	var errs []error
+	if p.MinReplicas < 0 || p.MaxReplicas < 0 || (p.MaxReplicas > 0 && p.MinReplicas > p.MaxReplicas) {
+		errs = append(errs, fmt.Errorf("min %d, max %d replicas: want 0 ≤ min ≤ max (max 0: none)", p.MinReplicas, p.MaxReplicas))
+	}
+	if p.StableWindow <= 0 || p.MixWindow < p.StableWindow {
+		errs = append(errs, fmt.Errorf("stable window %v, mix window %v: want 0 < stable ≤ mix", p.StableWindow, p.MixWindow))
+	}
+	if p.UpscaleDelay < 0 || p.DownscaleDelay < 0 || p.ScaleToZeroAfter < 0 || p.ColdStart < 0 || p.PayBack <= 0 {
+		errs = append(errs, errors.New("delays, scale to zero and cold start must be ≥ 0 and the payback period > 0"))
+	}
+	if !(p.Utilization > 0 && p.Utilization <= 1) {
+		errs = append(errs, fmt.Errorf("utilization %v: want a fraction in (0, 1]", p.Utilization))
+	}
+	return errors.Join(errs...)
+}
+
+// MixEdges are the classes' bounds: prompt tokens, then output tokens. A request falls in
+// the class of the first edge above each of its lengths.
+var (
+	MixPromptEdges = []int{512, 2048, 8192, 32768}
+	MixOutputEdges = []int{128, 512}
+)
+
+// classOf is a request's class index.
+func classOf(in, out int) int {
+	i, _ := slices.BinarySearch(MixPromptEdges, in+1)
+	o, _ := slices.BinarySearch(MixOutputEdges, out+1)
+	return i*(len(MixOutputEdges)+1) + o
+}
+
+// MixClasses is how many classes there are.
+func MixClasses() int { return (len(MixPromptEdges) + 1) * (len(MixOutputEdges) + 1) }
+
+// mixSecond is one second's arrivals.
+type mixSecond struct {
+	at     int64 // unix second
+	n      []int
+	in, ou []float64
+}
+
+// MixPlanner holds the window of arrivals and the hysteresis of one service's mix. Not
+// safe for concurrent use.
+type MixPlanner struct {
+	policy  MixPolicy
+	seconds []mixSecond // oldest first, within MixWindow
+	last    time.Time   // latest arrival
+
+	// The move being held: toward which side (+1 up, -1 down or across), since when, and
+	// the peak (down) or trough (up) of the load's level meanwhile.
+	pendingDir   int
+	pendingSince time.Time
+	pendingLevel float64
+}
+
+// NewMixPlanner returns a planner for p.
+func NewMixPlanner(p MixPolicy) (*MixPlanner, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return &MixPlanner{policy: p}, nil
+}
+
+// Record counts one request of in prompt and out output tokens arriving at at.
+func (m *MixPlanner) Record(at time.Time, in, out int) {
+	sec := at.Unix()
+	if n := len(m.seconds); n == 0 || m.seconds[n-1].at < sec {
+		k := MixClasses()
+		m.seconds = append(m.seconds, mixSecond{at: sec, n: make([]int, k), in: make([]float64, k), ou: make([]float64, k)})
+	}
+	s := &m.seconds[len(m.seconds)-1]
+	c := classOf(in, out)
+	s.n[c]++
+	s.in[c] += float64(in)
+	s.ou[c] += float64(out)
+	if at.After(m.last) {
+		m.last = at
+	}
+}
+
+// Classes is the window's request mix: each class's mean shape over MixWindow and its rate,
+// the level over StableWindow split by the MixWindow's shares. Classes with no request
+// in MixWindow have rate 0 and their bucket's middle as shape.
+func (m *MixPlanner) Classes(now time.Time) []MixClass {
+	cut := now.Add(-m.policy.MixWindow).Unix()
+	i := 0
+	for i < len(m.seconds) && m.seconds[i].at <= cut {
+		i++
+	}
+	m.seconds = m.seconds[i:]
+	k := MixClasses()
+	n, in, ou := make([]float64, k), make([]float64, k), make([]float64, k)
+	total, stable := 0.0, 0.0
+	stableCut := now.Add(-m.policy.StableWindow).Unix()
+	for _, s := range m.seconds {
+		for c := range k {
+			n[c] += float64(s.n[c])
+			in[c] += s.in[c]
+			ou[c] += s.ou[c]
+			total += float64(s.n[c])
+			if s.at > stableCut {
+				stable += float64(s.n[c])
+			}
+		}
+	}
+	level := stable / m.policy.StableWindow.Seconds()
+	out := make([]MixClass, k)
+	for c := range k {
+		pi, po := c/(len(MixOutputEdges)+1), c%(len(MixOutputEdges)+1)
+		out[c] = MixClass{In: middle(MixPromptEdges, pi), Out: middle(MixOutputEdges, po)}
+		if n[c] > 0 {
+			out[c] = MixClass{In: int(math.Round(in[c] / n[c])), Out: max(2, int(math.Round(ou[c]/n[c]))), Rate: level * n[c] / total}
+		}
+	}
+	return out
+}
+
+// middle is a bucket's geometric middle, for a class with no request to average.
+func middle(edges []int, i int) int {
+	lo, hi := 1, 0
+	if i > 0 {
+		lo = edges[i-1]
+	}
+	if i < len(edges) {
+		hi = edges[i]
+	} else {
+		hi = lo * 4
+	}
+	return int(math.Sqrt(float64(lo) * float64(hi)))
+}
+
+// MixDecision is one Decide's outcome.
+type MixDecision struct {
+	Counts []int
+	// Level is the load's level, requests a second, the mix was sized for.
+	Level  float64
+	Reason string
+}
+
+// Decide returns the replicas per type to run at now. classes are Classes(now) (their
+// rates as measured; the policy's utilization is applied here), types the GPU types with
+// each class's sustained rate, current the counts running (starting ones included), held
+// the requests waiting for want of a ready replica.
+func (m *MixPlanner) Decide(now time.Time, classes []MixClass, types []MixType, current []int, held int) MixDecision {
+	p := m.policy
+	level := 0.0
+	for _, c := range classes {
+		level += c.Rate
+	}
+	curTotal := 0
+	for _, n := range current {
+		curTotal += n
+	}
+	keep := MixDecision{Counts: slices.Clone(current), Level: level}
+	idle := held == 0 && (m.last.IsZero() || now.Sub(m.last) >= p.ScaleToZeroAfter)
+	if p.ScaleToZeroAfter > 0 && idle && p.MinReplicas == 0 {
+		m.pendingDir = 0
+		keep.Counts = make([]int, len(types))
+		keep.Reason = fmt.Sprintf("no request for %v: scale to zero", p.ScaleToZeroAfter)
+		return keep
+	}
+	want, why := m.solve(classes, types, level, nil, nil)
+	if curTotal == 0 {
+		// From zero at once: requests are waiting, or will be.
+		m.pendingDir = 0
+		want = m.atLeastOne(want, classes, types, held)
+		return MixDecision{Counts: want, Level: level, Reason: "from zero: " + why}
+	}
+	covered := Covers(scaleClasses(classes, 1/p.Utilization), types, current) && curTotal >= p.MinReplicas &&
+		(p.MaxReplicas == 0 || curTotal <= p.MaxReplicas)
+	var options [][]int
+	dir := -1
+	if covered {
+		options = append(options, slices.Clone(current))
+		if shrink, _ := m.solve(classes, types, level, nil, current); shrink != nil {
+			options = append(options, shrink)
+		}
+	} else {
+		dir = 1
+		if grow, _ := m.solve(classes, types, level, current, nil); grow != nil {
+			options = append(options, grow)
+		}
+	}
+	if want != nil {
+		options = append(options, want)
+	}
+	if len(options) == 0 {
+		keep.Reason = "no mix: " + why
+		return keep
+	}
+	best := slices.MinFunc(options, func(a, b []int) int {
+		return cmpFloat(m.effective(types, current, a), m.effective(types, current, b))
+	})
+	if slices.Equal(best, current) {
+		m.pendingDir = 0
+		keep.Reason = fmt.Sprintf("%s serves %.2f req/s within the SLO", DescribeMix(types, current), level)
+		return keep
+	}
+	delay := p.DownscaleDelay
+	if dir > 0 {
+		delay = p.UpscaleDelay
+	}
+	if m.pendingDir != dir {
+		m.pendingDir, m.pendingSince, m.pendingLevel = dir, now, level
+	}
+	if dir > 0 {
+		m.pendingLevel = min(m.pendingLevel, level)
+	} else {
+		m.pendingLevel = max(m.pendingLevel, level)
+	}
+	if now.Sub(m.pendingSince) < delay {
+		keep.Reason = fmt.Sprintf("holding %s until the move to %s has been wanted for %v", DescribeMix(types, current), DescribeMix(types, best), delay)
+		return keep
+	}
+	// Adopt the most conservative level of the hold, re-solved, among the same options.
+	if m.pendingLevel != level && level > 0 {
+		f := m.pendingLevel / level
+		sc := scaleClasses(classes, f)
+		var alt [][]int
+		if dir > 0 {
+			if covered := Covers(scaleClasses(sc, 1/p.Utilization), types, current); covered {
+				alt = append(alt, slices.Clone(current))
+			}
+			if grow, _ := m.solve(sc, types, m.pendingLevel, current, nil); grow != nil {
+				alt = append(alt, grow)
+			}
+		} else if shrink, _ := m.solve(sc, types, m.pendingLevel, nil, current); shrink != nil {
+			alt = append(alt, slices.Clone(current), shrink)
+		}
+		if w, _ := m.solve(sc, types, m.pendingLevel, nil, nil); w != nil {
+			alt = append(alt, w)
+		}
+		if len(alt) > 0 {
+			best = slices.MinFunc(alt, func(a, b []int) int {
+				return cmpFloat(m.effective(types, current, a), m.effective(types, current, b))
+			})
+		}
+	}
+	m.pendingDir = 0
+	verb := "down"
+	if dir > 0 {
+		verb = "up"
+	}
+	return MixDecision{Counts: best, Level: level, Reason: fmt.Sprintf("%s → %s (%s, %.2f req/s; launches paid back within %v)",
+		DescribeMix(types, current), DescribeMix(types, best), verb, level, p.PayBack)}
+}
+
+// effective is a mix's price per hour plus the cold starts it needs over current, spread
+// over the payback period.
+func (m *MixPlanner) effective(types []MixType, current, counts []int) float64 {
+	cost, launch := 0.0, 0.0
+	for g, n := range counts {
+		cost += float64(n) * types[g].PricePerHour
+		if d := n - current[g]; d > 0 {
+			launch += float64(d) * types[g].PricePerHour * m.policy.ColdStart.Hours()
+		}
+	}
+	return cost + launch/m.policy.PayBack.Hours()
+}
+
+// solve is the cheapest mix for the classes (rates ÷ Utilization) within the replica
+// bounds, at least atLeast and at most atMost per type where given. Past MaxReplicas it
+// serves as much of the load as MaxReplicas allows.
+func (m *MixPlanner) solve(classes []MixClass, types []MixType, level float64, atLeast, atMost []int) ([]int, string) {
+	p := m.policy
+	ts := slices.Clone(types)
+	zero := make([]float64, len(classes))
+	for g := range ts {
+		if atLeast != nil {
+			ts[g].Min = max(ts[g].Min, atLeast[g])
+		}
+		if atMost != nil {
+			if atMost[g] == 0 {
+				ts[g].Rates, ts[g].Min, ts[g].Max = zero, 0, 0
+			} else {
+				ts[g].Max = atMost[g]
+			}
+		}
+	}
+	load := scaleClasses(classes, 1/p.Utilization)
+	s, err := SolveMix(load, ts, p.MaxReplicas)
+	if errors.Is(err, ErrMixInfeasible) && p.MaxReplicas > 0 && atMost == nil {
+		// Serve what MaxReplicas can: the largest share of the load that fits.
+		lo, hi := 0.0, 1.0
+		var fit MixSolution
+		for range 20 {
+			mid := (lo + hi) / 2
+			if t, e := SolveMix(scaleClasses(load, mid), ts, p.MaxReplicas); e == nil {
+				lo, fit = mid, t
+			} else {
+				hi = mid
+			}
+		}
+		if fit.Counts == nil {
+			return nil, fmt.Sprintf("no mix of at most %d replicas", p.MaxReplicas)
+		}
+		s, err = fit, nil
+	}
+	if err != nil {
+		return nil, err.Error()
+	}
+	counts := s.Counts
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	for total < p.MinReplicas {
+		// min_replicas above what the load needs: the cheapest type that serves anything.
+		g := cheapestServing(ts, classes)
+		if g < 0 {
+			break
+		}
+		counts[g]++
+		total++
+	}
+	why := fmt.Sprintf("%s for %.2f req/s", DescribeMix(types, counts), level)
+	if len(s.Unserved) > 0 {
+		var names []string
+		for _, b := range s.Unserved {
+			names = append(names, fmt.Sprintf("%d:%d tokens", classes[b].In, classes[b].Out))
+		}
+		why += "; no GPU offered meets the SLO for " + strings.Join(names, ", ")
+	}
+	return counts, why
+}
+
+// atLeastOne makes a wake from zero launch at least one replica: the type that serves the
+// most of the load's classes, cheapest first (held requests of unknown shape).
+func (m *MixPlanner) atLeastOne(want []int, classes []MixClass, types []MixType, held int) []int {
+	if want == nil {
+		want = make([]int, len(types))
+	}
+	for _, n := range want {
+		if n > 0 {
+			return want
+		}
+	}
+	if held == 0 && m.last.IsZero() {
+		return want
+	}
+	if g := cheapestServing(types, classes); g >= 0 {
+		want[g] = 1
+	}
+	return want
+}
+
+// cheapestServing is the type serving the most classes with load (every class when none
+// has load), the cheapest of those; -1 when none serves any.
+func cheapestServing(types []MixType, classes []MixClass) int {
+	best, bestN := -1, 0
+	anyLoad := false
+	for _, c := range classes {
+		anyLoad = anyLoad || c.Rate > 0
+	}
+	for g, t := range types {
+		n := 0
+		for b, r := range t.Rates {
+			if r > 0 && (!anyLoad || classes[b].Rate > 0) {
+				n++
+			}
+		}
+		if n > bestN || (n == bestN && n > 0 && t.PricePerHour < types[best].PricePerHour) {
+			best, bestN = g, n
+		}
+	}
+	return best
+}
+
+func scaleClasses(cs []MixClass, f float64) []MixClass {
+	out := slices.Clone(cs)
+	for i := range out {
+		out[i].Rate *= f
+	}
+	return out
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

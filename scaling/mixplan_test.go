@@ -1,0 +1,98 @@
+package scaling
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// mixTypes are an L4 and an H100 with rates per class from a rate function.
+func mixTypes(classes []MixClass, h100Price float64) []MixType {
+	l4 := MixType{Name: "L4", PricePerHour: 0.70, Rates: make([]float64, len(classes))}
+	h := MixType{Name: "H100", PricePerHour: h100Price, Rates: make([]float64, len(classes))}
+	for b, c := range classes {
+		if c.In < 4096 {
+			l4.Rates[b] = 4
+		}
+		h.Rates[b] = 40
+		if c.In >= 8192 {
+			h.Rates[b] = 0.6
+		}
+	}
+	return []MixType{l4, h}
+}
+
+func TestMixPlannerFollowsTheMix(t *testing.T) {
+	pol := MixPolicy{MaxReplicas: 10, StableWindow: 2 * time.Minute, MixWindow: 10 * time.Minute,
+		UpscaleDelay: time.Minute, DownscaleDelay: 5 * time.Minute, ScaleToZeroAfter: 5 * time.Minute,
+		ColdStart: 5 * time.Minute, PayBack: time.Hour, Utilization: 0.8}
+	m, err := NewMixPlanner(pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
+	cur := []int{0, 0}
+	step := func(from, to time.Duration, every time.Duration, in, out int) MixDecision {
+		var d MixDecision
+		for at := from; at < to; at += time.Second {
+			if every > 0 && at%every == 0 {
+				m.Record(t0.Add(at), in, out)
+			}
+			if at%(10*time.Second) == 0 {
+				cls := m.Classes(t0.Add(at))
+				d = m.Decide(t0.Add(at), cls, mixTypes(cls, 5.4), cur, 0)
+				cur = d.Counts
+			}
+		}
+		return d
+	}
+	// Short requests at 2/s: one L4 at 0.8 utilization serves 3.2/s.
+	d := step(0, 10*time.Minute, 500*time.Millisecond, 500, 100)
+	if cur[0] < 1 || cur[1] != 0 {
+		t.Fatalf("short load: %v (%s), want L4s only", cur, d.Reason)
+	}
+	// Long prompts join: an H100 is needed, added after the upscale delay.
+	for at := 10 * time.Minute; at < 20*time.Minute; at += time.Second {
+		m.Record(t0.Add(at), 500, 100)
+		if at%(5*time.Second) == 0 {
+			m.Record(t0.Add(at), 16000, 200)
+		}
+		if at%(10*time.Second) == 0 {
+			cls := m.Classes(t0.Add(at))
+			d = m.Decide(t0.Add(at), cls, mixTypes(cls, 5.4), cur, 0)
+			cur = d.Counts
+		}
+	}
+	if cur[1] < 1 {
+		t.Fatalf("long prompts: %v (%s), want an H100", cur, d.Reason)
+	}
+	// Idle: to zero once ScaleToZeroAfter has passed.
+	d = step(20*time.Minute, 30*time.Minute, 0, 0, 0)
+	if cur[0] != 0 || cur[1] != 0 || !strings.Contains(d.Reason, "scale to zero") {
+		t.Fatalf("idle: %v (%s), want zero", cur, d.Reason)
+	}
+}
+
+// A swap to a cheaper type happens only when the saving pays for the cold starts.
+func TestMixPlannerSwapsOnlyWhenItPaysBack(t *testing.T) {
+	classes := []MixClass{{In: 500, Out: 100, Rate: 2}}
+	types := []MixType{{Name: "L4", PricePerHour: 0.70, Rates: []float64{4}}, {Name: "H100", PricePerHour: 0.75, Rates: []float64{40}}}
+	for _, tc := range []struct {
+		payBack time.Duration
+		swap    bool
+	}{{time.Hour, false}, {1000 * time.Hour, true}} {
+		m, _ := NewMixPlanner(MixPolicy{StableWindow: time.Minute, MixWindow: time.Minute, DownscaleDelay: time.Minute,
+			ColdStart: 5 * time.Minute, PayBack: tc.payBack, Utilization: 1})
+		t0 := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
+		m.Record(t0, 500, 100)
+		cur := []int{0, 1} // an H100 runs; an L4 would save $0.05/h
+		var d MixDecision
+		for k := range 20 {
+			d = m.Decide(t0.Add(time.Duration(k)*10*time.Second), classes, types, cur, 0)
+			cur = d.Counts
+		}
+		if swapped := cur[0] == 1 && cur[1] == 0; swapped != tc.swap {
+			t.Errorf("payback %v: %v (%s), want swap %v", tc.payBack, cur, d.Reason, tc.swap)
+		}
+	}
+}
