@@ -93,6 +93,43 @@ type MixPlanner struct {
 	pendingDir   int
 	pendingSince time.Time
 	pendingLevel float64
+
+	// memo remembers SolveMix's answers by their inputs; cleared when full.
+	memo map[string]mixAnswer
+}
+
+type mixAnswer struct {
+	s   MixSolution
+	err error
+}
+
+// mixMemoMax bounds the memo: a day's levels × mixes × bounds are far fewer.
+const mixMemoMax = 8192
+
+// solveMix is SolveMix, remembered.
+func (m *MixPlanner) solveMix(classes []MixClass, types []MixType, maxTotal int) (MixSolution, error) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d|", maxTotal)
+	for _, c := range classes {
+		fmt.Fprintf(&b, "%.6g,", c.Rate)
+	}
+	for _, t := range types {
+		fmt.Fprintf(&b, "|%.6g,%d,%d:", t.PricePerHour, t.Min, t.Max)
+		for _, r := range t.Rates {
+			fmt.Fprintf(&b, "%.6g,", r)
+		}
+	}
+	key := b.String()
+	if a, ok := m.memo[key]; ok {
+		return a.s, a.err
+	}
+	s, err := SolveMix(classes, types, maxTotal)
+	if m.memo == nil || len(m.memo) >= mixMemoMax {
+		m.memo = map[string]mixAnswer{}
+	}
+	s.Counts = slices.Clip(s.Counts)
+	m.memo[key] = mixAnswer{s, err}
+	return s, err
 }
 
 // NewMixPlanner returns a planner for p.
@@ -145,7 +182,7 @@ func (m *MixPlanner) Classes(now time.Time) []MixClass {
 			}
 		}
 	}
-	level := stable / m.policy.StableWindow.Seconds()
+	level := quantizeUp(stable / m.policy.StableWindow.Seconds())
 	out := make([]MixClass, k)
 	for c := range k {
 		pi, po := c/(len(MixOutputEdges)+1), c%(len(MixOutputEdges)+1)
@@ -155,6 +192,15 @@ func (m *MixPlanner) Classes(now time.Time) []MixClass {
 		}
 	}
 	return out
+}
+
+// quantizeUp rounds a rate up to a grid of 2 % steps, so that a level that wavers a little
+// asks the same question again (SolveMix's answers are remembered by their inputs).
+func quantizeUp(r float64) float64 {
+	if r <= 0 {
+		return 0
+	}
+	return math.Pow(1.02, math.Ceil(math.Log(r)/math.Log(1.02)))
 }
 
 // middle is a bucket's geometric middle, for a class with no request to average.
@@ -320,14 +366,14 @@ func (m *MixPlanner) solve(classes []MixClass, types []MixType, level float64, a
 		}
 	}
 	load := scaleClasses(classes, 1/p.Utilization)
-	s, err := SolveMix(load, ts, p.MaxReplicas)
+	s, err := m.solveMix(load, ts, p.MaxReplicas)
 	if errors.Is(err, ErrMixInfeasible) && p.MaxReplicas > 0 && atMost == nil {
 		// Serve what MaxReplicas can: the largest share of the load that fits.
 		lo, hi := 0.0, 1.0
 		var fit MixSolution
 		for range 20 {
 			mid := (lo + hi) / 2
-			if t, e := SolveMix(scaleClasses(load, mid), ts, p.MaxReplicas); e == nil {
+			if t, e := m.solveMix(scaleClasses(load, mid), ts, p.MaxReplicas); e == nil {
 				lo, fit = mid, t
 			} else {
 				hi = mid
@@ -341,7 +387,7 @@ func (m *MixPlanner) solve(classes []MixClass, types []MixType, level float64, a
 	if err != nil {
 		return nil, err.Error()
 	}
-	counts := s.Counts
+	counts := slices.Clone(s.Counts)
 	total := 0
 	for _, n := range counts {
 		total += n
@@ -424,4 +470,25 @@ func cmpFloat(a, b float64) int {
 		return 1
 	}
 	return 0
+}
+
+// PlacementTargets is what each type's placement is asked for while the fleet moves to
+// want: a type being cut keeps its replicas until every type has its wanted replicas
+// ready (make before break), so that a change of type never leaves the service short
+// while the new replicas start. alive counts each type's replicas not leaving (starting
+// ones included), ready those ready.
+func PlacementTargets(want, alive, ready []int) []int {
+	short := false
+	for g := range want {
+		if ready[g] < want[g] {
+			short = true
+		}
+	}
+	out := slices.Clone(want)
+	if short {
+		for g := range out {
+			out[g] = max(out[g], min(alive[g], ready[g]))
+		}
+	}
+	return out
 }

@@ -96,3 +96,18 @@ func TestMixPlannerSwapsOnlyWhenItPaysBack(t *testing.T) {
 		}
 	}
 }
+
+func TestPlacementTargetsMakeBeforeBreak(t *testing.T) {
+	// Two L40S → one H100: while the H100 starts, the L40S stay.
+	if got := PlacementTargets([]int{0, 1}, []int{2, 1}, []int{2, 0}); got[0] != 2 || got[1] != 1 {
+		t.Errorf("H100 starting: %v, want the two L40S kept", got)
+	}
+	// Once it is ready they go.
+	if got := PlacementTargets([]int{0, 1}, []int{2, 1}, []int{2, 1}); got[0] != 0 || got[1] != 1 {
+		t.Errorf("H100 ready: %v, want the L40S drained", got)
+	}
+	// A plain downscale is not held.
+	if got := PlacementTargets([]int{1, 0}, []int{2, 0}, []int{2, 0}); got[0] != 1 {
+		t.Errorf("downscale: %v", got)
+	}
+}

@@ -413,6 +413,10 @@ func (pl *Placer) Refused(o Offer, at time.Time) {
 	}
 }
 
+// Offered is offers less those refused within RefusalBackoff: what a plan at now would
+// choose from.
+func (pl *Placer) Offered(now time.Time, offers []Offer) []Offer { return pl.offered(now, offers) }
+
 // offered is offers less those refused within RefusalBackoff; older refusals are forgotten.
 func (pl *Placer) offered(now time.Time, offers []Offer) []Offer {
 	if len(pl.refused) == 0 {

@@ -31,6 +31,15 @@ const (
 	// spot_placer dynamic_fallback) and as the SkyServe paper evaluates it (spread over
 	// zones, overprovisioned spot, on-demand fallback), whatever the spec says of those keys.
 	SkyServeSpotHedge System = "skyserve-spothedge"
+	// ArbiterMix is Arbiter sizing its fleet by the GPU mix (scaling.MixPlanner): how many
+	// replicas of each GPU type the window's request mix needs within the SLO, from each
+	// type's profile, at the least cost, re-decided as the load, the mix and the prices
+	// move. Run on one GPU type (Inputs.GPUs) it is that type alone, sized the same way.
+	ArbiterMix System = "arbiter-mix"
+	// MelangeStatic is Mélange's mix (Griggs et al., arXiv:2404.14527): the same integer
+	// program solved once, for the peak hour of the day's requests, and held all day, with
+	// Arbiter's router and placement (spot where the spec allows it).
+	MelangeStatic System = "melange-static"
 )
 
 // Systems lists them in table order.
@@ -66,6 +75,17 @@ type Inputs struct {
 	// ScanAll, when set, is slo_cheapest's ScanAll: how many candidates a pick predicts
 	// every one of before it samples (to compare the sampling pick with a full scan).
 	ScanAll int
+	// Model is the served model's shape (engine.LookupModel: "llama-3.1-8b"): when set,
+	// each replica runs its own GPU's profile (engine.ProfileOn) instead of Profile, so a
+	// spec offering several GPU types runs a mixed fleet. ArbiterMix and MelangeStatic
+	// need it.
+	Model string
+	// GPUs, when set, keeps only the offers of these accelerators (a single type's run).
+	GPUs []string
+	// Utilization is the mix planner's (scaling.MixPolicy.Utilization; 0: 0.8).
+	Utilization float64
+	// PayBack is the mix planner's (0: an hour).
+	PayBack time.Duration
 }
 
 // Published cold start of a vLLM replica with nothing cached (shared/data/README.md).
@@ -82,8 +102,11 @@ func (in *Inputs) validate() error {
 	if in.ColdStart < 0 || in.ZoneCooldown < 0 || in.SpotOffset < 0 {
 		errs = append(errs, errors.New("sim: ColdStart, ZoneCooldown and SpotOffset must be ≥ 0"))
 	}
-	if err := in.Profile.Validate(); err != nil {
+	if err := in.Profile.Validate(); err != nil && in.Model == "" {
 		errs = append(errs, fmt.Errorf("sim: %w", err))
+	}
+	if in.Utilization < 0 || in.Utilization > 1 || in.PayBack < 0 {
+		errs = append(errs, fmt.Errorf("sim: utilization %v, payback %v: want a fraction in (0, 1] (0: default) and a payback ≥ 0", in.Utilization, in.PayBack))
 	}
 	return errors.Join(errs...)
 }
@@ -133,6 +156,10 @@ func wire(sys System, in *Inputs) (wiring, error) {
 	w.placement.ColdStart = in.ColdStart
 	switch sys {
 	case Arbiter:
+	case ArbiterMix, MelangeStatic:
+		if in.Model == "" {
+			return w, fmt.Errorf("sim: %s needs Inputs.Model (each GPU type's profile)", sys)
+		}
 	case OnDemand:
 		w.placement.UseSpot = false
 	case SkyServe, SkyServeOnDemand, SkyServeSpotHedge:
@@ -186,7 +213,7 @@ func wire(sys System, in *Inputs) (wiring, error) {
 			return d
 		}
 	default:
-		return w, fmt.Errorf("sim: unknown system %q: want %s, %s, %s, %s or %s", sys, Arbiter, SkyServe, OnDemand, SkyServeOnDemand, SkyServeSpotHedge)
+		return w, fmt.Errorf("sim: unknown system %q: want %s, %s, %s, %s, %s, %s or %s", sys, Arbiter, SkyServe, OnDemand, SkyServeOnDemand, SkyServeSpotHedge, ArbiterMix, MelangeStatic)
 	}
 	if w.decideInt <= 0 {
 		w.decideInt = time.Second

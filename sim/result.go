@@ -32,6 +32,10 @@ type Result struct {
 	SLO                    struct{ TTFT, TPOT float64 }
 	// ReplicaHours by "capacity/provider", e.g. "spot/gcp".
 	ReplicaHours map[string]float64
+	// GPUHours and GPUDollars by accelerator (as the offers name it).
+	GPUHours, GPUDollars map[string]float64
+	// Mix says the mix MelangeStatic held (empty for other systems).
+	Mix string
 	Preemptions  int
 	// Launches and LaunchFailures (spot refused by the zone).
 	Launches, LaunchFailures int

@@ -102,6 +102,8 @@ type simulation struct {
 
 	res   *Result
 	cands []*router.Replica
+	// mix is the mixed fleet (Inputs.Model set), nil otherwise.
+	mix *mixFleet
 }
 
 // Run simulates one system on the inputs.
@@ -138,7 +140,10 @@ func Run(sys System, in Inputs) (*Result, error) {
 	s.reqs = in.Requests.Tile(in.Duration)
 	s.drops = s.mkt.Drops(0, in.Duration)
 	s.res = &Result{System: sys, Simulated: in.Duration, Failed: map[string]int{}, ReplicaHours: map[string]float64{},
-		Percentile: w.slo.Percentile}
+		GPUHours: map[string]float64{}, GPUDollars: map[string]float64{}, Percentile: w.slo.Percentile}
+	if err := s.setupMix(); err != nil {
+		return nil, err
+	}
 	s.res.SLO.TTFT, s.res.SLO.TPOT = w.slo.TTFT, w.slo.TPOT
 	s.res.HoldBound = HoldBound(in.Spec)
 	if s.res.Percentile <= 0 {
@@ -286,6 +291,11 @@ func (s *simulation) arrive(tr *traces.Request) {
 	s.arrivals++
 	req := &request{id: uint64(s.next) + 1, tr: tr, heldAt: -1}
 	req.route = router.Request{PromptTokens: max(tr.InputTokens, 1), OutTokens: max(tr.OutputTokens, 1), Prefix: tr.PrefixBlocks, BlockTokens: float64(s.blockTok), SLO: s.w.slo, Streamed: true}
+	if s.mix != nil && s.mix.planner != nil {
+		// The routers' accounting of the request mix (issue 36): its prompt and output
+		// lengths, counted at arrival (a router learns the output length as it streams).
+		s.mix.planner.Record(s.clock(), req.route.PromptTokens, req.route.OutTokens)
+	}
 	s.dispatch(req)
 }
 
@@ -536,6 +546,10 @@ func (s *simulation) sync() {
 // --- the control plane: decide, place, launch, drain ---
 
 func (s *simulation) decide() {
+	if s.mix != nil && s.mix.placers != nil {
+		s.decideMix()
+		return
+	}
 	ready := 0
 	var placed []scaling.Placed
 	for _, r := range s.live {
@@ -551,7 +565,7 @@ func (s *simulation) decide() {
 		fmt.Fprintf(s.in.Trace, "%8.0fs target %d → %d (ready %d): %s\n", s.now.Seconds(), s.target, d.Target, ready, d.Reason)
 	}
 	s.target = d.Target
-	plan := s.placer.Plan(s.clock(), s.target, placed, s.mkt.Offers(s.now))
+	plan := s.placer.Plan(s.clock(), s.target, placed, s.offers())
 	for _, l := range plan.Launch {
 		if s.in.Trace != nil {
 			fmt.Fprintf(s.in.Trace, "%8.0fs launch: %s\n", s.now.Seconds(), l.Reason)
@@ -574,11 +588,11 @@ func (s *simulation) launch(o scaling.Offer) {
 		p := market.Place(o.Provider, o.Region, o.Zone)
 		if held = s.spotHeld(p); held >= s.mkt.SpotLimit(p, s.now) {
 			s.res.LaunchFailures++
-			s.placer.Refused(o, s.clock())
+			s.placerFor(o).Refused(o, s.clock())
 			return
 		}
 	}
-	eng, err := engine.New(s.in.Profile)
+	eng, err := engine.New(s.profileFor(o))
 	if err != nil {
 		panic(err) // validated in Run
 	}
@@ -586,7 +600,7 @@ func (s *simulation) launch(o scaling.Offer) {
 	r := &replica{id: strconv.Itoa(s.nextID), offer: o, launched: s.now, eng: eng, reqs: map[uint64]*request{}}
 	prof := eng.Profile()
 	r.view = router.NewDetachedReplica(fleet.Replica{ID: r.id, Model: "m", Address: "sim:" + r.id, Provider: o.Provider,
-		Region: o.Region, Zone: o.Zone, Capacity: o.Capacity, PricePerHour: o.PricePerHour, Profile: prof.Name}, &prof)
+		Region: o.Region, Zone: o.Zone, Capacity: o.Capacity, PricePerHour: o.PricePerHour, Profile: prof.Name, Accelerator: o.Accelerator}, &prof)
 	s.byView[r.view] = r
 	s.live = append(s.live, r)
 	s.res.Launches++
@@ -679,6 +693,10 @@ func (s *simulation) bill(r *replica) {
 		s.res.SpotDollars += h * r.offer.PricePerHour
 	}
 	s.res.ReplicaHours[string(r.offer.Capacity)+"/"+r.offer.Provider] += h
+	if g := r.offer.Accelerator; g != "" {
+		s.res.GPUHours[g] += h
+		s.res.GPUDollars[g] += h * r.offer.PricePerHour
+	}
 }
 
 // --- spot capacity: notices, preemptions, detection ---
@@ -717,7 +735,7 @@ func (s *simulation) announceDrop(i int) {
 		r.noticed = true
 		s.res.Preemptions++
 		if s.w.useNotices {
-			s.placer.Preempted(r.offer.Provider, r.offer.Region, r.offer.Zone, s.clock())
+			s.placerFor(r.offer).Preempted(r.offer.Provider, r.offer.Region, r.offer.Zone, s.clock())
 			s.drainForPreemption(r)
 		}
 		s.q.push(event{at: max(d.At, s.now), kind: evKill, rep: r})
@@ -751,7 +769,7 @@ func (s *simulation) kill(r *replica) {
 
 func (s *simulation) detected(r *replica) {
 	r.known = true
-	s.placer.Preempted(r.offer.Provider, r.offer.Region, r.offer.Zone, s.clock())
+	s.placerFor(r.offer).Preempted(r.offer.Provider, r.offer.Region, r.offer.Zone, s.clock())
 	s.retire(r)
 	// The balancer keeps it until its next sync; byView stays so a pick can still land on it.
 }

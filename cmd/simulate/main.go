@@ -38,6 +38,9 @@ func run(args []string, out io.Writer) error {
 	if len(args) > 0 && args[0] == "capacity" {
 		return capacity(args[1:], out)
 	}
+	if len(args) > 0 && args[0] == "gpumix" {
+		return gpumix(args[1:], out)
+	}
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	specPath := fs.String("spec", "bench/sim/h100-gcp.yaml", "service.yaml to simulate")
 	reqNames := fs.String("requests", "azure-conversation", "request traces, comma-separated: "+strings.Join(traces.RequestNames(), ", ")+", or file:PATH (an Azure CSV or Mooncake JSONL file)")

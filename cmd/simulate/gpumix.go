@@ -1,0 +1,388 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/market"
+	"github.com/arbiter-serve/arbiter/pricing"
+	"github.com/arbiter-serve/arbiter/sim"
+	"github.com/arbiter-serve/arbiter/spec"
+	"github.com/arbiter-serve/arbiter/traces"
+)
+
+// gpumix answers "which GPUs, how many, at what cost" (issue 36 §4): on each day of each
+// request trace it runs Arbiter's GPU mix (arbiter-mix over every type the spec offers),
+// each type alone with the same planner, Mélange's static mix for the day's peak hour, and
+// SkyServe as it ships with the spec's accelerators as any_of (the cheapest per hour), and
+// compares them at equal SLO attainment.
+func gpumix(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("simulate gpumix", flag.ContinueOnError)
+	specPath := fs.String("spec", "bench/sim/gpumix.yaml", "service.yaml offering several GPU types")
+	reqNames := fs.String("requests", "azure-code,azure-conversation", "request traces, comma-separated")
+	spotName := fs.String("spot", "skypilot-preemption-aws-04-22-2023-v100_1", "spot trace")
+	model := fs.String("model", "llama-3.1-8b", "the served model's shape (each GPU's profile is generated for it)")
+	days := fs.Int("days", 1, "days per request trace")
+	hours := fs.Float64("hours", 24, "simulated hours per day")
+	start := fs.String("start", "2026-08-01", "date whose catalog prices are used (UTC)")
+	cold := fs.Duration("cold-start", sim.DefaultColdStart, "replica launch to ready")
+	util := fs.Float64("utilization", 0, "the mix planner's utilization (headroom), the same for every mix system; 0: calibrated per request trace (calibrateUtilization)")
+	within := fs.Float64("iso-slo-within", 0.005, "how far below Arbiter's SLO attainment counts as equal")
+	systems := fs.String("systems", "arbiter-mix,single,melange-static,skyserve", "what to run: arbiter-mix, single (each type alone), melange-static, skyserve")
+	verbose := fs.Bool("v", false, "print every mix change to stderr")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile here")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	sp, err := spec.Load(*specPath)
+	if err != nil {
+		return err
+	}
+	at, err := time.Parse(time.DateOnly, *start)
+	if err != nil {
+		return fmt.Errorf("-start: %w", err)
+	}
+	cat, err := pricing.Embedded()
+	if err != nil {
+		return err
+	}
+	st, err := traces.NamedSpot(*spotName)
+	if err != nil {
+		return err
+	}
+	if _, err := engine.LookupModel(*model); err != nil {
+		return fmt.Errorf("-model: %w", err)
+	}
+	want := map[string]bool{}
+	for _, s := range strings.Split(*systems, ",") {
+		want[s] = true
+	}
+	gpus, err := offeredGPUs(sp, cat, st, at, out, *spotName)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "| requests | day | system | $ | $/M tokens | SLO attainment | TTFT p90 | TPOT p90 | availability | GPU hours (spot+on-demand) | preemptions | launches | wall |")
+	fmt.Fprintln(out, "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+	var sums []mixSummary
+	for _, rn := range strings.Split(*reqNames, ",") {
+		rt, err := loadRequests(rn)
+		if err != nil {
+			return err
+		}
+		base := sim.Inputs{Spec: sp, Requests: rt, Catalog: cat, Start: at, Spot: st, Duration: time.Duration(*hours * float64(time.Hour)),
+			ColdStart: *cold, ZoneCooldown: 10 * time.Minute, Seed: 1, Warm: true, Model: *model, Utilization: *util}
+		if base.Utilization == 0 {
+			u, att, err := calibrateUtilization(base)
+			if err != nil {
+				return err
+			}
+			base.Utilization = u
+			fmt.Fprintf(out, "<!-- %s: the mix planner's utilization %.2f: the largest of %v at which Arbiter's mix reaches the SLO percentile (%.1f%% over the first 2 h: %.1f%%) -->\n",
+				rn, u, utilizations, 100*sp.Arbiter.SLO.Percentile, 100*att)
+		}
+		if *verbose {
+			base.Trace = os.Stderr
+		}
+		var skyIn sim.Inputs
+		if want["skyserve"] {
+			if skyIn, err = skyServeAnyOf(base, gpus, out, rn); err != nil {
+				return err
+			}
+		}
+		sum := mixSummary{requests: rn}
+		for day := range *days {
+			in := base
+			in.SpotOffset = time.Duration(day) * 24 * time.Hour
+			in.Seed = uint64(day + 1)
+			row := func(label string, r *sim.Result) {
+				printMixRow(out, rn, day, label, r)
+			}
+			var mix *sim.Result
+			if want["arbiter-mix"] {
+				if mix, err = sim.Run(sim.ArbiterMix, in); err != nil {
+					return err
+				}
+				row("arbiter-mix", mix)
+				sum.mix = append(sum.mix, mix)
+			}
+			goal := 0.0
+			if mix != nil {
+				goal = mix.SLOAttainment() - *within
+			}
+			if want["single"] {
+				best, bestType := math.Inf(1), ""
+				for _, g := range gpus {
+					one := in
+					one.GPUs = []string{g}
+					r, cost, label, err := atGoal(one, sim.ArbiterMix, goal)
+					if err != nil {
+						return err
+					}
+					row("alone: "+g+label, r)
+					if cost < best {
+						best, bestType = cost, g
+					}
+				}
+				sum.single = append(sum.single, best)
+				sum.singleType = append(sum.singleType, bestType)
+			}
+			if want["melange-static"] {
+				r, cost, label, err := atGoal(in, sim.MelangeStatic, goal)
+				if err != nil {
+					return err
+				}
+				row("melange-static "+r.Mix+label, r)
+				sum.melange = append(sum.melange, cost)
+			}
+			if want["skyserve"] {
+				s := skyIn
+				s.SpotOffset, s.Seed = in.SpotOffset, in.Seed
+				r, err := sim.Run(sim.SkyServe, s)
+				if err != nil {
+					return err
+				}
+				row("skyserve (any_of, cheapest per hour)", r)
+				sum.sky = append(sum.sky, r)
+			}
+		}
+		sums = append(sums, sum)
+	}
+	printMixSummary(out, sums)
+	return nil
+}
+
+// utilizations are the settings calibrateUtilization tries, highest first.
+var utilizations = []float64{0.8, 0.6, 0.45, 0.35, 0.25, 0.18, 0.12}
+
+// calibrateUtilization is the mix planner's headroom for a request trace: the highest
+// utilization at which Arbiter's mix meets the SLO for the spec's percentile of requests
+// over the trace's first 2 hours. Each GPU's rate within the SLO is for Poisson arrivals
+// of one shape; a real trace is burstier and mixed, by a factor that is the trace's, not
+// a GPU's, so every mix system (each type alone and Mélange's included) runs with it, as
+// the simulator's SkyServe and Arbiter share one calibrated per-replica target.
+func calibrateUtilization(in sim.Inputs) (float64, float64, error) {
+	in.Duration = 2 * time.Hour
+	last := 0.0
+	for _, u := range utilizations {
+		in.Utilization = u
+		r, err := sim.Run(sim.ArbiterMix, in)
+		if err != nil {
+			return 0, 0, err
+		}
+		last = r.SLOAttainment()
+		if last >= in.Spec.Arbiter.SLO.Percentile {
+			return u, last, nil
+		}
+	}
+	return utilizations[len(utilizations)-1], last, nil
+}
+
+// offeredGPUs lists the accelerators the spec's offers name, with each one's cheapest
+// on-demand and spot price at start and its spot zones the trace drives.
+func offeredGPUs(sp *spec.Service, cat *pricing.Catalog, st *traces.SpotTrace, at time.Time, out io.Writer, spotName string) ([]string, error) {
+	m, err := market.New(market.Config{Catalog: cat, Resources: sp.Resources, Start: at, Spot: st})
+	if err != nil {
+		return nil, err
+	}
+	type seen struct {
+		od, spot  float64
+		where     string
+		spotZones map[string]bool
+	}
+	by := map[string]*seen{}
+	var gpus []string
+	for _, o := range m.Offers(0) {
+		s := by[o.Accelerator]
+		if s == nil {
+			s = &seen{od: math.Inf(1), spot: math.Inf(1), spotZones: map[string]bool{}}
+			by[o.Accelerator] = s
+			gpus = append(gpus, o.Accelerator)
+		}
+		if o.Capacity == fleet.Spot {
+			s.spot = min(s.spot, o.PricePerHour)
+			s.spotZones[o.Provider+"/"+o.Zone] = true
+		} else if o.PricePerHour < s.od {
+			s.od, s.where = o.PricePerHour, o.Provider+" "+o.InstanceType
+		}
+	}
+	slices.Sort(gpus)
+	for _, g := range gpus {
+		s := by[g]
+		fmt.Fprintf(out, "<!-- %s: on-demand from $%.3f/h (%s), spot from %s in %d zones %s drives -->\n", g, s.od, s.where, orDash("$%.3f/h", finite(s.spot)), len(s.spotZones), spotName)
+	}
+	return gpus, nil
+}
+
+func finite(x float64) float64 {
+	if math.IsInf(x, 0) {
+		return 0
+	}
+	return x
+}
+
+// skyServeAnyOf is SkyServe's inputs: any_of the spec's accelerators, each replica on the
+// cheapest per hour, target_qps_per_replica calibrated (sim.Calibrate) on that type alone,
+// as a SkyServe user would set it.
+func skyServeAnyOf(base sim.Inputs, gpus []string, out io.Writer, rn string) (sim.Inputs, error) {
+	m, err := market.New(market.Config{Catalog: base.Catalog, Resources: base.Spec.Resources, Start: base.Start, Spot: base.Spot})
+	if err != nil {
+		return base, err
+	}
+	cheapest, price := "", math.Inf(1)
+	for _, o := range m.Offers(0) {
+		if o.Capacity == fleet.OnDemand && o.PricePerHour < price {
+			cheapest, price = o.Accelerator, o.PricePerHour
+		}
+	}
+	name, err := engine.ProfileOn(cheapest, base.Model)
+	if err != nil {
+		return base, err
+	}
+	prof, err := engine.LoadProfile(name)
+	if err != nil {
+		return base, err
+	}
+	cal := base
+	cal.Model, cal.Profile, cal.GPUs = "", *prof, []string{cheapest}
+	c, err := sim.Calibrate(cal, 2*time.Hour, 48)
+	if err != nil {
+		return base, fmt.Errorf("skyserve's calibration on %s: %w", cheapest, err)
+	}
+	sky := base
+	c.Apply(&sky)
+	sky.Profile = *prof
+	fmt.Fprintf(out, "<!-- %s: SkyServe's cheapest per hour is %s ($%.3f/h on demand); %d of them reach %.1f%% SLO attainment over 2 h: target_qps_per_replica %.3g -->\n",
+		rn, cheapest, price, c.Replicas, 100*c.Attainment, c.QPSPerReplica)
+	return sky, nil
+}
+
+// atGoal runs sys, and where its SLO attainment is below goal lowers the mix planner's
+// utilization (more headroom) until it is not, returning the cost at goal interpolated
+// between the two settings either side (equalSLOCost).
+func atGoal(in sim.Inputs, sys sim.System, goal float64) (*sim.Result, float64, string, error) {
+	r, err := sim.Run(sys, in)
+	if err != nil {
+		return nil, 0, "", err
+	}
+	if goal <= 0 || r.SLOAttainment() >= goal {
+		return r, r.Dollars, "", nil
+	}
+	below := r
+	u := in.Utilization
+	if u <= 0 {
+		u = sim.DefaultUtilization
+	}
+	for _, f := range []float64{0.8, 0.65, 0.5, 0.35, 0.25} {
+		in2 := in
+		in2.Utilization = u * f
+		r2, err := sim.Run(sys, in2)
+		if err != nil {
+			return nil, 0, "", err
+		}
+		if r2.SLOAttainment() >= goal {
+			cost, _ := equalSLOCost(goal, r2, below)
+			return r2, cost, fmt.Sprintf(" (utilization %.2f to reach Arbiter's SLO attainment; at it: $%.2f)", in2.Utilization, cost), nil
+		}
+		below = r2
+	}
+	return below, math.Inf(1), " (misses Arbiter's SLO attainment even at utilization 0.2)", nil
+}
+
+func printMixRow(out io.Writer, rn string, day int, label string, r *sim.Result) {
+	var hs []string
+	keys := make([]string, 0, len(r.GPUHours))
+	for k := range r.GPUHours {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		hs = append(hs, fmt.Sprintf("%s %.1f", k, r.GPUHours[k]))
+	}
+	fmt.Fprintf(out, "| %s | %d | %s | %.2f | %.3f | %s | %.2fs | %.1fms | %s | %s | %d | %d | %.1fs |\n",
+		rn, day, label, r.Dollars, r.DollarsPerMillionTokens(), pct(r.SLOAttainment()), r.TTFT, 1000*r.TPOT,
+		pct(r.Availability()), strings.Join(hs, ", "), r.Preemptions, r.Launches, r.Wall.Seconds())
+}
+
+// mixSummary is one request trace's days.
+type mixSummary struct {
+	requests   string
+	mix, sky   []*sim.Result
+	single     []float64 // the best single type's $ at Arbiter's attainment, per day
+	singleType []string
+	melange    []float64
+}
+
+func printMixSummary(out io.Writer, ss []mixSummary) {
+	fmt.Fprintln(out, "\n| requests | days | Arbiter's mix $/day | SLO attainment | ÷ best single type (which) | ÷ melange-static | ÷ SkyServe any_of (its SLO attainment) |")
+	fmt.Fprintln(out, "|---|---:|---:|---:|---|---|---|")
+	for _, s := range ss {
+		var cost, att, vsSingle, vsMel, vsSky, skyAtt []float64
+		for i, m := range s.mix {
+			cost = append(cost, m.Dollars)
+			att = append(att, m.SLOAttainment())
+			if i < len(s.single) {
+				vsSingle = append(vsSingle, m.Dollars/s.single[i])
+			}
+			if i < len(s.melange) {
+				vsMel = append(vsMel, m.Dollars/s.melange[i])
+			}
+			if i < len(s.sky) {
+				vsSky = append(vsSky, m.Dollars/s.sky[i].Dollars)
+				skyAtt = append(skyAtt, s.sky[i].SLOAttainment())
+			}
+		}
+		types := map[string]int{}
+		for _, t := range s.singleType {
+			types[t]++
+		}
+		var tl []string
+		for t, n := range types {
+			tl = append(tl, fmt.Sprintf("%s ×%d", t, n))
+		}
+		slices.Sort(tl)
+		fmt.Fprintf(out, "| %s | %d | %s | %s | %s (%s) | %s | %s (%s) |\n", s.requests, len(s.mix), spread(cost), spreadPct(att),
+			spreadRatio(vsSingle), strings.Join(tl, ", "), spreadRatio(vsMel), spreadRatio(vsSky), spreadPct(skyAtt))
+	}
+}
+
+func spreadRatio(xs []float64) string {
+	if len(xs) == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f× (%.2f–%.2f)", mean(xs), minOf(xs), maxOf(xs))
+}
+
+func spreadPct(xs []float64) string {
+	if len(xs) == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f%% (%.2f–%.2f%%)", 100*mean(xs), 100*minOf(xs), 100*maxOf(xs))
+}
+
+func maxOf(xs []float64) float64 {
+	m := math.Inf(-1)
+	for _, x := range xs {
+		m = max(m, x)
+	}
+	return m
+}
