@@ -74,8 +74,9 @@ type lws struct {
 // LWS_WORKER_INDEX in each container. With restartPolicy RecreateGroupOnPodRestart, a group
 // one of whose pods is gone is recreated whole: its other pods are deleted, then all are
 // created again. It does not go through StatefulSets (the real controller does), run
-// webhooks or default fields, roll out template changes, or collect a deleted
-// LeaderWorkerSet's pods (nothing in this cluster garbage-collects). What it proves is
+// webhooks or default fields, or roll out template changes, and of the garbage collector's
+// work it does only this: pods it creates for a LeaderWorkerSet deleted meanwhile are
+// deleted again (nothing else in this cluster collects them). What it proves is
 // only that Arbiter's object is valid against the API's schema and that Arbiter drives a
 // group made the way the reference says the controller makes it.
 type LWSController struct {
@@ -193,6 +194,13 @@ func (l *LWSController) group(ctx context.Context, s *lws, g, size int) error {
 		if err := l.createPod(ctx, s, g, i, size, n, leader); err != nil && !apierrors.IsAlreadyExists(err) {
 			return err
 		}
+	}
+	// Deleted meanwhile: what the garbage collector would do to the pods it owned.
+	if err := l.c.Admin.GetJSON(ctx, lwsGroupVersion, "leaderworkersets", s.Namespace, s.Name, nil); apierrors.IsNotFound(err) {
+		for _, n := range names {
+			_ = l.c.Admin.Delete(ctx, coreclient.Pods, s.Namespace, n, metav1.DeleteOptions{})
+		}
+		return nil
 	}
 	l.mu.Lock()
 	l.started[leader] = true
