@@ -29,10 +29,11 @@ import (
 // (each with its own client token and user data that knows its rank), and once all run
 // tags every instance with every node's private IP, head first (tagNodeIPs), which each
 // script reads from its instance metadata (tags in IMDS, enabled at launch) and exports as
-// SKYPILOT_NODE_IPS before its setup, as SkyPilot's job does. The group is all or nothing:
-// a node EC2 refuses (InsufficientInstanceCapacity for the group: its hardware is full) or
-// that does not run terminates the nodes already launched and deletes the group, and the
-// launch is ErrNoCapacity where EC2 said so, so placement tries elsewhere.
+// SKYPILOT_NODE_IPS after its setup, before its run (as a kubernetes group's pods do). The
+// group is all or nothing: a node EC2 refuses (InsufficientInstanceCapacity for the group:
+// its hardware is full) or that does not run terminates the nodes already launched and
+// deletes the group, and the launch is ErrNoCapacity where EC2 said so, so placement tries
+// elsewhere.
 //
 // The replica's handle is region/i-head,i-1,…/group: Status is gone as soon as one
 // instance is (an interrupted spot node takes the whole replica, whose notice names it),
