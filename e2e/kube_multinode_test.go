@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes"
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes/coreclient"
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes/kubetest"
@@ -25,7 +26,27 @@ import (
 // request fail; serve down leaves no pod.
 func TestKubernetesMultiNodeGroupReplacedWhole(t *testing.T) {
 	t.Parallel() // each has its own clusters, home and ports; most of their time is waiting
-	k := startKube(t, "gke-mn", "127.0.57.1/24")
+	testKubeMultiNode(t, startKube(t, "gke-mn", "127.0.57.1/24"), false)
+}
+
+// The same on a cluster that serves the LeaderWorkerSet API, as the control plane's
+// ServiceAccount (deploy/kubernetes/rbac.yaml): each replica is one LeaderWorkerSet, whose
+// controller makes the pods, and the deleted worker makes the controller recreate the
+// group while Arbiter replaces the replica by a new LeaderWorkerSet; serve down leaves no
+// LeaderWorkerSet and no pod.
+//
+// NOTE: the LeaderWorkerSet CRD is a STAND-IN written from the API's reference, and its
+// controller a TEST-ONLY SIMULATION (kubetest.LWSController): the sigs.k8s.io/lws module is
+// not served by the module proxy this project uses.
+func TestKubernetesMultiNodeLeaderWorkerSetReplacedWhole(t *testing.T) {
+	t.Parallel()
+	k := startKube(t, "gke-lws", "127.0.59.1/24")
+	k.InstallLeaderWorkerSet()
+	k.StartLWSController("arbiter")
+	testKubeMultiNode(t, k, true)
+}
+
+func testKubeMultiNode(t *testing.T, k *kubetest.Cluster, lws bool) {
 	for _, z := range []string{"us-central1-a", "us-central1-b"} {
 		for i := range 4 {
 			k.AddNode(kubetest.GKENode(fmt.Sprintf("spot-%s-%d", z[len(z)-1:], i), "us-central1", z, true, 1))
@@ -33,7 +54,10 @@ func TestKubernetesMultiNodeGroupReplacedWhole(t *testing.T) {
 	}
 	c := newCluster(t)
 	useClusters(t, c, k)
-	const name, model = "mnk", "mnk-model"
+	name, model := "mnk", "mnk-model"
+	if lws {
+		name, model = "mnl", "mnl-model"
+	}
 	yaml := strings.Replace(kubeSpec(model, `replicas: 2`), "run: exec replicasim",
 		`num_nodes: 2
 run: test "$SKYPILOT_NUM_NODES" = 2 && test "$(echo "$SKYPILOT_NODE_IPS" | wc -l)" = 2 && test "$(echo "$SKYPILOT_NODE_IPS" | sed -n "$((SKYPILOT_NODE_RANK+1))p")" = "$POD_IP" && exec replicasim`, 1)
@@ -56,7 +80,18 @@ run: test "$SKYPILOT_NUM_NODES" = 2 && test "$(echo "$SKYPILOT_NODE_IPS" | wc -l
 	zones := map[string]bool{}
 	for _, p := range pods {
 		zones[strings.TrimRight(p.Spec.NodeName, "0123456789")] = true // spot-a-, spot-b-
-		switch p.Labels[kubernetes.LabelNodeRank] {
+		rank := p.Labels[kubernetes.LabelNodeRank]
+		if lws {
+			owner, err := control.ProviderOwner(c.home)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Labels[kubernetes.LabelLWSName] != kubernetes.LWSName(owner, victim.ID) {
+				t.Errorf("pod %s is not its LeaderWorkerSet's: labels %v", p.Name, p.Labels)
+			}
+			rank = p.Labels[kubernetes.LabelLWSWorkerIndex]
+		}
+		switch rank {
 		case "0":
 			if want := net.JoinHostPort(p.Status.PodIP, "8000"); victim.Address != want {
 				t.Errorf("replica %s's address is %s; want its head pod's, %s", victim.ID, victim.Address, want)
@@ -99,7 +134,17 @@ run: test "$SKYPILOT_NUM_NODES" = 2 && test "$(echo "$SKYPILOT_NODE_IPS" | wc -l
 	if left != 0 {
 		t.Fatalf("serve down left %d pods", left)
 	}
-	benchLine(t, "worker pod of a 2-node replica deleted under load", rows, l, replaced, left)
+	if lws {
+		var sets struct{ Items []kubernetes.LeaderWorkerSet }
+		if err := k.Admin.ListJSON(context.Background(), "leaderworkerset.x-k8s.io/v1", "leaderworkersets", "arbiter", &sets); err != nil || len(sets.Items) != 0 {
+			t.Fatalf("serve down left LeaderWorkerSets: %d (%v)", len(sets.Items), err)
+		}
+	}
+	what := "worker pod of a 2-node replica deleted under load"
+	if lws {
+		what = "worker pod of a 2-node LeaderWorkerSet replica deleted under load"
+	}
+	benchLine(t, what, rows, l, replaced, left)
 }
 
 func podNames(ps []corev1.Pod) []string {

@@ -58,9 +58,10 @@
 //     (Service.Warnings) that they have no effect, as SkyPilot ignores a cloud's keys on
 //     another cloud. Unknown keys are refused.
 //   - num_nodes: N ≥ 1; a replica is a group of N nodes (local processes, kubernetes
-//     pods in one zone) launched, probed through the head (rank 0), billed N times,
-//     preempted and terminated together. Refused on aws and runpod, which launch one
-//     machine per replica.
+//     pods in one zone or one LeaderWorkerSet, aws instances in one cluster placement
+//     group) launched, probed through the head (rank 0), billed N times, preempted and
+//     terminated together. At most 16 on aws; refused on runpod, which launches one pod
+//     per replica.
 //
 // # Arbiter's keys
 //

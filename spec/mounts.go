@@ -233,6 +233,9 @@ var dns1123 = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-
 
 func isAWS(p string) bool { return p == "aws" }
 
+// awsMaxNodes is the aws provider's limit on num_nodes (replicas/aws.MaxNodes).
+const awsMaxNodes = 16
+
 // config reads SkyPilot's config: block; what each key means here is settled in
 // checkMounts, which knows the providers.
 func (d *decoder) config(n *yaml.Node) TaskConfig {
@@ -340,10 +343,14 @@ func (d *decoder) checkMounts(s *Service) {
 	}
 	if s.NumNodes > 1 {
 		// The local provider (and sim, which runs its replicas through it) launches a
-		// replica's nodes as a process group, kubernetes as a pod group; aws and runpod
-		// launch one machine per replica.
-		if p := uses(func(p string) bool { return !localish(p) && !IsKubernetes(p) }); p != "" {
-			d.errorAt("num_nodes", "num_nodes: %d: the %s provider launches a replica on one machine; run multi-node replicas on the local or kubernetes provider", s.NumNodes, p)
+		// replica's nodes as a process group, kubernetes as a pod group (or a
+		// LeaderWorkerSet), aws as instances in one cluster placement group; runpod
+		// launches one pod per replica, with no way to place several together.
+		if p := uses(func(p string) bool { return !localish(p) && !IsKubernetes(p) && !isAWS(p) }); p != "" {
+			d.errorAt("num_nodes", "num_nodes: %d: the %s provider launches a replica on one machine; run multi-node replicas on the local, kubernetes or aws provider", s.NumNodes, p)
+		}
+		if s.NumNodes > awsMaxNodes && uses(isAWS) != "" {
+			d.errorAt("num_nodes", "num_nodes: %d: the aws provider launches at most %d nodes a replica (every node's IP reaches the nodes in one EC2 tag, at most 256 characters)", s.NumNodes, awsMaxNodes)
 		}
 	}
 }

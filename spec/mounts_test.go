@@ -73,6 +73,9 @@ arbiter: {providers: [kubernetes]}
 	if s := mustParse(t, minimal+"num_nodes: 2\narbiter: {providers: [kubernetes, kubernetes:gke]}\n"); s.NumNodes != 2 {
 		t.Errorf("num_nodes: 2 on kubernetes read as %d", s.NumNodes)
 	}
+	if s := mustParse(t, minimal+"num_nodes: 16\narbiter: {providers: [aws]}\n"); s.NumNodes != 16 {
+		t.Errorf("num_nodes: 16 on aws read as %d", s.NumNodes)
+	}
 }
 
 // Each key a provider cannot honour is refused at its place, naming the key and the
@@ -98,8 +101,8 @@ func TestMountRefusals(t *testing.T) {
 		{"pod_config on kubernetes", minimal + "config:\n  kubernetes:\n    pod_config: {spec: {}}\narbiter: {providers: [kubernetes]}\n", 6, 5, "config.kubernetes.pod_config: the kubernetes provider does not merge a pod_config"},
 		{"ecc on aws", minimal + "config:\n  nvidia_gpus: {disable_ecc: true}\narbiter: {providers: [aws]}\n", 5, 17, "config.nvidia_gpus.disable_ecc: the aws provider"},
 		{"unknown config key", minimal + "config:\n  kubernetes: {pod_confg: {}}\n", 5, 16, `unknown key "pod_confg" in config.kubernetes`},
-		{"num_nodes on aws", minimal + "num_nodes: 2\narbiter: {providers: [aws]}\n", 4, 12, "num_nodes: 2: the aws provider launches a replica on one machine"},
-		{"num_nodes on runpod", minimal + "num_nodes: 2\narbiter: {providers: [local, runpod]}\n", 4, 12, "num_nodes: 2: the runpod provider launches a replica on one machine; run multi-node replicas on the local or kubernetes provider"},
+		{"num_nodes past aws's limit", minimal + "num_nodes: 17\narbiter: {providers: [aws]}\n", 4, 12, "num_nodes: 17: the aws provider launches at most 16 nodes a replica"},
+		{"num_nodes on runpod", minimal + "num_nodes: 2\narbiter: {providers: [local, runpod]}\n", 4, 12, "num_nodes: 2: the runpod provider launches a replica on one machine; run multi-node replicas on the local, kubernetes or aws provider"},
 		{"num_nodes zero", minimal + "num_nodes: 0\n", 4, 12, "num_nodes: want an integer ≥ 1"},
 	}
 	for _, tt := range tests {

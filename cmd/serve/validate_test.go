@@ -104,6 +104,7 @@ func TestValidateSkyPilotMountForms(t *testing.T) {
 		{file: "volumes-kubernetes.yaml", resolved: []string{"volumes:\n  /root/.cache/huggingface: hf-cache\n", "labels: {team: search}"}},
 		{file: "num-nodes.yaml", resolved: []string{"num_nodes: 2\n"}},
 		{file: "num-nodes-kubernetes.yaml", resolved: []string{"num_nodes: 2\n", "providers: [kubernetes]"}},
+		{file: "num-nodes-aws.yaml", resolved: []string{"num_nodes: 2\n", "providers: [aws]"}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			out, errOut, err := runServe(t, "validate", filepath.Join("testdata/skypilot", tc.file))
@@ -121,9 +122,9 @@ func TestValidateSkyPilotMountForms(t *testing.T) {
 		})
 	}
 	// A replica over several machines where each replica is one machine is refused.
-	if _, _, err := runServe(t, "validate", "testdata/skypilot/num-nodes-aws.yaml"); err == nil ||
-		!strings.Contains(err.Error(), "num-nodes-aws.yaml:2:12: num_nodes: 2: the aws provider launches a replica on one machine; run multi-node replicas on the local or kubernetes provider") {
-		t.Errorf("num_nodes on aws: %v", err)
+	if _, _, err := runServe(t, "validate", "testdata/skypilot/num-nodes-runpod.yaml"); err == nil ||
+		!strings.Contains(err.Error(), "num-nodes-runpod.yaml:3:12: num_nodes: 2: the runpod provider launches a replica on one machine; run multi-node replicas on the local, kubernetes or aws provider") {
+		t.Errorf("num_nodes on runpod: %v", err)
 	}
 	_, _, err := runServe(t, "validate", "testdata/skypilot/refused-mounts.yaml")
 	for _, w := range []string{

@@ -50,7 +50,7 @@ func (p *Provider) pollSpot(ctx context.Context, region string) error {
 	watched := map[string]spotWatch{} // by request id
 	handles := map[string]string{}
 	for h, w := range p.spotReqs {
-		if r, _, err := splitHandle(h); err == nil && r == region && w.requestID != "" && !p.notices.Sent(h) {
+		if r, _, err := splitHandle(h); err == nil && r == region && w.requestID != "" && !p.notices.Sent(p.replicaHandle(h)) {
 			watched[w.requestID] = w
 			handles[w.requestID] = h
 		}
@@ -90,4 +90,13 @@ func (p *Provider) noticeFrom(r types.SpotInstanceRequest, watched map[string]sp
 	}
 	p.notify(replicas.Notice{ReplicaID: w.replicaID, Handle: h, Deadline: at.Add(spotNotice),
 		Reason: aws.ToString(r.Status.Code) + ": " + aws.ToString(r.Status.Message)})
+}
+
+// replicaHandle is the handle of the replica an instance is (its group's for a node of a
+// multi-node replica). Caller holds p.mu.
+func (p *Provider) replicaHandle(h string) string {
+	if m, ok := p.members[h]; ok {
+		return m.group
+	}
+	return h
 }

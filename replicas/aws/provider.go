@@ -68,6 +68,8 @@ type Provider struct {
 	launched map[string]time.Time
 	// spotReqs: this owner's spot instances, by handle, to watch for interruption notices.
 	spotReqs map[string]spotWatch
+	// members: the instances of multi-node replicas, by instance handle (group.go).
+	members map[string]member
 }
 
 type spotWatch struct {
@@ -103,7 +105,7 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 	}
 	p := &Provider{cfg: cfg, base: base, notices: replicas.NewNotifier(64),
 		clients: map[string]*ec2.Client{}, images: map[string]ami{}, zones: map[string]zoneMap{}, spot: map[string]spotPrices{},
-		launched: map[string]time.Time{}, spotReqs: map[string]spotWatch{}}
+		launched: map[string]time.Time{}, spotReqs: map[string]spotWatch{}, members: map[string]member{}}
 	p.catalog = sync.OnceValues(cfg.Catalog)
 	for region := range cfg.InterruptionQueues {
 		if !p.servesRegion(region) {
@@ -203,14 +205,44 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 	if port == 0 {
 		port = DefaultPort
 	}
-	script, err := userData(ls, port)
-	if err != nil {
-		return replicas.Instance{}, err
-	}
 	price := 0.0
 	if ls.PricePerHour != nil {
 		price = *ls.PricePerHour
 	}
+	if ls.Nodes() > 1 {
+		return p.launchGroup(ctx, c, ls, region, image, port, price, what)
+	}
+	script, err := userData(ls, port, 0)
+	if err != nil {
+		return replicas.Instance{}, err
+	}
+	in := p.runInput(ls, image, script, price, port)
+	out, err := p.runInstances(ctx, c, in)
+	if err != nil {
+		return replicas.Instance{}, classify(err, what)
+	}
+	if len(out.Instances) != 1 || out.Instances[0].InstanceId == nil {
+		return replicas.Instance{}, fmt.Errorf("%s: RunInstances answered %d instances", what, len(out.Instances))
+	}
+	id := aws.ToString(out.Instances[0].InstanceId)
+	handle := handleOf(region, id)
+	p.mu.Lock()
+	p.launched[handle] = p.cfg.Now()
+	p.mu.Unlock()
+	p.cfg.Log.Info("aws instance launched", "replica", ls.ReplicaID, "instance", id, "region", region, "zone", ls.Zone,
+		"type", ls.InstanceType, "capacity", ls.Capacity)
+	inst, err := p.awaitRunning(ctx, c, region, id)
+	if err != nil {
+		// Not left behind: a replica that never ran is terminated before the error is said.
+		p.terminateQuietly(c, id)
+		return replicas.Instance{}, fmt.Errorf("%s: instance %s: %w", what, id, err)
+	}
+	return inst, nil
+}
+
+// runInput is the RunInstances call of one instance of a replica: its image, type, zone,
+// user data, tags, disk and market.
+func (p *Provider) runInput(ls replicas.LaunchSpec, image ami, script string, price float64, port int) *ec2.RunInstancesInput {
 	in := &ec2.RunInstancesInput{
 		ImageId:      aws.String(image.id),
 		InstanceType: types.InstanceType(ls.InstanceType),
@@ -260,27 +292,7 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 			SpotOptions: &types.SpotMarketOptions{SpotInstanceType: types.SpotInstanceTypeOneTime,
 				InstanceInterruptionBehavior: types.InstanceInterruptionBehaviorTerminate}}
 	}
-	out, err := p.runInstances(ctx, c, in)
-	if err != nil {
-		return replicas.Instance{}, classify(err, what)
-	}
-	if len(out.Instances) != 1 || out.Instances[0].InstanceId == nil {
-		return replicas.Instance{}, fmt.Errorf("%s: RunInstances answered %d instances", what, len(out.Instances))
-	}
-	id := aws.ToString(out.Instances[0].InstanceId)
-	handle := handleOf(region, id)
-	p.mu.Lock()
-	p.launched[handle] = p.cfg.Now()
-	p.mu.Unlock()
-	p.cfg.Log.Info("aws instance launched", "replica", ls.ReplicaID, "instance", id, "region", region, "zone", ls.Zone,
-		"type", ls.InstanceType, "capacity", ls.Capacity)
-	inst, err := p.awaitRunning(ctx, c, region, id)
-	if err != nil {
-		// Not left behind: a replica that never ran is terminated before the error is said.
-		p.terminateQuietly(c, id)
-		return replicas.Instance{}, fmt.Errorf("%s: instance %s: %w", what, id, err)
-	}
-	return inst, nil
+	return in
 }
 
 // runInstances calls RunInstances, and again with the same client token when the first
@@ -431,6 +443,7 @@ func (p *Provider) List(ctx context.Context) ([]replicas.Instance, error) {
 		if err != nil {
 			return nil, err
 		}
+		var found []types.Instance
 		pages := ec2.NewDescribeInstancesPaginator(c, &ec2.DescribeInstancesInput{Filters: []types.Filter{
 			{Name: aws.String("tag:" + TagOwner), Values: []string{p.cfg.Owner}},
 			{Name: aws.String("instance-state-name"), Values: liveStates},
@@ -442,17 +455,22 @@ func (p *Provider) List(ctx context.Context) ([]replicas.Instance, error) {
 			}
 			for _, r := range page.Reservations {
 				for _, inst := range r.Instances {
-					out = append(out, p.instance(region, inst))
+					found = append(found, inst)
 					p.watch(region, inst)
 				}
 			}
 		}
+		// A multi-node replica's instances are one replica.
+		out = append(out, p.groupInstances(region, found)...)
 	}
 	return out, nil
 }
 
 // Status implements replicas.Provider.
 func (p *Provider) Status(ctx context.Context, handle string) (replicas.Status, string, error) {
+	if region, ids, _, ok := splitGroup(handle); ok {
+		return p.statusGroup(ctx, region, ids)
+	}
 	region, id, err := splitHandle(handle)
 	if err != nil {
 		return "", "", err
@@ -483,8 +501,12 @@ func (p *Provider) Status(ctx context.Context, handle string) (replicas.Status, 
 }
 
 // Terminate implements replicas.Provider: TerminateInstances, then waits until EC2 says
-// terminated (or no longer knows the instance).
+// terminated (or no longer knows the instance). A multi-node replica's instances are all
+// terminated, then its placement group deleted.
 func (p *Provider) Terminate(ctx context.Context, handle string) error {
+	if region, ids, group, ok := splitGroup(handle); ok {
+		return p.terminateGroup(ctx, handle, region, ids, group)
+	}
 	region, id, err := splitHandle(handle)
 	if err != nil {
 		return err

@@ -3,6 +3,8 @@ package aws
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -125,9 +127,18 @@ func (p *Provider) queuedEvent(region string, m types.Message) bool {
 	return p.notify(replicas.Notice{ReplicaID: w.replicaID, Handle: h, Deadline: at.Add(spotNotice), Reason: reason})
 }
 
-// notify sends one notice per instance, whichever source saw it first, and says whether
-// the instance has had it (false: nobody read it now, and its source says it again).
+// notify sends one notice per replica, whichever source saw it first, and says whether
+// the replica has had it (false: nobody read it now, and its source says it again).
 func (p *Provider) notify(n replicas.Notice) bool {
+	// One node of a multi-node replica takes the whole replica: one notice, for its handle.
+	p.mu.Lock()
+	m, inGroup := p.members[n.Handle]
+	p.mu.Unlock()
+	if inGroup {
+		_, id, _ := strings.Cut(n.Handle, "/")
+		n.Reason = fmt.Sprintf("node %d of %d (instance %s): %s", m.rank, m.n, id, n.Reason)
+		n.Handle, n.ReplicaID = m.group, m.replicaID
+	}
 	first := !p.notices.Sent(n.Handle)
 	ok := p.notices.Send(n)
 	if first && ok {

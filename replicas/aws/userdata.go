@@ -23,6 +23,9 @@ const maxUserData = 16 << 10
 const (
 	envHost = "ARBITER_HOST"
 	envDir  = "ARBITER_DIR"
+	// envIMDS is where the instance metadata service answers: unset on EC2
+	// (169.254.169.254); the test double serves each instance's own.
+	envIMDS = "ARBITER_IMDS"
 )
 
 // userData is the cloud-init script that turns a fresh instance into a replica: the
@@ -31,7 +34,7 @@ const (
 // (https://cloudinit.readthedocs.io/en/latest/explanation/format.html). The replica runs
 // as a transient systemd unit so the script (and cloud-init's final stage) ends; where
 // systemd is not running it runs in the script's place.
-func userData(ls replicas.LaunchSpec, port int) (string, error) {
+func userData(ls replicas.LaunchSpec, port, rank int) (string, error) {
 	tag, err := delimiter(ls.Setup + ls.Run)
 	if err != nil {
 		return "", err
@@ -50,14 +53,30 @@ func userData(ls replicas.LaunchSpec, port int) (string, error) {
 		export(k, ls.Envs[k])
 	}
 	fmt.Fprintf(&b, "export %s=\"${%s:-0.0.0.0}\"\nexport %s=\"${%s:-/opt/arbiter}\"\n", envHost, envHost, envDir, envDir)
+	nodeEnvs, awaitIPs := "", ""
+	if n := ls.Nodes(); n > 1 {
+		// SkyPilot's node variables, which a multi-node run: script reads (rank 0 is the
+		// head the router talks to). Every node's IP is known only once all run: the
+		// provider then tags each instance with the list (tagNodeIPs), and the script reads
+		// it from the instance metadata (IMDSv2, tags enabled at launch) after its setup,
+		// before its run, as a pod of a kubernetes group does.
+		export("SKYPILOT_NODE_RANK", strconv.Itoa(rank))
+		export("SKYPILOT_NUM_NODES", strconv.Itoa(n))
+		awaitIPs = fmt.Sprintf("imds=\"${%s:-http://169.254.169.254}\"\n", envIMDS) +
+			fmt.Sprintf("echo \"arbiter: node %d of %d waits for every node's IP\" >&2\n", rank, n) +
+			`until ips="$(curl -sf -H "X-aws-ec2-metadata-token: $(curl -sf -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 300' "$imds/latest/api/token")" "$imds/latest/meta-data/tags/instance/` + tagNodeIPs + `")" && [ -n "$ips" ]; do sleep 1; done` + "\n" +
+			"export SKYPILOT_NODE_IPS=\"$(printf '%s\\n' $ips)\"\n"
+		nodeEnvs = " --setenv=SKYPILOT_NODE_RANK --setenv=SKYPILOT_NUM_NODES --setenv=SKYPILOT_NODE_IPS"
+	}
 	fmt.Fprintf(&b, "mkdir -p \"$%s\"\ncd \"$%s\"\n", envDir, envDir)
 	b.WriteString(s3Mounts(ls.FileMounts))
 	fmt.Fprintf(&b, "cat > setup.sh <<'%s'\n%s\n%s\n", tag, ls.Setup, tag)
 	fmt.Fprintf(&b, "cat > run.sh <<'%s'\n%s\n%s\n", tag, ls.Run, tag)
 	b.WriteString("bash setup.sh > setup.log 2>&1\n")
+	b.WriteString(awaitIPs)
 	b.WriteString("if [ -d /run/systemd/system ] && command -v systemd-run > /dev/null; then\n")
 	b.WriteString("  exec systemd-run --unit=arbiter-replica --collect --property=WorkingDirectory=\"$" + envDir + "\" " +
-		"--setenv=PORT --setenv=" + envHost + " --setenv=ARBITER_REPLICA_ID --setenv=ARBITER_SERVICE --setenv=SKYPILOT_NUM_GPUS_PER_NODE" + setenvs(keys) +
+		"--setenv=PORT --setenv=" + envHost + " --setenv=ARBITER_REPLICA_ID --setenv=ARBITER_SERVICE --setenv=SKYPILOT_NUM_GPUS_PER_NODE" + nodeEnvs + setenvs(keys) +
 		" /bin/bash -c 'exec bash run.sh > run.log 2>&1'\nfi\n")
 	b.WriteString("exec bash run.sh > run.log 2>&1\n")
 	if b.Len() > maxUserData {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -46,7 +47,9 @@ func (p *Provider) groupHandle(ns, replicaID string, n int) string {
 
 // handleFor is the handle of the replica pod belongs to: its own, or its group's.
 func (p *Provider) handleFor(pod *corev1.Pod) string {
-	if n := podNodes(pod); n > 1 {
+	if n := podNodes(pod); n > 1 && pod.Labels[LabelLWSName] != "" {
+		return lwsHandle(pod.Namespace, pod.Labels[LabelLWSName], n)
+	} else if n > 1 {
 		return p.groupHandle(pod.Namespace, pod.Annotations[annReplicaID], n)
 	}
 	return handleOf(pod)
@@ -75,30 +78,46 @@ func groupPods(handle string) []string {
 	return out
 }
 
-// launchGroup creates a multi-node replica's pods, waits until every one runs with an
-// IP (the same budgets as one pod's launch: a pod the scheduler cannot place in time is
-// no capacity for the whole group), gives each the list of IPs, and returns the replica
-// with the head's address. When one pod fails the others are deleted too: the group is
-// all or nothing. If ctx ends first the pods are left, as for one pod.
+// launchGroup creates a multi-node replica's pods (through a LeaderWorkerSet where the
+// cluster serves the API, lws.go, else itself), waits until every one runs with an IP
+// (the same budgets as one pod's launch: a pod the scheduler cannot place in time is no
+// capacity for the whole group), gives each the list of IPs, and returns the replica with
+// the head's address. When one pod fails the others are deleted too: the group is all or
+// nothing. If ctx ends first the pods are left, as for one pod.
 func (p *Provider) launchGroup(ctx context.Context, ls replicas.LaunchSpec, ps podSpec, price float64) (replicas.Instance, error) {
 	n := ls.Nodes()
-	handle := p.groupHandle(ps.namespace, ls.ReplicaID, n)
-	pods := groupPods(handle)
 	created := p.cfg.Now()
-	for rank := range n {
-		pod := buildPod(ls, ps, price, rank)
-		if err := p.client.Create(ctx, coreclient.Pods, ps.namespace, pod, &corev1.Pod{}); err != nil {
-			// The name is the replica's own: delete every pod of the group by name, those
-			// this launch made and any the apiserver made despite an error, but never one
-			// that existed before (AlreadyExists on the first pod: someone else's).
-			if rank > 0 || !apierrors.IsAlreadyExists(err) {
+	var handle string
+	if p.servesLWS(ctx) {
+		h, err := p.createLWS(ctx, ls, ps, price)
+		if err != nil {
+			return replicas.Instance{}, err
+		}
+		handle = h
+		if err := p.awaitControllerPods(ctx, handle, created); err != nil {
+			if ctx.Err() == nil {
 				p.deleteQuietly(handle)
 			}
-			return replicas.Instance{}, fmt.Errorf("launch %s on %s: create the pod of node %d of %d: %w", ls.ReplicaID, p.Name(), rank, n, err)
+			return replicas.Instance{}, fmt.Errorf("launch %s: %w", ls.ReplicaID, err)
 		}
+	} else {
+		handle = p.groupHandle(ps.namespace, ls.ReplicaID, n)
+		for rank := range n {
+			pod := buildPod(ls, ps, price, rank)
+			if err := p.client.Create(ctx, coreclient.Pods, ps.namespace, pod, &corev1.Pod{}); err != nil {
+				// The name is the replica's own: delete every pod of the group by name, those
+				// this launch made and any the apiserver made despite an error, but never one
+				// that existed before (AlreadyExists on the first pod: someone else's).
+				if rank > 0 || !apierrors.IsAlreadyExists(err) {
+					p.deleteQuietly(handle)
+				}
+				return replicas.Instance{}, fmt.Errorf("launch %s on %s: create the pod of node %d of %d: %w", ls.ReplicaID, p.Name(), rank, n, err)
+			}
+		}
+		p.cfg.Log.Info("kubernetes pod group created", "cluster", p.Name(), "replica", ls.ReplicaID, "pods", handle,
+			"capacity", ls.Capacity, "zone", ls.Zone, "accelerator", ls.Accelerator, "image", ps.image)
 	}
-	p.cfg.Log.Info("kubernetes pod group created", "cluster", p.Name(), "replica", ls.ReplicaID, "pods", handle,
-		"capacity", ls.Capacity, "zone", ls.Zone, "accelerator", ls.Accelerator, "image", ps.image)
+	pods := groupPods(handle)
 
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -152,8 +171,10 @@ func (p *Provider) launchGroup(ctx context.Context, ls replicas.LaunchSpec, ps p
 	return head, nil
 }
 
-// statusGroup is Status for a group: gone as soon as one pod is, with that pod's reason.
-func (p *Provider) statusGroup(ctx context.Context, pods []string) (replicas.Status, string, error) {
+// statusGroup is Status for a group: gone as soon as one pod is, with that pod's reason,
+// or, for an LWS group, as soon as its controller has recreated one.
+func (p *Provider) statusGroup(ctx context.Context, handle string, pods []string) (replicas.Status, string, error) {
+	lws := lwsOf(handle) != ""
 	for rank, h := range pods {
 		st, why, err := p.Status(ctx, h)
 		if err != nil || st != replicas.StatusRunning {
@@ -162,8 +183,45 @@ func (p *Provider) statusGroup(ctx context.Context, pods []string) (replicas.Sta
 			}
 			return st, why, err
 		}
+		if pod, err := p.get(ctx, h); lws && err == nil && p.recreated(ctx, pod) {
+			return replicas.StatusGone, fmt.Sprintf("node %d of %d: its LeaderWorkerSet recreated the group (pod %s is a new one)", rank, len(pods), pod.Name), nil
+		}
 	}
 	return replicas.StatusRunning, "", nil
+}
+
+// awaitControllerPods waits until the LeaderWorkerSet controller has created every pod
+// of an LWS group. A cluster that serves the API but runs no controller (or one far
+// behind) is as good as no capacity past the budget for a pod no scheduler looks at.
+func (p *Provider) awaitControllerPods(ctx context.Context, handle string, created time.Time) error {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		wake := p.wakeup()
+		missing := ""
+		for _, h := range groupPods(handle) {
+			if _, err := p.get(ctx, h); apierrors.IsNotFound(err) {
+				missing = h
+				break
+			} else if err != nil && ctx.Err() == nil {
+				p.cfg.Log.Debug("kubernetes: reading a LeaderWorkerSet's pod", "pod", h, "err", err)
+				missing = h
+			}
+		}
+		if missing == "" {
+			return nil
+		}
+		if budget := secondsOf(p.cfg.UnschedulableSeconds) + time.Minute; p.cfg.Now().Sub(created) >= budget {
+			return fmt.Errorf("%w on %s: no LeaderWorkerSet controller created pod %s within %s (is the LeaderWorkerSet controller running?)",
+				replicas.ErrNoCapacity, p.Name(), missing, budget)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wake:
+		case <-tick.C:
+		}
+	}
 }
 
 // terminateGroup ends every pod of a group at once and returns when all are gone.
@@ -171,6 +229,9 @@ func (p *Provider) terminateGroup(ctx context.Context, handle string, pods []str
 	p.mu.Lock()
 	p.deleting[handle] = true
 	p.mu.Unlock()
+	if err := p.deleteLWS(ctx, handle); err != nil {
+		return err
+	}
 	errs := make([]error, len(pods))
 	var wg sync.WaitGroup
 	for i, h := range pods {
@@ -194,7 +255,7 @@ func (p *Provider) groupInstances(pods []*corev1.Pod) []replicas.Instance {
 		}
 		h := p.handleFor(pod)
 		in.Handle = h
-		head := pod.Annotations[annNodeRank] == "0"
+		head := nodeRank(pod) == "0"
 		if !head {
 			in.Address = ""
 		}

@@ -51,9 +51,10 @@ const (
 // environment variables so that no quoting of the user's commands is needed. A node of a
 // multi-node replica waits between the two for the file that lists every node's IP (the
 // downward API's copy of annNodeIPs, written once all the group's pods have IPs), and
-// runs with it as SKYPILOT_NODE_IPS.
+// runs with it as SKYPILOT_NODE_IPS. A worker of a LeaderWorkerSet (lws.go) takes its rank
+// from the worker index the LWS controller gives it (LWS_WORKER_INDEX).
 const launcher = `if [ -n "$ARBITER_SETUP" ]; then bash -c "$ARBITER_SETUP" || { echo "arbiter: setup failed (exit $?)" >&2; exit 1; }; fi; ` +
-	`if [ -n "$ARBITER_NODE_IPS_FILE" ]; then echo "arbiter: node $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES waits for every node's IP" >&2; ` +
+	`if [ -n "$ARBITER_NODE_IPS_FILE" ]; then export SKYPILOT_NODE_RANK="${SKYPILOT_NODE_RANK:-$LWS_WORKER_INDEX}"; echo "arbiter: node $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES waits for every node's IP" >&2; ` +
 	`while [ ! -s "$ARBITER_NODE_IPS_FILE" ]; do sleep 0.5; done; export SKYPILOT_NODE_IPS="$(cat "$ARBITER_NODE_IPS_FILE")"; fi; ` +
 	`exec bash -c "$ARBITER_RUN"`
 

@@ -314,7 +314,7 @@ func (p *Provider) notice(pod *corev1.Pod, deadline time.Time, why string) {
 		return
 	}
 	if n := podNodes(pod); n > 1 {
-		why = fmt.Sprintf("node %s of %d (pod %s): %s", pod.Annotations[annNodeRank], n, pod.Name, why)
+		why = fmt.Sprintf("node %s of %d (pod %s): %s", nodeRank(pod), n, pod.Name, why)
 	}
 	p.noticed[h] = true
 	id := pod.Annotations[annReplicaID]
@@ -411,7 +411,7 @@ func (p *Provider) Status(ctx context.Context, handle string) (replicas.Status, 
 		return "", "", err
 	}
 	if pods := groupPods(handle); pods != nil {
-		return p.statusGroup(ctx, pods)
+		return p.statusGroup(ctx, handle, pods)
 	}
 	pod, err := p.get(ctx, handle)
 	switch {
@@ -647,6 +647,11 @@ const maxLogChunk = 1 << 20
 func (p *Provider) ReplicaLogs(ctx context.Context, replicaID string, offset int64) ([]byte, error) {
 	name := PodName(p.cfg.Owner, replicaID)
 	pod, err := p.get(ctx, p.cfg.Namespace+"/"+name)
+	if apierrors.IsNotFound(err) {
+		// A multi-node replica launched as a LeaderWorkerSet: its leader's.
+		name = LWSName(p.cfg.Owner, replicaID) + "-0"
+		pod, err = p.get(ctx, p.cfg.Namespace+"/"+name)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pod %s/%s: %w", p.cfg.Namespace, name, err)
 	}

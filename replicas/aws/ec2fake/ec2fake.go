@@ -91,7 +91,9 @@ type Server struct {
 	drop      map[string]int // action → replies to drop after doing the call
 	calls     map[string]int
 	requests  []url.Values
-	queues    map[string]*queue // by URL
+	queues    map[string]*queue          // by URL
+	groups    map[string]*placementGroup // by region|name
+	groupCap  int                        // instances a placement group holds (0: any)
 }
 
 type instance struct {
@@ -106,6 +108,10 @@ type instance struct {
 	userData                                        []byte
 	cmd                                             *exec.Cmd
 	exited                                          chan struct{}
+	group                                           string // placement group
+	metadataTags                                    bool   // tags in the instance metadata
+	imdsTokens                                      []string
+	imds                                            string // its metadata endpoint
 }
 
 type spotRequest struct {
@@ -126,7 +132,8 @@ func New(cfg Config) *Server {
 		cfg.Network = fmt.Sprintf("127.%d.%d", 100+rand.IntN(150), rand.IntN(256))
 	}
 	s := &Server{cfg: cfg, instances: map[string]*instance{}, spotReqs: map[string]*spotRequest{}, tokens: map[string]string{},
-		capacity: map[string]string{}, calls: map[string]int{}, drop: map[string]int{}, queues: map[string]*queue{}}
+		capacity: map[string]string{}, calls: map[string]int{}, drop: map[string]int{}, queues: map[string]*queue{},
+		groups: map[string]*placementGroup{}}
 	if cfg.Queues {
 		for region := range cfg.Zones {
 			s.queueLocked(QueueURL(region))
@@ -259,6 +266,10 @@ func (s *Server) Close() {
 var credentialRE = regexp.MustCompile(`Credential=[^/]+/\d{8}/([a-z0-9-]+)/(ec2|sqs)/aws4_request`)
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/imds/") {
+		s.serveIMDS(w, r)
+		return
+	}
 	reqID := fmt.Sprintf("%08x-fake-4000-8000-%012x", time.Now().UnixNano()&0xffffffff, time.Now().UnixNano())
 	m := credentialRE.FindStringSubmatch(r.Header.Get("Authorization"))
 	if r.Method != http.MethodPost || m == nil {
@@ -303,7 +314,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var ae *apiError
 	switch action {
 	case "RunInstances":
-		out, ae = s.runInstances(region, form)
+		out, ae = s.runInstances(region, form, "http://"+r.Host)
+	case "CreatePlacementGroup":
+		out, ae = s.createPlacementGroup(region, form)
+	case "DeletePlacementGroup":
+		out, ae = s.deletePlacementGroup(region, form)
+	case "CreateTags":
+		out, ae = s.createTags(region, form)
 	case "DescribeInstances":
 		out, ae = s.describeInstances(region, form)
 	case "TerminateInstances":
@@ -419,7 +436,7 @@ func (s *Server) zone(region, name, id string) (Zone, bool) {
 }
 
 // runInstances: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_RunInstances.html
-func (s *Server) runInstances(region string, form url.Values) (any, *apiError) {
+func (s *Server) runInstances(region string, form url.Values, endpoint string) (any, *apiError) {
 	if form.Get("MinCount") != "1" || form.Get("MaxCount") != "1" {
 		return nil, &apiError{400, "InvalidParameterValue", "this fake launches one instance a call"}
 	}
@@ -461,6 +478,12 @@ func (s *Server) runInstances(region string, form url.Values) (any, *apiError) {
 	if code := s.capacity[region+"|"+z.ID+"|"+market]; code != "" {
 		return nil, &apiError{500, code, fmt.Sprintf("We currently do not have sufficient %s capacity in the Availability Zone you requested (%s).", form.Get("InstanceType"), z.Name)}
 	}
+	group := form.Get("Placement.GroupName")
+	if group != "" {
+		if ae := s.placeLocked(region, group, z, form.Get("InstanceType")); ae != nil {
+			return nil, ae
+		}
+	}
 	ud, err := base64.StdEncoding.DecodeString(form.Get("UserData"))
 	if err != nil {
 		return nil, &apiError{400, "InvalidParameterValue", "Invalid BASE64 encoding of user data."}
@@ -474,7 +497,9 @@ func (s *Server) runInstances(region string, form url.Values) (any, *apiError) {
 	in := &instance{id: fmt.Sprintf("i-%017x", 0xa5000+s.seq), region: region, zoneID: z.ID, zoneName: z.Name, typ: form.Get("InstanceType"),
 		image: form.Get("ImageId"), token: token, spot: spot, state: "pending", tags: tags["instance"],
 		launched: now, visibleAt: now.Add(s.cfg.InvisibleFor), userData: ud, exited: make(chan struct{}),
-		ip: fmt.Sprintf("%s.%d", s.cfg.Network, 1+s.seq%250)}
+		ip: fmt.Sprintf("%s.%d", s.cfg.Network, 1+s.seq%250), group: group,
+		metadataTags: form.Get("MetadataOptions.InstanceMetadataTags") == "enabled"}
+	in.imds = endpoint + "/imds/" + in.id
 	if spot {
 		in.spotReq = fmt.Sprintf("sir-%08x", 0xf00+s.seq)
 		s.spotReqs[in.spotReq] = &spotRequest{id: in.spotReq, instance: in.id, state: "active", code: "fulfilled",
@@ -514,7 +539,7 @@ func (s *Server) boot(in *instance) {
 	}
 	cmd := exec.Command("bash", script)
 	cmd.Dir = dir
-	cmd.Env = append(append(os.Environ(), s.cfg.Env...), "ARBITER_HOST="+in.ip, "ARBITER_DIR="+dir)
+	cmd.Env = append(append(os.Environ(), s.cfg.Env...), "ARBITER_HOST="+in.ip, "ARBITER_DIR="+dir, "ARBITER_IMDS="+in.imds)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -558,7 +583,7 @@ var stateCodes = map[string]int{"pending": 0, "running": 16, "shutting-down": 32
 func (s *Server) instanceXML(in *instance) instanceXML {
 	x := instanceXML{InstanceID: in.id, ImageID: in.image, InstanceType: in.typ, ClientToken: in.token,
 		State:      stateXML{Code: stateCodes[in.state], Name: in.state},
-		Placement:  placementXML{AvailabilityZone: in.zoneName, AvailabilityZoneID: in.zoneID, Tenancy: "default"},
+		Placement:  placementXML{AvailabilityZone: in.zoneName, AvailabilityZoneID: in.zoneID, GroupName: in.group, Tenancy: "default"},
 		LaunchTime: in.launched.UTC().Format(time.RFC3339)}
 	if in.state == "running" || in.state == "pending" {
 		x.PrivateIPAddress = in.ip

@@ -35,6 +35,7 @@ type stateXML struct {
 type placementXML struct {
 	AvailabilityZone   string `xml:"availabilityZone"`
 	AvailabilityZoneID string `xml:"availabilityZoneId"`
+	GroupName          string `xml:"groupName,omitempty"`
 	Tenancy            string `xml:"tenancy"`
 }
 

@@ -9,9 +9,11 @@ package coreclient
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -130,4 +132,76 @@ func (c *Client) Informer(resource, namespace string, example runtime.Object, tw
 	}
 	lw := cache.NewFilteredListWatchFromClient(c.rest, resource, namespace, tweak)
 	return cache.NewSharedIndexInformer(lw, example, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+}
+
+// Objects of an API group this client has no Go types registered for (a custom
+// resource: LeaderWorkerSet) travel as JSON to and from plain structs. groupVersion is
+// "group/version" as /apis/ names it.
+
+// Serves reports whether the apiserver serves resource in groupVersion, by discovery
+// (GET /apis/<groupVersion>): false, without error, where the group is not installed.
+func (c *Client) Serves(ctx context.Context, groupVersion, resource string) (bool, error) {
+	b, err := c.rest.Get().AbsPath("/apis", groupVersion).DoRaw(ctx)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	var list metav1.APIResourceList
+	if err := json.Unmarshal(b, &list); err != nil {
+		return false, fmt.Errorf("discovery of %s: %w", groupVersion, err)
+	}
+	for _, r := range list.APIResources {
+		if r.Name == resource {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// groupPath is a namespaced resource of groupVersion, or one object of it.
+func groupPath(groupVersion, resource, namespace string, name ...string) []string {
+	return append([]string{"/apis", groupVersion, "namespaces", namespace, resource}, name...)
+}
+
+// decode decodes a JSON answer into into (nil: the answer is dropped).
+func decode(b []byte, err error, into any) error {
+	if err != nil || into == nil {
+		return err
+	}
+	return json.Unmarshal(b, into)
+}
+
+// CreateJSON creates obj (any value that marshals to the resource's JSON) as resource of
+// groupVersion in namespace and decodes what the apiserver stored into into.
+func (c *Client) CreateJSON(ctx context.Context, groupVersion, resource, namespace string, obj, into any) error {
+	body, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	b, err := c.rest.Post().AbsPath(groupPath(groupVersion, resource, namespace)...).SetHeader("Content-Type", "application/json").Body(body).DoRaw(ctx)
+	return decode(b, err, into)
+}
+
+// GetJSON reads one object of resource of groupVersion into into.
+func (c *Client) GetJSON(ctx context.Context, groupVersion, resource, namespace, name string, into any) error {
+	b, err := c.rest.Get().AbsPath(groupPath(groupVersion, resource, namespace, name)...).DoRaw(ctx)
+	return decode(b, err, into)
+}
+
+// ListJSON reads every object of resource of groupVersion in namespace into into (a
+// struct with an Items slice).
+func (c *Client) ListJSON(ctx context.Context, groupVersion, resource, namespace string, into any) error {
+	b, err := c.rest.Get().AbsPath(groupPath(groupVersion, resource, namespace)...).DoRaw(ctx)
+	return decode(b, err, into)
+}
+
+// DeleteJSON deletes one object of resource of groupVersion as opts say.
+func (c *Client) DeleteJSON(ctx context.Context, groupVersion, resource, namespace, name string, opts metav1.DeleteOptions) error {
+	body, err := json.Marshal(opts)
+	if err != nil {
+		return err
+	}
+	_, err = c.rest.Delete().AbsPath(groupPath(groupVersion, resource, namespace, name)...).SetHeader("Content-Type", "application/json").Body(body).DoRaw(ctx)
+	return err
 }
