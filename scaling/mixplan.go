@@ -23,7 +23,7 @@ type MixPolicy struct {
 	// StableWindow averages the load's level (requests a second); MixWindow, longer,
 	// its composition (each class's share and mean shape), which a few minutes of
 	// long prompts would otherwise swing.
-	StableWindow, MixWindow time.Duration
+	StableWindow, MixWindow      time.Duration
 	UpscaleDelay, DownscaleDelay time.Duration
 	// ScaleToZeroAfter: no request for this long and nothing held: no replicas
 	// (MinReplicas 0 only). 0: never.

@@ -35,8 +35,8 @@ type Result struct {
 	// GPUHours and GPUDollars by accelerator (as the offers name it).
 	GPUHours, GPUDollars map[string]float64
 	// Mix says the mix MelangeStatic held (empty for other systems).
-	Mix string
-	Preemptions  int
+	Mix         string
+	Preemptions int
 	// Launches and LaunchFailures (spot refused by the zone).
 	Launches, LaunchFailures int
 	// ZeroWaits is how many requests waited for a replica because none was ready, and the
