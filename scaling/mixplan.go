@@ -37,6 +37,11 @@ type MixPolicy struct {
 	// Utilization in (0, 1]: replicas are sized for each class's rate ÷ Utilization,
 	// the headroom for bursts beyond Poisson arrivals.
 	Utilization float64
+	// BurstWindow, when set, makes the load's level the highest rate over any BurstWindow
+	// of the stable window rather than its mean: a burst of requests arriving together
+	// must be prefilled within the TTFT target whatever the minute's mean (each GPU's
+	// sustained rate is for Poisson arrivals, which real traces are not).
+	BurstWindow time.Duration
 }
 
 // Validate names what is wrong.
@@ -51,6 +56,9 @@ func (p MixPolicy) Validate() error {
 	if p.UpscaleDelay < 0 || p.DownscaleDelay < 0 || p.ScaleToZeroAfter < 0 || p.ColdStart < 0 || p.PayBack <= 0 {
 		errs = append(errs, errors.New("delays, scale to zero and cold start must be ≥ 0 and the payback period > 0"))
 	}
+	if p.BurstWindow < 0 || p.BurstWindow > p.StableWindow {
+		errs = append(errs, fmt.Errorf("burst window %v: want 0 (off) to the stable window", p.BurstWindow))
+	}
 	if !(p.Utilization > 0 && p.Utilization <= 1) {
 		errs = append(errs, fmt.Errorf("utilization %v: want a fraction in (0, 1]", p.Utilization))
 	}
@@ -60,8 +68,8 @@ func (p MixPolicy) Validate() error {
 // MixEdges are the classes' bounds: prompt tokens, then output tokens. A request falls in
 // the class of the first edge above each of its lengths.
 var (
-	MixPromptEdges = []int{512, 2048, 8192, 32768}
-	MixOutputEdges = []int{128, 512}
+	MixPromptEdges = []int{1024, 4096, 16384}
+	MixOutputEdges = []int{256}
 )
 
 // classOf is a request's class index.
@@ -182,7 +190,11 @@ func (m *MixPlanner) Classes(now time.Time) []MixClass {
 			}
 		}
 	}
-	level := quantizeUp(stable / m.policy.StableWindow.Seconds())
+	level := stable / m.policy.StableWindow.Seconds()
+	if bw := m.policy.BurstWindow; bw > 0 {
+		level = max(level, m.peakRate(now, bw))
+	}
+	level = quantizeUp(level)
 	out := make([]MixClass, k)
 	for c := range k {
 		pi, po := c/(len(MixOutputEdges)+1), c%(len(MixOutputEdges)+1)
@@ -194,13 +206,35 @@ func (m *MixPlanner) Classes(now time.Time) []MixClass {
 	return out
 }
 
-// quantizeUp rounds a rate up to a grid of 2 % steps, so that a level that wavers a little
+// peakRate is the highest arrival rate over any bw-long slice of the stable window (slices
+// aligned on bw, counted from the seconds kept).
+func (m *MixPlanner) peakRate(now time.Time, bw time.Duration) float64 {
+	w := max(int64(bw/time.Second), 1)
+	from := now.Add(-m.policy.StableWindow).Unix()
+	counts := map[int64]int{}
+	best := 0
+	for _, s := range m.seconds {
+		if s.at <= from {
+			continue
+		}
+		n := 0
+		for _, c := range s.n {
+			n += c
+		}
+		k := (now.Unix() - s.at) / w
+		counts[k] += n
+		best = max(best, counts[k])
+	}
+	return float64(best) / float64(w)
+}
+
+// quantizeUp rounds a rate up to a grid of 5 % steps, so that a level that wavers a little
 // asks the same question again (SolveMix's answers are remembered by their inputs).
 func quantizeUp(r float64) float64 {
 	if r <= 0 {
 		return 0
 	}
-	return math.Pow(1.02, math.Ceil(math.Log(r)/math.Log(1.02)))
+	return math.Pow(1.05, math.Ceil(math.Log(r)/math.Log(1.05)))
 }
 
 // middle is a bucket's geometric middle, for a class with no request to average.

@@ -86,6 +86,8 @@ type Inputs struct {
 	Utilization float64
 	// PayBack is the mix planner's (0: an hour).
 	PayBack time.Duration
+	// BurstWindow is the mix planner's (0: the level is the stable window's mean).
+	BurstWindow time.Duration
 }
 
 // Published cold start of a vLLM replica with nothing cached (shared/data/README.md).

@@ -34,7 +34,7 @@ type mixFleet struct {
 // mixEvery is how often the mix is decided again (placement still runs at every decision
 // interval, so a lost replica is replaced at once): the mix moves over minutes, and each
 // decision solves an integer program.
-const mixEvery = 10 * time.Second
+const mixEvery = 30 * time.Second
 
 // DefaultUtilization is the mix planner's headroom in the simulator unless Inputs says.
 const DefaultUtilization = 0.8
@@ -123,7 +123,7 @@ func (s *simulation) setupMix() error {
 	pol := scaling.MixPolicy{MinReplicas: sc.MinReplicas, MaxReplicas: sc.MaxReplicas,
 		StableWindow: sc.StableWindow, MixWindow: max(sc.StableWindow, 15*time.Minute),
 		UpscaleDelay: sc.UpscaleDelay, DownscaleDelay: sc.DownscaleDelay, ScaleToZeroAfter: sc.ScaleToZeroAfter,
-		ColdStart: s.in.ColdStart, PayBack: s.in.PayBack, Utilization: s.in.Utilization}
+		ColdStart: s.in.ColdStart, PayBack: s.in.PayBack, Utilization: s.in.Utilization, BurstWindow: s.in.BurstWindow}
 	if pol.PayBack <= 0 {
 		pol.PayBack = time.Hour
 	}

@@ -36,6 +36,7 @@ func gpumix(args []string, out io.Writer) error {
 	start := fs.String("start", "2026-08-01", "date whose catalog prices are used (UTC)")
 	cold := fs.Duration("cold-start", sim.DefaultColdStart, "replica launch to ready")
 	util := fs.Float64("utilization", 0, "the mix planner's utilization (headroom), the same for every mix system; 0: calibrated per request trace (calibrateUtilization)")
+	burst := fs.Duration("burst-window", 10*time.Second, "the mix planner's burst window: it sizes for the highest rate over any such slice of its stable window (0: the window's mean)")
 	within := fs.Float64("iso-slo-within", 0.005, "how far below Arbiter's SLO attainment counts as equal")
 	systems := fs.String("systems", "arbiter-mix,single,melange-static,skyserve", "what to run: arbiter-mix, single (each type alone), melange-static, skyserve")
 	verbose := fs.Bool("v", false, "print every mix change to stderr")
@@ -90,7 +91,7 @@ func gpumix(args []string, out io.Writer) error {
 			return err
 		}
 		base := sim.Inputs{Spec: sp, Requests: rt, Catalog: cat, Start: at, Spot: st, Duration: time.Duration(*hours * float64(time.Hour)),
-			ColdStart: *cold, ZoneCooldown: 10 * time.Minute, Seed: 1, Warm: true, Model: *model, Utilization: *util}
+			ColdStart: *cold, ZoneCooldown: 10 * time.Minute, Seed: 1, Warm: true, Model: *model, Utilization: *util, BurstWindow: *burst}
 		if base.Utilization == 0 {
 			u, att, err := calibrateUtilization(base)
 			if err != nil {
