@@ -41,6 +41,10 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	px.met.request(c.model, r, code)
 	if res.usage.Prompt > 0 || res.usage.Completion > 0 {
 		c.load.tokens.Add(int64(res.usage.Prompt + res.usage.Completion))
+		if c.kind.Generates() && code == 200 && res.failed == "" && !res.clientGone {
+			// The request mix the control plane sizes GPUs by: what was asked and answered.
+			c.load.served(res.usage.Prompt, res.usage.Completion)
+		}
 		if rs := px.met.replica(r); rs.info.Model == c.model {
 			rs.prompt.Add(float64(res.usage.Prompt))
 			rs.completion.Add(float64(res.usage.Completion))
