@@ -81,7 +81,8 @@ func (c *Controller) Preview(ctx context.Context, name, text string, vars Vars) 
 		return pv, nil
 	}
 	offers, problems := offersOf(quotes, problems)
-	if note := sustain(sp, offers); note != "" {
+	mix, what := sizingMix(sp, nil, 0)
+	if note := sustain(sp, mix, what, offers); note != "" {
 		problems = append(problems, note)
 	}
 	pv.Offers, pv.Problems = len(offers), problems

@@ -129,6 +129,7 @@ func (c *Controller) Report(rep fleet.LoadReport) {
 			s.requests += m.Requests
 			s.tokens += m.Tokens
 			s.served += m.Tokens
+			s.mix.add(c.cfg.Now(), m.Mix)
 		}
 	}
 }
@@ -316,7 +317,9 @@ func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, b
 		return nil, false
 	}
 	offers, problems := offersOf(quotes, problems)
-	sustain(sp, offers)
+	observed, n := s.mix.classes(c.cfg.Now())
+	mix, what := sizingMix(sp, observed, n)
+	sustain(sp, mix, what, offers)
 	for _, o := range offers {
 		c.knowPlace(s, place{o.Provider, o.Region, o.Zone, string(o.Capacity)})
 	}
