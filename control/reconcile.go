@@ -316,7 +316,7 @@ func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, b
 		}
 		return nil, false
 	}
-	offers, problems := offersOf(quotes, problems)
+	offers, problems := offersOf(sp, quotes, problems)
 	observed, n := s.mix.classes(c.cfg.Now())
 	mix, what := sizingMix(sp, observed, n)
 	sustain(sp, mix, what, offers)

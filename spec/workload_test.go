@@ -45,3 +45,31 @@ func TestWorkload(t *testing.T) {
 		}
 	}
 }
+
+// Offers rank in the order the user wrote: ordered candidates (by place and accelerator),
+// a list of accelerators; a set or any_of states no order.
+func TestPreference(t *testing.T) {
+	ordered := mustParse(t, minimal+"resources:\n  ordered:\n    - {infra: aws/us-east-1, accelerators: H100}\n    - {infra: aws/us-west-2, accelerators: H100}\n    - {accelerators: A100:2}\n").Resources
+	list := mustParse(t, minimal+"resources:\n  accelerators: [L4, A10G, H100]\n").Resources
+	set := mustParse(t, minimal+"resources:\n  accelerators: {L4: 1, H100: 1}\n").Resources
+	for _, c := range []struct {
+		r                     Resources
+		provider, region, acc string
+		count, want           int
+	}{
+		{ordered, "aws", "us-east-1", "H100", 1, 0},
+		{ordered, "aws", "us-west-2", "H100", 1, perCandidate},
+		{ordered, "aws", "eu-west-1", "A100", 2, 2 * perCandidate},
+		{ordered, "sim", "x", "H100", 1, 0}, // a place no candidate names: by accelerator
+		{ordered, "aws", "us-east-1", "L4", 1, 3 * perCandidate},
+		{list, "aws", "r", "L4", 1, 0},
+		{list, "aws", "r", "A10G", 1, 1},
+		{list, "aws", "r", "h100", 1, 2},
+		{set, "aws", "r", "H100", 1, 0},
+		{set, "aws", "r", "L4", 1, 0},
+	} {
+		if got := c.r.Preference(c.provider, c.region, "", "", c.acc, c.count); got != c.want {
+			t.Errorf("Preference(%s/%s, %s:%d) = %d; want %d", c.provider, c.region, c.acc, c.count, got, c.want)
+		}
+	}
+}
