@@ -2,9 +2,12 @@ package control
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
+	"math"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,6 +117,34 @@ arbiter:
 		}
 		if rows[0].Accelerator != want {
 			t.Errorf("%s placed on %s; want %s", svc, rows[0].Accelerator, want)
+		}
+	}
+	// serve status shows each replica's predicted $ per million tokens at the SLO, for the
+	// service's mix on its GPU: the API carries it by replica.
+	sts, err := c.Status(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range sts {
+		if len(st.Replicas) != 1 {
+			t.Fatalf("%s: %d replicas", st.Name, len(st.Replicas))
+		}
+		r := st.Replicas[0]
+		pt, ok := st.PerToken[r.ID]
+		if !ok || pt.TokensPerSecond <= 0 {
+			t.Fatalf("%s: no prediction for %s: %+v", st.Name, r.ID, st.PerToken)
+		}
+		if want := r.PricePerHour / 3600 / pt.TokensPerSecond * 1e6; math.Abs(pt.DollarsPerMillionTokens-want) > 1e-9 {
+			t.Errorf("%s: $%v/M tokens; want $/h over tokens/s, %v", st.Name, pt.DollarsPerMillionTokens, want)
+		}
+		wantWhy := map[string]string{"plain": "1024:256 tokens", "few": "1024:256 tokens", "chat": "the observed mix (200 requests: 100% 100:50)", "hinted": "arbiter.workload 100:50 tokens"}[st.Name]
+		if !strings.Contains(pt.Why, wantWhy) || !strings.Contains(pt.Why, strings.ToLower(r.Accelerator)+"-llama-3.1-8b") {
+			t.Errorf("%s: why %q; want the %s profile and %q", st.Name, pt.Why, r.Accelerator, wantWhy)
+		}
+		t.Logf("%s on %s: $%.4f/M tokens at the SLO (%s)", st.Name, r.Accelerator, pt.DollarsPerMillionTokens, pt.Why)
+		b, err := json.Marshal(st)
+		if err != nil || !strings.Contains(string(b), `"per_token":{"`+r.ID+`":{"dollars_per_million_tokens":`) {
+			t.Errorf("%s: status JSON %s (%v): want per_token by replica", st.Name, b, err)
 		}
 	}
 }
