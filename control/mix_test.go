@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/scaling"
@@ -63,7 +65,8 @@ func TestObservedMixChoosesTheGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"sim": mkt}, Now: func() time.Time { return now },
+	reg := prometheus.NewRegistry()
+	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"sim": mkt}, Now: func() time.Time { return now }, Metrics: reg,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -146,5 +149,12 @@ arbiter:
 		if err != nil || !strings.Contains(string(b), `"per_token":{"`+r.ID+`":{"dollars_per_million_tokens":`) {
 			t.Errorf("%s: status JSON %s (%v): want per_token by replica", st.Name, b, err)
 		}
+	}
+	// Cost by GPU type: the spend, per-replica dollars and prices carry the accelerator.
+	if price := gathered(t, reg, "arbiter_control_replica_price_dollars_per_hour", "accelerator"); price["L4"] != 0.2 || price["H100"] != 5 || len(price) != 2 {
+		t.Errorf("price per hour by accelerator %v; want L4 0.2 (two at $0.10), H100 5 (two at $2.50)", price)
+	}
+	if spend := gathered(t, reg, "arbiter_control_spend_dollars_total", "accelerator"); len(spend) != 2 || !(spend["L4"] > 0) || !(spend["H100"] > spend["L4"]) {
+		t.Errorf("spend by accelerator %v; want L4 and H100, each billed", spend)
 	}
 }

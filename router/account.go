@@ -49,8 +49,8 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 			rs.prompt.Add(float64(res.usage.Prompt))
 			rs.completion.Add(float64(res.usage.Completion))
 		} else {
-			px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), "prompt").Add(float64(res.usage.Prompt))
-			px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), "completion").Add(float64(res.usage.Completion))
+			px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), info.Accelerator, "prompt").Add(float64(res.usage.Prompt))
+			px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), info.Accelerator, "completion").Add(float64(res.usage.Completion))
 		}
 		if c.key != nil {
 			px.met.keyTokens.WithLabelValues(c.key.Name, c.service, "prompt").Add(float64(res.usage.Prompt))

@@ -16,7 +16,7 @@ import (
 func TestLoadReportsCarryTheRequestMix(t *testing.T) {
 	h := startHostile(t, testModel, vllmUsage(3000, 300, 3300))
 	fake := &fakeControlPlane{changed: make(chan struct{})}
-	rep := fleet.Replica{ID: "a", Service: "svc", Address: h.addr(), Model: testModel, Capacity: fleet.Reserved}
+	rep := fleet.Replica{ID: "a", Service: "svc", Address: h.addr(), Model: testModel, Capacity: fleet.Reserved, Accelerator: "L4"}
 	fake.publish([]fleet.Service{{Name: "svc", Models: []string{testModel}}}, []fleet.Replica{rep})
 	cps := httptest.NewServer(fake)
 	defer cps.Close()
@@ -58,6 +58,10 @@ func TestLoadReportsCarryTheRequestMix(t *testing.T) {
 	})
 	if want := (fleet.MixCell{Prompt: p, Output: o, Requests: 3, PromptTokens: 9000, OutputTokens: 900}); got != want {
 		t.Errorf("mix reported %+v; want %+v", got, want)
+	}
+	// Tokens by GPU type: the token series carry the replica's accelerator.
+	if n := rig.counter(t, "arbiter_router_tokens_total", "accelerator", "L4"); n != 3*3300 {
+		t.Errorf("tokens on the L4 = %v; want %v", n, 3*3300)
 	}
 }
 
