@@ -119,7 +119,12 @@ func (c *Controller) Mix(service string) []scaling.MixClass {
 	if !ok {
 		return nil
 	}
-	cls, _ := s.mix.classes(c.cfg.Now())
+	return s.observedMix(c.cfg.Now())
+}
+
+// observedMix is Mix for code that holds c.mu already (the tick).
+func (s *service) observedMix(now time.Time) []scaling.MixClass {
+	cls, _ := s.mix.classes(now)
 	return cls
 }
 
