@@ -28,8 +28,10 @@ type LoadTracker struct {
 type modelLoad struct {
 	requests, tokens, held atomic.Int64
 	// mix counts the generating requests that finished with a usage, by prompt and output
-	// length class (fleet.MixClassOf): requests and the tokens they had.
-	mix [mixPrompt][mixOutput]struct{ requests, prompt, output atomic.Int64 }
+	// length class (fleet.MixClassOf): requests and the tokens they had. Under a lock, so
+	// that a report never holds a request's count without its tokens (or the reverse).
+	mixMu sync.Mutex
+	mix   [mixPrompt][mixOutput]struct{ requests, prompt, output int64 }
 }
 
 // The request mix's classes, as fleet counts them.
@@ -47,25 +49,27 @@ func init() {
 // served counts one finished generating request of prompt and output tokens in the mix.
 func (l *modelLoad) served(prompt, output int) {
 	p, o := fleet.MixClassOf(prompt, output)
+	l.mixMu.Lock()
 	c := &l.mix[p][o]
-	c.requests.Add(1)
-	c.prompt.Add(int64(prompt))
-	c.output.Add(int64(output))
+	c.requests++
+	c.prompt += int64(prompt)
+	c.output += int64(output)
+	l.mixMu.Unlock()
 }
 
 // takeMix returns the mix's cells that counted something; the counts restart from zero.
 func (l *modelLoad) takeMix() []fleet.MixCell {
 	var out []fleet.MixCell
+	l.mixMu.Lock()
+	defer l.mixMu.Unlock()
 	for p := range l.mix {
 		for o := range l.mix[p] {
 			c := &l.mix[p][o]
-			if c.requests.Load() == 0 {
+			if c.requests == 0 {
 				continue
 			}
-			// Swapped tokens before requests: a request counted between the swaps lands
-			// whole in the next report rather than split across two.
-			n := c.requests.Swap(0)
-			out = append(out, fleet.MixCell{Prompt: p, Output: o, Requests: float64(n), PromptTokens: float64(c.prompt.Swap(0)), OutputTokens: float64(c.output.Swap(0))})
+			out = append(out, fleet.MixCell{Prompt: p, Output: o, Requests: float64(c.requests), PromptTokens: float64(c.prompt), OutputTokens: float64(c.output)})
+			*c = struct{ requests, prompt, output int64 }{}
 		}
 	}
 	return out

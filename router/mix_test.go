@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -83,8 +84,8 @@ func TestABadMixIsDroppedAlone(t *testing.T) {
 	l := rig.px.Load.get(testModel)
 	l.requests.Add(7)
 	// 5,000 prompt tokens in one request of the shortest class (under 128).
-	l.mix[0][0].requests.Add(1)
-	l.mix[0][0].prompt.Add(5000)
+	l.mix[0][0].requests = 1
+	l.mix[0][0].prompt = 5000
 	go cp.Run(ctx)
 	waitFor(t, "a report with the model's requests", func() bool {
 		fake.mu.Lock()
@@ -101,4 +102,47 @@ func TestABadMixIsDroppedAlone(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// Requests finishing while the tracker reports never tear a cell: every report's mix holds
+// whole requests (it validates), and the reports add up to every request counted.
+func TestMixReportsAreWholeUnderConcurrency(t *testing.T) {
+	var lt LoadTracker
+	const workers, each = 4, 2000
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := lt.get(testModel)
+			for i := range each {
+				l.served(100+w, 40+i%20) // class (0, 0): under 128 and 64
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	total := 0.0
+	check := func() {
+		for _, m := range lt.report(nil) {
+			if err := m.Validate(); err != nil {
+				t.Fatalf("a torn report: %v", err)
+			}
+			for _, c := range m.Mix {
+				total += c.Requests
+			}
+		}
+	}
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		check()
+	}
+	check()
+	if total != workers*each {
+		t.Fatalf("reports counted %v requests; want %d", total, workers*each)
+	}
 }
