@@ -936,8 +936,6 @@ func preferred(offers []Offer, active map[string]bool) []Offer {
 	})
 }
 
-// cheaper orders offers by unit price ($ per token at the SLO where known, else per
-// hour), then hourly price, then place and accelerator.
 // before orders offers as placement prefers them: the user's order first, then cheaper.
 func before(a, b Offer) bool {
 	if a.Preference != b.Preference {
@@ -946,6 +944,8 @@ func before(a, b Offer) bool {
 	return cheaper(a, b)
 }
 
+// cheaper orders offers by unit price ($ per token at the SLO where known, else per
+// hour), then hourly price, then place and accelerator.
 func cheaper(a, b Offer) bool {
 	ua, ub := unitPrice(a, b)
 	if ua != ub {
