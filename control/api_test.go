@@ -206,10 +206,23 @@ func TestAbsurdLoadReportsAreRefused(t *testing.T) {
 		report(``, `{"replica_id":"x","tokens_per_second":1e300}`),
 		`{"router":"","models":[]}`,
 		`{"router":"r1","models":[{"model":"m1","tokens":1e400}]}`, // not even a float64
+		// The request mix: a class that does not exist, a NaN-like count, a mean outside
+		// its class, a class given twice.
+		report(`{"model":"m1","mix":[{"prompt":9,"output":0,"requests":1,"prompt_tokens":5,"output_tokens":5}]}`, ``),
+		report(`{"model":"m1","mix":[{"prompt":0,"output":0,"requests":1e300,"prompt_tokens":5,"output_tokens":5}]}`, ``),
+		report(`{"model":"m1","mix":[{"prompt":0,"output":0,"requests":10,"prompt_tokens":5000,"output_tokens":10}]}`, ``),
+		report(`{"model":"m1","mix":[{"prompt":0,"output":0,"requests":1,"prompt_tokens":5,"output_tokens":5},{"prompt":0,"output":0,"requests":1,"prompt_tokens":5,"output_tokens":5}]}`, ``),
 	} {
 		if code, body := call(t, srv, "POST", "/v1/load", "secret", bad); code != 400 {
 			t.Fatalf("report %s: %d %s; want 400", bad, code, body)
 		}
+	}
+	if code, body := call(t, srv, "POST", "/v1/load", "secret", report(`{"model":"m1","mix":[{"prompt":0,"output":0,"requests":10,"prompt_tokens":5000,"output_tokens":10}]}`, ``)); code != 400 ||
+		!strings.Contains(body, "models[0] (m1): mix[0]: prompt_tokens: 5000 over 10 requests: want a mean from 0 to 127 tokens") {
+		t.Fatalf("a mix out of its class: %d %s; want 400 saying which cell and why", code, body)
+	}
+	if got := c.Mix("svc"); got != nil {
+		t.Fatalf("refused reports changed the mix: %+v", got)
 	}
 	if code, body := call(t, srv, "POST", "/v1/load", "secret", report(`{"model":"m1","requests":3,"tokens":1200}`, ``)); code != 200 {
 		t.Fatalf("a good report: %d %s", code, body)

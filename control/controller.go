@@ -145,6 +145,8 @@ type service struct {
 	// tokens, and a dip reads as a reset that counts the whole total again).
 	served float64
 	woken  bool
+	// mix is the window of the service's request mix the routers reported.
+	mix requestMix
 
 	// placer chooses capacity kinds and zones when the service's provider is a market;
 	// placement is its last plan's reason.

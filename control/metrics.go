@@ -87,7 +87,10 @@ func newMetrics(reg prometheus.Registerer, c *Controller) *metrics {
 }
 
 var (
-	billLabels       = []string{"service", "replica", "provider", "region", "zone", "capacity"}
+	// accelerator is the replica's GPU type as the catalogs name it (L4, H100), "" where not
+	// known (the local machine): one value per replica, so it adds no series; on the
+	// per-place spend, one per GPU type offered there (a catalog's few names).
+	billLabels       = []string{"service", "replica", "provider", "region", "zone", "capacity", "accelerator"}
 	replicaSecondsDs = prometheus.NewDesc("arbiter_control_replica_seconds_total",
 		"Seconds each replica has been billed: from launch to termination, in every state (a replica loading weights is billed).", billLabels, nil)
 	dollarsDs = prometheus.NewDesc("arbiter_control_dollars_total",
@@ -95,8 +98,8 @@ var (
 	priceDs = prometheus.NewDesc("arbiter_control_replica_price_dollars_per_hour",
 		"Price per hour of each replica that is billed now (not yet terminated).", billLabels, nil)
 	spendDs = prometheus.NewDesc("arbiter_control_spend_dollars_total",
-		"Dollars spent per service and place: every replica there, ended ones included. Each series starts at 0 when the place is first quoted, so rate() and increase() count every dollar, short-lived replicas' too (a per-replica series first seen already above 0 loses what it cost before that scrape).",
-		[]string{"service", "provider", "region", "zone", "capacity"}, nil)
+		"Dollars spent per service, place and GPU type (accelerator): every replica there, ended ones included. Each series starts at 0 when the place is first quoted, so rate() and increase() count every dollar, short-lived replicas' too (a per-replica series first seen already above 0 loses what it cost before that scrape).",
+		[]string{"service", "provider", "region", "zone", "capacity", "accelerator"}, nil)
 	replicasDs = prometheus.NewDesc("arbiter_control_replicas",
 		"Replicas by life-cycle state, provider and capacity kind.", []string{"service", "state", "provider", "capacity"}, nil)
 	tokensDs = prometheus.NewDesc("arbiter_control_tokens_total",
@@ -132,11 +135,11 @@ func (b *billCollector) Collect(ch chan<- prometheus.Metric) {
 	spend := map[spendKey]float64{}
 	for _, r := range rows {
 		secs := billedSeconds(r, now)
-		spend[spendKey{r.Service, place{r.Provider, r.Region, r.Zone, r.Capacity}}] += r.PricePerHour * secs / 3600
+		spend[spendKey{r.Service, place{r.Provider, r.Region, r.Zone, r.Capacity, r.Accelerator}}] += r.PricePerHour * secs / 3600
 		if !r.EndedAt.IsZero() && now.Sub(r.EndedAt) > endedRetention {
 			continue
 		}
-		lv := []string{r.Service, r.ID, r.Provider, r.Region, r.Zone, r.Capacity}
+		lv := []string{r.Service, r.ID, r.Provider, r.Region, r.Zone, r.Capacity, r.Accelerator}
 		ch <- prometheus.MustNewConstMetric(replicaSecondsDs, prometheus.CounterValue, secs, lv...)
 		ch <- prometheus.MustNewConstMetric(dollarsDs, prometheus.CounterValue, r.PricePerHour*secs/3600, lv...)
 		if r.EndedAt.IsZero() {
@@ -162,12 +165,12 @@ func (b *billCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(replicasDs, prometheus.GaugeValue, float64(n), k.service, k.state, k.provider, k.capacity)
 	}
 	for k, v := range spend {
-		ch <- prometheus.MustNewConstMetric(spendDs, prometheus.CounterValue, v, k.service, k.provider, k.region, k.zone, k.capacity)
+		ch <- prometheus.MustNewConstMetric(spendDs, prometheus.CounterValue, v, k.service, k.provider, k.region, k.zone, k.capacity, k.accelerator)
 	}
 }
 
-// place is where a replica runs, as billing groups it.
-type place struct{ provider, region, zone, capacity string }
+// place is where a replica runs, as billing groups it: where, how bought, on which GPU type.
+type place struct{ provider, region, zone, capacity, accelerator string }
 
 // knowPlace records a place the service may run in, so that its spend series, and its
 // preemption count where it is spot, are scraped at 0 before anything happens there: a

@@ -186,9 +186,9 @@ func TestSpendSeriesStartAtZeroWhereQuoted(t *testing.T) {
 	reg.MustRegister(&billCollector{c: c})
 	c.mu.Lock()
 	c.services["svc"] = &service{name: "svc", replicas: map[string]*replica{}}
-	c.knowPlace(c.services["svc"], place{"aws", "us-east-1", "use1-az4", "spot"})
-	c.knowPlace(c.services["svc"], place{"aws", "us-east-1", "use1-az4", "spot"})
-	c.knowPlace(c.services["svc"], place{"aws", "us-east-1", "use1-az4", "on_demand"})
+	c.knowPlace(c.services["svc"], place{"aws", "us-east-1", "use1-az4", "spot", ""})
+	c.knowPlace(c.services["svc"], place{"aws", "us-east-1", "use1-az4", "spot", ""})
+	c.knowPlace(c.services["svc"], place{"aws", "us-east-1", "use1-az4", "on_demand", ""})
 	c.mu.Unlock()
 	spend := gathered(t, reg, "arbiter_control_spend_dollars_total", "capacity")
 	if v, ok := spend["spot"]; !ok || v != 0 || len(spend) != 2 {

@@ -34,8 +34,9 @@ func quoteAll(ctx context.Context, ps []replicas.Provider, service string, sp *s
 	return quotes, market, problems
 }
 
-// offersOf turns priced quotes into placement's offers, and says which were left out.
-func offersOf(quotes []replicas.Quote, problems []string) ([]scaling.Offer, []string) {
+// offersOf turns priced quotes into placement's offers, each ranked in the order the spec's
+// resources give (ordered, or a list of accelerators), and says which were left out.
+func offersOf(sp *spec.Service, quotes []replicas.Quote, problems []string) ([]scaling.Offer, []string) {
 	offers := make([]scaling.Offer, 0, len(quotes))
 	for _, q := range quotes {
 		if q.Unpriced != "" {
@@ -43,7 +44,8 @@ func offersOf(quotes []replicas.Quote, problems []string) ([]scaling.Offer, []st
 			continue
 		}
 		offers = append(offers, scaling.Offer{Provider: q.Provider, Region: q.Region, Zone: q.Zone, Capacity: q.Capacity, PricePerHour: q.PricePerHour,
-			InstanceType: q.InstanceType, Accelerator: q.Accelerator, AcceleratorCount: q.AcceleratorCount, PriceSource: q.PriceSource})
+			InstanceType: q.InstanceType, Accelerator: q.Accelerator, AcceleratorCount: q.AcceleratorCount, PriceSource: q.PriceSource,
+			Preference: sp.Resources.Preference(q.Provider, q.Region, q.Zone, q.InstanceType, q.Accelerator, q.AcceleratorCount)})
 	}
 	return offers, problems
 }
@@ -80,8 +82,9 @@ func (c *Controller) Preview(ctx context.Context, name, text string, vars Vars) 
 	if !market {
 		return pv, nil
 	}
-	offers, problems := offersOf(quotes, problems)
-	if note := sustain(sp, offers); note != "" {
+	offers, problems := offersOf(sp, quotes, problems)
+	mix, what := sizingMix(sp, nil, 0)
+	if note := sustain(sp, mix, what, offers); note != "" {
 		problems = append(problems, note)
 	}
 	pv.Offers, pv.Problems = len(offers), problems

@@ -129,6 +129,7 @@ func (c *Controller) Report(rep fleet.LoadReport) {
 			s.requests += m.Requests
 			s.tokens += m.Tokens
 			s.served += m.Tokens
+			s.mix.add(c.cfg.Now(), m.Mix)
 		}
 	}
 }
@@ -311,14 +312,16 @@ func (c *Controller) offers(ctx context.Context, s *service) ([]scaling.Offer, b
 	if !market {
 		// Replicas take arbiter.local's labels: that is the one place they bill in.
 		if len(ps) > 0 {
-			c.knowPlace(s, place{ps[0].Name(), sp.Arbiter.Local.Region, sp.Arbiter.Local.Zone, sp.Arbiter.Local.Capacity})
+			c.knowPlace(s, place{ps[0].Name(), sp.Arbiter.Local.Region, sp.Arbiter.Local.Zone, sp.Arbiter.Local.Capacity, ""})
 		}
 		return nil, false
 	}
-	offers, problems := offersOf(quotes, problems)
-	sustain(sp, offers)
+	offers, problems := offersOf(sp, quotes, problems)
+	observed, n := s.mix.classes(c.cfg.Now())
+	mix, what := sizingMix(sp, observed, n)
+	sustain(sp, mix, what, offers)
 	for _, o := range offers {
-		c.knowPlace(s, place{o.Provider, o.Region, o.Zone, string(o.Capacity)})
+		c.knowPlace(s, place{o.Provider, o.Region, o.Zone, string(o.Capacity), o.Accelerator})
 	}
 	if msg := strings.Join(problems, "; "); msg != s.quoteErr {
 		s.quoteErr = msg

@@ -597,6 +597,52 @@ type ServiceStatus struct {
 	// ModelConflicts names each live replica that lists a model another service owns, and
 	// says it is not routed to for it (a replica may serve only its own service's models).
 	ModelConflicts []string `json:"model_conflicts,omitempty"`
+	// PerToken is each live replica's predicted cost per token at the service's SLO, by
+	// replica ID: its $/hour over what its GPU's profile sustains for the service's request
+	// mix. A replica whose GPU or model has no profile is not in it.
+	PerToken map[string]PerToken `json:"per_token,omitempty"`
+}
+
+// PerToken is one replica's predicted $ per million tokens at its service's SLO.
+type PerToken struct {
+	// DollarsPerMillionTokens is 0 where the replica cannot meet the SLO for the mix
+	// (TokensPerSecond 0; Why says why).
+	DollarsPerMillionTokens float64 `json:"dollars_per_million_tokens"`
+	TokensPerSecond         float64 `json:"tokens_per_second"`
+	// Why says what the figure is computed from: profile, mix, SLO.
+	Why string `json:"why"`
+}
+
+// perTokenJob is a live replica whose cost per token status predicts, outside the lock.
+type perTokenJob struct {
+	service, id, acc, model, what string
+	price                         float64
+	mix                           []scaling.MixClass
+	tpot, ttft                    time.Duration
+}
+
+// perToken predicts each job's cost per token into svcs (engine.SustainedRate remembers
+// what it computed: a status after the first costs little).
+func perToken(svcs []ServiceStatus, jobs []perTokenJob) {
+	for _, j := range jobs {
+		s := sustainsOn(j.acc, j.model, j.mix, j.what, j.tpot, j.ttft)
+		if !s.Known {
+			continue
+		}
+		for i := range svcs {
+			if svcs[i].Name != j.service {
+				continue
+			}
+			if svcs[i].PerToken == nil {
+				svcs[i].PerToken = map[string]PerToken{}
+			}
+			pt := PerToken{TokensPerSecond: s.TokensPerSecond, Why: s.Why}
+			if s.TokensPerSecond > 0 {
+				pt.DollarsPerMillionTokens = scaling.Offer{PricePerHour: j.price, Sustains: s}.PerMTokens()
+			}
+			svcs[i].PerToken[j.id] = pt
+		}
+	}
 }
 
 // bill adds what a service's replicas (ended ones too) have cost up to now.
@@ -637,8 +683,22 @@ func (c *Controller) status(ctx context.Context, name string, withEnded bool) ([
 		return nil, err
 	}
 	now := c.cfg.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	var jobs []perTokenJob
+	out, err := func() ([]ServiceStatus, error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.statusLocked(rows, all, name, now, withEnded, &jobs)
+	}()
+	if err != nil {
+		return nil, err
+	}
+	perToken(out, jobs)
+	return out, nil
+}
+
+// statusLocked builds status from the stored rows, and lists the live replicas whose cost
+// per token is to be predicted. Caller holds c.mu.
+func (c *Controller) statusLocked(rows []state.Service, all []state.Replica, name string, now time.Time, withEnded bool, jobs *[]perTokenJob) ([]ServiceStatus, error) {
 	var out []ServiceStatus
 	for _, row := range rows {
 		if name != "" && row.Name != name {
@@ -667,6 +727,15 @@ func (c *Controller) status(ctx context.Context, name string, withEnded bool) ([
 			}
 			if live(replicas.State(r.row.State)) {
 				st.Live++
+				if sp := s.spec(); sp != nil && r.row.Accelerator != "" {
+					if model := serviceModel(sp); model != "" {
+						observed, n := s.mix.classes(now)
+						mix, what := sizingMix(sp, observed, n)
+						tpot, ttft := sloTargets(sp)
+						*jobs = append(*jobs, perTokenJob{service: s.name, id: r.row.ID, acc: r.row.Accelerator, model: model, what: what,
+							price: r.row.PricePerHour, mix: mix, tpot: tpot, ttft: ttft})
+					}
+				}
 			}
 		}
 		if withEnded {

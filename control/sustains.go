@@ -40,24 +40,20 @@ func serviceModel(sp *spec.Service) string {
 }
 
 // sustain fills each offer's Sustains: what one replica of the service's model on the
-// offer's GPU keeps within the service's SLO for its request mix (engine.SustainedRate,
-// remembered per profile, mix and SLO), so that placement ranks the offers by $ per token
-// at the SLO. Offers whose GPU has no profile, or a service whose model shape is not
-// known, keep the zero value: placement then ranks by the hour, as before. A GPU the model
-// does not fit gets a known 0 (it ranks last). It returns a note on what it could not
-// compute, "" when nothing is amiss.
-func sustain(sp *spec.Service, offers []scaling.Offer) string {
+// offer's GPU keeps within the service's SLO for the request mix (sizingMix: observed, else
+// the spec's workload, else the default), so that placement ranks the offers by $ per token
+// at the SLO. A mix of several classes is served at the rate where the classes' shares of
+// each second add up to one (mixRate). Offers whose GPU has no profile, or a service whose
+// model shape is not known, keep the zero value: placement then ranks by the hour, as
+// before. A GPU the model does not fit, or that cannot meet the SLO for one of the mix's
+// classes, gets a known 0 (it ranks last). It returns a note on what it could not compute,
+// "" when nothing is amiss.
+func sustain(sp *spec.Service, mix []scaling.MixClass, what string, offers []scaling.Offer) string {
 	model := serviceModel(sp)
 	if model == "" {
 		return ""
 	}
-	tpot := time.Duration(sp.Arbiter.SLO.TPOTSeconds * float64(time.Second))
-	ttft := time.Duration(sp.Arbiter.SLO.TTFTSeconds * float64(time.Second))
-	if tpot <= 0 && ttft <= 0 {
-		tpot, ttft = defaultTPOT, defaultTTFT
-	} else if tpot <= 0 {
-		tpot = defaultTPOT
-	}
+	tpot, ttft := sloTargets(sp)
 	known := map[string]scaling.Sustains{}
 	note := ""
 	for i := range offers {
@@ -67,17 +63,7 @@ func sustain(sp *spec.Service, offers []scaling.Offer) string {
 		}
 		s, ok := known[acc]
 		if !ok {
-			prof, err := engine.ProfileOn(acc, model)
-			if err == nil {
-				var r engine.Sustained
-				r, err = engine.SustainedRate(prof, defaultMixIn, defaultMixOut, tpot, ttft)
-				s = scaling.Sustains{Known: err == nil, TokensPerSecond: r.TokensPerSecond,
-					Why: fmt.Sprintf("%s, %d:%d tokens, TPOT %v, TTFT %v", prof, r.In, r.Out, tpot, ttft)}
-				if err != nil {
-					// The model does not fit this GPU: it serves nothing here.
-					s = scaling.Sustains{Known: true, Why: err.Error()}
-				}
-			}
+			s = sustainsOn(acc, model, mix, what, tpot, ttft)
 			known[acc] = s
 		}
 		offers[i].Sustains = s
@@ -93,4 +79,62 @@ func sustain(sp *spec.Service, offers []scaling.Offer) string {
 		}
 	}
 	return note
+}
+
+// sloTargets are the TPOT and TTFT a service's throughput is computed at: its SLO's, else
+// the routers' defaults.
+func sloTargets(sp *spec.Service) (tpot, ttft time.Duration) {
+	tpot = time.Duration(sp.Arbiter.SLO.TPOTSeconds * float64(time.Second))
+	ttft = time.Duration(sp.Arbiter.SLO.TTFTSeconds * float64(time.Second))
+	if tpot <= 0 && ttft <= 0 {
+		tpot, ttft = defaultTPOT, defaultTTFT
+	} else if tpot <= 0 {
+		tpot = defaultTPOT
+	}
+	return tpot, ttft
+}
+
+// sustainsOn is what one replica of model on accelerator sustains for mix at the targets;
+// not Known when the GPU has no profile.
+func sustainsOn(acc, model string, mix []scaling.MixClass, what string, tpot, ttft time.Duration) scaling.Sustains {
+	prof, err := engine.ProfileOn(acc, model)
+	if err != nil {
+		return scaling.Sustains{}
+	}
+	tps, err := mixRate(prof, foldMix(mix), tpot, ttft)
+	if err != nil {
+		// The model does not fit this GPU, or a class is longer than its context: it
+		// serves nothing of this mix here.
+		return scaling.Sustains{Known: true, Why: err.Error()}
+	}
+	return scaling.Sustains{Known: true, TokensPerSecond: tps, Why: fmt.Sprintf("%s, %s, TPOT %v, TTFT %v", prof, what, tpot, ttft)}
+}
+
+// mixRate is the tokens a second one replica of prof keeps within the targets for a mix of
+// classes: each class alone sustains r_i requests a second (engine.SustainedRate), so a
+// request of class i takes 1/r_i of the replica's second, and a mix whose shares are w_i
+// is served at R = 1 / Σ w_i/r_i requests a second, R × Σ w_i (in_i + out_i) tokens. A class
+// the replica cannot serve at all makes the whole mix 0.
+func mixRate(prof string, mix []scaling.MixClass, tpot, ttft time.Duration) (float64, error) {
+	total := 0.0
+	for _, c := range mix {
+		total += c.Rate
+	}
+	if !(total > 0) {
+		return 0, fmt.Errorf("an empty request mix")
+	}
+	busy, tokens := 0.0, 0.0
+	for _, c := range mix {
+		r, err := engine.SustainedRate(prof, max(c.In, 1), max(c.Out, 2), tpot, ttft)
+		if err != nil {
+			return 0, err
+		}
+		w := c.Rate / total
+		if r.RequestsPerSecond <= 0 {
+			return 0, nil
+		}
+		busy += w / r.RequestsPerSecond
+		tokens += w * float64(c.In+c.Out)
+	}
+	return tokens / busy, nil
 }

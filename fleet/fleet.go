@@ -180,6 +180,92 @@ type ModelLoad struct {
 	InFlight float64 `json:"in_flight"`
 	// Held requests wait in the router because no replica is ready (scale from zero).
 	Held float64 `json:"held"`
+	// Mix is the model's request mix since the previous report: the generating requests
+	// that finished with a usage, counted by prompt and output length class (MixCell).
+	// Empty when none finished, or from a router that does not count it.
+	Mix []MixCell `json:"mix,omitempty"`
+}
+
+// The request mix is counted in classes of prompt and output length, so that a report stays
+// bounded whatever the traffic: a request of p prompt tokens is in the first prompt class
+// whose bound exceeds p (the last class takes every longer one), and likewise its output.
+// Bounds grow fourfold: short chats, RAG-sized prompts and long documents land apart.
+var (
+	MixPromptBounds = []int{128, 512, 2048, 8192, 32768}
+	MixOutputBounds = []int{64, 256, 1024, 4096}
+)
+
+// MaxMixTokens bounds one request's prompt or output in a mix report: beyond any model's
+// context (the longest are about 10M tokens), so a larger mean is a bug or a lie.
+const MaxMixTokens = 1 << 24
+
+// MixClasses is how many prompt and output classes there are.
+func MixClasses() (prompt, output int) { return len(MixPromptBounds) + 1, len(MixOutputBounds) + 1 }
+
+// MixClassOf returns the prompt and output classes of a request of prompt and output tokens.
+func MixClassOf(prompt, output int) (p, o int) {
+	return classOf(MixPromptBounds, prompt), classOf(MixOutputBounds, output)
+}
+
+func classOf(bounds []int, n int) int {
+	for i, b := range bounds {
+		if n < b {
+			return i
+		}
+	}
+	return len(bounds)
+}
+
+// classRange is the lengths class i of bounds holds: [lo, hi).
+func classRange(bounds []int, i int) (lo, hi int) {
+	if i > 0 {
+		lo = bounds[i-1]
+	}
+	hi = MaxMixTokens + 1
+	if i < len(bounds) {
+		hi = bounds[i]
+	}
+	return lo, hi
+}
+
+// MixCell counts the requests of one prompt class and one output class (indices into
+// MixPromptBounds and MixOutputBounds, see MixClassOf) and the tokens they had, so that
+// their mean lengths are known, not only their class.
+type MixCell struct {
+	Prompt       int     `json:"prompt"`
+	Output       int     `json:"output"`
+	Requests     float64 `json:"requests"`
+	PromptTokens float64 `json:"prompt_tokens"`
+	OutputTokens float64 `json:"output_tokens"`
+}
+
+// Validate checks one cell: classes that exist, counts in bounds, and token sums whose means
+// lie in the cell's classes (a cell of 10 requests of under 128 prompt tokens cannot hold
+// 5,000 of them).
+func (m MixCell) Validate() error {
+	np, no := MixClasses()
+	if m.Prompt < 0 || m.Prompt >= np || m.Output < 0 || m.Output >= no {
+		return fmt.Errorf("class (%d, %d): want a prompt class 0 to %d and an output class 0 to %d", m.Prompt, m.Output, np-1, no-1)
+	}
+	var c checker
+	c.check("requests", m.Requests, maxReportRequests)
+	c.check("prompt_tokens", m.PromptTokens, maxReportTokens)
+	c.check("output_tokens", m.OutputTokens, maxReportTokens)
+	if len(c) > 0 {
+		return errors.Join(c...)
+	}
+	for _, x := range []struct {
+		what   string
+		bounds []int
+		class  int
+		sum    float64
+	}{{"prompt_tokens", MixPromptBounds, m.Prompt, m.PromptTokens}, {"output_tokens", MixOutputBounds, m.Output, m.OutputTokens}} {
+		lo, hi := classRange(x.bounds, x.class)
+		if x.sum < float64(lo)*m.Requests || x.sum >= float64(hi)*m.Requests && !(x.sum == 0 && m.Requests == 0) {
+			c = append(c, fmt.Errorf("%s: %v over %v requests: want a mean from %d to %d tokens (the class's lengths)", x.what, x.sum, m.Requests, lo, hi-1))
+		}
+	}
+	return errors.Join(c...)
 }
 
 // LoadReport is one router's periodic report to the control plane.
@@ -232,6 +318,18 @@ func (m ModelLoad) Validate() error {
 	c.check("tokens", m.Tokens, maxReportTokens)
 	c.check("in_flight", m.InFlight, maxReportLevel)
 	c.check("held", m.Held, maxReportLevel)
+	seen := map[[2]int]bool{}
+	for i, cell := range m.Mix {
+		if err := cell.Validate(); err != nil {
+			c = append(c, fmt.Errorf("mix[%d]: %w", i, err))
+			continue
+		}
+		if k := [2]int{cell.Prompt, cell.Output}; seen[k] {
+			c = append(c, fmt.Errorf("mix[%d]: class (%d, %d) given twice", i, cell.Prompt, cell.Output))
+		} else {
+			seen[k] = true
+		}
+	}
 	return errors.Join(c...)
 }
 

@@ -41,12 +41,16 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	px.met.request(c.model, r, code)
 	if res.usage.Prompt > 0 || res.usage.Completion > 0 {
 		c.load.tokens.Add(int64(res.usage.Prompt + res.usage.Completion))
+		if c.kind.Generates() && code == 200 && res.failed == "" && !res.clientGone {
+			// The request mix the control plane sizes GPUs by: what was asked and answered.
+			c.load.served(res.usage.Prompt, res.usage.Completion)
+		}
 		if rs := px.met.replica(r); rs.info.Model == c.model {
 			rs.prompt.Add(float64(res.usage.Prompt))
 			rs.completion.Add(float64(res.usage.Completion))
 		} else {
-			px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), "prompt").Add(float64(res.usage.Prompt))
-			px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), "completion").Add(float64(res.usage.Completion))
+			px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), info.Accelerator, "prompt").Add(float64(res.usage.Prompt))
+			px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), info.Accelerator, "completion").Add(float64(res.usage.Completion))
 		}
 		if c.key != nil {
 			px.met.keyTokens.WithLabelValues(c.key.Name, c.service, "prompt").Add(float64(res.usage.Prompt))

@@ -27,6 +27,52 @@ type LoadTracker struct {
 
 type modelLoad struct {
 	requests, tokens, held atomic.Int64
+	// mix counts the generating requests that finished with a usage, by prompt and output
+	// length class (fleet.MixClassOf): requests and the tokens they had. Under a lock, so
+	// that a report never holds a request's count without its tokens (or the reverse).
+	mixMu sync.Mutex
+	mix   [mixPrompt][mixOutput]struct{ requests, prompt, output int64 }
+}
+
+// The request mix's classes, as fleet counts them.
+const (
+	mixPrompt = 6
+	mixOutput = 5
+)
+
+func init() {
+	if p, o := fleet.MixClasses(); p != mixPrompt || o != mixOutput {
+		panic(fmt.Sprintf("router: fleet has %d×%d mix classes, the load tracker counts %d×%d", p, o, mixPrompt, mixOutput))
+	}
+}
+
+// served counts one finished generating request of prompt and output tokens in the mix.
+func (l *modelLoad) served(prompt, output int) {
+	p, o := fleet.MixClassOf(prompt, output)
+	l.mixMu.Lock()
+	c := &l.mix[p][o]
+	c.requests++
+	c.prompt += int64(prompt)
+	c.output += int64(output)
+	l.mixMu.Unlock()
+}
+
+// takeMix returns the mix's cells that counted something; the counts restart from zero.
+func (l *modelLoad) takeMix() []fleet.MixCell {
+	var out []fleet.MixCell
+	l.mixMu.Lock()
+	defer l.mixMu.Unlock()
+	for p := range l.mix {
+		for o := range l.mix[p] {
+			c := &l.mix[p][o]
+			if c.requests == 0 {
+				continue
+			}
+			out = append(out, fleet.MixCell{Prompt: p, Output: o, Requests: float64(c.requests), PromptTokens: float64(c.prompt), OutputTokens: float64(c.output)})
+			*c = struct{ requests, prompt, output int64 }{}
+		}
+	}
+	return out
 }
 
 func (t *LoadTracker) get(model string) *modelLoad {
@@ -48,7 +94,7 @@ func (t *LoadTracker) report(replicas []*Replica) []fleet.ModelLoad {
 	t.m.Range(func(k, v any) bool {
 		l := v.(*modelLoad)
 		out = append(out, fleet.ModelLoad{Model: k.(string), Requests: float64(l.requests.Swap(0)), Tokens: float64(l.tokens.Swap(0)),
-			InFlight: float64(inflight[k.(string)]), Held: float64(l.held.Load())})
+			InFlight: float64(inflight[k.(string)]), Held: float64(l.held.Load()), Mix: l.takeMix()})
 		return true
 	})
 	slices.SortFunc(out, func(a, b fleet.ModelLoad) int { return strings.Compare(a.Model, b.Model) })
@@ -231,6 +277,14 @@ func (cp *ControlPlane) report(ctx context.Context) {
 		// entry that is (a bug, or a count that slipped past the checks where replicas'
 		// numbers are read) is dropped alone, so that every other model keeps its counts.
 		for _, m := range cp.load.report(snap) {
+			if err := m.Validate(); err != nil && m.Mix != nil {
+				// A mix out of bounds costs only the mix: the model's counts still go.
+				mix := m.Mix
+				m.Mix = nil
+				if m.Validate() == nil {
+					cp.log.Error("bug: a model's request mix is out of bounds; dropped from the report, its counts sent", "model", m.Model, "err", err, "mix", mix)
+				}
+			}
 			if err := m.Validate(); err != nil {
 				cp.log.Error("bug: a model's load entry is out of bounds; dropped from the report, the others sent", "model", m.Model, "err", err)
 				continue

@@ -20,7 +20,7 @@ type Metrics struct {
 	firstByteExtended prometheus.Counter
 	ejections         *prometheus.CounterVec   // replica
 	rejected          *prometheus.CounterVec   // replica, source, reason
-	tokens            *prometheus.CounterVec   // model, service, replica, provider, region, capacity, type
+	tokens            *prometheus.CounterVec   // model, service, replica, provider, region, capacity, accelerator, type
 	audioSeconds      *prometheus.CounterVec   // model, service, replica
 	slo               *prometheus.CounterVec   // model, service, result
 	ttft              *prometheus.HistogramVec // model
@@ -63,7 +63,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ejections: cv("ejections_total", "Passive ejections of a replica after consecutive failures.", "replica"),
 		rejected: cv("replica_reports_rejected_total", "Numbers a replica reported that the router refused and dropped, by replica, source (usage: a response's token counts; metrics: a /metrics scrape) and reason (negative, fractional, too_large, not_a_number, not_an_object, inconsistent; for metrics also too_big, the body over its limit).",
 			"replica", "source", "reason"),
-		tokens:       cv("tokens_total", "Tokens served, from each response's usage.", "model", "service", "replica", "provider", "region", "capacity", "type"),
+		tokens: cv("tokens_total", "Tokens served, from each response's usage; accelerator is the replica's GPU type (its placement, or its replicas-file label; one per replica).",
+			"model", "service", "replica", "provider", "region", "capacity", "accelerator", "type"),
 		audioSeconds: cv("audio_seconds_total", "Seconds of audio transcribed or translated, from each response's usage (vLLM's TranscriptionUsageAudio, which counts no tokens).", "model", "service", "replica"),
 		keyRequests:  cv("key_requests_total", "Requests per client API key (its name, never the key), by service and HTTP status code.", "key", "service", "code"),
 		keyTokens:    cv("key_tokens_total", "Tokens served per client API key and service, from each response's usage.", "key", "service", "type"),
@@ -236,7 +237,7 @@ func (m *Metrics) replica(r *Replica) *replicaSeries {
 		return s
 	}
 	tok := func(typ string) prometheus.Counter {
-		return m.tokens.WithLabelValues(info.Model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), typ)
+		return m.tokens.WithLabelValues(info.Model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), info.Accelerator, typ)
 	}
 	s := &replicaSeries{info: info, ok: m.requests.WithLabelValues(info.Model, info.Service, info.ID, "200"), prompt: tok("prompt"), completion: tok("completion")}
 	r.series.Store(s)

@@ -33,6 +33,13 @@ type Offer struct {
 	// request mix (Sustained); its zero value is not known, and the offer is then compared
 	// by its price per hour.
 	Sustains Sustains
+	// Preference is the offer's rank in the order the user wrote (spec's `ordered`, or a
+	// list of accelerators; spec.Resources.Preference): 0 first. Placement takes, for each
+	// capacity kind, only the offers of the earliest rank it can have now, as SkyPilot
+	// tries ordered candidates: the next only when the earlier cannot be had (no offer, or
+	// refused, or every zone cooling down). Resources that state no order leave every offer
+	// at 0, and placement chooses by price.
+	Preference int
 	// PriceSource says where the price came from (a catalog file, a provider's price API),
 	// for the launch's log line.
 	PriceSource string
@@ -483,6 +490,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	odCap := max(base, rest-p.Overprovision)
 
 	active := pl.activeZones(now, offers)
+	offers = preferred(offers, active)
 	spotOffer, haveSpot := cheapest(offers, fleet.Spot, func(o Offer) bool { return active[o.place()] })
 	odOffer, haveOD := cheapest(offers, fleet.OnDemand, nil)
 	useSpot, holdSpot, why := false, false, ""
@@ -892,7 +900,7 @@ func (pl *Placer) passedOver(now time.Time, all []Offer, chosen Offer) string {
 	best, found := Offer{}, false
 	for _, o := range all {
 		_, refused := pl.refused[refusalOf(o)]
-		if o.Capacity != chosen.Capacity || !refused || !cheaper(o, chosen) || (found && !cheaper(o, best)) {
+		if o.Capacity != chosen.Capacity || !refused || !before(o, chosen) || (found && !before(o, best)) {
 			continue
 		}
 		best, found = o, true
@@ -901,7 +909,43 @@ func (pl *Placer) passedOver(now time.Time, all []Offer, chosen Offer) string {
 		return ""
 	}
 	at := pl.refused[refusalOf(best)]
-	return fmt.Sprintf(" (the cheaper %s in %s refused a launch %v ago: no capacity)", best.priced(), best.place(), now.Sub(at).Round(time.Second))
+	what := "cheaper"
+	if best.Preference < chosen.Preference {
+		what = "preferred (earlier in resources.ordered)"
+	}
+	return fmt.Sprintf(" (the %s %s in %s refused a launch %v ago: no capacity)", what, best.priced(), best.place(), now.Sub(at).Round(time.Second))
+}
+
+// preferred keeps, of each capacity kind, the offers of the earliest Preference that can be
+// had now (for spot, in an active zone); a kind none of whose offers can be had keeps all
+// of its offers, for the reasons that say why.
+func preferred(offers []Offer, active map[string]bool) []Offer {
+	first := map[fleet.Capacity]int{}
+	ordered := false
+	for _, o := range offers {
+		ordered = ordered || o.Preference != 0
+		if o.Capacity == fleet.Spot && !active[o.place()] {
+			continue
+		}
+		if r, ok := first[o.Capacity]; !ok || o.Preference < r {
+			first[o.Capacity] = o.Preference
+		}
+	}
+	if !ordered {
+		return offers
+	}
+	return slices.DeleteFunc(slices.Clone(offers), func(o Offer) bool {
+		r, ok := first[o.Capacity]
+		return ok && o.Preference != r
+	})
+}
+
+// before orders offers as placement prefers them: the user's order first, then cheaper.
+func before(a, b Offer) bool {
+	if a.Preference != b.Preference {
+		return a.Preference < b.Preference
+	}
+	return cheaper(a, b)
 }
 
 // cheaper orders offers by unit price ($ per token at the SLO where known, else per

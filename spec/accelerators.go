@@ -168,3 +168,62 @@ func (s *Service) DropAccelerators(why func(name string) string) (warnings Error
 // counts, which a mapping of name to count cannot hold: "A100:4" with no value, as
 // SkyPilot's examples write {A100:4, A100:8}.
 func acceleratorKey(a Accelerator) string { return fmt.Sprintf("%s:%d", a.Name, a.Count) }
+
+// Preference ranks an offer by the order the user wrote, as SkyPilot tries `ordered`
+// candidates and a list of accelerators: 0 for the first candidate that matches the offer
+// (its provider, region, zone, instance type and accelerator × count, each where the
+// candidate names it), 1 for the second, and so on; within a candidate, a list of
+// accelerators orders them too. Resources that state no order (one accelerator, a set,
+// any_of) rank every offer 0: placement then chooses by price. Where no candidate matches
+// the offer's place (a provider that names places its own way, such as sim), the first
+// whose accelerator matches ranks it; an offer none matches ranks after all of them.
+func (r *Resources) Preference(provider, region, zone, instanceType, accelerator string, count int) int {
+	cands := r.Ordered
+	if len(cands) == 0 {
+		if !r.AcceleratorsOrdered {
+			return 0
+		}
+		cands = []Resources{*r}
+	}
+	if rank, ok := preference(cands, accelerator, count, func(c *Resources) bool { return c.placeMatches(provider, region, zone, instanceType) }); ok {
+		return rank
+	}
+	if rank, ok := preference(cands, accelerator, count, func(c *Resources) bool { return len(c.Accelerators) > 0 }); ok {
+		return rank
+	}
+	return len(cands) * perCandidate
+}
+
+// perCandidate leaves room in a rank for the accelerators of one candidate's list.
+const perCandidate = 1 << 10
+
+// preference is the rank of the first of cands that match accepts and whose accelerators
+// (if it names any) include accelerator × count.
+func preference(cands []Resources, accelerator string, count int, match func(*Resources) bool) (int, bool) {
+	for i := range cands {
+		c := &cands[i]
+		if !match(c) {
+			continue
+		}
+		if len(c.Accelerators) == 0 {
+			return i * perCandidate, true
+		}
+		for j, a := range c.Accelerators {
+			if strings.EqualFold(a.Name, accelerator) && max(a.Count, 1) == max(count, 1) {
+				if !c.AcceleratorsOrdered {
+					j = 0
+				}
+				return i*perCandidate + min(j, perCandidate-1), true
+			}
+		}
+	}
+	return 0, false
+}
+
+// placeMatches reports whether an offer in provider/region/zone on instanceType is one r
+// allows (each where r names it).
+func (r *Resources) placeMatches(provider, region, zone, instanceType string) bool {
+	cloudOK := r.Cloud == "" || strings.EqualFold(r.Cloud, provider) || IsKubernetes(r.Cloud) && IsKubernetes(provider)
+	return cloudOK && (r.Region == "" || strings.EqualFold(r.Region, region)) && (r.Zone == "" || strings.EqualFold(r.Zone, zone)) &&
+		(r.InstanceType == "" || strings.EqualFold(r.InstanceType, instanceType))
+}

@@ -17,7 +17,9 @@ var (
 	arbiterKeys = []string{
 		"model", "models", "routing_policy", "slo", "spot_policy", "reserved", "providers",
 		"scale_to_zero_after_seconds", "autoscaling", "readiness", "local", "sim", "profile", "tasks",
+		"workload",
 	}
+	workloadKeys    = []string{"prompt_tokens", "output_tokens"}
 	sloKeys         = []string{"ttft_seconds", "tpot_seconds", "e2e_seconds", "percentile"}
 	spotPolicyKeys  = []string{"max_price_ratio", "rebalance_min_saving", "min_zones"}
 	reservedKeys    = []string{"provider", "region", "zone", "accelerator", "count", "price_per_hour"}
@@ -96,6 +98,16 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 		if a.SLO.Percentile > 1 {
 			// Rounded so that 99.9 reads as 0.999, not 0.9990000000000001.
 			a.SLO.Percentile = math.Round(a.SLO.Percentile*1e10) / 1e12
+		}
+	}
+	if v := b.get("workload"); v != nil {
+		s := d.block("arbiter.workload", b.key("workload"), v, workloadKeys)
+		const want = "a number of tokens from 1 to %d"
+		in := func(v int) bool { return v >= 1 && v <= fleet.MaxMixTokens }
+		s.integer("prompt_tokens", fmt.Sprintf(want, fleet.MaxMixTokens), in, &a.Workload.PromptTokens)
+		s.integer("output_tokens", fmt.Sprintf(want, fleet.MaxMixTokens), in, &a.Workload.OutputTokens)
+		if s != nil && (!s.has("prompt_tokens") || !s.has("output_tokens")) {
+			d.errorf(v, "arbiter.workload: give both prompt_tokens and output_tokens (a typical request's lengths)")
 		}
 	}
 	if v := b.get("spot_policy"); v != nil {

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/arbiter-serve/arbiter/engine"
 )
 
 // crossCheck applies the rules that span sections, and settles the defaults that depend on
@@ -16,6 +18,14 @@ func (d *decoder) crossCheck(s *Service) {
 	rp := &svc.ReplicaPolicy
 	a := &s.Arbiter
 	const policy = "service.replica_policy."
+
+	// A workload hint longer than the model's context is no request the model can take
+	// (vLLM refuses a prompt plus max_tokens past max_model_len).
+	if w := a.Workload; w.PromptTokens > 0 && w.OutputTokens > 0 && !d.failed("arbiter.workload.prompt_tokens", "arbiter.workload.output_tokens") {
+		if m, ok := WorkloadModel(a); ok && w.PromptTokens+w.OutputTokens > m.Context {
+			d.errorAt("arbiter.workload", "arbiter.workload: %d prompt plus %d output tokens exceed %s's context of %d tokens", w.PromptTokens, w.OutputTokens, m.Name, m.Context)
+		}
+	}
 
 	// Spot fallback has nothing to fall back from without spot replicas.
 	if !usesSpot(s.Resources) {
@@ -268,4 +278,23 @@ var providerLimits = []struct {
 		imagePrefix: "docker:",
 		image:       "the runpod provider runs container images; write docker:IMAGE (one without an entrypoint of its own, e.g. docker:runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04)",
 	},
+}
+
+// WorkloadModel is the model shape a service's replicas serve, where the spec says it: its
+// profile's model (h100-llama-3.1-8b), else the first of its model names that is a known
+// shape (a Hugging Face id such as meta-llama/Llama-3.1-8B-Instruct).
+func WorkloadModel(a *Arbiter) (engine.ModelShape, bool) {
+	if a.Profile != "" {
+		if name, err := engine.ProfileOn("h100", a.Profile); err == nil {
+			if m, err := engine.LookupModel(strings.TrimPrefix(name, "h100-")); err == nil {
+				return m, true
+			}
+		}
+	}
+	for _, n := range a.Models {
+		if m, err := engine.LookupModel(n); err == nil {
+			return m, true
+		}
+	}
+	return engine.ModelShape{}, false
 }

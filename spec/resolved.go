@@ -318,6 +318,12 @@ func arbiterNode(a *Arbiter) *yaml.Node {
 	put(slo, "e2e_seconds", num(a.SLO.E2ESeconds))
 	put(slo, "percentile", num(a.SLO.Percentile))
 	put(m, "slo", slo)
+	if w := a.Workload; w.PromptTokens > 0 {
+		wl := mapping()
+		put(wl, "prompt_tokens", integer(w.PromptTokens))
+		put(wl, "output_tokens", integer(w.OutputTokens))
+		put(m, "workload", wl)
+	}
 
 	sp := mapping()
 	put(sp, "max_price_ratio", num(a.SpotPolicy.MaxPriceRatio))

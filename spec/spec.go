@@ -146,8 +146,12 @@ type Arbiter struct {
 	// Tasks are what the service's model serves, by vLLM's names (fleet.TaskNames:
 	// generate, embed, classify, score, transcription): routers send its replicas only
 	// those requests. Empty: unknown; routers learn it from the replicas' refusals.
-	Tasks                   []string
-	SLO                     SLO
+	Tasks []string
+	SLO   SLO
+	// Workload is the request mix to expect before any traffic (arbiter.workload): what
+	// the control plane sizes each GPU's throughput by until the routers have reported
+	// enough requests. Zero: the default, 1,024 prompt and 256 output tokens.
+	Workload                Workload
 	SpotPolicy              SpotPolicy
 	Reserved                []ReservedCapacity
 	Providers               []string
@@ -162,6 +166,11 @@ type Arbiter struct {
 type SLO struct {
 	TTFTSeconds, TPOTSeconds, E2ESeconds float64
 	Percentile                           float64 // a fraction: 0.9 for p90
+}
+
+// Workload is a typical request: its prompt and output lengths in tokens (0: not given).
+type Workload struct {
+	PromptTokens, OutputTokens int
 }
 
 // SpotPolicy decides between spot and on-demand capacity.

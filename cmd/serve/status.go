@@ -201,14 +201,29 @@ func fetchWith(ctx context.Context, g *globals, names []string, query string) ([
 
 func printReplicas(out io.Writer, svcs []control.ServiceStatus) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SERVICE\tID\tVERSION\tPROVIDER\tREGION/ZONE\tCAPACITY\t$/HOUR\tSTATUS\tLAUNCHED\tENDPOINT\tPRICED BY")
+	fmt.Fprintln(tw, "SERVICE\tID\tVERSION\tPROVIDER\tREGION/ZONE\tCAPACITY\tGPU\t$/HOUR\t$/M TOKENS AT SLO\tSTATUS\tLAUNCHED\tENDPOINT\tPRICED BY")
 	for _, s := range svcs {
 		for _, r := range s.Replicas {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s/%s\t%s\t%.2f\t%s\t%s ago\t%s\t%s\n", s.Name, r.ID, r.Version, r.Provider, dash(r.Region), dash(r.Zone),
-				dash(r.Capacity), r.PricePerHour, r.State, since(r.LaunchedAt), dash(r.Address), priceSource(r.PriceSource))
+			gpu := dash(r.Accelerator)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s/%s\t%s\t%s\t%.2f\t%s\t%s\t%s ago\t%s\t%s\n", s.Name, r.ID, r.Version, r.Provider, dash(r.Region), dash(r.Zone),
+				dash(r.Capacity), gpu, r.PricePerHour, predictedPerM(s, r.ID), r.State, since(r.LaunchedAt), dash(r.Address), priceSource(r.PriceSource))
 		}
 	}
 	tw.Flush()
+}
+
+// predictedPerM is a replica's predicted $ per million tokens at its service's SLO, from its
+// GPU's profile and the service's request mix: "-" where not known (no GPU or no profile),
+// "misses SLO" where the GPU cannot meet it for the mix.
+func predictedPerM(s control.ServiceStatus, id string) string {
+	pt, ok := s.PerToken[id]
+	switch {
+	case !ok:
+		return "-"
+	case pt.TokensPerSecond <= 0:
+		return "misses SLO"
+	}
+	return fmt.Sprintf("%.4f", pt.DollarsPerMillionTokens)
 }
 
 // priceSource names where a price came from, briefly: a catalog by its file, an API by

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/arbiter-serve/arbiter/control"
+	"github.com/arbiter-serve/arbiter/state"
+)
+
+// The replica table shows each replica's GPU and its predicted $ per million tokens at the
+// SLO beside its $/hour: a figure where the control plane predicted one, "misses SLO" where
+// the GPU cannot meet it, "-" where no profile is known.
+func TestReplicaTableShowsDollarsPerTokenAtTheSLO(t *testing.T) {
+	svcs := []control.ServiceStatus{{Name: "llm", Replicas: []state.Replica{
+		{ID: "llm-1", Service: "llm", Provider: "aws", Region: "us-east-1", Zone: "a", Capacity: "on_demand", Accelerator: "H100", PricePerHour: 2.5, State: "ready"},
+		{ID: "llm-2", Service: "llm", Provider: "aws", Region: "us-east-1", Zone: "b", Capacity: "spot", Accelerator: "T4", PricePerHour: 0.2, State: "ready"},
+		{ID: "llm-3", Service: "llm", Provider: "local", Capacity: "reserved", State: "starting"},
+	}, PerToken: map[string]control.PerToken{
+		"llm-1": {DollarsPerMillionTokens: 0.029, TokensPerSecond: 23975},
+		"llm-2": {TokensPerSecond: 0, Why: "cannot hold the model"},
+	}}}
+	var out bytes.Buffer
+	printReplicas(&out, svcs)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("table:\n%s", out.String())
+	}
+	head := strings.Fields(strings.ReplaceAll(lines[0], "$/M TOKENS AT SLO", "$/M_TOKENS_AT_SLO"))
+	col := -1
+	for i, h := range head {
+		if h == "$/M_TOKENS_AT_SLO" {
+			col = i
+		}
+	}
+	if col < 0 || head[col-1] != "$/HOUR" || head[col-2] != "GPU" {
+		t.Fatalf("header %q: want GPU, $/HOUR and $/M TOKENS AT SLO side by side", lines[0])
+	}
+	for i, want := range [][3]string{{"H100", "2.50", "0.0290"}, {"T4", "0.20", "misses"}, {"-", "0.00", "-"}} {
+		f := strings.Fields(lines[i+1])
+		if f[col-2] != want[0] || f[col-1] != want[1] || f[col] != want[2] {
+			t.Errorf("row %d %q: want GPU %s, $/hour %s, $/M %s", i+1, lines[i+1], want[0], want[1], want[2])
+		}
+	}
+}
