@@ -147,6 +147,12 @@ type service struct {
 	woken  bool
 	// mix is the window of the service's request mix the routers reported.
 	mix requestMix
+	// gmix sizes the service per GPU type (gpumix.go); nil where it is not.
+	gmix *gpuMix
+	// lastRequest is when a router last reported a request; held the requests the
+	// routers hold for it now (set each tick).
+	lastRequest time.Time
+	waiting     float64
 
 	// placer chooses capacity kinds and zones when the service's provider is a market;
 	// placement is its last plan's reason.

@@ -100,6 +100,26 @@ func (m *requestMix) classes(now time.Time) ([]scaling.MixClass, float64) {
 	return out, total
 }
 
+// recent is the rate of requests a second over the last d (at least a slot): the level
+// the GPU mix is sized for, while the window's classes give its shape.
+func (m *requestMix) recent(now time.Time, d time.Duration) float64 {
+	if m == nil || m.since.IsZero() {
+		return 0
+	}
+	from := now.Add(-max(d, mixSlot)).Truncate(mixSlot)
+	n := 0.0
+	for _, sl := range m.slots {
+		if sl.start.Before(from) || sl.start.After(now) {
+			continue
+		}
+		for _, v := range sl.cells {
+			n += v.requests
+		}
+	}
+	span := now.Sub(maxTime(m.since, from))
+	return n / max(span, mixMinSpan).Seconds()
+}
+
 func maxTime(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a

@@ -60,8 +60,8 @@ func (c *Controller) preemptionNotice(ctx context.Context, provider string, n re
 			msg += ": " + n.Reason
 		}
 		st := replicas.State(r.row.State)
-		if s.placer != nil {
-			s.placer.Preempted(r.row.Provider, r.row.Region, r.row.Zone, now)
+		if pl := s.placerFor(r.row.Accelerator); pl != nil {
+			pl.Preempted(r.row.Provider, r.row.Region, r.row.Zone, now)
 		}
 		if st != replicas.Ready {
 			c.event(ctx, s.name, r.row.ID, "preemption", msg)

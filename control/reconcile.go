@@ -59,6 +59,10 @@ func (c *Controller) tick(ctx context.Context) {
 		s.requests, s.tokens, s.woken = 0, tokens, false
 		s.decider.Record(smp)
 		d := s.decider.Decide(now, s.count(s.version, replicas.Ready), s.target)
+		s.waiting = smp.Waiting
+		if s.gmix != nil {
+			d.Target = s.target // sized per GPU type in placement (placeMix)
+		}
 		if d.Target != s.target {
 			c.event(ctx, s.name, "", "scale", fmt.Sprintf("target %d → %d: %s", s.target, d.Target, d.Reason))
 			c.log.Info("scale", "service", s.name, "from", s.target, "to", d.Target, "reason", d.Reason)
@@ -130,6 +134,9 @@ func (c *Controller) Report(rep fleet.LoadReport) {
 			s.tokens += m.Tokens
 			s.served += m.Tokens
 			s.mix.add(c.cfg.Now(), m.Mix)
+			if m.Requests > 0 || m.InFlight > 0 || m.Held > 0 {
+				s.lastRequest = c.cfg.Now()
+			}
 		}
 	}
 }
@@ -387,6 +394,11 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 	if len(offers) == 0 {
 		return // the provider could not quote: better to wait than to guess
 	}
+	if gpus := mixGPUs(s.spec(), offers); gpus != nil {
+		c.placeMix(ctx, s, cur, offers, gpus, now)
+		return
+	}
+	s.gmix = nil
 	if s.placer == nil {
 		pl, err := scaling.NewPlacer(scaling.PlacementFromSpec(s.spec(), c.cfg.ZoneCooldown))
 		if err != nil {
@@ -411,8 +423,12 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 			existing = append(existing, placed(r))
 		}
 	}
-	plan := s.placer.Plan(now, s.target, existing, offers)
-	if plan.Reason != s.placement {
+	c.applyPlan(ctx, s, s.placer.Plan(now, s.target, existing, offers), now)
+}
+
+// applyPlan launches and drains what a placement plan says. Caller holds c.mu.
+func (c *Controller) applyPlan(ctx context.Context, s *service, plan scaling.Plan, now time.Time) {
+	if plan.Reason != s.placement && (len(plan.Launch) > 0 || len(plan.Drain) > 0 || s.gmix == nil) {
 		s.placement = plan.Reason
 		c.event(ctx, s.name, "", "placement", plan.Reason)
 	}
@@ -518,8 +534,8 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 		if err != nil {
 			if errors.Is(err, replicas.ErrNoCapacity) {
 				r.refused = true
-				if s.placer != nil {
-					s.placer.Refused(scaling.Offer{Provider: row.Provider, Region: row.Region, Zone: row.Zone, Capacity: fleet.Capacity(row.Capacity), Accelerator: row.Accelerator}, c.cfg.Now())
+				if pl := s.placerFor(row.Accelerator); pl != nil {
+					pl.Refused(scaling.Offer{Provider: row.Provider, Region: row.Region, Zone: row.Zone, Capacity: fleet.Capacity(row.Capacity), Accelerator: row.Accelerator}, c.cfg.Now())
 				}
 			}
 			c.transition(ctx, s, r, replicas.Failed, "launch failed: "+err.Error())

@@ -337,6 +337,7 @@ func (c *Controller) UpdateWith(ctx context.Context, name, text string, vars Var
 		s.placer = nil
 	}
 	s.placement = ""
+	s.gmix = nil // rebuilt from the new spec (and what runs) at the next placement
 	c.publish()
 	c.kickNow()
 	return v, true, nil

@@ -102,8 +102,17 @@ type MixPlanner struct {
 	pendingSince time.Time
 	pendingLevel float64
 
+	// levels are the levels Decide saw over the last MixWindow: a cut is sized for their
+	// peak, so a mix that is only down for a moment is not cut and bought back.
+	levels []timedLevel
+
 	// memo remembers SolveMix's answers by their inputs; cleared when full.
 	memo map[string]mixAnswer
+}
+
+type timedLevel struct {
+	at    time.Time
+	level float64
 }
 
 type mixAnswer struct {
@@ -288,12 +297,30 @@ func (m *MixPlanner) Decide(now time.Time, classes []MixClass, types []MixType, 
 		want = m.atLeastOne(want, classes, types, held)
 		return MixDecision{Counts: want, Level: level, Reason: "from zero: " + why}
 	}
+	m.levels = append(m.levels, timedLevel{now, level})
+	i := 0
+	for i < len(m.levels) && now.Sub(m.levels[i].at) > p.MixWindow {
+		i++
+	}
+	m.levels = m.levels[i:]
+	peak := level
+	for _, l := range m.levels {
+		peak = max(peak, l.level)
+	}
 	covered := Covers(scaleClasses(classes, 1/p.Utilization), types, current) && curTotal >= p.MinReplicas &&
 		(p.MaxReplicas == 0 || curTotal <= p.MaxReplicas)
 	var options [][]int
 	dir := -1
 	if covered {
+		// Cuts and changes of type are sized for the peak of the mix window.
 		options = append(options, slices.Clone(current))
+		if level <= 0 {
+			want = nil // no shape to size a cut for; idle is handled above
+		} else if peak > level {
+			atPeak := scaleClasses(classes, peak/level)
+			want, _ = m.solve(atPeak, types, peak, nil, nil)
+			classes, level = atPeak, peak
+		}
 		if shrink, _ := m.solve(classes, types, level, nil, current); shrink != nil {
 			options = append(options, shrink)
 		}
@@ -525,4 +552,12 @@ func PlacementTargets(want, alive, ready []int) []int {
 		}
 	}
 	return out
+}
+
+// Active records a request seen at at without its lengths (a router's count): the service
+// is in use, so it does not scale to zero.
+func (m *MixPlanner) Active(at time.Time) {
+	if at.After(m.last) {
+		m.last = at
+	}
 }

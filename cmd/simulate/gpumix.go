@@ -36,7 +36,7 @@ func gpumix(args []string, out io.Writer) error {
 	start := fs.String("start", "2026-08-01", "date whose catalog prices are used (UTC)")
 	cold := fs.Duration("cold-start", sim.DefaultColdStart, "replica launch to ready")
 	util := fs.Float64("utilization", 0, "the mix planner's utilization (headroom), the same for every mix system; 0: calibrated per request trace (calibrateUtilization)")
-	burst := fs.Duration("burst-window", 10*time.Second, "the mix planner's burst window: it sizes for the highest rate over any such slice of its stable window (0: the window's mean)")
+	burst := fs.Duration("burst-window", 0, "the mix planner's burst window: it sizes for the highest rate over any such slice of its stable window (0: the window's mean)")
 	within := fs.Float64("iso-slo-within", 0.005, "how far below Arbiter's SLO attainment counts as equal")
 	systems := fs.String("systems", "arbiter-mix,single,melange-static,skyserve", "what to run: arbiter-mix, single (each type alone), melange-static, skyserve")
 	verbose := fs.Bool("v", false, "print every mix change to stderr")
@@ -79,6 +79,10 @@ func gpumix(args []string, out io.Writer) error {
 		want[s] = true
 	}
 	gpus, err := offeredGPUs(sp, cat, st, at, out, *spotName)
+	if err != nil {
+		return err
+	}
+	dominated, err := dominatedGPUs(sp, cat, st, at, *model, gpus)
 	if err != nil {
 		return err
 	}
@@ -133,6 +137,12 @@ func gpumix(args []string, out io.Writer) error {
 			if want["single"] {
 				best, bestType := math.Inf(1), ""
 				for _, g := range gpus {
+					if by := dominated[g]; by != "" {
+						if day == 0 {
+							fmt.Fprintf(out, "<!-- %s alone is not run: %s costs no more per hour and sustains more of every request class within the SLO -->\n", g, by)
+						}
+						continue
+					}
 					one := in
 					one.GPUs = []string{g}
 					r, cost, label, err := atGoal(one, sim.ArbiterMix, goal)
@@ -196,6 +206,58 @@ func calibrateUtilization(in sim.Inputs) (float64, float64, error) {
 		}
 	}
 	return utilizations[len(utilizations)-1], last, nil
+}
+
+// dominatedGPUs names, for each GPU type another one dominates, that other: no dearer per
+// hour on demand and sustaining at least as many requests within the SLO at every class's
+// middle shape. A dominated type cannot be the best single type, so it is not run alone.
+func dominatedGPUs(sp *spec.Service, cat *pricing.Catalog, st *traces.SpotTrace, at time.Time, model string, gpus []string) (map[string]string, error) {
+	m, err := market.New(market.Config{Catalog: cat, Resources: sp.Resources, Start: at, Spot: st})
+	if err != nil {
+		return nil, err
+	}
+	od := map[string]float64{}
+	for _, o := range m.Offers(0) {
+		if o.Capacity == fleet.OnDemand {
+			if p, ok := od[o.Accelerator]; !ok || o.PricePerHour < p {
+				od[o.Accelerator] = o.PricePerHour
+			}
+		}
+	}
+	tpot := time.Duration(sp.Arbiter.SLO.TPOTSeconds * float64(time.Second))
+	ttft := time.Duration(sp.Arbiter.SLO.TTFTSeconds * float64(time.Second))
+	shapes := [][2]int{{512, 128}, {2048, 128}, {8192, 128}, {2048, 512}}
+	rates := map[string][]float64{}
+	for _, g := range gpus {
+		name, err := engine.ProfileOn(g, model)
+		if err != nil {
+			return nil, err
+		}
+		for _, sh := range shapes {
+			r, err := engine.SustainedRate(name, sh[0], sh[1], tpot, ttft)
+			if err != nil {
+				return nil, err
+			}
+			rates[g] = append(rates[g], r.RequestsPerSecond)
+		}
+	}
+	out := map[string]string{}
+	for _, g := range gpus {
+		for _, h := range gpus {
+			if g == h || od[h] > od[g] {
+				continue
+			}
+			all := true
+			for i := range shapes {
+				all = all && rates[h][i] >= rates[g][i]
+			}
+			if all {
+				out[g] = h
+				break
+			}
+		}
+	}
+	return out, nil
 }
 
 // offeredGPUs lists the accelerators the spec's offers name, with each one's cheapest
