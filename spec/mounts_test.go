@@ -178,3 +178,21 @@ func TestConfigWarnings(t *testing.T) {
 		t.Errorf("warnings:\n%v", w)
 	}
 }
+
+// An image on the local provider is not used (setup and run run on this machine): accepted,
+// as SkyPilot files carry one for their clouds, with a warning at its place; none where
+// every provider starts replicas from it.
+func TestImageOnLocalWarns(t *testing.T) {
+	s := mustParse(t, minimal+"resources:\n  image_id: docker:vllm/vllm-openai:v0.10.0\n  any_of:\n    - {image_id: docker:lmsysorg/sglang:latest}\n")
+	w := s.Warnings()
+	if len(w) != 2 || w[0].Line != 5 || w[0].Column != 13 || !strings.Contains(w[0].Msg, "resources.image_id: has no effect on the local provider, which runs setup and run on this machine, not in an image") ||
+		w[1].Line != 7 || !strings.Contains(w[1].Msg, "image_id: has no effect on the local provider") {
+		t.Errorf("warnings:\n%v", w)
+	}
+	if s := mustParse(t, minimal+"resources: {image_id: docker:vllm/vllm-openai}\narbiter: {providers: [kubernetes]}\n"); len(s.Warnings()) != 0 {
+		t.Errorf("on kubernetes: %v", s.Warnings())
+	}
+	if s := mustParse(t, minimal+"arbiter: {providers: [sim]}\nresources: {image_id: docker:x}\n"); len(s.Warnings()) != 1 || !strings.Contains(s.Warnings()[0].Msg, "the sim provider") {
+		t.Errorf("on sim: %v", s.Warnings())
+	}
+}
