@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"cmp"
 	"slices"
 	"strconv"
 	"strings"
@@ -136,6 +137,22 @@ func (d *decoder) crossCheck(s *Service) {
 				d.errorAt("resources.image_id", "resources.image_id: %s: %s", quote(r.ImageID), l.image)
 				break
 			}
+		}
+	}
+	// The local provider (and sim, which runs its replicas through it) runs setup and run
+	// on this machine as they are: an image is not used there, which is said, not dropped.
+	if p := slices.IndexFunc(a.Providers, func(p string) bool { return p == "local" || p == "sim" }); p >= 0 {
+		var paths []string
+		for k, v := range d.vals {
+			if strings.HasPrefix(k, "resources.") && strings.HasSuffix(k, ".image_id") && v.Value != "" {
+				paths = append(paths, k)
+			}
+		}
+		slices.SortFunc(paths, func(a, b string) int { // in file order
+			return cmp.Or(cmp.Compare(d.vals[a].Line, d.vals[b].Line), cmp.Compare(d.vals[a].Column, d.vals[b].Column))
+		})
+		for _, k := range paths {
+			d.warnf(d.vals[k], "%s: has no effect on the %s provider, which runs setup and run on this machine, not in an image; what run: needs must be installed here (kubernetes and runpod start replicas from docker: images, aws boots ami- images)", k, a.Providers[p])
 		}
 	}
 	// The aws provider passes setup, run and envs as EC2 user data, which holds 16 KiB.

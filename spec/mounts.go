@@ -26,10 +26,15 @@ type FileMount struct {
 	// default: COPY for the short form, MOUNT for the block); "" for a local source, which
 	// is made available as it is.
 	Mode string
+
+	// bucket is an existing bucket named without store ({name: NAME}); SkyPilot looks it
+	// up in the store of the cloud the replica runs on, so checkMounts resolves it against
+	// arbiter.providers (Source and Store filled in, bucket cleared) or refuses it there.
+	bucket string
 }
 
 // Local reports whether the source is a path on the machine serve up runs on.
-func (m FileMount) Local() bool { return m.Store == "" }
+func (m FileMount) Local() bool { return m.Store == "" && m.bucket == "" }
 
 // Volume is one entry of volumes: a volume by name (on Kubernetes, a
 // PersistentVolumeClaim in the provider's namespace) mounted at Path.
@@ -62,11 +67,13 @@ var storeSchemes = map[string]string{"s3": "s3://", "gcs": "gs://", "r2": "r2://
 var mountModes = []string{"mount", "copy", "mount_cached"}
 
 // fileMounts reads file_mounts: "PATH: SOURCE" or "PATH: {name, source, store, mode,
-// persistent}".
-func (d *decoder) fileMounts(n *yaml.Node) []FileMount {
+// persistent}". As SkyPilot does when it reads the file, $VAR and ${VAR} naming one of
+// envs (not secrets) are filled in, in paths, sources and bucket names.
+func (d *decoder) fileMounts(n *yaml.Node, envs map[string]string) []FileMount {
 	ps, _ := d.pairs("file_mounts", n, "a mapping of replica paths to sources, e.g. /data: ~/data or /data: s3://bucket")
 	var out []FileMount
 	for _, p := range ps {
+		p.name = substitute(p.name, envs)
 		path := "file_mounts." + p.name
 		if strings.TrimSpace(p.name) == "" {
 			d.errorf(p.key, "file_mounts: an empty path; write where the run: script reads the files, e.g. /data")
@@ -82,6 +89,7 @@ func (d *decoder) fileMounts(n *yaml.Node) []FileMount {
 			if !ok {
 				continue
 			}
+			src = substitute(src, envs)
 			if strings.TrimSpace(src) == "" {
 				d.errorf(p.val, "%s: an empty source; give a local path or a bucket URL (s3://bucket)", path)
 				continue
@@ -104,6 +112,7 @@ func (d *decoder) fileMounts(n *yaml.Node) []FileMount {
 			b.enum("mode", mountModes, &mode)
 			var persistent bool
 			b.boolean("persistent", &persistent)
+			name, m.Source = substitute(name, envs), substitute(m.Source, envs)
 			if b.get("source") != nil && b.get("source").Kind != yaml.ScalarNode {
 				continue // a list of local sources: reported by str above
 			}
@@ -112,11 +121,11 @@ func (d *decoder) fileMounts(n *yaml.Node) []FileMount {
 			case m.Source == "" && name == "":
 				d.errorf(p.key, "%s: give source (a bucket URL such as s3://bucket) or name (an existing bucket) with store", path)
 				continue
+			case m.Source == "" && store == "":
+				// An existing bucket in the store of the cloud the replica runs on
+				// (SkyPilot's rule): resolved by checkMounts, which knows the providers.
+				m.bucket = name
 			case m.Source == "":
-				if store == "" {
-					d.errorf(p.key, "%s: name %s without store; add store: s3 (or gcs, r2, …) so the bucket can be found", path, quote(name))
-					continue
-				}
 				if storeSchemes[store] == "" {
 					d.errorf(b.get("store"), "%s.store: %s buckets are named by URL; give source: https://ACCOUNT.blob.core.windows.net/%s", path, store, name)
 					continue
@@ -299,8 +308,19 @@ func (d *decoder) checkMounts(s *Service) {
 		return ""
 	}
 	localish := func(p string) bool { return p == "local" || p == "sim" }
-	for i, m := range s.FileMounts {
+	for i := range s.FileMounts {
+		m := &s.FileMounts[i]
 		at, path := d.mountAt[i], "file_mounts."+m.Path
+		if m.bucket != "" {
+			// Named without store: SkyPilot looks the bucket up in the store of the cloud
+			// the replica runs on. Of Arbiter's providers only aws mounts buckets (S3).
+			if uses(isAWS) != "" {
+				m.Source, m.Store, m.bucket = "s3://"+m.bucket, "s3", ""
+			} else if p := uses(func(string) bool { return true }); p != "" {
+				d.errorf(at, "%s: bucket %s is named without store, to be found in the store of the cloud the replica runs on, and the %s provider mounts no buckets; run the service on the aws provider (arbiter: {providers: [aws]}, the bucket in S3), or sync the bucket to a folder on this machine and write %s: DIR", path, quote(m.bucket), p, m.Path)
+				continue
+			}
+		}
 		if m.Local() {
 			if p := uses(func(p string) bool { return !localish(p) }); p != "" {
 				d.errorf(at, "%s: the %s provider cannot copy a folder from this machine into its replicas; put it in a bucket and mount that%s, build it into the image, or fetch it in setup", path, p, awsHint(p))

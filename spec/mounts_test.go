@@ -40,6 +40,54 @@ file_mounts:
 	checkRoundTrip(t, []byte(minimal+"file_mounts: {/b: s3://b/p, /c: {source: s3://c, mode: mount}}\narbiter: {providers: [aws]}\n"))
 }
 
+// SkyPilot fills envs (not secrets) into file_mounts when it reads the file: mount paths,
+// sources and bucket names; --env overrides apply there too. A bucket named without store
+// is looked up in the store of the cloud the replica runs on: S3 on the aws provider.
+func TestFileMountEnvsAndNamedBuckets(t *testing.T) {
+	src := minimal + `arbiter: {providers: [aws]}
+envs:
+  CKPT_BUCKET: s3://my-ckpts/run-7
+  VECTORS: vector-shards
+  ROOT: /vectors
+file_mounts:
+  /ckpt:
+    source: $CKPT_BUCKET
+    mode: COPY
+  ${ROOT}:
+    name: ${VECTORS}
+  /cache/$VECTORS: s3://cache/${VECTORS}
+  /named:
+    name: plain-name
+`
+	s := mustParse(t, src)
+	want := []FileMount{
+		{Path: "/ckpt", Source: "s3://my-ckpts/run-7", Store: "s3", Mode: "COPY"},
+		{Path: "/vectors", Source: "s3://vector-shards", Store: "s3", Mode: "MOUNT"},
+		{Path: "/cache/vector-shards", Source: "s3://cache/vector-shards", Store: "s3", Mode: "COPY"},
+		{Path: "/named", Source: "s3://plain-name", Store: "s3", Mode: "MOUNT"},
+	}
+	if !reflect.DeepEqual(s.FileMounts, want) {
+		t.Errorf("file_mounts:\n got %+v\nwant %+v", s.FileMounts, want)
+	}
+	checkRoundTrip(t, []byte(src))
+
+	// --env replaces the file's value before the source is classified.
+	s, err := ParseWith("in.yaml", []byte(minimal+"arbiter: {providers: [aws]}\nenvs: {B: <your-bucket>}\nfile_mounts:\n  /lora: {source: $B, mode: MOUNT}\n"),
+		Overrides{Envs: map[string]string{"B": "s3://lora-adapters"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []FileMount{{Path: "/lora", Source: "s3://lora-adapters", Store: "s3", Mode: "MOUNT"}}; !reflect.DeepEqual(s.FileMounts, want) {
+		t.Errorf("with --env: %+v, want %+v", s.FileMounts, want)
+	}
+	// Secrets are not filled in (SkyPilot gives them to setup and run only): the
+	// reference stays a local path, which the block form refuses.
+	errs := parseErrors(t, minimal+"secrets: {B: s3://b}\nfile_mounts:\n  /d: {name: n, source: $B}\n")
+	if len(errs) == 0 || !strings.Contains(errs[0].Msg, "a local source in the block form") {
+		t.Errorf("secret in file_mounts: %v", errs)
+	}
+}
+
 func TestVolumesConfigNumNodes(t *testing.T) {
 	src := `volumes:
   /mnt/cache: model-cache
@@ -97,7 +145,9 @@ func TestMountRefusals(t *testing.T) {
 		{"volume relative", minimal + "volumes:\n  mnt: pvc\n", 5, 3, "volumes.mnt: a volume is mounted at an absolute path"},
 		{"unknown scheme", minimal + "file_mounts:\n  /d: ftp://x\n", 5, 7, `"ftp://x" is not a bucket URL`},
 		{"block with local source", minimal + "file_mounts:\n  /d: {name: n, source: ~/d}\n", 5, 25, "Arbiter does not do"},
-		{"name without store", minimal + "file_mounts:\n  /d: {name: n}\n", 5, 3, "without store"},
+		{"name without store on local", minimal + "file_mounts:\n  /d: {name: n}\n", 5, 3, `file_mounts./d: bucket "n" is named without store, to be found in the store of the cloud the replica runs on, and the local provider mounts no buckets`},
+		{"name without store on kubernetes", minimal + "file_mounts:\n  /d: {name: n}\narbiter: {providers: [kubernetes]}\n", 5, 3, "the kubernetes provider mounts no buckets"},
+		{"env-named bucket on local", minimal + "envs: {B: s3://ckpt}\nfile_mounts:\n  /d: {source: $B}\n", 6, 3, "file_mounts./d: the local provider does not mount buckets; sync it to a folder on this machine (aws s3 sync s3://ckpt DIR)"},
 		{"pod_config on kubernetes", minimal + "config:\n  kubernetes:\n    pod_config: {spec: {}}\narbiter: {providers: [kubernetes]}\n", 6, 5, "config.kubernetes.pod_config: the kubernetes provider does not merge a pod_config"},
 		{"ecc on aws", minimal + "config:\n  nvidia_gpus: {disable_ecc: true}\narbiter: {providers: [aws]}\n", 5, 17, "config.nvidia_gpus.disable_ecc: the aws provider"},
 		{"unknown config key", minimal + "config:\n  kubernetes: {pod_confg: {}}\n", 5, 16, `unknown key "pod_confg" in config.kubernetes`},
@@ -126,5 +176,23 @@ func TestConfigWarnings(t *testing.T) {
 	if len(w) != 2 || w[0].Line != 6 || !strings.Contains(w[0].Msg, "config.kubernetes.pod_config: has no effect: no provider in arbiter.providers (local)") ||
 		w[1].Line != 7 || !strings.Contains(w[1].Msg, "config.gcp.enable_gvnic: has no effect: Arbiter has no provider it is about") {
 		t.Errorf("warnings:\n%v", w)
+	}
+}
+
+// An image on the local provider is not used (setup and run run on this machine): accepted,
+// as SkyPilot files carry one for their clouds, with a warning at its place; none where
+// every provider starts replicas from it.
+func TestImageOnLocalWarns(t *testing.T) {
+	s := mustParse(t, minimal+"resources:\n  image_id: docker:vllm/vllm-openai:v0.10.0\n  any_of:\n    - {image_id: docker:lmsysorg/sglang:latest}\n")
+	w := s.Warnings()
+	if len(w) != 2 || w[0].Line != 5 || w[0].Column != 13 || !strings.Contains(w[0].Msg, "resources.image_id: has no effect on the local provider, which runs setup and run on this machine, not in an image") ||
+		w[1].Line != 7 || !strings.Contains(w[1].Msg, "image_id: has no effect on the local provider") {
+		t.Errorf("warnings:\n%v", w)
+	}
+	if s := mustParse(t, minimal+"resources: {image_id: docker:vllm/vllm-openai}\narbiter: {providers: [kubernetes]}\n"); len(s.Warnings()) != 0 {
+		t.Errorf("on kubernetes: %v", s.Warnings())
+	}
+	if s := mustParse(t, minimal+"arbiter: {providers: [sim]}\nresources: {image_id: docker:x}\n"); len(s.Warnings()) != 1 || !strings.Contains(s.Warnings()[0].Msg, "the sim provider") {
+		t.Errorf("on sim: %v", s.Warnings())
 	}
 }

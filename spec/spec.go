@@ -327,9 +327,6 @@ func (d *decoder) service(root *yaml.Node, o Overrides) *Service {
 	top.str("workdir", &s.Workdir)
 	s.NumNodes = 1
 	top.integer("num_nodes", "an integer ≥ 1 (the nodes one replica spans)", atLeast(1), &s.NumNodes)
-	if n := top.get("file_mounts"); n != nil {
-		s.FileMounts = d.fileMounts(n)
-	}
 	if n := top.get("volumes"); n != nil {
 		s.Volumes = d.volumes(n)
 	}
@@ -340,6 +337,9 @@ func (d *decoder) service(root *yaml.Node, o Overrides) *Service {
 	s.Envs = d.vars("envs", top.get("envs"), o.Envs, "--env")
 	s.Secrets = d.vars("secrets", top.get("secrets"), o.Secrets, "--secret")
 	s.Missing = d.missing
+	if n := top.get("file_mounts"); n != nil {
+		s.FileMounts = d.fileMounts(n, s.Envs) // after envs, which it substitutes
+	}
 	top.str("setup", &s.Setup)
 	if top.has("run") {
 		top.str("run", &s.Run)

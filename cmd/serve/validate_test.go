@@ -105,6 +105,7 @@ func TestValidateSkyPilotMountForms(t *testing.T) {
 		{file: "num-nodes.yaml", resolved: []string{"num_nodes: 2\n"}},
 		{file: "num-nodes-kubernetes.yaml", resolved: []string{"num_nodes: 2\n", "providers: [kubernetes]"}},
 		{file: "num-nodes-aws.yaml", resolved: []string{"num_nodes: 2\n", "providers: [aws]"}},
+		{file: "mounts-named.yaml", resolved: []string{"file_mounts:\n  /index: {source: 's3://doc-search-index', mode: MOUNT}\n"}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			out, errOut, err := runServe(t, "validate", filepath.Join("testdata/skypilot", tc.file))
@@ -120,6 +121,16 @@ func TestValidateSkyPilotMountForms(t *testing.T) {
 				t.Errorf("stderr:\n%s\nwant %q", errOut, tc.warnings)
 			}
 		})
+	}
+	// An env given at launch fills the bucket in before the source is classified; the
+	// placeholder the file holds is a local folder, which the block form refuses.
+	if out, errOut, err := runServe(t, "validate", "--env", "ADAPTER_BUCKET=s3://support-adapters/v3", "testdata/skypilot/mounts-env.yaml"); err != nil ||
+		!strings.Contains(out, "/adapters: {source: 's3://support-adapters/v3', mode: MOUNT}") {
+		t.Errorf("mounts-env.yaml with --env: %v\n%s\n%s", err, out, errOut)
+	}
+	if _, _, err := runServe(t, "validate", "testdata/skypilot/mounts-env.yaml"); err == nil ||
+		!strings.Contains(err.Error(), "mounts-env.yaml:12:13: file_mounts./adapters: a local source in the block form") {
+		t.Errorf("mounts-env.yaml without --env: %v", err)
 	}
 	// A replica over several machines where each replica is one machine is refused.
 	if _, _, err := runServe(t, "validate", "testdata/skypilot/num-nodes-runpod.yaml"); err == nil ||
