@@ -35,6 +35,10 @@ const (
 	// EnvProvider names the provider that launched the process (local, or sim, which runs
 	// its replicas as local processes too); missing means local.
 	EnvProvider = "ARBITER_PROVIDER"
+	// EnvAccelerator is the GPU placement chose for the replica, as the catalogs name it
+	// (empty where none was chosen): a run script can start the right engine for it, e.g.
+	// replicasim -gpu $ARBITER_ACCELERATOR.
+	EnvAccelerator = "ARBITER_ACCELERATOR"
 )
 
 // LocalConfig configures the local provider.
@@ -207,6 +211,7 @@ func (l *Local) Launch(ctx context.Context, spec LaunchSpec) (Instance, error) {
 			EnvOwner+"="+l.cfg.Owner, EnvProvider+"="+l.cfg.Name, EnvReplicaID+"="+spec.ReplicaID, EnvPort+"="+strconv.Itoa(ports[rank]),
 			envCapacity+"="+string(lb.capacity), envRegion+"="+lb.region, envZone+"="+lb.zone,
 			envPrice+"="+strconv.FormatFloat(lb.price, 'g', -1, 64), envNodes+"="+strconv.Itoa(n), envNodeRank+"="+strconv.Itoa(rank),
+			EnvAccelerator+"="+spec.Accelerator,
 			"SKYPILOT_SERVE_REPLICA_ID="+seq, "SKYPILOT_NUM_GPUS_PER_NODE="+gpus,
 			"SKYPILOT_NODE_RANK="+strconv.Itoa(rank), "SKYPILOT_NUM_NODES="+strconv.Itoa(n), "SKYPILOT_NODE_IPS="+ips)
 		// One process group for all the nodes, led by the head: the whole tree is
