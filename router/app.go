@@ -30,6 +30,10 @@ type Options struct {
 	ReplicaFile string
 	// ControlURL, Token and RouterID link the router to a control plane instead.
 	ControlURL, Token, RouterID string
+	// Source, instead of both, keeps the pool's replica set up to date itself until ctx
+	// ends (the endpoint picker's InferencePool watch): it returns once it has started,
+	// with synced saying whether the set has been received once.
+	Source func(ctx context.Context, pool *Pool) (synced func() bool, err error)
 	Log                         *slog.Logger
 	// Ready, if set, receives the bound addresses once both listeners are up.
 	Ready func(listen, admin net.Addr)
@@ -50,8 +54,8 @@ type Options struct {
 // Run serves until ctx ends, then finishes in-flight requests (up to 30 s).
 func Run(ctx context.Context, o Options) error {
 	cfg, log := o.Config, o.Log
-	if (o.ReplicaFile == "") == (o.ControlURL == "") {
-		return errors.New("router: give exactly one of a replica file and a control plane URL")
+	if n := btoi(o.ReplicaFile != "") + btoi(o.ControlURL != "") + btoi(o.Source != nil); n != 1 {
+		return errors.New("router: give exactly one of a replica file, a control plane URL and a replica source")
 	}
 	// Idle connections must not exhaust the descriptors the router needs to serve: take
 	// the hard limit, and hold fewer client connections than it leaves room for (the ones
@@ -123,13 +127,20 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	synced := func() bool { return true } // the file is read before serving
-	if o.ReplicaFile != "" {
+	switch {
+	case o.Source != nil:
+		if synced, err = o.Source(ctx, pool); err != nil {
+			ln.Close()
+			aln.Close()
+			return err
+		}
+	case o.ReplicaFile != "":
 		if err := WatchReplicaFile(ctx, o.ReplicaFile, pool, log, time.Second); err != nil {
 			ln.Close()
 			aln.Close()
 			return err
 		}
-	} else {
+	default:
 		cp := NewControlPlane(o.ControlURL, o.Token, o.RouterID, pool, px.Load, log)
 		px.ControlPlane = cp
 		synced = func() bool { return cp.Revision() > 0 }
@@ -194,6 +205,13 @@ func (px *Proxy) loadKeys(ctx context.Context, file, env string, log *slog.Logge
 		px.SetKeys(ks)
 		return nil
 	})
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func isLoopback(a net.Addr) bool {
