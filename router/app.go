@@ -34,7 +34,7 @@ type Options struct {
 	// ends (the endpoint picker's InferencePool watch): it returns once it has started,
 	// with synced saying whether the set has been received once.
 	Source func(ctx context.Context, pool *Pool) (synced func() bool, err error)
-	Log                         *slog.Logger
+	Log    *slog.Logger
 	// Ready, if set, receives the bound addresses once both listeners are up.
 	Ready func(listen, admin net.Addr)
 	// Reload, if set, receives a function that reads the TLS pair again at once (cmd/router
