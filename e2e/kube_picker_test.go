@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -30,11 +31,12 @@ import (
 // TestKubernetesGatewayPickerFromInferencePool runs the endpoint picker (cmd/picker) on an
 // InferencePool of a real kube-apiserver and kube-scheduler, as the picker's own
 // ServiceAccount with deploy/kubernetes/gateway's RBAC. The pool's pods run replicasim, one
-// on a node labelled as a Karpenter L4 spot node and one on a GKE H100 on-demand node;
-// a Go ext_proc client replays what Envoy sends and forwards each request to the pick over
-// real HTTP. The pick is the L4 spot pod (cheapest, meeting the SLO); a pod deleted is no
-// longer picked; a new ready pod on a new L4 spot node is picked; a selector that matches
-// nothing is said in the picker's log; a second picker on the same pool picks the same.
+// on a node labelled as a Karpenter L4 spot node and one on a GKE H100 on-demand node; a Go
+// ext_proc client replays what Envoy sends and forwards each request to the pick over real
+// HTTP. The pick is the L4 spot pod (cheapest, meeting the SLO); a pod turned unready or
+// deleted is no longer offered; a new ready pod on a new L4 spot node is picked; a selector
+// that matches nothing is said in the picker's log; a second picker on the same pool picks
+// the same.
 func TestKubernetesGatewayPickerFromInferencePool(t *testing.T) {
 	k := startKube(t, "gwpick", "127.0.59.1/24")
 	kubectl := func(args ...string) string {
@@ -125,6 +127,18 @@ spec:
 			t.Fatalf("request %d: picked %v (status %d), want %s (the L4 spot pod) first", i, got.dest, got.status, l4)
 		}
 	}
+
+	// The L4 pod turning unready (its Ready condition false, as a kubelet sets it when the
+	// readiness probe fails): no longer offered; ready again: picked again.
+	setReady := func(name string, ready bool) {
+		t.Helper()
+		kubectl("patch", "pod", name, "-n", "arbiter", "--subresource=status", "-p",
+			fmt.Sprintf(`{"status":{"conditions":[{"type":"Ready","status":%q}]}}`, map[bool]string{true: "True", false: "False"}[ready]))
+	}
+	setReady("sim-l4", false)
+	pickUntil(t, pa, "the unready L4 pod no longer offered", func(dest []string) bool { return !strings.Contains(strings.Join(dest, ","), l4) })
+	setReady("sim-l4", true)
+	pickUntil(t, pa, "the L4 pod picked once ready again", func(dest []string) bool { return dest[0] == l4 })
 
 	// A second picker on the same pool sees the same endpoints, priced the same: the same pick.
 	pb := startPicker(t, kubeconfig)
