@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -29,28 +30,44 @@ import (
 	"github.com/arbiter-serve/arbiter/picker"
 )
 
-// Gateway is the HTTP front of one picker.
+// Gateway is the HTTP front of one or more pickers.
 type Gateway struct {
-	client extprocv3.ExternalProcessorClient
-	conn   *grpc.ClientConn
+	// clients are the pickers, taken in turn per request, as a gateway balances its
+	// streams over the picker Service's pods.
+	clients []extprocv3.ExternalProcessorClient
+	conns   []*grpc.ClientConn
+	next    atomic.Uint64
 	// IDs names each endpoint address, set as X-Arbiter-Replica on the answer (as the
 	// router's routing_headers do) so a benchmark can say which replica served.
 	IDs  map[string]string
 	http *http.Client
 }
 
-// New connects to the picker at addr (host:port of its ext_proc gRPC).
-func New(addr string, ids map[string]string) (*Gateway, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, err
+// New connects to the pickers at addrs (host:port of their ext_proc gRPC).
+func New(addrs []string, ids map[string]string) (*Gateway, error) {
+	g := &Gateway{IDs: ids, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}}
+	for _, addr := range addrs {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		g.conns, g.clients = append(g.conns, conn), append(g.clients, extprocv3.NewExternalProcessorClient(conn))
 	}
-	return &Gateway{client: extprocv3.NewExternalProcessorClient(conn), conn: conn, IDs: ids,
-		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}}, nil
+	if len(g.clients) == 0 {
+		return nil, errors.New("gateway: no picker")
+	}
+	return g, nil
 }
 
-// Close ends the gRPC connection.
-func (g *Gateway) Close() error { return g.conn.Close() }
+// Close ends the gRPC connections.
+func (g *Gateway) Close() error {
+	var errs []error
+	for _, c := range g.conns {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
 
 // ServeHTTP takes one client request through the picker to a replica and back.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -70,7 +87,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	stream, err := g.client.Process(ctx)
+	stream, err := g.clients[(g.next.Add(1)-1)%uint64(len(g.clients))].Process(ctx)
 	if err != nil {
 		return fmt.Errorf("picker: %w", err)
 	}

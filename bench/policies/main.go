@@ -73,6 +73,9 @@ type options struct {
 	// via is the front door the traffic takes: "router" (its HTTP port) or "picker" (a
 	// gateway stand-in asking the router's endpoint picker over ext_proc, bench/gateway).
 	via string
+	// pickers is how many routers serve the picker (-via picker), each with its own view of
+	// the load, the gateway taking them in turn.
+	pickers int
 }
 
 // defaultReplicas: two profiles at two price tiers, prices from the shared catalogs
@@ -97,6 +100,7 @@ func main() {
 	flag.IntVar(&o.maxOutput, "max-output", 300, "outputs longer than this are cut (tokens), to bound the run")
 	flag.BoolVar(&o.conversations, "conversations", true, "sample whole conversations (requests grouped by their conversation's prefix block) rather than the trace's first requests, so follow-up turns fall within the run; each turn is sent after the answer to the one before")
 	flag.StringVar(&o.via, "via", "router", "front door: router (its HTTP port) or picker (a gateway stand-in asking the same router's endpoint picker over Envoy ext_proc, as a Kubernetes gateway with GIE does)")
+	flag.IntVar(&o.pickers, "pickers", 1, "with -via picker: how many pickers (routers with -ext-proc-listen, each its own view of the load) the gateway takes in turn")
 	flag.StringVar(&o.dump, "dump", "", "write every request (policy, replica, predicted and observed TTFT, tokens) to this CSV file")
 	flag.Parse()
 	for _, r := range strings.Split(reps, ",") {
@@ -110,6 +114,9 @@ func main() {
 	o.policies = strings.Split(pols, ",")
 	if o.via != "router" && o.via != "picker" {
 		fail(fmt.Errorf("-via %q: want router or picker", o.via))
+	}
+	if o.pickers < 1 || o.pickers > 1 && o.via != "picker" {
+		fail(fmt.Errorf("-pickers %d: want 1, or more with -via picker", o.pickers))
 	}
 	if err := run(o); err != nil {
 		fail(err)
@@ -150,7 +157,7 @@ func run(o options) (err error) {
 	}
 	rate := o.level * capacity
 	fmt.Printf("trace %s (conversations: %v), %d requests at %.2f req/s (%.2f of the pool's %.2f req/s), SLO TTFT %v TPOT %v, replicas %v, via the %s\n\n",
-		o.trace, o.conversations, len(reqs), rate, o.level, capacity, o.sloTTFT, o.sloTPOT, describe(o.replicas), o.via)
+		o.trace, o.conversations, len(reqs), rate, o.level, capacity, o.sloTTFT, o.sloTPOT, describe(o.replicas), o.via+map[bool]string{true: fmt.Sprintf(" (%d pickers)", o.pickers)}[o.pickers > 1])
 	fmt.Println("| policy | prefix affinity | succeeded | SLO attainment | goodput | TTFT p50 / p90 | TPOT p90 | $/M tokens (busy time) | requests per replica |")
 	fmt.Println("|---|---|---:|---:|---:|---|---:|---:|---|")
 	var dump *csv.Writer
@@ -202,7 +209,7 @@ func describe(rs []replicaSpec) string {
 	return strings.Join(parts, ", ")
 }
 
-// runPolicy starts fresh replicas and a router for one policy, replays the requests and
+// runPolicy starts fresh replicas and a router (or -pickers of them) for one policy, replays the requests and
 // stops everything. It returns the results and the replica set.
 func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps map[string]float64) ([]workload.Result, []fleet.Replica, error) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -265,36 +272,43 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 			return nil, nil, err
 		}
 	}
-	listen, err := procs.FreeAddr()
-	if err != nil {
-		return nil, nil, err
-	}
-	admin, err := procs.FreeAddr()
-	if err != nil {
-		return nil, nil, err
-	}
-	args := []string{"-listen", listen, "-admin", admin, "-config", filepath.Join(dir, "router.yaml"),
-		"-replicas", filepath.Join(dir, "replicas.yaml"), "-log-level", "warn"}
-	url := "http://" + listen
-	var extProc string
-	if o.via == "picker" {
-		if extProc, err = procs.FreeAddr(); err != nil {
+	var url string
+	var extProcs []string
+	for i := range o.pickers {
+		listen, err := procs.FreeAddr()
+		if err != nil {
 			return nil, nil, err
 		}
-		args = append(args, "-ext-proc-listen", extProc)
-	}
-	if err := start("router", args...); err != nil {
-		return nil, nil, err
-	}
-	if err := waitReady(admin, len(set)); err != nil {
-		return nil, nil, err
+		admin, err := procs.FreeAddr()
+		if err != nil {
+			return nil, nil, err
+		}
+		args := []string{"-listen", listen, "-admin", admin, "-config", filepath.Join(dir, "router.yaml"),
+			"-replicas", filepath.Join(dir, "replicas.yaml"), "-log-level", "warn", "-id", fmt.Sprintf("router-%d", i)}
+		if i == 0 {
+			url = "http://" + listen
+		}
+		if o.via == "picker" {
+			extProc, err := procs.FreeAddr()
+			if err != nil {
+				return nil, nil, err
+			}
+			args = append(args, "-ext-proc-listen", extProc)
+			extProcs = append(extProcs, extProc)
+		}
+		if err := start("router", args...); err != nil {
+			return nil, nil, err
+		}
+		if err := waitReady(admin, len(set)); err != nil {
+			return nil, nil, err
+		}
 	}
 	if o.via == "picker" {
 		ids := map[string]string{}
 		for _, rep := range set {
 			ids[rep.Address] = rep.ID
 		}
-		gw, err := gateway.New(extProc, ids)
+		gw, err := gateway.New(extProcs, ids)
 		if err != nil {
 			return nil, nil, err
 		}
