@@ -36,7 +36,7 @@ import (
 // HTTP. The pick is the L4 spot pod (cheapest, meeting the SLO); a pod turned unready or
 // deleted is no longer offered; a new ready pod on a new L4 spot node is picked; a selector
 // that matches nothing is said in the picker's log; a second picker on the same pool picks
-// the same.
+// the same; started before the InferencePool CRD exists, the picker says so and then serves.
 func TestKubernetesGatewayPickerFromInferencePool(t *testing.T) {
 	k := startKube(t, "gwpick", "127.0.59.1/24")
 	kubectl := func(args ...string) string {
@@ -55,9 +55,24 @@ func TestKubernetesGatewayPickerFromInferencePool(t *testing.T) {
 		}
 		kubectl("apply", "-f", path)
 	}
+	kubectl("apply", "-f", filepath.Join("..", "deploy", "kubernetes", "gateway", "rbac.yaml"))
+	t.Cleanup(func() {
+		if t.Failed() {
+			logs, _ := filepath.Glob(filepath.Join(k.Dir, "pods", "arbiter_*.log"))
+			for _, l := range logs {
+				b, _ := os.ReadFile(l)
+				t.Logf("%s:\n%s", filepath.Base(l), b)
+			}
+		}
+	})
+	kubeconfig := k.ServiceAccountKubeconfig("arbiter", "arbiter-picker")
+
+	// Started before GIE's CRD is installed: the picker says what is missing, and picks up
+	// the pool once it is there.
+	pa := startPicker(t, kubeconfig)
+	waitLog(t, pa, "is GIE's InferencePool CRD (inference.networking.k8s.io/v1) installed?")
 	kubectl("apply", "-f", filepath.Join("testdata", "gateway-crds"))
 	kubectl("wait", "--for=condition=Established", "--timeout=120s", "crd/inferencepools.inference.networking.k8s.io")
-	kubectl("apply", "-f", filepath.Join("..", "deploy", "kubernetes", "gateway", "rbac.yaml"))
 	k.AddNode(kubetest.KarpenterNode("l4-spot-a", "gpu", "us-east-1a", "spot", false))
 	k.AddNode(kubetest.GKENode("h100-od", "us-central1", "us-central1-a", false, 1))
 
@@ -70,17 +85,6 @@ spec:
   targetPorts: [{number: 8000}]
   endpointPickerRef: {name: arbiter-picker, port: {number: 9002}}
 `)
-	t.Cleanup(func() {
-		if t.Failed() {
-			logs, _ := filepath.Glob(filepath.Join(k.Dir, "pods", "arbiter_*.log"))
-			for _, l := range logs {
-				b, _ := os.ReadFile(l)
-				t.Logf("%s:\n%s", filepath.Base(l), b)
-			}
-		}
-	})
-	kubeconfig := k.ServiceAccountKubeconfig("arbiter", "arbiter-picker")
-	pa := startPicker(t, kubeconfig)
 	waitLog(t, pa, "its selector app=sim matches no pod in namespace arbiter")
 
 	pod := func(name, node string) {

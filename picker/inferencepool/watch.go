@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -119,7 +120,14 @@ func Watch(ctx context.Context, cfg Config, apply func([]fleet.Replica)) (*Watch
 			// A refusal (RBAC, a missing CRD) repeats every retry: said once per message.
 			if prev, _ := said.Load().(string); prev != err.Error() {
 				said.Store(err.Error())
-				cfg.Log.Error("inferencepool: cannot watch "+name, "err", err)
+				hint := ""
+				switch {
+				case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
+					hint = ": the picker's account may not read it (deploy/kubernetes/gateway/rbac.yaml grants what it needs)"
+				case apierrors.IsNotFound(err) && inf == w.pool:
+					hint = ": is GIE's InferencePool CRD (" + GVR.Group + "/" + GVR.Version + ") installed?"
+				}
+				cfg.Log.Error("inferencepool: cannot watch "+name+hint, "err", err)
 			}
 		})
 		go inf.RunWithContext(ctx)
