@@ -30,9 +30,10 @@ type Options struct {
 	ReplicaFile string
 	// ControlURL, Token and RouterID link the router to a control plane instead.
 	ControlURL, Token, RouterID string
-	// Source, instead of both, keeps the pool's replica set up to date itself until ctx
-	// ends (the endpoint picker's InferencePool watch): it returns once it has started,
-	// with synced saying whether the set has been received once.
+	// Source keeps replicas of its own in the pool (Pool.SetSource) until ctx ends (the
+	// endpoint picker's InferencePool watch), instead of a file and beside or instead of
+	// the control plane's: it returns once it has started, with synced saying whether its
+	// set has been received once.
 	Source func(ctx context.Context, pool *Pool) (synced func() bool, err error)
 	Log    *slog.Logger
 	// Ready, if set, receives the bound addresses once both listeners are up.
@@ -54,8 +55,8 @@ type Options struct {
 // Run serves until ctx ends, then finishes in-flight requests (up to 30 s).
 func Run(ctx context.Context, o Options) error {
 	cfg, log := o.Config, o.Log
-	if n := btoi(o.ReplicaFile != "") + btoi(o.ControlURL != "") + btoi(o.Source != nil); n != 1 {
-		return errors.New("router: give exactly one of a replica file, a control plane URL and a replica source")
+	if o.ReplicaFile != "" && (o.ControlURL != "" || o.Source != nil) || o.ReplicaFile == "" && o.ControlURL == "" && o.Source == nil {
+		return errors.New("router: give a replica file, or a control plane URL, a replica source or both")
 	}
 	// Idle connections must not exhaust the descriptors the router needs to serve: take
 	// the hard limit, and hold fewer client connections than it leaves room for (the ones
@@ -127,23 +128,28 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	synced := func() bool { return true } // the file is read before serving
-	switch {
-	case o.Source != nil:
-		if synced, err = o.Source(ctx, pool); err != nil {
-			ln.Close()
-			aln.Close()
-			return err
-		}
-	case o.ReplicaFile != "":
+	if o.ReplicaFile != "" {
 		if err := WatchReplicaFile(ctx, o.ReplicaFile, pool, log, time.Second); err != nil {
 			ln.Close()
 			aln.Close()
 			return err
 		}
-	default:
+	}
+	if o.Source != nil {
+		if synced, err = o.Source(ctx, pool); err != nil {
+			ln.Close()
+			aln.Close()
+			return err
+		}
+		if synced == nil {
+			synced = func() bool { return true }
+		}
+	}
+	if o.ControlURL != "" {
 		cp := NewControlPlane(o.ControlURL, o.Token, o.RouterID, pool, px.Load, log)
 		px.ControlPlane = cp
-		synced = func() bool { return cp.Revision() > 0 }
+		sourceSynced := synced
+		synced = func() bool { return cp.Revision() > 0 && sourceSynced() }
 		go cp.Run(ctx)
 	}
 	go pool.Run(ctx)
@@ -205,13 +211,6 @@ func (px *Proxy) loadKeys(ctx context.Context, file, env string, log *slog.Logge
 		px.SetKeys(ks)
 		return nil
 	})
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 func isLoopback(a net.Addr) bool {

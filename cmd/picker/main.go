@@ -1,7 +1,7 @@
 // Command picker is Arbiter's endpoint picker for one Gateway API Inference Extension
 // InferencePool: the router's policy behind Envoy's ext_proc gRPC (package picker), its
 // endpoints the pool's ready pods, watched and priced from their nodes (package
-// picker/inferencepool). It is a program of its own because it links client-go, which the
+// picker/inferencepool), and with -control also the replicas the control plane placed. It is a program of its own because it links client-go, which the
 // router binary does not; `router -ext-proc-listen` serves the same picker over a replica
 // file or the control plane's replicas.
 package main
@@ -49,6 +49,8 @@ func run() error {
 		poolName   = flag.String("pool-name", "", "name of the InferencePool (inference.networking.k8s.io/v1) this picker serves: its ready pods are the endpoints (required)")
 		poolNS     = flag.String("pool-namespace", "", "namespace of the InferencePool (default: the picker's own, in a pod; else default)")
 		kubeconfig = flag.String("kubeconfig", "", "kubeconfig to reach the cluster (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
+		control    = flag.String("control", "", "also take the replicas Arbiter's control plane placed, and report load to it (e.g. http://arbiter-control.arbiter.svc:8081): a pod both name is the control plane's replica")
+		tokenFile  = flag.String("token-file", "", "file holding the control plane's API token (with -control)")
 		model      = flag.String("model", "", "the model the pool's pods serve, as clients name it; a pod annotated "+inferencepool.AnnotationModel+" names its own")
 	)
 	flag.Parse()
@@ -82,6 +84,14 @@ func run() error {
 	if *apiKeys != "" {
 		cfg.APIKeysFile = *apiKeys
 	}
+	token := ""
+	if *tokenFile != "" {
+		b, err := os.ReadFile(*tokenFile)
+		if err != nil {
+			return fmt.Errorf("-token-file: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
 	ln, err := net.Listen("tcp", *extProc)
 	if err != nil {
 		return fmt.Errorf("-ext-proc-listen: %w", err)
@@ -90,9 +100,10 @@ func run() error {
 	defer stop()
 	log.Info("endpoint picker serving", "ext_proc", ln.Addr().String(), "pool", *poolNS+"/"+*poolName)
 	o := router.Options{Listen: *listen, Admin: *admin, Config: cfg, RouterID: host, Log: log,
+		ControlURL: strings.TrimSuffix(*control, "/"), Token: token,
 		Source: func(ctx context.Context, pool *router.Pool) (func() bool, error) {
 			w, err := inferencepool.Watch(ctx, inferencepool.Config{Rest: rc, Namespace: *poolNS, Name: *poolName, Model: *model, Log: log},
-				func(set []fleet.Replica) { pool.SetReplicas(set) })
+				func(set []fleet.Replica) { pool.SetSource(inferencepool.SourceName, set) })
 			if err != nil {
 				return nil, err
 			}

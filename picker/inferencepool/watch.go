@@ -27,6 +27,10 @@ import (
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes/coreclient"
 )
 
+// SourceName names the pool's endpoints among a router pool's sources (router.Pool.SetSource):
+// after the control plane's, whose entry for a pod it placed wins.
+const SourceName = "inferencepool"
+
 // Config says which pool to watch and how to reach its cluster.
 type Config struct {
 	Rest            *rest.Config
