@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,7 +26,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/picker"
+	"github.com/arbiter-serve/arbiter/replicas/kubernetes"
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes/kubetest"
 )
 
@@ -127,7 +131,7 @@ spec:
 	// The cheapest endpoint that meets the SLO: the L4 on spot, over the H100 on demand.
 	pickUntil(t, pa, "the L4 spot pod picked", func(dest []string) bool { return dest[0] == l4 })
 	for i := range 5 {
-		if got := gatewayCall(t, pa.client); got.dest[0] != l4 || got.status != http.StatusOK {
+		if got := gatewayCall(t, pa); got.dest[0] != l4 || got.status != http.StatusOK {
 			t.Fatalf("request %d: picked %v (status %d), want %s (the L4 spot pod) first", i, got.dest, got.status, l4)
 		}
 	}
@@ -151,7 +155,7 @@ spec:
 	// The L4 pod deleted: no longer offered at all; the H100 pod takes the requests.
 	kubectl("delete", "pod", "-n", "arbiter", "sim-l4", "--wait=false")
 	pickUntil(t, pa, "the deleted pod no longer offered", func(dest []string) bool { return !strings.Contains(strings.Join(dest, ","), l4) })
-	if got := gatewayCall(t, pa.client); got.dest[0] != h100 || got.status != http.StatusOK {
+	if got := gatewayCall(t, pa); got.dest[0] != h100 || got.status != http.StatusOK {
 		t.Fatalf("with the L4 pod gone: picked %v (status %d), want %s", got.dest, got.status, h100)
 	}
 
@@ -167,6 +171,8 @@ spec:
 type pickerProc struct {
 	client extprocv3.ExternalProcessorClient
 	health healthpb.HealthClient
+	admin  string // http://host:port of its admin port (/replicas)
+	model  string // the model its requests ask for
 	mu     sync.Mutex
 	log    bytes.Buffer
 }
@@ -183,16 +189,24 @@ func (p *pickerProc) logText() string {
 	return p.log.String()
 }
 
-func startPicker(t *testing.T, kubeconfig string) *pickerProc {
+func startPicker(t *testing.T, kubeconfig string, args ...string) *pickerProc {
 	t.Helper()
 	cfg := filepath.Join(t.TempDir(), "router.yaml")
 	if err := os.WriteFile(cfg, []byte("probe: {interval: 200ms}\nscrape_interval: 200ms\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
-	p := &pickerProc{}
-	cmd := exec.Command(filepath.Join(binDir, "picker"), "-pool-name", "sims", "-pool-namespace", "arbiter", "-kubeconfig", kubeconfig,
-		"-ext-proc-listen", addr, "-admin", freeAddr(t), "-config", cfg, "-model", "sim")
+	p := &pickerProc{admin: "http://" + freeAddr(t), model: "sim"}
+	if len(args) == 0 {
+		args = []string{"-pool-name", "sims", "-model", "sim"}
+	}
+	for i, a := range args {
+		if a == "-model" && i+1 < len(args) {
+			p.model = args[i+1]
+		}
+	}
+	cmd := exec.Command(filepath.Join(binDir, "picker"), append([]string{"-pool-namespace", "arbiter", "-kubeconfig", kubeconfig,
+		"-ext-proc-listen", addr, "-admin", strings.TrimPrefix(p.admin, "http://"), "-config", cfg}, args...)...)
 	cmd.Stdout, cmd.Stderr = p, p
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -228,7 +242,7 @@ func pickUntil(t *testing.T, p *pickerProc, what string, cond func(dest []string
 	t.Helper()
 	var last gatewayResult
 	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if last = gatewayCall(t, p.client); last.dest != nil && cond(last.dest) {
+		if last = gatewayCall(t, p); last.dest != nil && cond(last.dest) {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -247,15 +261,15 @@ type gatewayResult struct {
 // gatewayCall replays one chat completion as Envoy's ext_proc filter in
 // FULL_DUPLEX_STREAMED mode sends it, forwards it to the pick over real HTTP and streams
 // the answer back through the picker.
-func gatewayCall(t *testing.T, c extprocv3.ExternalProcessorClient) gatewayResult {
+func gatewayCall(t *testing.T, p *pickerProc) gatewayResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	stream, err := c.Process(ctx)
+	stream, err := p.client.Process(ctx)
 	if err != nil {
 		return gatewayResult{immediate: -1, body: err.Error()}
 	}
-	body := []byte(`{"model":"sim","messages":[{"role":"user","content":"hello"}],"max_tokens":5}`)
+	body := []byte(`{"model":"` + p.model + `","messages":[{"role":"user","content":"hello"}],"max_tokens":5}`)
 	hm := &corev3.HeaderMap{}
 	for _, kv := range [][2]string{{":method", "POST"}, {":path", "/v1/chat/completions"}, {":authority", "gateway.example"}, {"content-type", "application/json"}} {
 		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: kv[0], RawValue: []byte(kv[1])})
@@ -337,4 +351,115 @@ func gatewayCall(t *testing.T, c extprocv3.ExternalProcessorClient) gatewayResul
 		t.Fatalf("the answer through the picker: %q", out.body)
 	}
 	return out
+}
+
+// TestKubernetesGatewayPickerMixesPlacedAndOwnPods: one InferencePool holds a pod Arbiter's
+// control plane placed (a service on a GKE H100 spot node) and a pod the user deployed
+// with the same label (on a Karpenter L4 spot node). The picker, given the pool and the
+// control plane (-control), serves both, the placed pod once, as the control plane's
+// replica at its placement price; it picks the user's cheaper L4 pod, and the placed one
+// once the user's pod is deleted.
+func TestKubernetesGatewayPickerMixesPlacedAndOwnPods(t *testing.T) {
+	t.Parallel()
+	k := startKube(t, "gwmix", "127.0.60.1/24")
+	kubectl := func(args ...string) {
+		t.Helper()
+		if out, err := k.Kubectl(args...); err != nil {
+			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	kubectl("apply", "-f", filepath.Join("testdata", "gateway-crds"))
+	kubectl("wait", "--for=condition=Established", "--timeout=120s", "crd/inferencepools.inference.networking.k8s.io")
+	kubectl("apply", "-f", filepath.Join("..", "deploy", "kubernetes", "gateway", "rbac.yaml"))
+	k.AddNode(kubetest.GKENode("h100-spot", "us-central1", "us-central1-a", true, 1))
+	k.AddNode(kubetest.KarpenterNode("l4-spot", "gpu", "us-east-1a", "spot", false))
+
+	c := newCluster(t)
+	useClusters(t, c, k)
+	const name, model = "mix", "mix-model"
+	c.up(name, kubeSpec(model, `replicas: 1`))
+	var placed string // the control plane's replica ID
+	c.waitFor("the placed replica ready", 90*time.Second, func() bool {
+		for _, r := range c.status(name).Replicas {
+			if r.State == "ready" {
+				placed = r.ID
+			}
+		}
+		return placed != ""
+	})
+	placedPod := k.Pods("arbiter", kubernetes.LabelReplica+"="+placed)
+	if len(placedPod) != 1 || placedPod[0].Spec.NodeName != "h100-spot" {
+		t.Fatalf("the placed replica's pod: %+v", placedPod)
+	}
+	placedAddr := placedPod[0].Status.PodIP + ":8000"
+
+	dir := t.TempDir()
+	write := func(file, y string) string {
+		path := filepath.Join(dir, file)
+		if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	kubectl("apply", "-f", write("pool.yaml", `apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {name: mix, namespace: arbiter}
+spec:
+  selector: {matchLabels: {arbiter.dev/service: mix}}
+  targetPorts: [{number: 8000}]
+  endpointPickerRef: {name: arbiter-picker, port: {number: 9002}}
+`))
+	kubectl("apply", "-f", write("own.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: own-l4, namespace: arbiter, labels: {arbiter.dev/service: mix}}
+spec:
+  nodeSelector: {kubernetes.io/hostname: l4-spot}
+  tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+  containers:
+    - name: vllm
+      image: ghcr.io/arbiter-serve/replicasim:test
+      command: [`+filepath.Join(binDir, "replicasim")+`, -listen, "$(POD_IP):8000", -model, `+model+`, -profile, h100-llama-3.1-8b, -log-level, warn]
+      env: [{name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}]
+      resources: {limits: {nvidia.com/gpu: 1}}
+`))
+	var own string
+	c.waitFor("the user's pod running", 60*time.Second, func() bool {
+		for _, p := range k.Pods("arbiter", "") {
+			if p.Name == "own-l4" && p.Status.PodIP != "" {
+				own = p.Status.PodIP + ":8000"
+			}
+		}
+		return own != ""
+	})
+
+	p := startPicker(t, k.ServiceAccountKubeconfig("arbiter", "arbiter-picker"), "-pool-name", "mix", "-model", model,
+		"-control", "http://"+c.api, "-token-file", control.TokenPath(c.home))
+	pickUntil(t, p, "the user's L4 spot pod picked", func(dest []string) bool { return dest[0] == own })
+	got := gatewayCall(t, p)
+	if strings.Join(got.dest, ",") != own+","+placedAddr || got.status != http.StatusOK {
+		t.Fatalf("offered %v (status %d), want the user's L4 pod %s, then the placed pod %s, once each", got.dest, got.status, own, placedAddr)
+	}
+	resp, err := http.Get(p.admin + "/replicas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var views []replicaView
+	err = json.NewDecoder(resp.Body).Decode(&views)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{}
+	for _, v := range views {
+		ids = append(ids, v.ID)
+	}
+	slices.Sort(ids)
+	want := []string{"arbiter/own-l4:8000", placed}
+	slices.Sort(want)
+	if !slices.Equal(ids, want) {
+		t.Errorf("the picker's replicas %v, want %v: the placed pod once, as the control plane's replica", ids, want)
+	}
+
+	kubectl("delete", "pod", "-n", "arbiter", "own-l4", "--wait=false")
+	pickUntil(t, p, "the placed pod picked once the user's is gone", func(dest []string) bool { return strings.Join(dest, ",") == placedAddr })
 }
