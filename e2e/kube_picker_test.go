@@ -214,6 +214,9 @@ func startPicker(t *testing.T, kubeconfig string, args ...string) *pickerProc {
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
+		if log := p.logText(); strings.Contains(log, "DATA RACE") || strings.Contains(log, "panic:") {
+			t.Errorf("the picker reported a race or a panic")
+		}
 		if t.Failed() {
 			t.Logf("picker log:\n%s", p.logText())
 		}
