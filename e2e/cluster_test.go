@@ -40,7 +40,7 @@ func TestMain(m *testing.M) {
 		}
 		return []string{"build", "-o", dir, pkg}
 	}
-	for _, args := range [][]string{race("../cmd/serve"), race("../cmd/router"), race("../cmd/autoscaler"), {"build", "-o", dir, "../cmd/replicasim"}} {
+	for _, args := range [][]string{race("../cmd/serve"), race("../cmd/router"), race("../cmd/picker"), race("../cmd/autoscaler"), {"build", "-o", dir, "../cmd/replicasim"}} {
 		build := exec.Command("go", args...)
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {

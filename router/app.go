@@ -30,7 +30,12 @@ type Options struct {
 	ReplicaFile string
 	// ControlURL, Token and RouterID link the router to a control plane instead.
 	ControlURL, Token, RouterID string
-	Log                         *slog.Logger
+	// Source keeps replicas of its own in the pool (Pool.SetSource) until ctx ends (the
+	// endpoint picker's InferencePool watch), instead of a file and beside or instead of
+	// the control plane's: it returns once it has started, with synced saying whether its
+	// set has been received once.
+	Source func(ctx context.Context, pool *Pool) (synced func() bool, err error)
+	Log    *slog.Logger
 	// Ready, if set, receives the bound addresses once both listeners are up.
 	Ready func(listen, admin net.Addr)
 	// Reload, if set, receives a function that reads the TLS pair again at once (cmd/router
@@ -50,8 +55,8 @@ type Options struct {
 // Run serves until ctx ends, then finishes in-flight requests (up to 30 s).
 func Run(ctx context.Context, o Options) error {
 	cfg, log := o.Config, o.Log
-	if (o.ReplicaFile == "") == (o.ControlURL == "") {
-		return errors.New("router: give exactly one of a replica file and a control plane URL")
+	if o.ReplicaFile != "" && (o.ControlURL != "" || o.Source != nil) || o.ReplicaFile == "" && o.ControlURL == "" && o.Source == nil {
+		return errors.New("router: give a replica file, or a control plane URL, a replica source or both")
 	}
 	// Idle connections must not exhaust the descriptors the router needs to serve: take
 	// the hard limit, and hold fewer client connections than it leaves room for (the ones
@@ -129,10 +134,22 @@ func Run(ctx context.Context, o Options) error {
 			aln.Close()
 			return err
 		}
-	} else {
+	}
+	if o.Source != nil {
+		if synced, err = o.Source(ctx, pool); err != nil {
+			ln.Close()
+			aln.Close()
+			return err
+		}
+		if synced == nil {
+			synced = func() bool { return true }
+		}
+	}
+	if o.ControlURL != "" {
 		cp := NewControlPlane(o.ControlURL, o.Token, o.RouterID, pool, px.Load, log)
 		px.ControlPlane = cp
-		synced = func() bool { return cp.Revision() > 0 }
+		sourceSynced := synced
+		synced = func() bool { return cp.Revision() > 0 && sourceSynced() }
 		go cp.Run(ctx)
 	}
 	go pool.Run(ctx)

@@ -253,7 +253,7 @@ func (cp *ControlPlane) follow(ctx context.Context) {
 		for _, sv := range set.Services {
 			cp.pool.met.knowService(sv.Name)
 		}
-		cp.pool.SetReplicas(ownedReplicas(set.Services, set.Replicas, cp.log))
+		cp.pool.SetSource(SourceControl, ownedReplicas(set.Services, set.Replicas, cp.log))
 		cp.revision.Store(set.Revision)
 		cp.log.Debug("ready set", "revision", set.Revision, "replicas", len(set.Replicas), "services", len(set.Services))
 	}

@@ -46,6 +46,45 @@ type Pool struct {
 	added chan struct{}
 	// profiles holds the engine profiles replicas named, fitted once each. Guarded by mu.
 	profiles map[string]*engine.Profile
+
+	// srcMu guards sources: each source's replicas, for SetSource.
+	srcMu   sync.Mutex
+	sources map[string][]fleet.Replica
+}
+
+// SourceControl names the control plane's replicas among a pool's sources (SetSource).
+const SourceControl = "control"
+
+// SetSource sets the replicas one source gives (the control plane, the endpoint picker's
+// InferencePool watch) and the pool to the union of every source's. A replica whose address
+// or ID a source earlier in name order gave is that source's: "control" comes before
+// "inferencepool", so a pod the control plane placed is priced and modelled as it placed it.
+func (p *Pool) SetSource(name string, set []fleet.Replica) {
+	p.srcMu.Lock()
+	defer p.srcMu.Unlock()
+	if p.sources == nil {
+		p.sources = map[string][]fleet.Replica{}
+	}
+	p.sources[name] = set
+	names := make([]string, 0, len(p.sources))
+	for n := range p.sources {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var union []fleet.Replica
+	addrs, ids := map[string]bool{}, map[string]bool{}
+	for _, n := range names {
+		start := len(union)
+		for _, r := range p.sources[n] {
+			if !addrs[r.Address] && !ids[r.ID] {
+				union = append(union, r)
+			}
+		}
+		for _, r := range union[start:] {
+			addrs[r.Address], ids[r.ID] = true, true
+		}
+	}
+	p.SetReplicas(union)
 }
 
 // NewPool returns an empty pool.

@@ -14,6 +14,9 @@
 // changes, and what an autoscaler turns into money by scaling idle replicas away.
 //
 //	go build -o bin/ ./cmd/router ./cmd/replicasim && go run ./bench/policies -bin bin
+//
+// With -via picker the same traffic goes through the router's endpoint picker instead
+// (router -ext-proc-listen, asked by bench/gateway as a Kubernetes gateway would).
 package main
 
 import (
@@ -24,6 +27,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -35,6 +39,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/arbiter-serve/arbiter/bench/gateway"
 	"github.com/arbiter-serve/arbiter/bench/procs"
 	"github.com/arbiter-serve/arbiter/bench/workload"
 	"github.com/arbiter-serve/arbiter/engine"
@@ -65,6 +70,12 @@ type options struct {
 	conversations bool
 	// dump, if set, is a CSV file that gets every request's routing and timings.
 	dump string
+	// via is the front door the traffic takes: "router" (its HTTP port) or "picker" (a
+	// gateway stand-in asking the router's endpoint picker over ext_proc, bench/gateway).
+	via string
+	// pickers is how many routers serve the picker (-via picker), each with its own view of
+	// the load, the gateway taking them in turn.
+	pickers int
 }
 
 // defaultReplicas: two profiles at two price tiers, prices from the shared catalogs
@@ -88,6 +99,8 @@ func main() {
 	flag.IntVar(&o.maxPrompt, "max-prompt", 16000, "prompts longer than this are cut (tokens)")
 	flag.IntVar(&o.maxOutput, "max-output", 300, "outputs longer than this are cut (tokens), to bound the run")
 	flag.BoolVar(&o.conversations, "conversations", true, "sample whole conversations (requests grouped by their conversation's prefix block) rather than the trace's first requests, so follow-up turns fall within the run; each turn is sent after the answer to the one before")
+	flag.StringVar(&o.via, "via", "router", "front door: router (its HTTP port) or picker (a gateway stand-in asking the same router's endpoint picker over Envoy ext_proc, as a Kubernetes gateway with GIE does)")
+	flag.IntVar(&o.pickers, "pickers", 1, "with -via picker: how many pickers (routers with -ext-proc-listen, each its own view of the load) the gateway takes in turn")
 	flag.StringVar(&o.dump, "dump", "", "write every request (policy, replica, predicted and observed TTFT, tokens) to this CSV file")
 	flag.Parse()
 	for _, r := range strings.Split(reps, ",") {
@@ -99,6 +112,12 @@ func main() {
 		o.replicas = append(o.replicas, replicaSpec{profile: name, price: p})
 	}
 	o.policies = strings.Split(pols, ",")
+	if o.via != "router" && o.via != "picker" {
+		fail(fmt.Errorf("-via %q: want router or picker", o.via))
+	}
+	if o.pickers < 1 || o.pickers > 1 && o.via != "picker" {
+		fail(fmt.Errorf("-pickers %d: want 1, or more with -via picker", o.pickers))
+	}
 	if err := run(o); err != nil {
 		fail(err)
 	}
@@ -137,8 +156,8 @@ func run(o options) (err error) {
 		tps[rs.profile] = c * meanTokens // what the control plane would publish as tokens_per_second
 	}
 	rate := o.level * capacity
-	fmt.Printf("trace %s (conversations: %v), %d requests at %.2f req/s (%.2f of the pool's %.2f req/s), SLO TTFT %v TPOT %v, replicas %v\n\n",
-		o.trace, o.conversations, len(reqs), rate, o.level, capacity, o.sloTTFT, o.sloTPOT, describe(o.replicas))
+	fmt.Printf("trace %s (conversations: %v), %d requests at %.2f req/s (%.2f of the pool's %.2f req/s), SLO TTFT %v TPOT %v, replicas %v, via the %s\n\n",
+		o.trace, o.conversations, len(reqs), rate, o.level, capacity, o.sloTTFT, o.sloTPOT, describe(o.replicas), o.via+map[bool]string{true: fmt.Sprintf(" (%d pickers)", o.pickers)}[o.pickers > 1])
 	fmt.Println("| policy | prefix affinity | succeeded | SLO attainment | goodput | TTFT p50 / p90 | TPOT p90 | $/M tokens (busy time) | requests per replica |")
 	fmt.Println("|---|---|---:|---:|---:|---|---:|---:|---|")
 	var dump *csv.Writer
@@ -190,7 +209,7 @@ func describe(rs []replicaSpec) string {
 	return strings.Join(parts, ", ")
 }
 
-// runPolicy starts fresh replicas and a router for one policy, replays the requests and
+// runPolicy starts fresh replicas and a router (or -pickers of them) for one policy, replays the requests and
 // stops everything. It returns the results and the replica set.
 func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps map[string]float64) ([]workload.Result, []fleet.Replica, error) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -253,26 +272,61 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 			return nil, nil, err
 		}
 	}
-	listen, err := procs.FreeAddr()
-	if err != nil {
-		return nil, nil, err
+	var url string
+	var extProcs []string
+	for i := range o.pickers {
+		listen, err := procs.FreeAddr()
+		if err != nil {
+			return nil, nil, err
+		}
+		admin, err := procs.FreeAddr()
+		if err != nil {
+			return nil, nil, err
+		}
+		args := []string{"-listen", listen, "-admin", admin, "-config", filepath.Join(dir, "router.yaml"),
+			"-replicas", filepath.Join(dir, "replicas.yaml"), "-log-level", "warn", "-id", fmt.Sprintf("router-%d", i)}
+		if i == 0 {
+			url = "http://" + listen
+		}
+		if o.via == "picker" {
+			extProc, err := procs.FreeAddr()
+			if err != nil {
+				return nil, nil, err
+			}
+			args = append(args, "-ext-proc-listen", extProc)
+			extProcs = append(extProcs, extProc)
+		}
+		if err := start("router", args...); err != nil {
+			return nil, nil, err
+		}
+		if err := waitReady(admin, len(set)); err != nil {
+			return nil, nil, err
+		}
 	}
-	admin, err := procs.FreeAddr()
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := start("router", "-listen", listen, "-admin", admin, "-config", filepath.Join(dir, "router.yaml"),
-		"-replicas", filepath.Join(dir, "replicas.yaml"), "-log-level", "warn"); err != nil {
-		return nil, nil, err
-	}
-	if err := waitReady(admin, len(set)); err != nil {
-		return nil, nil, err
+	if o.via == "picker" {
+		ids := map[string]string{}
+		for _, rep := range set {
+			ids[rep.Address] = rep.ID
+		}
+		gw, err := gateway.New(extProcs, ids)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer gw.Close()
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, nil, err
+		}
+		srv := &http.Server{Handler: gw}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		url = "http://" + ln.Addr().String()
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}, Timeout: 10 * time.Minute}
 	if o.conversations {
-		return workload.ReplaySessions(client, "http://"+listen, model, reqs, rate, o.maxDuration), set, nil
+		return workload.ReplaySessions(client, url, model, reqs, rate, o.maxDuration), set, nil
 	}
-	return workload.Replay(client, "http://"+listen, model, reqs, rate, o.maxDuration), set, nil
+	return workload.Replay(client, url, model, reqs, rate, o.maxDuration), set, nil
 }
 
 // waitHealthy waits until a replica answers /health with 200.
