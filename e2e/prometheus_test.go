@@ -209,6 +209,14 @@ arbiter:
   local: {capacity: spot, price_per_hour: `+fmt.Sprint(price)+`}
 `)
 
+	// The service's scale-decision and cold-start series exist at 0 from its creation and
+	// its first placement; a counter Prometheus first sees past 0 loses its first step to
+	// increase(), so the load (and with it the wake) waits until both have been scraped.
+	c.waitFor("the service's counters scraped at 0", 30*time.Second, func() bool {
+		return len(p.query(`arbiter_control_scale_decisions_total{service="paid"}`)) > 0 &&
+			len(p.query(`arbiter_control_cold_start_seconds_count{service="paid"}`)) > 0
+	})
+
 	var counted tokenCount
 	var failed atomic.Int64
 	stop := make(chan struct{})
