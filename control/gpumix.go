@@ -44,6 +44,12 @@ const mixPayBack = time.Hour
 // mixUtilization is the planner's headroom over each GPU's rate for Poisson arrivals.
 const mixUtilization = 0.6
 
+// mixLevelWindow is the window the mix's level is the mean over: the spec's stable window,
+// at least scaling.DefaultMixLevelWindow.
+func mixLevelWindow(sp *spec.Service) time.Duration {
+	return max(scaling.ConfigFromSpec(sp).StableWindow, scaling.DefaultMixLevelWindow)
+}
+
 // mixGPUs lists the GPU types s is sized over, or nil where it is not sized per type.
 func mixGPUs(sp *spec.Service, offers []scaling.Offer) []string {
 	rp := sp.Service.ReplicaPolicy
@@ -79,9 +85,10 @@ func (s *service) placerFor(acc string) *scaling.Placer {
 // newGPUMix builds a service's planner and per-type placers.
 func (c *Controller) newGPUMix(sp *spec.Service, gpus []string) (*gpuMix, error) {
 	cfg := scaling.ConfigFromSpec(sp)
-	pol := scaling.MixPolicy{MinReplicas: cfg.MinReplicas, MaxReplicas: cfg.MaxReplicas, StableWindow: cfg.StableWindow,
-		MixWindow: max(cfg.StableWindow, mixWindow), UpscaleDelay: cfg.UpscaleDelay, DownscaleDelay: cfg.DownscaleDelay,
-		ScaleToZeroAfter: cfg.ScaleToZeroAfter, ColdStart: scaling.DefaultColdStart, PayBack: mixPayBack, Utilization: mixUtilization}
+	pol := scaling.MixPolicy{MinReplicas: cfg.MinReplicas, MaxReplicas: cfg.MaxReplicas, StableWindow: mixLevelWindow(sp),
+		MixWindow: max(mixLevelWindow(sp), mixWindow), PeakWindow: scaling.DefaultMixPeakWindow, UpscaleDelay: cfg.UpscaleDelay,
+		DownscaleDelay: cfg.DownscaleDelay, ScaleToZeroAfter: cfg.ScaleToZeroAfter, ColdStart: scaling.DefaultColdStart,
+		PayBack: mixPayBack, Utilization: mixUtilization}
 	pl, err := scaling.NewMixPlanner(pol)
 	if err != nil {
 		return nil, err
@@ -209,7 +216,7 @@ func (c *Controller) placeMix(ctx context.Context, s *service, cur []*replica, o
 	if !s.lastRequest.IsZero() {
 		m.planner.Active(s.lastRequest)
 	}
-	stable := scaling.ConfigFromSpec(sp).StableWindow
+	stable := mixLevelWindow(sp)
 	total := 0
 	for _, n := range m.counts {
 		total += n

@@ -37,6 +37,9 @@ type MixPolicy struct {
 	// Utilization in (0, 1]: replicas are sized for each class's rate ÷ Utilization,
 	// the headroom for bursts beyond Poisson arrivals.
 	Utilization float64
+	// PeakWindow: cuts and changes of type are sized for the peak level over this long
+	// (0: MixWindow), so that capacity a burst bought is not cut and bought again.
+	PeakWindow time.Duration
 	// BurstWindow, when set, makes the load's level the highest rate over any BurstWindow
 	// of the stable window rather than its mean: a burst of requests arriving together
 	// must be prefilled within the TTFT target whatever the minute's mean (each GPU's
@@ -53,7 +56,7 @@ func (p MixPolicy) Validate() error {
 	if p.StableWindow <= 0 || p.MixWindow < p.StableWindow {
 		errs = append(errs, fmt.Errorf("stable window %v, mix window %v: want 0 < stable ≤ mix", p.StableWindow, p.MixWindow))
 	}
-	if p.UpscaleDelay < 0 || p.DownscaleDelay < 0 || p.ScaleToZeroAfter < 0 || p.ColdStart < 0 || p.PayBack <= 0 {
+	if p.UpscaleDelay < 0 || p.DownscaleDelay < 0 || p.PeakWindow < 0 || p.ScaleToZeroAfter < 0 || p.ColdStart < 0 || p.PayBack <= 0 {
 		errs = append(errs, errors.New("delays, scale to zero and cold start must be ≥ 0 and the payback period > 0"))
 	}
 	if p.BurstWindow < 0 || p.BurstWindow > p.StableWindow {
@@ -64,6 +67,18 @@ func (p MixPolicy) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// The mix planner's windows by default (the simulator's gpumix and the control plane): the
+// level is the mean over DefaultMixLevelWindow, cuts are sized for the peak level over
+// DefaultMixPeakWindow. A replica takes minutes to start, so capacity that follows a
+// burst arrives after it; bursts are what the utilization's headroom is for. Measured on a
+// day of Azure's code trace (bench/docs/gpumix.md): against the spec's 120 s window and a
+// 15-minute peak, 35 % less cost at a higher SLO attainment and 9 launches instead of 77 in
+// six hours.
+const (
+	DefaultMixLevelWindow = 15 * time.Minute
+	DefaultMixPeakWindow  = time.Hour
+)
 
 // MixEdges are the classes' bounds: prompt tokens, then output tokens. A request falls in
 // the class of the first edge above each of its lengths.
@@ -299,7 +314,11 @@ func (m *MixPlanner) Decide(now time.Time, classes []MixClass, types []MixType, 
 	}
 	m.levels = append(m.levels, timedLevel{now, level})
 	i := 0
-	for i < len(m.levels) && now.Sub(m.levels[i].at) > p.MixWindow {
+	peakWindow := p.PeakWindow
+	if peakWindow <= 0 {
+		peakWindow = p.MixWindow
+	}
+	for i < len(m.levels) && now.Sub(m.levels[i].at) > peakWindow {
 		i++
 	}
 	m.levels = m.levels[i:]

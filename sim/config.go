@@ -88,6 +88,9 @@ type Inputs struct {
 	PayBack time.Duration
 	// BurstWindow is the mix planner's (0: the level is the stable window's mean).
 	BurstWindow time.Duration
+	// LevelWindow, when set, is the mix planner's stable window (else the spec's); PeakWindow
+	// its peak window (else its mix window).
+	LevelWindow, PeakWindow time.Duration
 }
 
 // Published cold start of a vLLM replica with nothing cached (shared/data/README.md).

@@ -123,7 +123,12 @@ func (s *simulation) setupMix() error {
 	pol := scaling.MixPolicy{MinReplicas: sc.MinReplicas, MaxReplicas: sc.MaxReplicas,
 		StableWindow: sc.StableWindow, MixWindow: max(sc.StableWindow, 15*time.Minute),
 		UpscaleDelay: sc.UpscaleDelay, DownscaleDelay: sc.DownscaleDelay, ScaleToZeroAfter: sc.ScaleToZeroAfter,
-		ColdStart: s.in.ColdStart, PayBack: s.in.PayBack, Utilization: s.in.Utilization, BurstWindow: s.in.BurstWindow}
+		ColdStart: s.in.ColdStart, PayBack: s.in.PayBack, Utilization: s.in.Utilization, BurstWindow: s.in.BurstWindow,
+		PeakWindow: s.in.PeakWindow}
+	if s.in.LevelWindow > 0 {
+		pol.StableWindow = s.in.LevelWindow
+		pol.MixWindow = max(pol.MixWindow, pol.StableWindow)
+	}
 	if pol.PayBack <= 0 {
 		pol.PayBack = time.Hour
 	}

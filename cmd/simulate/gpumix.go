@@ -15,6 +15,7 @@ import (
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/market"
 	"github.com/arbiter-serve/arbiter/pricing"
+	"github.com/arbiter-serve/arbiter/scaling"
 	"github.com/arbiter-serve/arbiter/sim"
 	"github.com/arbiter-serve/arbiter/spec"
 	"github.com/arbiter-serve/arbiter/traces"
@@ -37,6 +38,8 @@ func gpumix(args []string, out io.Writer) error {
 	cold := fs.Duration("cold-start", sim.DefaultColdStart, "replica launch to ready")
 	util := fs.Float64("utilization", 0, "the mix planner's utilization (headroom), the same for every mix system; 0: calibrated per request trace (calibrateUtilization)")
 	burst := fs.Duration("burst-window", 0, "the mix planner's burst window: it sizes for the highest rate over any such slice of its stable window (0: the window's mean)")
+	levelWin := fs.Duration("level-window", scaling.DefaultMixLevelWindow, "the mix planner's level window (0: the spec's stable window)")
+	peakWin := fs.Duration("peak-window", scaling.DefaultMixPeakWindow, "the mix planner's peak window for cuts (0: its 15-minute mix window)")
 	within := fs.Float64("iso-slo-within", 0.005, "how far below Arbiter's SLO attainment counts as equal")
 	systems := fs.String("systems", "arbiter-mix,single,melange-static,skyserve", "what to run: arbiter-mix, single (each type alone), melange-static, skyserve")
 	verbose := fs.Bool("v", false, "print every mix change to stderr")
@@ -95,7 +98,7 @@ func gpumix(args []string, out io.Writer) error {
 			return err
 		}
 		base := sim.Inputs{Spec: sp, Requests: rt, Catalog: cat, Start: at, Spot: st, Duration: time.Duration(*hours * float64(time.Hour)),
-			ColdStart: *cold, ZoneCooldown: 10 * time.Minute, Seed: 1, Warm: true, Model: *model, Utilization: *util, BurstWindow: *burst}
+			ColdStart: *cold, ZoneCooldown: 10 * time.Minute, Seed: 1, Warm: true, Model: *model, Utilization: *util, BurstWindow: *burst, LevelWindow: *levelWin, PeakWindow: *peakWin}
 		if base.Utilization == 0 {
 			u, att, err := calibrateUtilization(base)
 			if err != nil {
