@@ -314,9 +314,10 @@ func skyServeAnyOf(base sim.Inputs, gpus []string, out io.Writer, rn string) (si
 	if err != nil {
 		return base, err
 	}
+	// The cheapest per hour SkyServe would buy: spot too where the spec uses it.
 	cheapest, price := "", math.Inf(1)
 	for _, o := range m.Offers(0) {
-		if o.Capacity == fleet.OnDemand && o.PricePerHour < price {
+		if (o.Capacity == fleet.OnDemand || base.Spec.Resources.UseSpot) && o.PricePerHour < price {
 			cheapest, price = o.Accelerator, o.PricePerHour
 		}
 	}
@@ -337,7 +338,7 @@ func skyServeAnyOf(base sim.Inputs, gpus []string, out io.Writer, rn string) (si
 	sky := base
 	c.Apply(&sky)
 	sky.Profile = *prof
-	fmt.Fprintf(out, "<!-- %s: SkyServe's cheapest per hour is %s ($%.3f/h on demand); %d of them reach %.1f%% SLO attainment over 2 h: target_qps_per_replica %.3g -->\n",
+	fmt.Fprintf(out, "<!-- %s: SkyServe's cheapest per hour is %s ($%.3f/h); %d of them reach %.1f%% SLO attainment over 2 h: target_qps_per_replica %.3g -->\n",
 		rn, cheapest, price, c.Replicas, 100*c.Attainment, c.QPSPerReplica)
 	return sky, nil
 }
