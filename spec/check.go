@@ -274,7 +274,7 @@ const awsWorkdirScript = 2 << 10
 
 // providerLimits are what the remote providers cannot run yet, and what to do instead.
 var providerLimits = []struct {
-	uses                                 func(provider string) bool
+	uses func(provider string) bool
 	// workdir is why the provider refuses a workdir; "" where it honours one.
 	secrets, workdir, imagePrefix, image string
 }{
@@ -291,8 +291,8 @@ var providerLimits = []struct {
 		// Each replica is a fresh VM that boots an AMI and runs the spec from EC2 user
 		// data, which anyone allowed DescribeInstanceAttribute (and any process on the VM)
 		// can read (replicas/aws).
-		uses:        func(p string) bool { return p == "aws" },
-		secrets:     "the aws provider does not pass secrets yet (in EC2 user data they would be readable by anyone allowed ec2:DescribeInstanceAttribute); give the replicas an instance profile and fetch the secret in setup (aws secretsmanager get-secret-value), or run this service on another provider",
+		uses:    func(p string) bool { return p == "aws" },
+		secrets: "the aws provider does not pass secrets yet (in EC2 user data they would be readable by anyone allowed ec2:DescribeInstanceAttribute); give the replicas an instance profile and fetch the secret in setup (aws secretsmanager get-secret-value), or run this service on another provider",
 		// workdir: packed, staged in S3 and fetched by the user data (replicas/aws).
 		imagePrefix: "ami-",
 		image:       "the aws provider boots AMIs (ami-…); container images on VMs are not supported yet",
