@@ -541,13 +541,15 @@ func TestQuotePricesSpotFromEC2AndSkipsZonesTheAccountLacks(t *testing.T) {
 func TestAccountChecks(t *testing.T) {
 	for _, a := range []Account{{Regions: []string{"us east 1"}}, {Endpoint: "ftp://x"}, {StartSeconds: -1}, {Image: "ami-0 *"},
 		{SQSEndpoint: "127.0.0.1:9"}, {InterruptionQueues: map[string]string{"us-east-1": "arbiter-interruptions"}},
-		{Regions: []string{"us-east-1"}, InterruptionQueues: map[string]string{"us-west-2": ec2fake.QueueURL("us-west-2")}}} {
+		{Regions: []string{"us-east-1"}, InterruptionQueues: map[string]string{"us-west-2": ec2fake.QueueURL("us-west-2")}},
+		{StagingBucket: "s3://arbiter-staging"}, {StagingBucket: "Arbiter_Staging"}, {StagingPrefix: "/abs/"}, {StagingRegion: "east"}, {S3Endpoint: "s3.local"}} {
 		if err := a.Check(); err == nil {
 			t.Errorf("%+v accepted", a)
 		}
 	}
 	if err := (&Account{Regions: []string{"us-east-1", "eu-central-1"}, Endpoint: "http://127.0.0.1:1",
-		InterruptionQueues: map[string]string{"eu-central-1": ec2fake.QueueURL("eu-central-1")}}).Check(); err != nil {
+		InterruptionQueues: map[string]string{"eu-central-1": ec2fake.QueueURL("eu-central-1")},
+		StagingBucket:      "arbiter-staging.example", StagingPrefix: "team/workdirs/", StagingRegion: "eu-central-1", S3Endpoint: "http://127.0.0.1:2"}).Check(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -571,7 +573,7 @@ func TestUserDataOfTheLargestAcceptedSpecFits(t *testing.T) {
 	}
 	ls := replicas.LaunchSpec{ReplicaID: strings.Repeat("r", 64), Service: strings.Repeat("s", 63), Version: 99999, Setup: sp.Setup, Run: sp.Run,
 		Envs: sp.Envs, AcceleratorCount: 8}
-	ud, err := userData(ls, 65535, 0)
+	ud, err := userData(ls, 65535, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
