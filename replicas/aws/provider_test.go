@@ -583,6 +583,41 @@ func TestUserDataOfTheLargestAcceptedSpecFits(t *testing.T) {
 	if _, err := spec.Parse("svc.yaml", []byte(strings.Replace(src, "run: ", "run: xx", 1))); err == nil {
 		t.Fatal("a spec past the budget is accepted")
 	}
+
+	// With a workdir: its presigned URL, signed with temporary credentials (a session
+	// token of 1,200 characters, larger than STS's usual), fits in the room spec leaves.
+	wsrc := "workdir: /srv/app\n" + strings.Replace(src, "run: "+run, "run: "+run[:len(run)-2<<10], 1)
+	wsp, err := spec.Parse("svc.yaml", []byte(wsrc))
+	if err != nil {
+		t.Fatalf("the spec with a workdir at the budget is refused: %v", err)
+	}
+	if _, err := spec.Parse("svc.yaml", []byte(strings.Replace(wsrc, "run: ", "run: xx", 1))); err == nil {
+		t.Fatal("a spec with a workdir past the budget is accepted")
+	}
+	t.Setenv("AWS_ACCESS_KEY_ID", "ASIAIOSFODNN7EXAMPLE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", testSecret)
+	t.Setenv("AWS_SESSION_TOKEN", strings.Repeat("IQoJb3JpZ2luX2VjE+/=", 60))
+	t.Setenv("AWS_REGION", "ap-southeast-2")
+	t.Setenv("AWS_CONFIG_FILE", "/nonexistent")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+	p, err := New(ctxFor(t, time.Minute), Config{Owner: "o", Account: Account{StagingBucket: strings.Repeat("b", 63), StagingPrefix: strings.Repeat("p", 100) + "/"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.staged[ls.Service+"\x00"+fmt.Sprint(ls.Version)+"\x00/srv/app"] = stagedWorkdir{key: p.cfg.StagingPrefix + strings.Repeat("f", 64) + ".tar.gz", sha256: strings.Repeat("f", 64)}
+	ls.Workdir, ls.Setup, ls.Run = "/srv/app", wsp.Setup, wsp.Run
+	wd, err := p.workdirFor(context.Background(), ls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ud, err = userData(ls, 65535, 0, wd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ud) > maxUserData || !strings.Contains(ud, "X-Amz-Security-Token=") {
+		t.Fatalf("user data %d bytes > %d, or no session token in its URL", len(ud), maxUserData)
+	}
+	t.Logf("the largest accepted spec with a workdir: %d bytes of user data, %d of them the presigned URL", len(ud), len(wd.url))
 }
 
 // withQueue gives the rig's account an EventBridge-fed interruption queue in us-east-1
