@@ -268,9 +268,10 @@ func (d *decoder) failed(paths ...string) bool {
 const awsScriptBudget = 14 << 10
 
 // awsWorkdirScript is what the aws provider's workdir download takes of the user data: a
-// presigned S3 URL (about 600 bytes; up to 1.5 KiB with temporary credentials' session
-// token) and the lines around it.
-const awsWorkdirScript = 2 << 10
+// presigned S3 URL (about 600 bytes; 2.2 KB with a 63-character bucket, a long prefix and
+// a session token of temporary credentials: replicas/aws's TestUserDataOfTheLargestAcceptedSpecFits)
+// and the lines around it.
+const awsWorkdirScript = 3 << 10
 
 // providerLimits are what the remote providers cannot run yet, and what to do instead.
 var providerLimits = []struct {

@@ -144,7 +144,7 @@ func TestErrors(t *testing.T) {
 		{"kubernetes image", minimal + "resources: {image_id: ami-0123}\narbiter: {providers: [local, kubernetes]}\n", 4, 23, `resources.image_id: "ami-0123": the kubernetes provider runs container images`},
 		{"aws secrets", minimal + "secrets: {HF_TOKEN: x}\narbiter: {providers: [aws]}\n", 4, 10, "secrets: the aws provider does not pass secrets yet"},
 		// A workdir is fetched by the user data from a presigned URL, which takes its room.
-		{"aws script size with workdir", "workdir: ./app\nrun: " + strings.Repeat("x", 14<<10-2<<10+1) + "\nservice:\n  readiness_probe: /health\narbiter: {providers: [aws]}\n", 2, 6, "the aws provider passes them as EC2 user data"},
+		{"aws script size with workdir", "workdir: ./app\nrun: " + strings.Repeat("x", 14<<10-3<<10+1) + "\nservice:\n  readiness_probe: /health\narbiter: {providers: [aws]}\n", 2, 6, "the aws provider passes them as EC2 user data"},
 		{"local beside a market, no slot", minimal + "arbiter: {providers: [local, runpod]}\n", 4, 22, "arbiter.providers: local beside runpod: the local machine quotes no price"},
 		{"aws image", minimal + "resources: {image_id: docker:vllm/vllm-openai}\narbiter: {providers: [aws]}\n", 4, 23, `resources.image_id: "docker:vllm/vllm-openai": the aws provider boots AMIs`},
 		{"aws script size", "run: " + strings.Repeat("x", 15000) + "\nservice:\n  readiness_probe: /health\narbiter: {providers: [aws]}\n", 1, 6, "the aws provider passes them as EC2 user data, which holds 16 KiB"},

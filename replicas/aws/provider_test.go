@@ -586,7 +586,7 @@ func TestUserDataOfTheLargestAcceptedSpecFits(t *testing.T) {
 
 	// With a workdir: its presigned URL, signed with temporary credentials (a session
 	// token of 1,200 characters, larger than STS's usual), fits in the room spec leaves.
-	wsrc := "workdir: /srv/app\n" + strings.Replace(src, "run: "+run, "run: "+run[:len(run)-2<<10], 1)
+	wsrc := "workdir: /srv/app\n" + strings.Replace(src, "run: "+run, "run: "+run[:len(run)-3<<10], 1)
 	wsp, err := spec.Parse("svc.yaml", []byte(wsrc))
 	if err != nil {
 		t.Fatalf("the spec with a workdir at the budget is refused: %v", err)
