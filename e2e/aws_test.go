@@ -15,6 +15,7 @@ import (
 	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/replicas/aws"
 	"github.com/arbiter-serve/arbiter/replicas/aws/ec2fake"
+	"github.com/arbiter-serve/arbiter/replicas/aws/s3fake"
 	"github.com/arbiter-serve/arbiter/state"
 )
 
@@ -48,6 +49,17 @@ arbiter:
 // queue; without, the poll (every 0.5 s) is the only source.
 func awsAccount(t *testing.T, c *cluster, network string, queue bool) *ec2fake.Server {
 	t.Helper()
+	fake, _ := awsAccountWithS3(t, c, network, queue)
+	return fake
+}
+
+// awsAccountWithS3 is awsAccount with the account's fake S3 (replicas/aws/s3fake), which
+// holds the bucket the providers file names for staging workdirs.
+func awsAccountWithS3(t *testing.T, c *cluster, network string, queue bool) (*ec2fake.Server, *s3fake.Server) {
+	t.Helper()
+	s3 := s3fake.New(s3fake.Config{Buckets: []string{"arbiter-staging-e2e"}, AccessKeyID: awsTestKeyID, SecretAccessKey: awsTestSecret})
+	s3srv := httptest.NewServer(s3)
+	t.Cleanup(s3srv.Close)
 	fake := ec2fake.New(ec2fake.Config{
 		Network: network, // each test's instances on addresses of their own
 		Zones: map[string][]ec2fake.Zone{"us-east-1": {{Name: "us-east-1a", ID: "use1-az4"}, {Name: "us-east-1b", ID: "use1-az6"},
@@ -70,16 +82,20 @@ func awsAccount(t *testing.T, c *cluster, network string, queue bool) *ec2fake.S
 		body = fmt.Sprintf("aws:\n  regions: [us-east-1]\n  endpoint: %s\n  start_seconds: 60\n  notice_poll_seconds: 3600\n"+
 			"  sqs_endpoint: %[1]s\n  interruption_queues: {us-east-1: %s}\n", srv.URL, ec2fake.QueueURL("us-east-1"))
 	}
+	body += fmt.Sprintf("  staging_bucket: arbiter-staging-e2e\n  s3_endpoint: %s\n", s3srv.URL)
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	c.extraDaemonFlags = append(c.extraDaemonFlags, "--providers", path, "--zone-cooldown", "20s")
-	c.env = append(c.env, "AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE", "AWS_SECRET_ACCESS_KEY="+awsTestSecret, "AWS_REGION=us-east-1",
+	c.env = append(c.env, "AWS_ACCESS_KEY_ID="+awsTestKeyID, "AWS_SECRET_ACCESS_KEY="+awsTestSecret, "AWS_REGION=us-east-1",
 		"AWS_CONFIG_FILE=/nonexistent", "AWS_SHARED_CREDENTIALS_FILE=/nonexistent", "AWS_EC2_METADATA_DISABLED=true")
-	return fake
+	return fake, s3
 }
 
-const awsTestSecret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+const (
+	awsTestKeyID  = "AKIAIOSFODNN7EXAMPLE"
+	awsTestSecret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+)
 
 // ownerInstances is the fake account's live instances tagged with this home's owner, by
 // replica id.
@@ -229,15 +245,31 @@ func TestAWSSpotLifecycle(t *testing.T) {
 
 // serve down --replica-id takes one replica down (by its number) and the service replaces
 // it; serve down --purge removes a service whose provider is no longer configured, naming
-// the instances it wrote off, which a control plane that can reach EC2 again ends.
+// the instances it wrote off, which a control plane that can reach EC2 again ends. The
+// service has a workdir (as SkyPilot's own serve_vectordb.yaml does) whose file its run:
+// reads: staged in S3 once, fetched by every instance, replacements included.
 func TestAWSReplicaDownAndPurge(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
-	fake := awsAccount(t, c, "127.0.66", false)
+	fake, s3 := awsAccountWithS3(t, c, "127.0.66", false)
 	const name, model = "purged", "purged-model"
+	wd := t.TempDir()
+	if err := os.WriteFile(filepath.Join(wd, "model.txt"), []byte(model+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(wd, ".skyignore"), []byte("*.bin\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(wd, "weights.bin"), []byte("left out"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The model name the replicas serve is read from the workdir, into which setup wrote
+	// a marker run then checks: both run in ~/sky_workdir.
+	spec := strings.Replace(awsSpec(model), "run: exec replicasim", "workdir: "+wd+"\nsetup: touch setup-ran\nrun: test -f setup-ran && test ! -e weights.bin && exec replicasim", 1)
+	spec = strings.Replace(spec, "-model "+model, `-model "$(cat model.txt)"`, 1)
 
 	// On a terminal, serve up shows the price and asks before launching on a paid provider.
-	path := c.writeSpec(name, awsSpec(model))
+	path := c.writeSpec(name, spec)
 	args := append(append([]string{filepath.Join(binDir, "serve"), "--home", c.home, "up", "-n", name}, c.daemonFlags()...), path)
 	tty := exec.Command("script", "-qec", shellJoin(args), "/dev/null")
 	tty.Env = append(append(os.Environ(), c.env...), "ARBITER_HOME="+c.home)
@@ -253,7 +285,7 @@ func TestAWSReplicaDownAndPurge(t *testing.T) {
 		t.Fatal("declined, yet the service exists")
 	}
 	// Not on a terminal (or with -y), it shows the price and launches.
-	up := c.up(name, awsSpec(model))
+	up := c.up(name, spec)
 	for _, want := range []string{"Service purged on aws: min 2, max 2 replicas.", "spot      g5.xlarge (A10G:1) in aws us-east-1/use1-az4 at $0.3801/h, priced by ec2:DescribeSpotPriceHistory", "/h to start", "placement: "} {
 		if !strings.Contains(up, want) {
 			t.Errorf("serve up does not show %q:\n%s", want, up)
@@ -283,6 +315,14 @@ func TestAWSReplicaDownAndPurge(t *testing.T) {
 		st := c.status(name)
 		return st.Ready == 2 && len(ownerInstances(t, fake, c)) == 2 && !strings.Contains(fmt.Sprint(st.Replicas), victim+" ")
 	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if code, body, err := c.request(ctx, model); err != nil || code != 200 {
+		t.Fatalf("a request to the model named in the workdir: %d %v %s", code, err, body)
+	}
+	if put, get, objs := s3.Calls("PutObject"), s3.Calls("GetObject"), s3.Objects(); put != 1 || get != 3 || len(objs) != 1 {
+		t.Errorf("workdir: %d uploads (want 1), %d fetches (want 3: two replicas and a replacement), staged %d objects", put, get, len(objs))
+	}
 	if out, err := c.serveErr("down", name, "--replica-id", "999"); err == nil || !strings.Contains(out, "not found") {
 		t.Fatalf("an unknown replica: %v\n%s", err, out)
 	}

@@ -129,7 +129,7 @@ func (d *decoder) crossCheck(s *Service) {
 		if len(s.Secrets) > 0 {
 			d.errorAt("secrets", "secrets: %s", l.secrets)
 		}
-		if s.Workdir != "" {
+		if s.Workdir != "" && l.workdir != "" {
 			d.errorAt("workdir", "workdir: %s", l.workdir)
 		}
 		for _, r := range append([]Resources{s.Resources}, append(s.Resources.AnyOf, s.Resources.Ordered...)...) {
@@ -160,6 +160,11 @@ func (d *decoder) crossCheck(s *Service) {
 		size := len(s.Setup) + len(s.Run)
 		for k, v := range s.Envs {
 			size += len(k) + len(v) + len("export ='' --setenv=")
+		}
+		// A workdir is fetched from a presigned URL (replicas/aws.fetchWorkdir), up to
+		// awsWorkdirScript bytes with a session token in it.
+		if s.Workdir != "" {
+			size += awsWorkdirScript
 		}
 		// Each S3 mount is a mkdir and a mount-s3 or aws s3 sync line (replicas/aws.s3Mounts).
 		for _, m := range s.FileMounts {
@@ -262,9 +267,16 @@ func (d *decoder) failed(paths ...string) bool {
 // take: the aws provider's script around them takes about 1.5 KiB (replicas/aws.userData).
 const awsScriptBudget = 14 << 10
 
+// awsWorkdirScript is what the aws provider's workdir download takes of the user data: a
+// presigned S3 URL (about 600 bytes; 2.2 KB with a 63-character bucket, a long prefix and
+// a session token of temporary credentials: replicas/aws's TestUserDataOfTheLargestAcceptedSpecFits)
+// and the lines around it.
+const awsWorkdirScript = 3 << 10
+
 // providerLimits are what the remote providers cannot run yet, and what to do instead.
 var providerLimits = []struct {
-	uses                                 func(provider string) bool
+	uses func(provider string) bool
+	// workdir is why the provider refuses a workdir; "" where it honours one.
 	secrets, workdir, imagePrefix, image string
 }{
 	{
@@ -280,9 +292,9 @@ var providerLimits = []struct {
 		// Each replica is a fresh VM that boots an AMI and runs the spec from EC2 user
 		// data, which anyone allowed DescribeInstanceAttribute (and any process on the VM)
 		// can read (replicas/aws).
-		uses:        func(p string) bool { return p == "aws" },
-		secrets:     "the aws provider does not pass secrets yet (in EC2 user data they would be readable by anyone allowed ec2:DescribeInstanceAttribute); give the replicas an instance profile and fetch the secret in setup (aws secretsmanager get-secret-value), or run this service on another provider",
-		workdir:     "the aws provider cannot sync a local folder onto its VMs; put it in the AMI or fetch it in setup",
+		uses:    func(p string) bool { return p == "aws" },
+		secrets: "the aws provider does not pass secrets yet (in EC2 user data they would be readable by anyone allowed ec2:DescribeInstanceAttribute); give the replicas an instance profile and fetch the secret in setup (aws secretsmanager get-secret-value), or run this service on another provider",
+		// workdir: packed, staged in S3 and fetched by the user data (replicas/aws).
 		imagePrefix: "ami-",
 		image:       "the aws provider boots AMIs (ami-…); container images on VMs are not supported yet",
 	},

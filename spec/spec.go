@@ -42,6 +42,8 @@ type Service struct {
 	accPos map[string][]Pos
 	// warnings are Warnings().
 	warnings ErrorList
+	// workdirPos is where workdir is written, for CheckWorkdir.
+	workdirPos Pos
 }
 
 // ServiceSection is the service: block.
@@ -325,6 +327,9 @@ func (d *decoder) service(root *yaml.Node, o Overrides) *Service {
 		}
 	}
 	top.str("workdir", &s.Workdir)
+	if n := top.get("workdir"); n != nil {
+		s.workdirPos = Pos{File: d.file, Line: n.Line, Column: n.Column}
+	}
 	s.NumNodes = 1
 	top.integer("num_nodes", "an integer ≥ 1 (the nodes one replica spans)", atLeast(1), &s.NumNodes)
 	if n := top.get("volumes"); n != nil {

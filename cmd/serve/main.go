@@ -152,6 +152,10 @@ func loadSpec(path string, o spec.Overrides) (*spec.Service, []byte, error) {
 		return nil, nil, fail(exitUsage, "%v", err)
 	}
 	sp, err := spec.ParseWith(path, b, o)
+	if err == nil {
+		// The workdir is a folder here, where serve runs (and, on aws, one it can copy).
+		err = sp.CheckWorkdir()
+	}
 	if err != nil {
 		return nil, nil, fail(exitUsage, "%s is not a valid service:\n%v", path, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -106,6 +107,7 @@ func TestValidateSkyPilotMountForms(t *testing.T) {
 		{file: "num-nodes-kubernetes.yaml", resolved: []string{"num_nodes: 2\n", "providers: [kubernetes]"}},
 		{file: "num-nodes-aws.yaml", resolved: []string{"num_nodes: 2\n", "providers: [aws]"}},
 		{file: "mounts-named.yaml", resolved: []string{"file_mounts:\n  /index: {source: 's3://doc-search-index', mode: MOUNT}\n"}},
+		{file: "workdir-aws.yaml", resolved: []string{"workdir: testdata/skypilot/workdir-app\n", "/data: {source: 's3://vector-db-corpus/shards', mode: COPY}", "providers: [aws]"}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			out, errOut, err := runServe(t, "validate", filepath.Join("testdata/skypilot", tc.file))
@@ -137,7 +139,19 @@ func TestValidateSkyPilotMountForms(t *testing.T) {
 		!strings.Contains(err.Error(), "num-nodes-runpod.yaml:3:12: num_nodes: 2: the runpod provider launches a replica on one machine; run multi-node replicas on the local, kubernetes or aws provider") {
 		t.Errorf("num_nodes on runpod: %v", err)
 	}
-	_, _, err := runServe(t, "validate", "testdata/skypilot/refused-mounts.yaml")
+	// A workdir is read where serve runs: one that is not a folder here is refused at its place.
+	moved := filepath.Join(t.TempDir(), "workdir-aws.yaml")
+	b, err := os.ReadFile("testdata/skypilot/workdir-aws.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(moved, []byte(strings.Replace(string(b), "workdir-app", "workdir-gone", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runServe(t, "validate", moved); err == nil || !strings.Contains(err.Error(), "workdir-aws.yaml:4:10: workdir: ") || !strings.Contains(err.Error(), "workdir-gone does not exist here") {
+		t.Errorf("a missing workdir: %v", err)
+	}
+	_, _, err = runServe(t, "validate", "testdata/skypilot/refused-mounts.yaml")
 	for _, w := range []string{
 		"refused-mounts.yaml:5:3: file_mounts./data: the kubernetes",
 		"refused-mounts.yaml:8:5: config.kubernetes.provision_timeout: Arbiter replaces a replica not ready in time",

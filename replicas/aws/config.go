@@ -70,6 +70,22 @@ type Account struct {
 	InterruptionQueues map[string]string `yaml:"interruption_queues"`
 	// SQSEndpoint replaces SQS's regional endpoint (a VPC endpoint, or a local fake).
 	SQSEndpoint string `yaml:"sqs_endpoint"`
+	// StagingBucket is the S3 bucket a service's workdir is copied through: the control
+	// plane packs the workdir (tar.gz, less what its .skyignore or .gitignore leaves out)
+	// once per service version, uploads it under StagingPrefix named by its SHA-256 (an
+	// unchanged workdir is not uploaded again), and each instance's user data fetches it
+	// by a presigned URL into ~/sky_workdir, where setup and run then run. The control
+	// plane's credentials need s3:PutObject and s3:GetObject on it (s3:ListBucket too, or
+	// S3 answers 403 instead of 404 for a key not there yet); the instances need nothing.
+	// Without it, a service with a workdir fails to launch, saying so.
+	StagingBucket string `yaml:"staging_bucket"`
+	// StagingPrefix is the key prefix of staged workdirs (default arbiter/workdirs/).
+	StagingPrefix string `yaml:"staging_prefix"`
+	// StagingRegion is the staging bucket's region (default: the first of regions).
+	StagingRegion string `yaml:"staging_region"`
+	// S3Endpoint replaces S3's regional endpoint (a VPC endpoint, or a local fake); it is
+	// addressed path-style (ENDPOINT/BUCKET/KEY).
+	S3Endpoint string `yaml:"s3_endpoint"`
 	// SpotPriceSeconds is how long a zone's spot price from DescribeSpotPriceHistory is used
 	// before it is asked again (default 300).
 	SpotPriceSeconds float64 `yaml:"spot_price_seconds"`
@@ -94,7 +110,12 @@ type Config struct {
 	Log           *slog.Logger
 }
 
-var regionRE = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-\d+$`)
+var (
+	regionRE = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-\d+$`)
+	// bucketRE is S3's bucket naming rule, in short
+	// (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html).
+	bucketRE = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$`)
+)
 
 // Check reports an account section that cannot work.
 func (a *Account) Check() error {
@@ -103,7 +124,7 @@ func (a *Account) Check() error {
 			return fmt.Errorf("regions: %q is not an AWS region name (e.g. us-east-1)", r)
 		}
 	}
-	for _, e := range []struct{ field, url string }{{"endpoint", a.Endpoint}, {"sqs_endpoint", a.SQSEndpoint}} {
+	for _, e := range []struct{ field, url string }{{"endpoint", a.Endpoint}, {"sqs_endpoint", a.SQSEndpoint}, {"s3_endpoint", a.S3Endpoint}} {
 		if e.url != "" && !isHTTPURL(e.url) {
 			return fmt.Errorf("%s: %q is not an http(s) URL", e.field, e.url)
 		}
@@ -118,6 +139,15 @@ func (a *Account) Check() error {
 		if !isHTTPURL(q) {
 			return fmt.Errorf("interruption_queues: %s: %q is not a queue URL (https://sqs.%s.amazonaws.com/ACCOUNT/NAME)", region, q, region)
 		}
+	}
+	if a.StagingBucket != "" && !bucketRE.MatchString(a.StagingBucket) {
+		return fmt.Errorf("staging_bucket: %q is not an S3 bucket name (3 to 63 of a-z, 0-9, '.', '-'; no s3:// and no prefix: give that as staging_prefix)", a.StagingBucket)
+	}
+	if strings.HasPrefix(a.StagingPrefix, "/") {
+		return fmt.Errorf("staging_prefix: %q: an S3 key prefix does not start with /", a.StagingPrefix)
+	}
+	if a.StagingRegion != "" && !regionRE.MatchString(a.StagingRegion) {
+		return fmt.Errorf("staging_region: %q is not an AWS region name (e.g. us-east-1)", a.StagingRegion)
 	}
 	if strings.HasPrefix(a.Image, "ami-") && strings.ContainsAny(a.Image, " *?") {
 		return fmt.Errorf("image: %q is neither an AMI id nor a name pattern", a.Image)
@@ -142,6 +172,9 @@ func (c *Config) defaults() {
 	}
 	if len(c.ImageOwners) == 0 {
 		c.ImageOwners = []string{"amazon"}
+	}
+	if c.StagingPrefix == "" {
+		c.StagingPrefix = "arbiter/workdirs/"
 	}
 	if c.StartSeconds == 0 {
 		c.StartSeconds = 600

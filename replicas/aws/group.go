@@ -82,7 +82,7 @@ func splitGroup(h string) (region string, ids []string, group string, ok bool) {
 
 // launchGroup launches a multi-node replica (see above) and returns the head as the
 // replica, with the group's handle.
-func (p *Provider) launchGroup(ctx context.Context, c *ec2.Client, ls replicas.LaunchSpec, region string, image ami, port int, price float64, what string) (replicas.Instance, error) {
+func (p *Provider) launchGroup(ctx context.Context, c *ec2.Client, ls replicas.LaunchSpec, region string, image ami, port int, price float64, what string, wd *workdirFetch) (replicas.Instance, error) {
 	n := ls.Nodes()
 	if n > MaxNodes {
 		return replicas.Instance{}, fmt.Errorf("%s: num_nodes %d: the aws provider launches at most %d nodes a replica (every node's IP travels in one 256-character tag)", what, n, MaxNodes)
@@ -100,7 +100,7 @@ func (p *Provider) launchGroup(ctx context.Context, c *ec2.Client, ls replicas.L
 	ids := make([]string, n)
 	teardown := func() { p.teardownGroup(c, region, ids, group) }
 	for rank := range n {
-		script, err := userData(ls, port, rank)
+		script, err := userData(ls, port, rank, wd)
 		if err != nil {
 			teardown()
 			return replicas.Instance{}, err

@@ -28,6 +28,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/pricing"
@@ -70,6 +72,11 @@ type Provider struct {
 	spotReqs map[string]spotWatch
 	// members: the instances of multi-node replicas, by instance handle (group.go).
 	members map[string]member
+	// s3 is the staging bucket's client; staged the workdirs this process uploaded, by
+	// service, version and folder (workdir.go), staging the uploads under way.
+	s3      *s3.Client
+	staged  map[string]stagedWorkdir
+	staging singleflight.Group
 }
 
 type spotWatch struct {
@@ -105,7 +112,7 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 	}
 	p := &Provider{cfg: cfg, base: base, notices: replicas.NewNotifier(64),
 		clients: map[string]*ec2.Client{}, images: map[string]ami{}, zones: map[string]zoneMap{}, spot: map[string]spotPrices{},
-		launched: map[string]time.Time{}, spotReqs: map[string]spotWatch{}, members: map[string]member{}}
+		launched: map[string]time.Time{}, spotReqs: map[string]spotWatch{}, members: map[string]member{}, staged: map[string]stagedWorkdir{}}
 	p.catalog = sync.OnceValues(cfg.Catalog)
 	for region := range cfg.InterruptionQueues {
 		if !p.servesRegion(region) {
@@ -209,10 +216,14 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 	if ls.PricePerHour != nil {
 		price = *ls.PricePerHour
 	}
-	if ls.Nodes() > 1 {
-		return p.launchGroup(ctx, c, ls, region, image, port, price, what)
+	wd, err := p.workdirFor(ctx, ls)
+	if err != nil {
+		return replicas.Instance{}, fmt.Errorf("%s: %w", what, err)
 	}
-	script, err := userData(ls, port, 0)
+	if ls.Nodes() > 1 {
+		return p.launchGroup(ctx, c, ls, region, image, port, price, what, wd)
+	}
+	script, err := userData(ls, port, 0, wd)
 	if err != nil {
 		return replicas.Instance{}, err
 	}

@@ -541,13 +541,15 @@ func TestQuotePricesSpotFromEC2AndSkipsZonesTheAccountLacks(t *testing.T) {
 func TestAccountChecks(t *testing.T) {
 	for _, a := range []Account{{Regions: []string{"us east 1"}}, {Endpoint: "ftp://x"}, {StartSeconds: -1}, {Image: "ami-0 *"},
 		{SQSEndpoint: "127.0.0.1:9"}, {InterruptionQueues: map[string]string{"us-east-1": "arbiter-interruptions"}},
-		{Regions: []string{"us-east-1"}, InterruptionQueues: map[string]string{"us-west-2": ec2fake.QueueURL("us-west-2")}}} {
+		{Regions: []string{"us-east-1"}, InterruptionQueues: map[string]string{"us-west-2": ec2fake.QueueURL("us-west-2")}},
+		{StagingBucket: "s3://arbiter-staging"}, {StagingBucket: "Arbiter_Staging"}, {StagingPrefix: "/abs/"}, {StagingRegion: "east"}, {S3Endpoint: "s3.local"}} {
 		if err := a.Check(); err == nil {
 			t.Errorf("%+v accepted", a)
 		}
 	}
 	if err := (&Account{Regions: []string{"us-east-1", "eu-central-1"}, Endpoint: "http://127.0.0.1:1",
-		InterruptionQueues: map[string]string{"eu-central-1": ec2fake.QueueURL("eu-central-1")}}).Check(); err != nil {
+		InterruptionQueues: map[string]string{"eu-central-1": ec2fake.QueueURL("eu-central-1")},
+		StagingBucket:      "arbiter-staging.example", StagingPrefix: "team/workdirs/", StagingRegion: "eu-central-1", S3Endpoint: "http://127.0.0.1:2"}).Check(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -571,7 +573,7 @@ func TestUserDataOfTheLargestAcceptedSpecFits(t *testing.T) {
 	}
 	ls := replicas.LaunchSpec{ReplicaID: strings.Repeat("r", 64), Service: strings.Repeat("s", 63), Version: 99999, Setup: sp.Setup, Run: sp.Run,
 		Envs: sp.Envs, AcceleratorCount: 8}
-	ud, err := userData(ls, 65535, 0)
+	ud, err := userData(ls, 65535, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -581,6 +583,41 @@ func TestUserDataOfTheLargestAcceptedSpecFits(t *testing.T) {
 	if _, err := spec.Parse("svc.yaml", []byte(strings.Replace(src, "run: ", "run: xx", 1))); err == nil {
 		t.Fatal("a spec past the budget is accepted")
 	}
+
+	// With a workdir: its presigned URL, signed with temporary credentials (a session
+	// token of 1,200 characters, larger than STS's usual), fits in the room spec leaves.
+	wsrc := "workdir: /srv/app\n" + strings.Replace(src, "run: "+run, "run: "+run[:len(run)-3<<10], 1)
+	wsp, err := spec.Parse("svc.yaml", []byte(wsrc))
+	if err != nil {
+		t.Fatalf("the spec with a workdir at the budget is refused: %v", err)
+	}
+	if _, err := spec.Parse("svc.yaml", []byte(strings.Replace(wsrc, "run: ", "run: xx", 1))); err == nil {
+		t.Fatal("a spec with a workdir past the budget is accepted")
+	}
+	t.Setenv("AWS_ACCESS_KEY_ID", "ASIAIOSFODNN7EXAMPLE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", testSecret)
+	t.Setenv("AWS_SESSION_TOKEN", strings.Repeat("IQoJb3JpZ2luX2VjE+/=", 60))
+	t.Setenv("AWS_REGION", "ap-southeast-2")
+	t.Setenv("AWS_CONFIG_FILE", "/nonexistent")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+	p, err := New(ctxFor(t, time.Minute), Config{Owner: "o", Account: Account{StagingBucket: strings.Repeat("b", 63), StagingPrefix: strings.Repeat("p", 100) + "/"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.staged[ls.Service+"\x00"+fmt.Sprint(ls.Version)+"\x00/srv/app"] = stagedWorkdir{key: p.cfg.StagingPrefix + strings.Repeat("f", 64) + ".tar.gz", sha256: strings.Repeat("f", 64)}
+	ls.Workdir, ls.Setup, ls.Run = "/srv/app", wsp.Setup, wsp.Run
+	wd, err := p.workdirFor(context.Background(), ls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ud, err = userData(ls, 65535, 0, wd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ud) > maxUserData || !strings.Contains(ud, "X-Amz-Security-Token=") {
+		t.Fatalf("user data %d bytes > %d, or no session token in its URL", len(ud), maxUserData)
+	}
+	t.Logf("the largest accepted spec with a workdir: %d bytes of user data, %d of them the presigned URL", len(ud), len(wd.url))
 }
 
 // withQueue gives the rig's account an EventBridge-fed interruption queue in us-east-1

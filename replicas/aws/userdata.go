@@ -33,8 +33,9 @@ const (
 // data script that starts with #! once, at first boot
 // (https://cloudinit.readthedocs.io/en/latest/explanation/format.html). The replica runs
 // as a transient systemd unit so the script (and cloud-init's final stage) ends; where
-// systemd is not running it runs in the script's place.
-func userData(ls replicas.LaunchSpec, port, rank int) (string, error) {
+// systemd is not running it runs in the script's place. With a workdir (wd), the script
+// first fetches it into ~/sky_workdir, as SkyPilot places it, and setup and run run there.
+func userData(ls replicas.LaunchSpec, port, rank int, wd *workdirFetch) (string, error) {
 	tag, err := delimiter(ls.Setup + ls.Run)
 	if err != nil {
 		return "", err
@@ -53,6 +54,8 @@ func userData(ls replicas.LaunchSpec, port, rank int) (string, error) {
 		export(k, ls.Envs[k])
 	}
 	fmt.Fprintf(&b, "export %s=\"${%s:-0.0.0.0}\"\nexport %s=\"${%s:-/opt/arbiter}\"\n", envHost, envHost, envDir, envDir)
+	// cloud-init may run the script without HOME; root's is /root.
+	b.WriteString("export HOME=\"${HOME:-/root}\"\n")
 	nodeEnvs, awaitIPs := "", ""
 	if n := ls.Nodes(); n > 1 {
 		// SkyPilot's node variables, which a multi-node run: script reads (rank 0 is the
@@ -72,17 +75,38 @@ func userData(ls replicas.LaunchSpec, port, rank int) (string, error) {
 	b.WriteString(s3Mounts(ls.FileMounts))
 	fmt.Fprintf(&b, "cat > setup.sh <<'%s'\n%s\n%s\n", tag, ls.Setup, tag)
 	fmt.Fprintf(&b, "cat > run.sh <<'%s'\n%s\n%s\n", tag, ls.Run, tag)
-	b.WriteString("bash setup.sh > setup.log 2>&1\n")
+	if wd != nil {
+		b.WriteString(fetchWorkdir(wd))
+	}
+	// Setup and run run in the workdir, if any, else in ARBITER_DIR; their scripts and
+	// logs stay in ARBITER_DIR.
+	fmt.Fprintf(&b, "bash \"$%s/setup.sh\" > \"$%[1]s/setup.log\" 2>&1\n", envDir)
 	b.WriteString(awaitIPs)
 	b.WriteString("if [ -d /run/systemd/system ] && command -v systemd-run > /dev/null; then\n")
-	b.WriteString("  exec systemd-run --unit=arbiter-replica --collect --property=WorkingDirectory=\"$" + envDir + "\" " +
+	b.WriteString("  exec systemd-run --unit=arbiter-replica --collect --property=WorkingDirectory=\"$PWD\" " +
 		"--setenv=PORT --setenv=" + envHost + " --setenv=ARBITER_REPLICA_ID --setenv=ARBITER_SERVICE --setenv=SKYPILOT_NUM_GPUS_PER_NODE" + nodeEnvs + setenvs(keys) +
-		" /bin/bash -c 'exec bash run.sh > run.log 2>&1'\nfi\n")
-	b.WriteString("exec bash run.sh > run.log 2>&1\n")
+		" /bin/bash -c 'exec bash \"$0\" > \"$1\" 2>&1' \"$" + envDir + "/run.sh\" \"$" + envDir + "/run.log\"\nfi\n")
+	fmt.Fprintf(&b, "exec bash \"$%s/run.sh\" > \"$%[1]s/run.log\" 2>&1\n", envDir)
 	if b.Len() > maxUserData {
 		return "", fmt.Errorf("aws: the replica's script is %d bytes with the spec's setup, run and envs; EC2 takes at most %d: move long scripts into the image or fetch them in setup", b.Len(), maxUserData)
 	}
 	return b.String(), nil
+}
+
+// fetchWorkdir is the script that puts the staged workdir in ~/sky_workdir (emptied
+// first, as a fresh VM's is) and moves there: curl from the presigned URL, retried, then
+// the archive's SHA-256 checked before it is unpacked. A failure stops the script (set
+// -e), and the user-data log says why.
+func fetchWorkdir(wd *workdirFetch) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "archive=\"$%s/workdir.tar.gz\"\n", envDir)
+	b.WriteString("echo 'arbiter: fetching the workdir into ~/sky_workdir' >&2\n")
+	fmt.Fprintf(&b, "curl -fsS --retry 8 --retry-connrefused --retry-delay 2 --max-time 1800 -o \"$archive\" %s\n", shellQuote(wd.url))
+	fmt.Fprintf(&b, "if [ \"$(sha256sum \"$archive\" | cut -d' ' -f1)\" != %s ]; then echo 'arbiter: the workdir fetched is not the one staged (SHA-256 differs)' >&2; exit 1; fi\n", wd.sha256)
+	b.WriteString("rm -rf \"$HOME/sky_workdir\"\nmkdir -p \"$HOME/sky_workdir\"\n")
+	b.WriteString("tar -xzf \"$archive\" -C \"$HOME/sky_workdir\" --no-same-owner\nrm -f \"$archive\"\n")
+	b.WriteString("cd \"$HOME/sky_workdir\"\n")
+	return b.String()
 }
 
 // s3Mounts is the script that puts file_mounts' S3 buckets (spec validation refuses any

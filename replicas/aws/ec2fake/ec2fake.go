@@ -10,8 +10,8 @@
 // a real account shows on purpose: capacity errors per zone and market, throttling, a quota,
 // the eventual consistency of a just-created instance, and spot interruptions. An instance
 // "boots" by running its user data with bash as a local process, told its address through
-// ARBITER_HOST (a loopback address of its own, 127.0.0.N, reported as its private IP) and
-// its folder through ARBITER_DIR. Nothing it does leaves 127.0.0.0/8.
+// ARBITER_HOST (a loopback address of its own, 127.0.0.N, reported as its private IP), its
+// folder through ARBITER_DIR, and a home directory of its own (HOME, in that folder). Nothing it does leaves 127.0.0.0/8.
 package ec2fake
 
 import (
@@ -537,9 +537,15 @@ func (s *Server) boot(in *instance) {
 		s.cfg.Log.Error("ec2fake: boot", "err", err)
 		return
 	}
+	// Each VM has a home of its own (SkyPilot's ~/sky_workdir, relative file mounts).
+	home := filepath.Join(dir, "home")
+	if err := os.MkdirAll(home, 0o755); err != nil {
+		s.cfg.Log.Error("ec2fake: boot", "err", err)
+		return
+	}
 	cmd := exec.Command("bash", script)
 	cmd.Dir = dir
-	cmd.Env = append(append(os.Environ(), s.cfg.Env...), "ARBITER_HOST="+in.ip, "ARBITER_DIR="+dir, "ARBITER_IMDS="+in.imds)
+	cmd.Env = append(append(os.Environ(), s.cfg.Env...), "ARBITER_HOST="+in.ip, "ARBITER_DIR="+dir, "ARBITER_IMDS="+in.imds, "HOME="+home)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
