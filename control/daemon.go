@@ -51,7 +51,8 @@ type DaemonOptions struct {
 	// into its admin port's /metrics, so one scrape target shows both halves.
 	Admin string
 	// Providers, if set, builds providers beyond local and sim (the kubernetes clusters of
-	// the providers file) for this home's ProviderOwner; the binaries that run a control plane
+	// the providers file) for the deployment's owner (the store's, first taken from a
+	// home's ProviderOwner); the binaries that run a control plane
 	// supply it, so that this package does not link their SDKs.
 	Providers func(ctx context.Context, owner string) ([]replicas.Provider, error)
 	// ZoneCooldown: see Config.ZoneCooldown.
@@ -74,7 +75,9 @@ func StatePath(home string) string { return filepath.Join(home, "state.db") }
 func TokenPath(home string) string { return filepath.Join(home, "token") }
 
 // Owner names a home's replicas to its provider (the local provider's process tag): two
-// control planes with different homes never touch each other's replicas.
+// control planes with different homes never touch each other's replicas. It is the owner a
+// store takes when it has none yet; after that the store's is every control plane's on it
+// (state.LocalOwnerKey), so that several with their own homes share one deployment's.
 func Owner(home string) string {
 	abs, err := filepath.Abs(home)
 	if err != nil {
@@ -164,7 +167,15 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	}
 	defer store.Close()
 	o.Log.Info("state", "store", state.Describe(setting))
-	procs := replicas.LocalConfig{Owner: Owner(o.Home), LogDir: filepath.Join(o.Home, "logs"), ExtraPath: o.BinDir,
+	// The owners are the deployment's, kept in the store: every control plane on it tags
+	// and finds the same replicas, whatever its home (state/owner.go). A store without them
+	// yet (a new one, or one from before they were kept there) takes this home's, as its
+	// replicas already carry.
+	localOwner, err := store.DeploymentValue(ctx, state.LocalOwnerKey, func() (string, error) { return Owner(o.Home), nil })
+	if err != nil {
+		return err
+	}
+	procs := replicas.LocalConfig{Owner: localOwner, LogDir: filepath.Join(o.Home, "logs"), ExtraPath: o.BinDir,
 		Capacity: fleet.Reserved, Region: "local", Zone: "local", Grace: o.LocalGrace, Log: o.Log, MaxReplicas: o.LocalMaxReplicas}
 	local, err := replicas.NewLocal(procs)
 	if err != nil {
@@ -192,7 +203,7 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	}
 	providers := map[string]replicas.Provider{"local": local, "sim": sim}
 	if o.Providers != nil {
-		owner, err := ProviderOwner(o.Home)
+		owner, err := store.DeploymentValue(ctx, state.ProviderOwnerKey, func() (string, error) { return ProviderOwner(o.Home) })
 		if err != nil {
 			return err
 		}
@@ -237,7 +248,7 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { c.Run(runCtx); close(done) }()
-	o.Log.Info("control plane serving", "api", ln.Addr().String(), "home", o.Home, "owner", Owner(o.Home))
+	o.Log.Info("control plane serving", "api", ln.Addr().String(), "home", o.Home, "owner", localOwner)
 	if o.Ready != nil {
 		o.Ready(ln.Addr())
 	}

@@ -120,8 +120,17 @@ func TestCopySQLiteIntoPostgres(t *testing.T) {
 	if err := src.MarkSetupDone(ctx, "svc", 2); err != nil {
 		t.Fatal(err)
 	}
+	owner, err := src.DeploymentValue(ctx, LocalOwnerKey, func() (string, error) { return "arbiter-sqlite", nil })
+	if err != nil {
+		t.Fatal(err)
+	}
 	dst := openSetting(t, pgtest.DSN(t), Options{})
 	defer dst.Close()
+	// A control plane opened the database before the copy and stored an owner of its own;
+	// it tags nothing yet, and the file's replaces it.
+	if _, err := dst.DeploymentValue(ctx, LocalOwnerKey, func() (string, error) { return "arbiter-postgres", nil }); err != nil {
+		t.Fatal(err)
+	}
 	n, err := Copy(ctx, dst, src)
 	if err != nil {
 		t.Fatal(err)
@@ -150,6 +159,9 @@ func TestCopySQLiteIntoPostgres(t *testing.T) {
 	eva, ea := src.Events(ctx, "", "", 0, 1000)
 	evb, eb := dst.Events(ctx, "", "", 0, 1000)
 	same("events", eva, evb, ea, eb)
+	if got, err := dst.DeploymentValue(ctx, LocalOwnerKey, nil); err != nil || got != owner {
+		t.Fatalf("the copy's owner: %q, %v; want the file's %q, or its replicas are not found", got, err, owner)
+	}
 
 	r, err := dst.NewReplica(ctx, Replica{Service: "svc", Version: 3, Provider: "local", State: "pending"}, now)
 	if err != nil || r.ID != "svc-4" {
