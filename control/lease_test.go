@@ -173,6 +173,16 @@ func TestTwoControlPlanesOneLeaderFenced(t *testing.T) {
 	if code, body := call(t, srvB, "POST", "/v1/services", "secret", other); code != http.StatusServiceUnavailable || !strings.Contains(body, "does not hold the lease") {
 		t.Errorf("POST /v1/services to the standby: %d %s; want 503 saying it does not hold the lease", code, body)
 	}
+	// A router's load report and wake, taken by a standby, would be lost: refused, so that
+	// the router sends them to the leader.
+	for _, w := range []struct{ path, body string }{
+		{"/v1/load", `{"router":"r1","models":[{"model":"m","requests":1}]}`},
+		{"/v1/wake", `{"model":"m"}`},
+	} {
+		if code, body := call(t, srvB, "POST", w.path, "secret", w.body); code != http.StatusServiceUnavailable || !strings.Contains(body, "does not hold the lease") {
+			t.Errorf("POST %s to the standby: %d %s; want 503 saying it does not hold the lease", w.path, code, body)
+		}
+	}
 
 	// cp-a pauses: no renewals, its clock still.
 	clockA.freeze()
