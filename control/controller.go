@@ -101,9 +101,12 @@ type Controller struct {
 	// only by audit, which runs in Run's goroutine.
 	suspects map[string]bool
 	revision uint64
-	changed  chan struct{} // closed when the ready set changes
-	kick     chan struct{}
-	wg       sync.WaitGroup // background work on replicas
+	// recoveredAt is when this control plane last recovered (started, or took the lease):
+	// routers' reports before it went to another.
+	recoveredAt time.Time
+	changed     chan struct{} // closed when the ready set changes
+	kick        chan struct{}
+	wg          sync.WaitGroup // background work on replicas
 	// renew renews Config.Lease (a field so that a test can pause it); view is the
 	// fingerprint of what a standby last read (lease.go).
 	renew func(context.Context) (int64, error)
