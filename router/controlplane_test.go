@@ -39,6 +39,13 @@ func (f *fakeControlPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusUnauthorized)
 		return
 	}
+	f.mu.Lock()
+	standby := f.standby
+	f.mu.Unlock()
+	if standby && (r.URL.Path == "/v1/wake" || r.URL.Path == "/v1/load") {
+		http.Error(w, `{"error":"this control plane does not hold the lease; only the leader writes"}`, http.StatusServiceUnavailable)
+		return
+	}
 	switch r.URL.Path {
 	case "/v1/readyset":
 		after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
@@ -57,16 +64,6 @@ func (f *fakeControlPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.mu.Unlock()
 		}
 		_ = json.NewEncoder(w).Encode(set)
-	case "/v1/wake", "/v1/load":
-		f.mu.Lock()
-		standby := f.standby
-		f.mu.Unlock()
-		if standby {
-			http.Error(w, `{"error":"this control plane does not hold the lease; only the leader writes"}`, http.StatusServiceUnavailable)
-			return
-		}
-	}
-	switch r.URL.Path {
 	case "/v1/wake":
 		var req struct{ Model string }
 		_ = json.NewDecoder(r.Body).Decode(&req)
