@@ -72,7 +72,7 @@ type Config struct {
 	// Lease, when set, makes this one of several control planes sharing one store
 	// (lease.go): it launches, terminates and writes only while it holds the lease, and
 	// stands by, following the store, while another does. nil: the only control plane.
-	Lease *state.Lease
+	Lease Lease
 }
 
 // DefaultMaxReplicas is the replica ceiling of a control plane whose operator set none.

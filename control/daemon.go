@@ -65,6 +65,11 @@ type DaemonOptions struct {
 	// to the others (default: host name and process ID).
 	LeaseDuration time.Duration
 	LeaseHolder   string
+	// NewLease, if set with LeaseDuration, makes the lease instead of the store's own: a
+	// lock outside the store elects the leader while the store's term fences its writes
+	// (cmd/autoscaler's --lease kubernetes: a Kubernetes Lease, package kubelease, so that
+	// this package does not link client-go's leader election).
+	NewLease func(ctx context.Context, store *state.Store, holder string, ttl time.Duration) (Lease, error)
 	// LocalMaxReplicas bounds the replicas the local machine runs at once (the local and
 	// sim providers); 0: replicas.DefaultLocalMaxReplicas.
 	LocalMaxReplicas int
@@ -218,17 +223,26 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 			providers[p.Name()] = p
 		}
 	}
-	var lease *state.Lease
+	var lease Lease // nil, not a nil *state.Lease: no lease
 	if o.LeaseDuration != 0 {
 		holder := o.LeaseHolder
 		if holder == "" {
 			host, _ := os.Hostname()
 			holder = fmt.Sprintf("%s/%d", host, os.Getpid())
 		}
-		if lease, err = store.NewLease(holder, o.LeaseDuration, nil); err != nil {
-			return err
+		if o.NewLease != nil {
+			if lease, err = o.NewLease(ctx, store, holder, o.LeaseDuration); err != nil {
+				return err
+			}
+			o.Log.Info("one of several control planes: leads only while elected, its writes fenced by the store's term", "holder", holder, "lease", o.LeaseDuration)
+		} else {
+			if lease, err = store.NewLease(holder, o.LeaseDuration, nil); err != nil {
+				return err
+			}
+			o.Log.Info("one of several control planes: leads only while it holds the store's lease", "holder", holder, "lease", o.LeaseDuration)
 		}
-		o.Log.Info("one of several control planes: leads only while it holds the store's lease", "holder", holder, "lease", o.LeaseDuration)
+	} else if o.NewLease != nil {
+		return errors.New("a lease outside the store needs a lease duration")
 	}
 	c, err := New(ctx, Config{Store: store, Providers: providers, Token: o.Token, Tick: o.Tick, DrainTimeout: o.DrainTimeout,
 		Endpoint: o.Endpoint, Log: o.Log, Metrics: reg, ZoneCooldown: o.ZoneCooldown, MaxReplicas: o.MaxReplicas, Lease: lease})
