@@ -51,11 +51,16 @@ type haRig struct {
 	cps   []*haControl
 	cl    *cluster // the CLI and the router's endpoint; its apiURL is a live control plane
 	owner string   // the deployment's local owner tag, as the store keeps it
+	// leaseFlags choose the lease (none: the store's own).
+	leaseFlags []string
 }
 
-func newHARig(t *testing.T) *haRig {
+func newHARig(t *testing.T) *haRig { return newHARigWith(t, nil) }
+
+// newHARigWith starts the rig with more autoscaler flags (another lease).
+func newHARigWith(t *testing.T, leaseFlags []string) *haRig {
 	pg := pgtest.Start(t)
-	r := &haRig{t: t, pg: pg, dsn: pg.NewDatabase(t)}
+	r := &haRig{t: t, pg: pg, dsn: pg.NewDatabase(t), leaseFlags: leaseFlags}
 	token := "ha-e2e-token"
 	for _, name := range []string{"cp-a", "cp-b"} {
 		h := &haControl{name: name, home: t.TempDir(), api: freeAddr(t), admin: freeAddr(t)}
@@ -100,9 +105,10 @@ func newHARig(t *testing.T) *haRig {
 
 // start runs a control plane (again).
 func (r *haRig) start(h *haControl) {
-	h.p = startProc(r.t, filepath.Join(h.home, "autoscaler.log"), "autoscaler", "-home", h.home, "-state", r.dsn, "-api", h.api, "-admin", h.admin,
+	args := append([]string{"-home", h.home, "-state", r.dsn, "-api", h.api, "-admin", h.admin,
 		"-lease-duration", haLease.String(), "-lease-holder", h.name,
-		"-tick", "200ms", "-drain-timeout", "5s", "-grace", "2s", "-log-level", "debug")
+		"-tick", "200ms", "-drain-timeout", "5s", "-grace", "2s", "-log-level", "debug"}, r.leaseFlags...)
+	h.p = startProc(r.t, filepath.Join(h.home, "autoscaler.log"), "autoscaler", args...)
 }
 
 // cleanup takes every service down through a leader, then checks that nothing is left.
@@ -307,7 +313,23 @@ func (r *haRig) kill9Leader() (*haControl, int64, time.Time) {
 // within the lease, adopts the replicas starting, finishes the scale-up without launching
 // any twice, and no request fails. The killed control plane comes back as a standby.
 func TestFailoverKill9DuringScaleUp(t *testing.T) {
-	r := newHARig(t)
+	failoverDuringScaleUp(t, newHARig(t))
+}
+
+// The same with a Kubernetes Lease electing the leader (--lease kubernetes, on the test
+// apiserver, as the control plane's service account with deploy/kubernetes's RBAC): the
+// Lease elects, the store's term fences.
+func TestFailoverKubernetesLeaseKill9DuringScaleUp(t *testing.T) {
+	k := startKube(t, "halease", "127.0.59.1/24")
+	r := newHARigWith(t, []string{"-lease", "kubernetes", "-lease-namespace", "arbiter",
+		"-lease-kubeconfig", k.ServiceAccountKubeconfig("arbiter", "arbiter-control")})
+	failoverDuringScaleUp(t, r)
+	if out, err := k.Kubectl("-n", "arbiter", "get", "lease", "arbiter-control", "-o", "jsonpath={.spec.holderIdentity}"); err != nil || strings.TrimSpace(out) != r.leader().name {
+		t.Errorf("the Lease's holder %q (%v); want the store's leader %s", out, err, r.leader().name)
+	}
+}
+
+func failoverDuringScaleUp(t *testing.T, r *haRig) {
 	r.cl.up("haup", simService("haup-model", `  replica_policy: {min_replicas: 1, max_replicas: 3, upscale_delay_seconds: 1, downscale_delay_seconds: 30}`,
 		"-listen-delay 1s -ready-delay 3s"))
 	l := r.cl.startLoad("haup-model", 4, 400, true)

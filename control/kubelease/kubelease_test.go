@@ -124,7 +124,7 @@ func waitFor(t *testing.T, what string, within time.Duration, ok func() bool) {
 // When it can reach the apiserver again it stands by. The leader that stops gives the Lease
 // up and the other is elected at once.
 func TestKubernetesLeaseElectsAndTheStoreTermFences(t *testing.T) {
-	k := kubetest.Start(t, kubetest.Options{Name: "lease", PodCIDR: "127.0.58.1/24"})
+	k := kubetest.Start(t, kubetest.Options{Name: "lease", PodCIDR: "127.0.60.1/24"})
 	const ns = "arbiter"
 	k.Namespace(ns)
 	for _, args := range [][]string{
