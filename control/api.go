@@ -49,7 +49,7 @@ func (c *Controller) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/preview", c.auth(c.preview))
 	mux.HandleFunc("POST /v1/replicas/{id}/preempt", c.auth(c.preempt))
 	mux.HandleFunc("POST /v1/replicas/{id}/down", c.auth(c.takeDown))
-	return mux
+	return c.forwardWrites(mux)
 }
 
 // APIError is the API's error body.

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -111,6 +112,10 @@ type Controller struct {
 	// fingerprint of what a standby last read (lease.go).
 	renew func(context.Context) (int64, error)
 	view  string
+	// fwdMu guards where a standby last found the leader's API (forward.go) and when.
+	fwdMu   sync.Mutex
+	fwdURL  *url.URL
+	fwdRead time.Time
 }
 
 type service struct {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -70,6 +71,10 @@ type DaemonOptions struct {
 	// (cmd/autoscaler's --lease kubernetes: a Kubernetes Lease, package kubelease, so that
 	// this package does not link client-go's leader election).
 	NewLease func(ctx context.Context, store *state.Store, holder string, ttl time.Duration) (Lease, error)
+	// Advertise, with a lease, is the URL other control planes reach this one's API at, to
+	// forward the writes a standby is sent to the leader (forward.go); default: http:// and
+	// the API's bound address (its host name in place of an unspecified address).
+	Advertise string
 	// LocalMaxReplicas bounds the replicas the local machine runs at once (the local and
 	// sim providers); 0: replicas.DefaultLocalMaxReplicas.
 	LocalMaxReplicas int
@@ -253,6 +258,15 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	if err != nil {
 		return fmt.Errorf("control plane API: %w", err)
 	}
+	if lease != nil {
+		adv, err := advertised(o.Advertise, ln.Addr())
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		store.Advertise(adv)
+		o.Log.Info("standbys forward writes here while this control plane leads", "advertise", adv)
+	}
 	api := http.NewServeMux()
 	api.Handle("/", c.Handler())
 	api.Handle("GET /v1/metrics", c.auth(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP))
@@ -284,4 +298,26 @@ func loopback(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// advertised is the URL other control planes reach this one's API at: the one given, or
+// http:// and the bound address (the host name for an unspecified one).
+func advertised(given string, bound net.Addr) (string, error) {
+	if given != "" {
+		u, err := url.Parse(given)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return "", fmt.Errorf("advertise URL %q: want http://host:port (where other control planes reach this one's API)", given)
+		}
+		return strings.TrimSuffix(given, "/"), nil
+	}
+	host, port, err := net.SplitHostPort(bound.String())
+	if err != nil {
+		return "", err
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if host, err = os.Hostname(); err != nil {
+			return "", fmt.Errorf("advertise URL: no host name for the API's unspecified address (%w); give one", err)
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port), nil
 }

@@ -229,7 +229,8 @@ func (l *Lease) renew(ctx context.Context, take bool) (int64, error) {
 		l.mu.Unlock()
 		return 0, nil
 	}
-	if _, err := tx.ExecContext(ctx, l.s.q(`UPDATE leader SET holder = ?, term = ?, expires_at = ? WHERE id = 1`), l.holder, term, ms(until)); err != nil {
+	addr, _ := l.s.address.Load().(string)
+	if _, err := tx.ExecContext(ctx, l.s.q(`UPDATE leader SET holder = ?, term = ?, expires_at = ?, address = ? WHERE id = 1`), l.holder, term, ms(until), addr); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -261,6 +262,28 @@ func (l *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("lease: release term %d: %w", held, err)
 	}
 	return nil
+}
+
+// Advertise sets where this store's control plane's API answers (a URL), written with
+// its lease: standbys forward the writes they are sent to the leader's.
+func (s *Store) Advertise(url string) { s.address.Store(url) }
+
+// LeaderInfo is the lease as the database says: who holds it, its term, when it expires by
+// the holder's clock, and where the holder's API answers ("" if it did not say).
+type LeaderInfo struct {
+	Holder  string
+	Term    int64
+	Expires time.Time
+	Address string
+}
+
+// Leader reads the lease's row.
+func (s *Store) Leader(ctx context.Context) (LeaderInfo, error) {
+	var li LeaderInfo
+	var e int64
+	err := s.db.QueryRowContext(ctx, `SELECT holder, term, expires_at, address FROM leader WHERE id = 1`).Scan(&li.Holder, &li.Term, &e, &li.Address)
+	li.Expires = fromMS(e)
+	return li, err
 }
 
 // Current is who holds the lease, its term and when it expires, as the database says.

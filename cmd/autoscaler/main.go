@@ -47,6 +47,7 @@ func main() {
 		leaseNS   = flag.String("lease-namespace", "", "--lease kubernetes: the Lease's namespace (default: the pod's, from its service account)")
 		leaseObj  = flag.String("lease-name", kubelease.DefaultName, "--lease kubernetes: the Lease's name")
 		leaseKube = flag.String("lease-kubeconfig", "", "--lease kubernetes: a kubeconfig to reach the cluster (default: the pod's service account)")
+		advertise = flag.String("advertise-url", "", "with a lease: the URL other control planes reach this one's API at, to forward writes to it while it leads (default: http://<the --api address>, its host name for 0.0.0.0)")
 		localMax  = flag.Int("local-max-replicas", replicas.DefaultLocalMaxReplicas(), "the most replicas the local and sim providers run on this machine at once")
 	)
 	flag.Parse()
@@ -74,7 +75,7 @@ func main() {
 		defer stop()
 		err = control.Serve(ctx, control.DaemonOptions{Home: *homeDir, State: setting, API: *api, Token: token, Tick: *tick, DrainTimeout: *drain, Endpoint: *endpoint,
 			BinDir: filepath.Dir(exe), LocalGrace: *grace, Log: log, Admin: *admin, ZoneCooldown: *cooldown,
-			MaxReplicas: *maxReps, LocalMaxReplicas: *localMax, LeaseDuration: *leaseDur, LeaseHolder: *leaseName, NewLease: newLease,
+			MaxReplicas: *maxReps, LocalMaxReplicas: *localMax, LeaseDuration: *leaseDur, LeaseHolder: *leaseName, NewLease: newLease, Advertise: *advertise,
 			Providers: func(ctx context.Context, owner string) ([]replicas.Provider, error) {
 				path, optional := *provFile, *provFile == ""
 				if optional {
