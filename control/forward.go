@@ -48,7 +48,6 @@ func (c *Controller) forwardWrites(next http.Handler) http.Handler {
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(r.In.Context().Value(leaderKey{}).(*url.URL))
-			r.Out.Host = r.In.Host
 			r.Out.Header.Set(forwardedHeader, c.cfg.Lease.Holder())
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
