@@ -60,7 +60,7 @@ func addReplicaColumn(col string) func(context.Context, *sql.Tx) error {
 	return addColumn("replicas", col)
 }
 
-// addColumn is a SQLite migration that gives table a text column (default ”), unless it
+// addColumn is a SQLite migration that gives table a text column (empty by default), unless it
 // has it already: a file whose recorded versions were lost keeps its columns (00006:
 // leader.address, where the leader's API answers, as PostgreSQL's
 // 00006_leader_address.sql).
