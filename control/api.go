@@ -49,7 +49,7 @@ func (c *Controller) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/preview", c.auth(c.preview))
 	mux.HandleFunc("POST /v1/replicas/{id}/preempt", c.auth(c.preempt))
 	mux.HandleFunc("POST /v1/replicas/{id}/down", c.auth(c.takeDown))
-	return mux
+	return c.forwardWrites(mux)
 }
 
 // APIError is the API's error body.
@@ -357,6 +357,12 @@ func (c *Controller) load(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, fmt.Errorf("%w: load report: %v", errBadRequest, err))
 		return
 	}
+	if !c.leading() {
+		// A standby decides nothing: taken here, the counts would be lost. Refused, the
+		// router sends them to another control plane (the leader).
+		writeErr(w, state.ErrNotLeader)
+		return
+	}
 	c.Report(rep)
 	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
 }
@@ -367,6 +373,10 @@ func (c *Controller) wake(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := decode(r, &req); err != nil {
 		writeErr(w, err)
+		return
+	}
+	if !c.leading() {
+		writeErr(w, state.ErrNotLeader) // as load: the leader wakes the service
 		return
 	}
 	if err := c.Wake(req.Model); err != nil {

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -72,7 +73,7 @@ type Config struct {
 	// Lease, when set, makes this one of several control planes sharing one store
 	// (lease.go): it launches, terminates and writes only while it holds the lease, and
 	// stands by, following the store, while another does. nil: the only control plane.
-	Lease *state.Lease
+	Lease Lease
 }
 
 // DefaultMaxReplicas is the replica ceiling of a control plane whose operator set none.
@@ -101,13 +102,20 @@ type Controller struct {
 	// only by audit, which runs in Run's goroutine.
 	suspects map[string]bool
 	revision uint64
-	changed  chan struct{} // closed when the ready set changes
-	kick     chan struct{}
-	wg       sync.WaitGroup // background work on replicas
+	// recoveredAt is when this control plane last recovered (started, or took the lease):
+	// routers' reports before it went to another.
+	recoveredAt time.Time
+	changed     chan struct{} // closed when the ready set changes
+	kick        chan struct{}
+	wg          sync.WaitGroup // background work on replicas
 	// renew renews Config.Lease (a field so that a test can pause it); view is the
 	// fingerprint of what a standby last read (lease.go).
 	renew func(context.Context) (int64, error)
 	view  string
+	// fwdMu guards where a standby last found the leader's API (forward.go) and when.
+	fwdMu   sync.Mutex
+	fwdURL  *url.URL
+	fwdRead time.Time
 }
 
 type service struct {

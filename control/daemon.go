@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -51,7 +52,8 @@ type DaemonOptions struct {
 	// into its admin port's /metrics, so one scrape target shows both halves.
 	Admin string
 	// Providers, if set, builds providers beyond local and sim (the kubernetes clusters of
-	// the providers file) for this home's ProviderOwner; the binaries that run a control plane
+	// the providers file) for the deployment's owner (the store's, first taken from a
+	// home's ProviderOwner); the binaries that run a control plane
 	// supply it, so that this package does not link their SDKs.
 	Providers func(ctx context.Context, owner string) ([]replicas.Provider, error)
 	// ZoneCooldown: see Config.ZoneCooldown.
@@ -64,6 +66,15 @@ type DaemonOptions struct {
 	// to the others (default: host name and process ID).
 	LeaseDuration time.Duration
 	LeaseHolder   string
+	// NewLease, if set with LeaseDuration, makes the lease instead of the store's own: a
+	// lock outside the store elects the leader while the store's term fences its writes
+	// (cmd/autoscaler's --lease kubernetes: a Kubernetes Lease, package kubelease, so that
+	// this package does not link client-go's leader election).
+	NewLease func(ctx context.Context, store *state.Store, holder string, ttl time.Duration) (Lease, error)
+	// Advertise, with a lease, is the URL other control planes reach this one's API at, to
+	// forward the writes a standby is sent to the leader (forward.go); default: http:// and
+	// the API's bound address (its host name in place of an unspecified address).
+	Advertise string
 	// LocalMaxReplicas bounds the replicas the local machine runs at once (the local and
 	// sim providers); 0: replicas.DefaultLocalMaxReplicas.
 	LocalMaxReplicas int
@@ -74,7 +85,9 @@ func StatePath(home string) string { return filepath.Join(home, "state.db") }
 func TokenPath(home string) string { return filepath.Join(home, "token") }
 
 // Owner names a home's replicas to its provider (the local provider's process tag): two
-// control planes with different homes never touch each other's replicas.
+// control planes with different homes never touch each other's replicas. It is the owner a
+// store takes when it has none yet; after that the store's is every control plane's on it
+// (state.LocalOwnerKey), so that several with their own homes share one deployment's.
 func Owner(home string) string {
 	abs, err := filepath.Abs(home)
 	if err != nil {
@@ -164,7 +177,15 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	}
 	defer store.Close()
 	o.Log.Info("state", "store", state.Describe(setting))
-	procs := replicas.LocalConfig{Owner: Owner(o.Home), LogDir: filepath.Join(o.Home, "logs"), ExtraPath: o.BinDir,
+	// The owners are the deployment's, kept in the store: every control plane on it tags
+	// and finds the same replicas, whatever its home (state/owner.go). A store without them
+	// yet (a new one, or one from before they were kept there) takes this home's, as its
+	// replicas already carry.
+	localOwner, err := store.DeploymentValue(ctx, state.LocalOwnerKey, func() (string, error) { return Owner(o.Home), nil })
+	if err != nil {
+		return err
+	}
+	procs := replicas.LocalConfig{Owner: localOwner, LogDir: filepath.Join(o.Home, "logs"), ExtraPath: o.BinDir,
 		Capacity: fleet.Reserved, Region: "local", Zone: "local", Grace: o.LocalGrace, Log: o.Log, MaxReplicas: o.LocalMaxReplicas}
 	local, err := replicas.NewLocal(procs)
 	if err != nil {
@@ -192,7 +213,7 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	}
 	providers := map[string]replicas.Provider{"local": local, "sim": sim}
 	if o.Providers != nil {
-		owner, err := ProviderOwner(o.Home)
+		owner, err := store.DeploymentValue(ctx, state.ProviderOwnerKey, func() (string, error) { return ProviderOwner(o.Home) })
 		if err != nil {
 			return err
 		}
@@ -207,17 +228,26 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 			providers[p.Name()] = p
 		}
 	}
-	var lease *state.Lease
+	var lease Lease // nil, not a nil *state.Lease: no lease
 	if o.LeaseDuration != 0 {
 		holder := o.LeaseHolder
 		if holder == "" {
 			host, _ := os.Hostname()
 			holder = fmt.Sprintf("%s/%d", host, os.Getpid())
 		}
-		if lease, err = store.NewLease(holder, o.LeaseDuration, nil); err != nil {
-			return err
+		if o.NewLease != nil {
+			if lease, err = o.NewLease(ctx, store, holder, o.LeaseDuration); err != nil {
+				return err
+			}
+			o.Log.Info("one of several control planes: leads only while elected, its writes fenced by the store's term", "holder", holder, "lease", o.LeaseDuration)
+		} else {
+			if lease, err = store.NewLease(holder, o.LeaseDuration, nil); err != nil {
+				return err
+			}
+			o.Log.Info("one of several control planes: leads only while it holds the store's lease", "holder", holder, "lease", o.LeaseDuration)
 		}
-		o.Log.Info("one of several control planes: leads only while it holds the store's lease", "holder", holder, "lease", o.LeaseDuration)
+	} else if o.NewLease != nil {
+		return errors.New("a lease outside the store needs a lease duration")
 	}
 	c, err := New(ctx, Config{Store: store, Providers: providers, Token: o.Token, Tick: o.Tick, DrainTimeout: o.DrainTimeout,
 		Endpoint: o.Endpoint, Log: o.Log, Metrics: reg, ZoneCooldown: o.ZoneCooldown, MaxReplicas: o.MaxReplicas, Lease: lease})
@@ -228,6 +258,15 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	if err != nil {
 		return fmt.Errorf("control plane API: %w", err)
 	}
+	if lease != nil {
+		adv, err := advertised(o.Advertise, ln.Addr())
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		store.Advertise(adv)
+		o.Log.Info("standbys forward writes here while this control plane leads", "advertise", adv)
+	}
 	api := http.NewServeMux()
 	api.Handle("/", c.Handler())
 	api.Handle("GET /v1/metrics", c.auth(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP))
@@ -237,7 +276,7 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { c.Run(runCtx); close(done) }()
-	o.Log.Info("control plane serving", "api", ln.Addr().String(), "home", o.Home, "owner", Owner(o.Home))
+	o.Log.Info("control plane serving", "api", ln.Addr().String(), "home", o.Home, "owner", localOwner)
 	if o.Ready != nil {
 		o.Ready(ln.Addr())
 	}
@@ -259,4 +298,26 @@ func loopback(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// advertised is the URL other control planes reach this one's API at: the one given, or
+// http:// and the bound address (the host name for an unspecified one).
+func advertised(given string, bound net.Addr) (string, error) {
+	if given != "" {
+		u, err := url.Parse(given)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return "", fmt.Errorf("advertise URL %q: want http://host:port (where other control planes reach this one's API)", given)
+		}
+		return strings.TrimSuffix(given, "/"), nil
+	}
+	host, port, err := net.SplitHostPort(bound.String())
+	if err != nil {
+		return "", err
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if host, err = os.Hostname(); err != nil {
+			return "", fmt.Errorf("advertise URL: no host name for the API's unspecified address (%w); give one", err)
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port), nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/spec"
+	"github.com/arbiter-serve/arbiter/state"
 )
 
 // Several control planes may share one store (Config.Lease): one leads, and the others
@@ -20,6 +21,25 @@ import (
 // When a renewal finds another leader, the lease ends unrenewed, or a write is refused as
 // fenced (state/lease.go), it stops deciding, waits for its work in flight, and stands by
 // again.
+
+// Lease is the hold on the lead of control planes sharing one store: the store's own
+// (*state.Lease), or one that a lock outside the store elects (a Kubernetes Lease, package
+// kubelease) while the store's term still fences every write.
+type Lease interface {
+	// Holder names this control plane to the others.
+	Holder() string
+	// TTL is how long a renewal holds the lease; it is renewed every third of it.
+	TTL() time.Duration
+	// Renew takes the lease if this control plane may, or extends it, and returns the
+	// term it leads (0: it does not).
+	Renew(ctx context.Context) (int64, error)
+	// Leading is the term led now, without a database call (0: none).
+	Leading() int64
+	// Release gives the lease up, for a control plane that stops.
+	Release(ctx context.Context) error
+}
+
+var _ Lease = (*state.Lease)(nil)
 
 // Lock order: c.mu, then the lease's own (tick asks Leading under c.mu; the lease never
 // takes c.mu).

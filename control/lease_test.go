@@ -173,6 +173,16 @@ func TestTwoControlPlanesOneLeaderFenced(t *testing.T) {
 	if code, body := call(t, srvB, "POST", "/v1/services", "secret", other); code != http.StatusServiceUnavailable || !strings.Contains(body, "does not hold the lease") {
 		t.Errorf("POST /v1/services to the standby: %d %s; want 503 saying it does not hold the lease", code, body)
 	}
+	// A router's load report and wake, taken by a standby, would be lost: refused, so that
+	// the router sends them to the leader.
+	for _, w := range []struct{ path, body string }{
+		{"/v1/load", `{"router":"r1","models":[{"model":"m","requests":1}]}`},
+		{"/v1/wake", `{"model":"m"}`},
+	} {
+		if code, body := call(t, srvB, "POST", w.path, "secret", w.body); code != http.StatusServiceUnavailable || !strings.Contains(body, "does not hold the lease") {
+			t.Errorf("POST %s to the standby: %d %s; want 503 saying it does not hold the lease", w.path, code, body)
+		}
+	}
 
 	// cp-a pauses: no renewals, its clock still.
 	clockA.freeze()
@@ -220,5 +230,87 @@ func TestTwoControlPlanesOneLeaderFenced(t *testing.T) {
 	}
 	if rows, err := stB.Replicas(ctx, "svc", false); err != nil || len(rows) != 3 {
 		t.Errorf("live rows %d (%v); want 3", len(rows), err)
+	}
+}
+
+// A standby forwards the writes it is sent to the leader, whose API address the lease's row
+// holds: a service created and a router's load report sent through the standby reach the
+// leader; a request already forwarded once is not forwarded again (no ping-pong between two
+// standbys); reads stay the standby's own.
+func TestStandbyForwardsWritesToTheLeader(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	url := pgtest.DSN(t)
+	open := func() *state.Store {
+		st, err := state.OpenPostgres(ctx, url, state.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	}
+	stA, stB := open(), open()
+	const ttl = 2 * time.Second
+	lA, err := stA.NewLease("cp-a", ttl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lB, err := stB.NewLease("cp-b", ttl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prov := &healthProvider{memProvider: memProvider{running: map[string]replicas.Instance{}}, health: func(int64) int { return 200 }}
+	defer prov.close()
+	newCP := func(st *state.Store, l *state.Lease) *Controller {
+		c, err := New(ctx, Config{Store: st, Lease: l, Providers: map[string]replicas.Provider{"local": prov}, Tick: 100 * time.Millisecond,
+			DrainTimeout: time.Minute, Log: slog.New(slog.DiscardHandler), Token: "secret"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	a := newCP(stA, lA)
+	srvA := httptest.NewServer(a.Handler())
+	defer srvA.Close()
+	stA.Advertise(srvA.URL)
+	var runs sync.WaitGroup
+	defer runs.Wait()
+	defer cancel()
+	runs.Go(func() { a.Run(ctx) })
+	waitFor(t, "cp-a leads", 10*time.Second, func() bool { return lA.Leading() != 0 })
+	b := newCP(stB, lB)
+	srvB := httptest.NewServer(b.Handler())
+	defer srvB.Close()
+	runs.Go(func() { b.Run(ctx) })
+
+	if code, body := call(t, srvB, "POST", "/v1/services", "secret", submit("svc", fixedSpec)); code/100 != 2 {
+		t.Fatalf("POST /v1/services through the standby: %d %s; want it created by the leader", code, body)
+	}
+	if _, err := stA.GetService(ctx, "svc"); err != nil {
+		t.Fatalf("the service created through the standby: %v", err)
+	}
+	if code, body := call(t, srvB, "POST", "/v1/load", "secret", `{"router":"r-via-b","models":[{"model":"m","requests":1}]}`); code != http.StatusOK {
+		t.Fatalf("a load report through the standby: %d %s", code, body)
+	}
+	a.mu.Lock()
+	_, got := a.routers["r-via-b"]
+	a.mu.Unlock()
+	if !got {
+		t.Error("the load report sent through the standby did not reach the leader")
+	}
+	if code, body := call(t, srvB, "POST", "/v1/load", "wrong", `{"router":"x","models":[]}`); code != http.StatusUnauthorized {
+		t.Errorf("a forwarded report with a wrong token: %d %s; want the leader's 401", code, body)
+	}
+	// Already forwarded once: the standby answers itself (503), never forwards again.
+	req, _ := http.NewRequest("POST", srvB.URL+"/v1/load", strings.NewReader(`{"router":"r2","models":[]}`))
+	req.Header.Set("Authorization", "Bearer secret")
+	req.Header.Set(forwardedHeader, "cp-c")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("a request forwarded to a standby: %d; want 503, not forwarded again", resp.StatusCode)
 	}
 }

@@ -472,7 +472,7 @@ func (c *Controller) recover(ctx context.Context) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.services = loaded
+	c.services, c.recoveredAt = loaded, now
 	for _, s := range unloaded {
 		c.event(ctx, s.name, "", "error", s.failed+"; fix it with `serve update`, or remove it with `serve down`")
 	}
@@ -531,7 +531,12 @@ func (c *Controller) recover(ctx context.Context) error {
 			}
 			c.event(ctx, s.name, row.ID, "recover", "adopted after a restart; re-probing")
 		}
-		// Draining, failed and preempted rows finish their way out in reconcile.
+		// Draining, failed and preempted rows finish their way out in reconcile. A drain
+		// counts from now: when it began, and what the routers said of it, was the
+		// control plane's before this one.
+		if replicas.State(r.row.State) == replicas.Draining {
+			r.drainSince = now
+		}
 		if live(replicas.State(r.row.State)) && r.row.Version == s.version {
 			s.target++
 		}

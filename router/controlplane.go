@@ -105,12 +105,19 @@ func (t *LoadTracker) report(replicas []*Replica) []fleet.ModelLoad {
 // the pool, reports load, and wakes a service at once when a request arrives for it while
 // it has no ready replica. Nothing in the request path waits on it: if the control plane is
 // down, the router keeps serving the last set it knew.
+//
+// With several control planes on one store (one leads, the others stand by), url lists
+// them all, comma-separated: the router talks to one at a time and moves on to the next
+// when one does not answer or says it does not lead (HTTP 503, as a standby answers a load
+// report or a wake), so its reports and wakes reach the leader, whichever it is.
 type ControlPlane struct {
-	url, token, routerID string
-	pool                 *Pool
-	load                 *LoadTracker
-	log                  *slog.Logger
-	client               *http.Client
+	urls            []string
+	cur             atomic.Int64 // the index in urls of the control plane talked to
+	token, routerID string
+	pool            *Pool
+	load            *LoadTracker
+	log             *slog.Logger
+	client          *http.Client
 	// ReportEvery is the load report interval.
 	ReportEvery time.Duration
 
@@ -120,10 +127,35 @@ type ControlPlane struct {
 	revision atomic.Uint64
 }
 
-// NewControlPlane returns a link to the control plane at url (http://host:port).
+// NewControlPlane returns a link to the control plane at url (http://host:port), or to
+// whichever leads of several, comma-separated.
 func NewControlPlane(url, token, routerID string, pool *Pool, load *LoadTracker, log *slog.Logger) *ControlPlane {
-	return &ControlPlane{url: url, token: token, routerID: routerID, pool: pool, load: load, log: log,
+	var urls []string
+	for u := range strings.SplitSeq(url, ",") {
+		if u = strings.TrimSuffix(strings.TrimSpace(u), "/"); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	return &ControlPlane{urls: urls, token: token, routerID: routerID, pool: pool, load: load, log: log,
 		client: &http.Client{}, ReportEvery: time.Second, wakes: map[string]time.Time{}}
+}
+
+// elsewhere reports whether another control plane may take what one answered with err: it
+// did not answer, or it does not lead.
+func elsewhere(err error) bool {
+	var ce *cpError
+	if errors.As(err, &ce) {
+		return ce.code == http.StatusServiceUnavailable
+	}
+	return err != nil
+}
+
+// next moves from the control plane at index k to the next, unless another call moved
+// already.
+func (cp *ControlPlane) next(k int64) {
+	if len(cp.urls) > 1 && cp.cur.CompareAndSwap(k, (k+1)%int64(len(cp.urls))) {
+		cp.log.Info("trying another control plane", "from", cp.urls[k], "to", cp.urls[(k+1)%int64(len(cp.urls))])
+	}
 }
 
 // Run follows the ready set and reports load until ctx ends.
@@ -180,7 +212,21 @@ func (cp *ControlPlane) Routing(model string) (service, policy string, slo SLO, 
 // Revision is the last ready-set revision applied (0 before the first).
 func (cp *ControlPlane) Revision() uint64 { return cp.revision.Load() }
 
+// do makes a call to the control plane talked to, and on to the others in turn while one
+// does not answer or does not lead.
 func (cp *ControlPlane) do(ctx context.Context, method, path string, body any, out any) error {
+	var err error
+	for range len(cp.urls) {
+		k := cp.cur.Load()
+		if err = cp.doAt(ctx, cp.urls[k], method, path, body, out); !elsewhere(err) || ctx.Err() != nil {
+			return err
+		}
+		cp.next(k)
+	}
+	return err
+}
+
+func (cp *ControlPlane) doAt(ctx context.Context, url, method, path string, body any, out any) error {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -189,7 +235,7 @@ func (cp *ControlPlane) do(ctx context.Context, method, path string, body any, o
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, cp.url+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, url+path, rd)
 	if err != nil {
 		return err
 	}
@@ -224,9 +270,16 @@ func (e *cpError) Error() string { return e.msg }
 // milliseconds of being ready, and a draining one stops getting it as fast.
 func (cp *ControlPlane) follow(ctx context.Context) {
 	backoff := 100 * time.Millisecond
+	from := int64(-1) // the control plane the revision applied is from
 	for ctx.Err() == nil {
 		var set fleet.ReadySet
-		err := cp.do(ctx, http.MethodGet, fmt.Sprintf("/v1/readyset?after=%d&wait=25s", cp.revision.Load()), nil, &set)
+		// Any control plane answers the ready set, a standby too (from the store). Each
+		// counts revisions of its own: one first asked answers at once (after=0).
+		k, after := cp.cur.Load(), uint64(0)
+		if k == from {
+			after = cp.revision.Load()
+		}
+		err := cp.doAt(ctx, cp.urls[k], http.MethodGet, fmt.Sprintf("/v1/readyset?after=%d&wait=25s", after), nil, &set)
 		if err == nil {
 			err = fleet.ValidateSet(set.Replicas)
 		}
@@ -235,6 +288,9 @@ func (cp *ControlPlane) follow(ctx context.Context) {
 				return
 			}
 			cp.log.Warn("control plane unreachable; serving the last known replica set", "err", err, "retry_in", backoff)
+			if elsewhere(err) {
+				cp.next(k)
+			}
 			select {
 			case <-ctx.Done():
 				return
@@ -244,9 +300,10 @@ func (cp *ControlPlane) follow(ctx context.Context) {
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		if set.Revision == cp.revision.Load() {
+		if k == from && set.Revision == cp.revision.Load() {
 			continue
 		}
+		from = k
 		cp.mu.Lock()
 		cp.services = set.Services
 		cp.mu.Unlock()

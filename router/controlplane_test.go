@@ -22,6 +22,8 @@ type fakeControlPlane struct {
 	changed chan struct{}
 	wakes   []string
 	reports []fleet.LoadReport
+	// standby: refuse wakes and load reports as a standby control plane does (503).
+	standby bool
 }
 
 func (f *fakeControlPlane) publish(services []fleet.Service, replicas []fleet.Replica) {
@@ -35,6 +37,13 @@ func (f *fakeControlPlane) publish(services []fleet.Service, replicas []fleet.Re
 func (f *fakeControlPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Header.Get("Authorization") != "Bearer tok" {
 		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	f.mu.Lock()
+	standby := f.standby
+	f.mu.Unlock()
+	if standby && (r.URL.Path == "/v1/wake" || r.URL.Path == "/v1/load") {
+		http.Error(w, `{"error":"this control plane does not hold the lease; only the leader writes"}`, http.StatusServiceUnavailable)
 		return
 	}
 	switch r.URL.Path {
@@ -183,4 +192,54 @@ func TestHeldRequestWithDeadlineTimesOut(t *testing.T) {
 	if n := rig.px.held.Load(); n != 0 {
 		t.Fatalf("held count %d after the request ended", n)
 	}
+}
+
+// A router given several control planes (one leading, one standing by) sends its load
+// reports to the leader, and follows the lease when it moves: the old leader, now a
+// standby, refuses them; the new one takes them.
+func TestLoadReportsFollowTheLeader(t *testing.T) {
+	a := &fakeControlPlane{changed: make(chan struct{}), standby: true}
+	b := &fakeControlPlane{changed: make(chan struct{})}
+	for _, f := range []*fakeControlPlane{a, b} {
+		f.publish([]fleet.Service{{Name: "svc", Models: []string{testModel}}}, nil)
+	}
+	sa, sb := httptest.NewServer(a), httptest.NewServer(b)
+	defer sa.Close()
+	defer sb.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var cp *ControlPlane
+	startRouterWith(t, nil, func(px *Proxy, pool *Pool) {
+		cp = NewControlPlane(sa.URL+", "+sb.URL+"/", "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
+		cp.ReportEvery = 50 * time.Millisecond
+		px.ControlPlane = cp
+	})
+	go cp.Run(ctx)
+	reports := func(f *fakeControlPlane) int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.reports)
+	}
+	waitFor(t, "reports at the leader b", func() bool { return reports(b) >= 3 })
+	if n := reports(a); n != 0 {
+		t.Fatalf("the standby a took %d reports", n)
+	}
+	// The lease moves to a.
+	a.mu.Lock()
+	a.standby = false
+	a.mu.Unlock()
+	b.mu.Lock()
+	b.standby = true
+	b.mu.Unlock()
+	waitFor(t, "reports at the new leader a", func() bool { return reports(a) >= 3 })
+	cp.Wake(testModel)
+	waitFor(t, "a wake at the new leader a", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.wakes) == 1
+	})
+	// b, gone altogether, is not missed.
+	sb.Close()
+	n := reports(a)
+	waitFor(t, "reports at a with b gone", func() bool { return reports(a) >= n+3 })
 }

@@ -53,6 +53,12 @@ func Copy(ctx context.Context, dst, src *Store) (CopyCounts, error) {
 		}
 		*counts[i] = c
 	}
+	// The owners move with the replicas they tag, or the control plane opening dst would
+	// not find them. dst holds no replicas (checked above), so owners a control plane wrote
+	// there on opening it tag nothing yet: src's replace them.
+	if err := copyDeployment(ctx, dst, wtx, rtx); err != nil {
+		return n, err
+	}
 	if dst.d.postgres {
 		// The identity's next value follows the copied IDs.
 		if _, err := wtx.ExecContext(ctx, `SELECT setval(pg_get_serial_sequence('events', 'id'), (SELECT coalesce(max(id), 0) + 1 FROM events), false)`); err != nil {
@@ -103,4 +109,26 @@ func copyTable(ctx context.Context, dst *Store, wtx, rtx *sql.Tx, table, cols st
 		return n, fmt.Errorf("copy: read %s: %w", table, err)
 	}
 	return n, nil
+}
+
+// copyDeployment writes src's deployment values (its owners) over dst's.
+func copyDeployment(ctx context.Context, dst *Store, wtx, rtx *sql.Tx) error {
+	rows, err := rtx.QueryContext(ctx, `SELECT key, value FROM deployment`)
+	if err != nil {
+		return fmt.Errorf("copy: read deployment: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k, v string
+		if err := rows.Scan(&k, &v); err != nil {
+			return fmt.Errorf("copy: read deployment: %w", err)
+		}
+		if _, err := wtx.ExecContext(ctx, dst.q(`INSERT INTO deployment (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value`), k, v); err != nil {
+			return fmt.Errorf("copy: write deployment %s: %w", k, err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("copy: read deployment: %w", err)
+	}
+	return nil
 }

@@ -97,6 +97,9 @@ type Lease struct {
 	mu       sync.Mutex
 	term     int64     // the term held; 0: none
 	expires  time.Time // when the held term expires, by this process's clock
+	// elected: a lock outside the store (a Kubernetes Lease) says who leads; the store's
+	// term only fences. Renew never takes the lease then, Take does.
+	elected bool
 }
 
 // NewLease makes the store one of several control planes' on one database: from now on it
@@ -115,6 +118,20 @@ func (s *Store) NewLease(holder string, ttl time.Duration, now func() time.Time)
 	}
 	s.leased.Store(true)
 	return &Lease{s: s, holder: holder, ttl: ttl, now: now}, nil
+}
+
+// NewElectedLease is NewLease for control planes that a lock outside the store elects (a
+// Kubernetes Lease, package kubelease): the store's term still fences every write, but who
+// leads is the lock's to say. Take makes this control plane the store's leader, with the
+// next term, when the lock elects it, whether or not the last term has expired by the
+// store's clock: the lock has found the last leader gone. Renew only extends a term held.
+func (s *Store) NewElectedLease(holder string, ttl time.Duration, now func() time.Time) (*Lease, error) {
+	l, err := s.NewLease(holder, ttl, now)
+	if err != nil {
+		return nil, err
+	}
+	l.elected = true
+	return l, nil
 }
 
 // Holder is the name this lease's control plane goes by.
@@ -149,9 +166,23 @@ func (l *Lease) expire() {
 // this control plane holds it, and returns the term it leads (0: another one leads). A
 // renewal that fails leaves the lease held until it expires by this process's clock.
 func (l *Lease) Renew(ctx context.Context) (int64, error) {
+	return l.renewOrTake(ctx, false)
+}
+
+// Take, for a lease made by NewElectedLease, makes this control plane the store's leader
+// with the next term (the outside lock elected it), and returns that term; every write of
+// an earlier term is refused from then on.
+func (l *Lease) Take(ctx context.Context) (int64, error) {
+	if !l.elected {
+		return 0, errors.New("lease: Take is for a lease an outside lock elects (NewElectedLease); the store's own lease is taken by Renew")
+	}
+	return l.renewOrTake(ctx, true)
+}
+
+func (l *Lease) renewOrTake(ctx context.Context, take bool) (int64, error) {
 	l.renewing.Lock()
 	defer l.renewing.Unlock()
-	term, err := l.renew(ctx)
+	term, err := l.renew(ctx, take)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {
@@ -161,7 +192,7 @@ func (l *Lease) Renew(ctx context.Context) (int64, error) {
 	return term, nil
 }
 
-func (l *Lease) renew(ctx context.Context) (int64, error) {
+func (l *Lease) renew(ctx context.Context, take bool) (int64, error) {
 	ctx, cancel := l.s.bound(ctx)
 	defer cancel()
 	now := l.now()
@@ -186,7 +217,9 @@ func (l *Lease) renew(ctx context.Context) (int64, error) {
 	switch {
 	case held != 0 && term == held && holder == l.holder:
 		// Ours: extend it.
-	case expires <= ms(now):
+	case l.elected && take:
+		term++ // elected by the outside lock: ours, as the next leader
+	case !l.elected && expires <= ms(now):
 		term++ // free or expired: ours, as the next leader
 	default:
 		// Another control plane leads (or took over from us).
@@ -196,7 +229,8 @@ func (l *Lease) renew(ctx context.Context) (int64, error) {
 		l.mu.Unlock()
 		return 0, nil
 	}
-	if _, err := tx.ExecContext(ctx, l.s.q(`UPDATE leader SET holder = ?, term = ?, expires_at = ? WHERE id = 1`), l.holder, term, ms(until)); err != nil {
+	addr, _ := l.s.address.Load().(string)
+	if _, err := tx.ExecContext(ctx, l.s.q(`UPDATE leader SET holder = ?, term = ?, expires_at = ?, address = ? WHERE id = 1`), l.holder, term, ms(until), addr); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -228,6 +262,28 @@ func (l *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("lease: release term %d: %w", held, err)
 	}
 	return nil
+}
+
+// Advertise sets where this store's control plane's API answers (a URL), written with
+// its lease: standbys forward the writes they are sent to the leader's.
+func (s *Store) Advertise(url string) { s.address.Store(url) }
+
+// LeaderInfo is the lease as the database says: who holds it, its term, when it expires by
+// the holder's clock, and where the holder's API answers ("" if it did not say).
+type LeaderInfo struct {
+	Holder  string
+	Term    int64
+	Expires time.Time
+	Address string
+}
+
+// Leader reads the lease's row.
+func (s *Store) Leader(ctx context.Context) (LeaderInfo, error) {
+	var li LeaderInfo
+	var e int64
+	err := s.db.QueryRowContext(ctx, `SELECT holder, term, expires_at, address FROM leader WHERE id = 1`).Scan(&li.Holder, &li.Term, &e, &li.Address)
+	li.Expires = fromMS(e)
+	return li, err
 }
 
 // Current is who holds the lease, its term and when it expires, as the database says.

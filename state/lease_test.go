@@ -295,3 +295,65 @@ func TestLeaseLeadingAnswersWhileARenewalWaits(t *testing.T) {
 		t.Fatalf("the renewal after the row was released: %v", err)
 	}
 }
+
+// A lease an outside lock elects (a Kubernetes Lease): Renew never takes the store's lease,
+// even an expired one; Take does, with the next term, even while the last leader's term has
+// not expired by the store's clock (the lock found that leader gone), and that leader's
+// writes are refused as fenced from then on.
+func TestElectedLeaseTakenOnlyWhenElected(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, _ backend, setting string) {
+		ctx := context.Background()
+		a, b := openSetting(t, setting, Options{}), openSetting(t, setting, Options{})
+		defer a.Close()
+		defer b.Close()
+		start := time.UnixMilli(1_700_000_000_000)
+		ca, cb := &clock{t: start}, &clock{t: start}
+		const ttl = 15 * time.Second
+		la, err := a.NewElectedLease("cp-a", ttl, ca.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lb, err := b.NewElectedLease("cp-b", ttl, cb.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := renew(t, la); got != 0 {
+			t.Fatalf("cp-a renewed into term %d without being elected", got)
+		}
+		if got, err := la.Take(ctx); err != nil || got != 1 {
+			t.Fatalf("cp-a, elected, took term %d (%v); want 1", got, err)
+		}
+		if got := renew(t, la); got != 1 {
+			t.Fatalf("cp-a's renewal: term %d; want 1", got)
+		}
+		if _, err := a.PutService(ctx, "svc", "spec", "", start); err != nil {
+			t.Fatalf("the leader's write: %v", err)
+		}
+		// cp-a's term runs out by the store's clock: cp-b, not elected, still takes nothing.
+		cb.add(2 * ttl)
+		if got := renew(t, lb); got != 0 {
+			t.Fatalf("cp-b renewed into term %d without being elected", got)
+		}
+		// Elected while cp-a's term is fresh by every clock: cp-b takes term 2.
+		cb.add(-2 * ttl)
+		if got, err := lb.Take(ctx); err != nil || got != 2 {
+			t.Fatalf("cp-b, elected, took term %d (%v); want 2", got, err)
+		}
+		if _, err := a.PutService(ctx, "svc", "spec2", "", start); !errors.Is(err, ErrFenced) {
+			t.Fatalf("the deposed leader's write: %v; want ErrFenced", err)
+		}
+		if got := renew(t, la); got != 0 {
+			t.Fatalf("the deposed leader renewed into term %d", got)
+		}
+		if _, err := b.PutService(ctx, "svc", "spec2", "", start); err != nil {
+			t.Fatalf("the new leader's write: %v", err)
+		}
+		own, err := a.NewLease("cp-c", ttl, ca.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := own.Take(ctx); err == nil {
+			t.Fatal("Take on the store's own lease: no error")
+		}
+	})
+}

@@ -39,7 +39,8 @@ func (s *Store) migrate(ctx context.Context) error {
 	} else {
 		opts = append(opts, goose.WithGoMigrations(
 			goose.NewGoMigration(2, &goose.GoFunc{RunTx: addReplicaColumn("price_source")}, nil),
-			goose.NewGoMigration(3, &goose.GoFunc{RunTx: addReplicaColumn("accelerator")}, nil)))
+			goose.NewGoMigration(3, &goose.GoFunc{RunTx: addReplicaColumn("accelerator")}, nil),
+			goose.NewGoMigration(6, &goose.GoFunc{RunTx: addColumn("leader", "address")}, nil)))
 	}
 	p, err := goose.NewProvider(dialect, s.db, sub, opts...)
 	if err != nil {
@@ -56,16 +57,24 @@ func (s *Store) migrate(ctx context.Context) error {
 // version that created the column itself, before migrations were versioned, has it already
 // (SQLite has no ADD COLUMN IF NOT EXISTS).
 func addReplicaColumn(col string) func(context.Context, *sql.Tx) error {
+	return addColumn("replicas", col)
+}
+
+// addColumn is a SQLite migration that gives table a text column (empty by default), unless it
+// has it already: a file whose recorded versions were lost keeps its columns (00006:
+// leader.address, where the leader's API answers, as PostgreSQL's
+// 00006_leader_address.sql).
+func addColumn(table, col string) func(context.Context, *sql.Tx) error {
 	return func(ctx context.Context, tx *sql.Tx) error {
 		var n int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info('replicas') WHERE name = ?`, col).Scan(&n); err != nil {
-			return fmt.Errorf("read replicas' columns: %w", err)
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info('`+table+`') WHERE name = ?`, col).Scan(&n); err != nil {
+			return fmt.Errorf("read %s' columns: %w", table, err)
 		}
 		if n > 0 {
 			return nil
 		}
-		if _, err := tx.ExecContext(ctx, `ALTER TABLE replicas ADD COLUMN `+col+` TEXT NOT NULL DEFAULT ''`); err != nil {
-			return fmt.Errorf("add replicas.%s: %w", col, err)
+		if _, err := tx.ExecContext(ctx, `ALTER TABLE `+table+` ADD COLUMN `+col+` TEXT NOT NULL DEFAULT ''`); err != nil {
+			return fmt.Errorf("add %s.%s: %w", table, col, err)
 		}
 		return nil
 	}

@@ -95,8 +95,8 @@ func TestPostgresConcurrentOpensMigrateOnce(t *testing.T) {
 		}
 		applied = append(applied, v)
 	}
-	if !slices.Equal(applied, []int64{0, 1, 2, 3, 4}) {
-		t.Fatalf("versions recorded: %v; want [0 1 2 3 4], each once", applied)
+	if !slices.Equal(applied, []int64{0, 1, 2, 3, 4, 5, 6}) {
+		t.Fatalf("versions recorded: %v; want [0 1 2 3 4 5 6], each once", applied)
 	}
 	now := time.UnixMilli(1_700_000_000_000)
 	if err := writeEverything(context.Background(), stores[7], now, 0); err != nil {
@@ -120,8 +120,17 @@ func TestCopySQLiteIntoPostgres(t *testing.T) {
 	if err := src.MarkSetupDone(ctx, "svc", 2); err != nil {
 		t.Fatal(err)
 	}
+	owner, err := src.DeploymentValue(ctx, LocalOwnerKey, func() (string, error) { return "arbiter-sqlite", nil })
+	if err != nil {
+		t.Fatal(err)
+	}
 	dst := openSetting(t, pgtest.DSN(t), Options{})
 	defer dst.Close()
+	// A control plane opened the database before the copy and stored an owner of its own;
+	// it tags nothing yet, and the file's replaces it.
+	if _, err := dst.DeploymentValue(ctx, LocalOwnerKey, func() (string, error) { return "arbiter-postgres", nil }); err != nil {
+		t.Fatal(err)
+	}
 	n, err := Copy(ctx, dst, src)
 	if err != nil {
 		t.Fatal(err)
@@ -150,6 +159,9 @@ func TestCopySQLiteIntoPostgres(t *testing.T) {
 	eva, ea := src.Events(ctx, "", "", 0, 1000)
 	evb, eb := dst.Events(ctx, "", "", 0, 1000)
 	same("events", eva, evb, ea, eb)
+	if got, err := dst.DeploymentValue(ctx, LocalOwnerKey, nil); err != nil || got != owner {
+		t.Fatalf("the copy's owner: %q, %v; want the file's %q, or its replicas are not found", got, err, owner)
+	}
 
 	r, err := dst.NewReplica(ctx, Replica{Service: "svc", Version: 3, Provider: "local", State: "pending"}, now)
 	if err != nil || r.ID != "svc-4" {

@@ -45,6 +45,8 @@ type Store struct {
 	// each write's transaction (lease.go).
 	leased atomic.Bool
 	term   atomic.Int64
+	// address is where this control plane's API answers (Advertise), a string.
+	address atomic.Value
 }
 
 // dialect is what differs between the two databases.

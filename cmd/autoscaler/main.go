@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/control"
+	"github.com/arbiter-serve/arbiter/control/kubelease"
 	"github.com/arbiter-serve/arbiter/internal/httplog"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/replicas/providers"
@@ -40,7 +42,12 @@ func main() {
 		cooldown  = flag.Duration("zone-cooldown", 10*time.Minute, "how long spot stays out of a zone that preempted a replica or refused a launch")
 		maxReps   = flag.Int("max-replicas", control.DefaultMaxReplicas, "the most replicas this control plane runs at once, all services together")
 		leaseDur  = flag.Duration("lease-duration", 0, "run as one of several control planes sharing --state: the leader holds a lease in the store this long per renewal (15s is a good start) and the others stand by; 0: the only control plane")
-		leaseName = flag.String("lease-holder", "", "this control plane's name in the lease (default: host name/process ID)")
+		leaseName = flag.String("lease-holder", "", "this control plane's name in the lease (default: host name/process ID; on Kubernetes, the pod's name is a good choice)")
+		leaseKind = flag.String("lease", "store", "what elects the leader of several control planes: store (a lease row in --state) or kubernetes (a coordination.k8s.io Lease; the store's term still fences writes)")
+		leaseNS   = flag.String("lease-namespace", "", "--lease kubernetes: the Lease's namespace (default: the pod's, from its service account)")
+		leaseObj  = flag.String("lease-name", kubelease.DefaultName, "--lease kubernetes: the Lease's name")
+		leaseKube = flag.String("lease-kubeconfig", "", "--lease kubernetes: a kubeconfig to reach the cluster (default: the pod's service account)")
+		advertise = flag.String("advertise-url", "", "with a lease: the URL other control planes reach this one's API at, to forward writes to it while it leads (default: http://<the --api address>, its host name for 0.0.0.0)")
 		localMax  = flag.Int("local-max-replicas", replicas.DefaultLocalMaxReplicas(), "the most replicas the local and sim providers run on this machine at once")
 	)
 	flag.Parse()
@@ -58,13 +65,17 @@ func main() {
 	if err == nil {
 		setting, err = stateSetting(*stateURL, *stateFile)
 	}
+	var newLease func(context.Context, *state.Store, string, time.Duration) (control.Lease, error)
+	if err == nil {
+		newLease, err = leaseSetting(*leaseKind, *leaseNS, *leaseObj, *leaseKube, leaseDur, log)
+	}
 	if err == nil {
 		exe, _ := os.Executable()
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
 		err = control.Serve(ctx, control.DaemonOptions{Home: *homeDir, State: setting, API: *api, Token: token, Tick: *tick, DrainTimeout: *drain, Endpoint: *endpoint,
 			BinDir: filepath.Dir(exe), LocalGrace: *grace, Log: log, Admin: *admin, ZoneCooldown: *cooldown,
-			MaxReplicas: *maxReps, LocalMaxReplicas: *localMax, LeaseDuration: *leaseDur, LeaseHolder: *leaseName,
+			MaxReplicas: *maxReps, LocalMaxReplicas: *localMax, LeaseDuration: *leaseDur, LeaseHolder: *leaseName, NewLease: newLease, Advertise: *advertise,
 			Providers: func(ctx context.Context, owner string) ([]replicas.Provider, error) {
 				path, optional := *provFile, *provFile == ""
 				if optional {
@@ -106,4 +117,39 @@ func stateSetting(url, file string) (string, error) {
 		return "", errors.New("--state: want a postgres:// or postgresql:// URL (the SQLite file is <home>/state.db, chosen by --home)")
 	}
 	return url, nil
+}
+
+// inClusterNamespace is where a pod's service account says its namespace is.
+const inClusterNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// leaseSetting is what elects the leader, as the flags say: nil for the store's own lease,
+// or a Kubernetes Lease's candidacy (its duration defaulting to 15 s).
+func leaseSetting(kind, ns, name, kubeconfig string, dur *time.Duration, log *slog.Logger) (func(context.Context, *state.Store, string, time.Duration) (control.Lease, error), error) {
+	switch kind {
+	case "store":
+		if ns != "" || kubeconfig != "" || name != kubelease.DefaultName {
+			return nil, errors.New("--lease-namespace, --lease-name and --lease-kubeconfig are for --lease kubernetes")
+		}
+		return nil, nil
+	case "kubernetes":
+	default:
+		return nil, fmt.Errorf("--lease %q: want store or kubernetes", kind)
+	}
+	if *dur == 0 {
+		*dur = 15 * time.Second // Kubernetes' own controllers' lease
+	}
+	if ns == "" {
+		b, err := os.ReadFile(inClusterNamespace)
+		if err != nil {
+			return nil, errors.New("--lease kubernetes: give --lease-namespace (no pod service account to read it from)")
+		}
+		ns = strings.TrimSpace(string(b))
+	}
+	client, err := kubelease.Client(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, st *state.Store, holder string, ttl time.Duration) (control.Lease, error) {
+		return kubelease.Start(ctx, kubelease.Config{Client: client, Namespace: ns, Name: name, Holder: holder, Duration: ttl, Store: st, Log: log})
+	}, nil
 }

@@ -31,7 +31,7 @@ func run() error {
 		admin     = flag.String("admin", "127.0.0.1:8082", "admin address (/metrics, /health, /replicas; not 9090, which is Prometheus' own)")
 		config    = flag.String("config", "", "router config YAML (defaults if empty)")
 		replicas  = flag.String("replicas", "", "replica list YAML, reloaded when it changes")
-		control   = flag.String("control", "", "control plane URL (e.g. http://127.0.0.1:8081); instead of -replicas")
+		control   = flag.String("control", "", "control plane URL (e.g. http://127.0.0.1:8081), or several control planes sharing one store, comma-separated (the router talks to the one that leads); instead of -replicas")
 		tokenFile = flag.String("token-file", "", "file holding the control plane's API token")
 		id        = flag.String("id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this router's name in load reports")
 		policy    = flag.String("policy", "", "override the config's routing policy")
