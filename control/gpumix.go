@@ -126,51 +126,24 @@ func (s *service) mixClasses(sp *spec.Service, now time.Time, stable time.Durati
 	return out
 }
 
-// mixTypes prices each GPU type as its placer would buy the next replica (spot where the
-// policy takes it and some zone offers it, else on-demand) and says what one replica
-// sustains within the SLO for each class.
+// mixTypes prices each GPU type and says what one replica sustains within the SLO for each
+// class (scaling.MixTypes).
 func mixTypes(sp *spec.Service, m *gpuMix, classes []scaling.MixClass, offers []scaling.Offer, now time.Time) []scaling.MixType {
-	pol := scaling.PlacementFromSpec(sp, 0)
 	model := serviceModel(sp)
 	tpot, ttft := sloTargets(sp)
-	anyLoad := slices.ContainsFunc(classes, func(c scaling.MixClass) bool { return c.Rate > 0 })
-	types := make([]scaling.MixType, len(m.gpus))
-	for g, gpu := range m.gpus {
-		var mine []scaling.Offer
-		for _, o := range offers {
-			if strings.EqualFold(o.Accelerator, gpu) {
-				mine = append(mine, o)
-			}
-		}
-		mine = m.placers[gpu].Offered(now, mine)
-		od, spot := math.Inf(1), math.Inf(1)
-		for _, o := range mine {
-			if o.Capacity == fleet.Spot {
-				spot = min(spot, o.PricePerHour)
-			} else {
-				od = min(od, o.PricePerHour)
-			}
-		}
-		price := od
-		if pol.UseSpot && spot <= pol.MaxSpotPriceRatio*od {
-			price = spot
-		}
-		t := scaling.MixType{Name: strings.ToUpper(gpu), Rates: make([]float64, len(classes))}
-		if !math.IsInf(price, 1) {
-			t.PricePerHour = price
+	return scaling.MixTypes(m.gpus, offers, scaling.PlacementFromSpec(sp, 0), classes,
+		func(gpu string, os []scaling.Offer) []scaling.Offer { return m.placers[gpu].Offered(now, os) },
+		func(gpu string, in, out int) float64 {
 			prof, err := engine.ProfileOn(gpu, model)
-			for b, c := range classes {
-				if err != nil || (c.Rate <= 0 && anyLoad) {
-					continue
-				}
-				if r, err := engine.SustainedRate(prof, c.In, max(c.Out, 2), tpot, ttft); err == nil {
-					t.Rates[b] = r.RequestsPerSecond
-				}
+			if err != nil {
+				return 0
 			}
-		}
-		types[g] = t
-	}
-	return types
+			r, err := engine.SustainedRate(prof, in, out, tpot, ttft)
+			if err != nil {
+				return 0
+			}
+			return r.RequestsPerSecond
+		})
 }
 
 // placeMix sizes s per GPU type and places each type toward its count. Caller holds c.mu.

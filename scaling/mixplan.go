@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
 )
 
 // The mix planner: how many replicas of each GPU type a service runs, re-decided as its
@@ -579,4 +581,50 @@ func (m *MixPlanner) Active(at time.Time) {
 	if at.After(m.last) {
 		m.last = at
 	}
+}
+
+// MixTypes prices each GPU type as its placement would buy the next replica (spot where
+// pol takes it, a zone offers it and it costs at most pol.MaxSpotPriceRatio × on-demand,
+// else on-demand) and fills what one replica sustains within the SLO for each class with
+// load (every class when none has), from rate (0: it cannot). usable narrows a type's
+// offers to those its placer would choose from now (Placer.Offered). A type with no
+// offer now serves nothing and costs nothing.
+func MixTypes(gpus []string, offers []Offer, pol PlacementPolicy, classes []MixClass,
+	usable func(gpu string, offers []Offer) []Offer, rate func(gpu string, in, out int) float64) []MixType {
+	anyLoad := slices.ContainsFunc(classes, func(c MixClass) bool { return c.Rate > 0 })
+	types := make([]MixType, len(gpus))
+	for g, gpu := range gpus {
+		var mine []Offer
+		for _, o := range offers {
+			if strings.EqualFold(o.Accelerator, gpu) {
+				mine = append(mine, o)
+			}
+		}
+		if usable != nil {
+			mine = usable(gpu, mine)
+		}
+		od, spot := math.Inf(1), math.Inf(1)
+		for _, o := range mine {
+			if o.Capacity == fleet.Spot {
+				spot = min(spot, o.PricePerHour)
+			} else {
+				od = min(od, o.PricePerHour)
+			}
+		}
+		price := od
+		if pol.UseSpot && spot <= pol.MaxSpotPriceRatio*od {
+			price = spot
+		}
+		t := MixType{Name: strings.ToUpper(gpu), Rates: make([]float64, len(classes))}
+		if !math.IsInf(price, 1) {
+			t.PricePerHour = price
+			for b, c := range classes {
+				if c.Rate > 0 || !anyLoad {
+					t.Rates[b] = rate(gpu, c.In, max(c.Out, 2))
+				}
+			}
+		}
+		types[g] = t
+	}
+	return types
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/engine"
-	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/scaling"
 )
 
@@ -203,56 +202,25 @@ func scaleRates(cs []scaling.MixClass, f float64) []scaling.MixClass {
 	return out
 }
 
-// mixTypes prices each GPU type as placement would buy its next replica (spot where the
-// policy takes it and some zone offers it, else on-demand), with what one replica sustains
-// within the SLO for each class with load (every class when none has).
+// mixTypes prices each GPU type and says what one replica sustains within the SLO for each
+// class (scaling.MixTypes), the classes' shapes on a grid of powers of two: a class's mean
+// shape drifts, and each new shape is a bisection of simulated minutes.
 func (s *simulation) mixTypes(classes []scaling.MixClass) []scaling.MixType {
 	m := s.mix
-	offers := s.offers()
-	anyLoad := slices.ContainsFunc(classes, func(c scaling.MixClass) bool { return c.Rate > 0 })
-	types := make([]scaling.MixType, len(m.gpus))
-	for g, gpu := range m.gpus {
-		var mine []scaling.Offer
-		for _, o := range offers {
-			if strings.EqualFold(o.Accelerator, gpu) {
-				mine = append(mine, o)
+	return scaling.MixTypes(m.gpus, s.offers(), s.w.placement, classes,
+		func(gpu string, os []scaling.Offer) []scaling.Offer {
+			if pl := m.placers[gpu]; pl != nil {
+				return pl.Offered(s.clock(), os)
 			}
-		}
-		if pl := m.placers[gpu]; pl != nil {
-			mine = pl.Offered(s.clock(), mine)
-		}
-		od, spot := math.Inf(1), math.Inf(1)
-		for _, o := range mine {
-			if o.Capacity == fleet.Spot {
-				spot = min(spot, o.PricePerHour)
-			} else {
-				od = min(od, o.PricePerHour)
+			return os
+		},
+		func(gpu string, in, out int) float64 {
+			r, err := engine.SustainedRate(m.names[gpu], pow2(in), max(2, pow2(out)), m.tpot, m.ttft)
+			if err != nil {
+				return 0
 			}
-		}
-		price := od
-		if s.w.placement.UseSpot && spot <= s.w.placement.MaxSpotPriceRatio*od {
-			price = spot
-		}
-		t := scaling.MixType{Name: strings.ToUpper(gpu), PricePerHour: price, Rates: make([]float64, len(classes))}
-		if math.IsInf(price, 1) {
-			t.PricePerHour = 0 // nothing offered now: it serves nothing, costs nothing
-			types[g] = t
-			continue
-		}
-		for b, c := range classes {
-			if c.Rate <= 0 && anyLoad {
-				continue
-			}
-			// On a grid of powers of two: a class's mean shape drifts, and each new shape
-			// is a bisection of simulated minutes.
-			r, err := engine.SustainedRate(m.names[gpu], pow2(c.In), max(2, pow2(c.Out)), m.tpot, m.ttft)
-			if err == nil {
-				t.Rates[b] = r.RequestsPerSecond
-			}
-		}
-		types[g] = t
-	}
-	return types
+			return r.RequestsPerSecond
+		})
 }
 
 // decideMix is decide for ArbiterMix and MelangeStatic: the mix, then each type's
