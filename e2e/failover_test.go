@@ -325,7 +325,7 @@ func TestFailoverKill9DuringScaleUp(t *testing.T) {
 // The same with a Kubernetes Lease electing the leader (--lease kubernetes, on the test
 // apiserver, as the control plane's service account with deploy/kubernetes's RBAC): the
 // Lease elects, the store's term fences.
-func TestFailoverKubernetesLeaseKill9DuringScaleUp(t *testing.T) {
+func TestKubernetesLeaseFailoverKill9DuringScaleUp(t *testing.T) {
 	k := startKube(t, "halease", "127.0.59.1/24")
 	r := newHARigWith(t, []string{"-lease", "kubernetes", "-lease-namespace", "arbiter",
 		"-lease-kubeconfig", k.ServiceAccountKubeconfig("arbiter", "arbiter-control")})
