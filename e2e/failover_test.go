@@ -439,6 +439,15 @@ func failoverDuringScaleUp(t *testing.T, r *haRig) {
 	if took > haLease+haLease/3+5*time.Second {
 		t.Errorf("takeover took %v; want within the lease (%v) plus a renewal period and a few seconds", took, haLease)
 	}
+	// The CLI given every control plane, the dead leader first (serve --api a,b,c).
+	all := *r.cl
+	all.apiURL = r.cps[0].url() + "," + r.cps[1].url() + "," + r.cps[2].url()
+	if old != r.cps[0] {
+		t.Fatalf("the first leader is %s; want cp-a", old.name)
+	}
+	if out := all.serve("status", "haup"); !strings.Contains(out, "haup") {
+		t.Fatalf("serve status with the leader dead:\n%s", out)
+	}
 	r.converged("haup", 3, 1)
 	r.t.Logf("scale-up finished by the new leader %v after the kill", time.Since(at).Round(time.Millisecond))
 	r.checkAccounted("after the takeover")
