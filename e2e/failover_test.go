@@ -633,10 +633,21 @@ func TestFailoverStoreUnreachable(t *testing.T) {
 }
 
 // kill -9 of the leader during a scale from zero, with requests held: they are sent through
-// both routers while the service is at zero, the leader launches its replica, and is killed
-// before the replica is ready. Every held request is answered after the kill, through the
-// replica the new leader adopted (none launched twice).
+// both routers while the service is at zero, the leader decides to wake it, and is killed
+// either as soon as its replica has a row (its launch may not have completed: the new leader
+// fails it and launches again) or once the replica's process runs (the new leader adopts
+// it). Every held request is answered after the kill; none launched twice, none leaked.
 func TestFailoverKill9DuringScaleFromZeroHeld(t *testing.T) {
+	for _, launched := range []bool{false, true} {
+		name := "decided"
+		if launched {
+			name = "launched"
+		}
+		t.Run(name, func(t *testing.T) { failoverScaleFromZeroHeld(t, launched) })
+	}
+}
+
+func failoverScaleFromZeroHeld(t *testing.T, launched bool) {
 	r := newHARig(t)
 	out := r.up("hawake", simService("hawake-model", `  replica_policy: {min_replicas: 0, max_replicas: 2, upscale_delay_seconds: 1, downscale_delay_seconds: 30}`,
 		"-listen-delay 1s -ready-delay 3s"))
@@ -661,10 +672,11 @@ func TestFailoverKill9DuringScaleFromZeroHeld(t *testing.T) {
 			answers <- answer{code, body, err, time.Now()}
 		}()
 	}
-	// The leader has acted on the wake: a replica's process runs, not ready (it takes 4 s).
-	r.waitFor("the wake's replica launched", 60*time.Second, func() bool {
+	// The leader has acted on the wake: a replica has a row (and, if launched, its process
+	// runs), not ready (it takes 4 s).
+	r.waitFor("the wake's replica decided", 60*time.Second, func() bool {
 		st, ok := r.cl.apiStatus("hawake")
-		return ok && len(st.Replicas) > 0 && st.Ready == 0 && len(r.owned()) > 0
+		return ok && len(st.Replicas) > 0 && st.Ready == 0 && (!launched || len(r.owned()) > 0)
 	})
 	if len(answers) > 0 {
 		t.Fatal("a held request was answered before the replica could be ready")
