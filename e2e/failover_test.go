@@ -186,6 +186,7 @@ func (r *haRig) checkEventsOnce(when string) {
 		r.t.Fatal(err)
 	}
 	seen := map[[4]string]int64{}
+	twice := 0
 	for _, e := range evs {
 		if e.Replica == "" {
 			continue
@@ -193,10 +194,11 @@ func (r *haRig) checkEventsOnce(when string) {
 		k := [4]string{e.Service, e.Replica, e.Kind, e.Message}
 		if first, dup := seen[k]; dup {
 			r.t.Errorf("%s: event recorded twice (ids %d and %d): %s %s %s: %s", when, first, e.ID, e.Service, e.Replica, e.Kind, e.Message)
+			twice++
 		}
 		seen[k] = e.ID
 	}
-	r.t.Logf("%s: %d events, %d of replicas, none twice", when, len(evs), len(seen))
+	r.t.Logf("%s: %d events, %d distinct of replicas, %d twice", when, len(evs), len(seen), twice)
 }
 
 // start runs a control plane (again).
