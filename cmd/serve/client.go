@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -35,9 +36,14 @@ func fail(code int, format string, args ...any) error {
 	return &cliError{code: code, err: fmt.Errorf(format, args...)}
 }
 
-// client talks to the control plane's API.
+// client talks to the control plane's API. With several control planes on one store (one
+// leads, the others stand by and forward writes to it), bases lists them all: a call goes to
+// the one that answered last, and moves on to the next when one does not answer or says it
+// cannot take the call (HTTP 503: a standby whose leader did not answer, or one that does
+// not lead), as the routers do. base is the one that answered last.
 type client struct {
 	base, token string
+	bases       []string // every control plane given (empty: base only)
 	http        *http.Client
 }
 
@@ -50,23 +56,55 @@ type apiError struct {
 func (e *apiError) Error() string { return e.msg }
 
 func (c *client) do(ctx context.Context, method, path string, body, out any) (http.Header, error) {
-	var rd io.Reader
+	var b []byte
 	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
+		var err error
+		if b, err = json.Marshal(body); err != nil {
 			return nil, err
 		}
-		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	order := []string{c.base}
+	for _, u := range c.bases {
+		if u != c.base {
+			order = append(order, u)
+		}
+	}
+	var (
+		h   http.Header
+		err error
+	)
+	for i, base := range order {
+		var again bool
+		h, again, err = c.doAt(ctx, base, method, path, b, out)
+		if !again || i == len(order)-1 || ctx.Err() != nil {
+			if err == nil {
+				c.base = base
+			}
+			return h, err
+		}
+	}
+	return h, err
+}
+
+// doAt makes one call to the control plane at base; again says that another control plane
+// may take it: this one did not answer before the call was sent (or the call only reads),
+// or it answered 503 (nothing changed here).
+func (c *client) doAt(ctx context.Context, base, method, path string, body []byte, out any) (http.Header, bool, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, fail(exitUnreachable, "control plane at %s is unreachable (%v); start one with `serve up FILE`", c.base, err)
+		var op *net.OpError
+		again := method == http.MethodGet || method == http.MethodHead || errors.As(err, &op) && op.Op == "dial"
+		return nil, again, fail(exitUnreachable, "control plane at %s is unreachable (%v); start one with `serve up FILE`", base, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
@@ -75,16 +113,16 @@ func (c *client) do(ctx context.Context, method, path string, body, out any) (ht
 		if json.Unmarshal(b, &e) != nil || e.Error == "" {
 			e.Error = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(b))
 		}
-		return resp.Header, &apiError{status: resp.StatusCode, msg: e.Error}
+		return resp.Header, resp.StatusCode == http.StatusServiceUnavailable, &apiError{status: resp.StatusCode, msg: e.Error}
 	}
 	if out == nil {
-		return resp.Header, nil
+		return resp.Header, false, nil
 	}
 	if raw, ok := out.(*[]byte); ok {
 		*raw, err = io.ReadAll(resp.Body)
-		return resp.Header, err
+		return resp.Header, false, err
 	}
-	return resp.Header, json.NewDecoder(resp.Body).Decode(out)
+	return resp.Header, false, json.NewDecoder(resp.Body).Decode(out)
 }
 
 func notFound(err error) bool {
@@ -92,10 +130,11 @@ func notFound(err error) bool {
 	return errors.As(err, &ae) && ae.status == http.StatusNotFound
 }
 
+// healthy says whether the control plane at base answers (within 2 s).
 func (c *client) healthy(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	_, err := c.do(ctx, http.MethodGet, "/v1/health", nil, nil)
+	_, _, err := c.doAt(ctx, c.base, http.MethodGet, "/v1/health", nil, nil)
 	return err == nil
 }
 

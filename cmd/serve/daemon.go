@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -323,9 +324,21 @@ func connect(ctx context.Context, home, apiOverride string) (*client, daemonInfo
 		}
 		base = info.API
 	}
-	c := &client{base: base, token: string(bytes.TrimSpace(token)), http: &http.Client{}}
-	if !c.healthy(ctx) {
-		return nil, info, fail(exitUnreachable, "the control plane at %s does not answer (start one with `serve up FILE`)", base)
+	c := &client{token: string(bytes.TrimSpace(token)), http: &http.Client{}}
+	// Several control planes, comma-separated: the first that answers is talked to first.
+	for u := range strings.SplitSeq(base, ",") {
+		if u = strings.TrimSuffix(strings.TrimSpace(u), "/"); u != "" {
+			c.bases = append(c.bases, u)
+		}
 	}
-	return c, info, nil
+	if len(c.bases) == 0 {
+		return nil, info, fail(exitUsage, "--api %q names no control plane", base)
+	}
+	for _, u := range c.bases {
+		c.base = u
+		if c.healthy(ctx) {
+			return c, info, nil
+		}
+	}
+	return nil, info, fail(exitUnreachable, "the control plane at %s does not answer (start one with `serve up FILE`)", strings.Join(c.bases, ", "))
 }

@@ -70,7 +70,7 @@ func root() *cobra.Command {
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&g.home, "home", envOr("ARBITER_HOME", filepath.Join(home, ".arbiter")), "state directory of the local control plane ($ARBITER_HOME)")
-	pf.StringVar(&g.api, "api", os.Getenv("ARBITER_API"), "control plane URL (default: the one running for --home)")
+	pf.StringVar(&g.api, "api", os.Getenv("ARBITER_API"), "control plane URL (default: the one running for --home); several control planes on one store, comma-separated: the CLI talks to one that answers, and moves on when one does not")
 	up, daemon := upCmd(g), daemonCmd(g)
 	addDaemonFlags(up, &g.daemon)
 	addDaemonFlags(daemon, &g.daemon)
