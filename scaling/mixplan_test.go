@@ -111,3 +111,28 @@ func TestPlacementTargetsMakeBeforeBreak(t *testing.T) {
 		t.Errorf("downscale: %v", got)
 	}
 }
+
+// With a burst window the level is the highest rate over any slice of the stable window: 20
+// requests in one second of a quiet minute read as 2 a second over 10 s, not 0.33.
+func TestMixPlannerBurstWindow(t *testing.T) {
+	t0 := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		burst time.Duration
+		want  float64
+	}{{0, 20.0 / 60}, {10 * time.Second, 2}} {
+		m, err := NewMixPlanner(MixPolicy{StableWindow: time.Minute, MixWindow: time.Minute, PayBack: time.Hour, Utilization: 1, BurstWindow: tc.burst})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 20 {
+			m.Record(t0.Add(30*time.Second), 500, 100)
+		}
+		level := 0.0
+		for _, c := range m.Classes(t0.Add(time.Minute)) {
+			level += c.Rate
+		}
+		if level < tc.want || level > tc.want*1.06 { // rounded up to the 5 % grid
+			t.Errorf("burst window %v: level %.3f, want %.3f", tc.burst, level, tc.want)
+		}
+	}
+}

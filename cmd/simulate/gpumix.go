@@ -148,7 +148,7 @@ func gpumix(args []string, out io.Writer) error {
 					}
 					one := in
 					one.GPUs = []string{g}
-					r, cost, label, err := atGoal(one, sim.ArbiterMix, goal)
+					r, cost, label, err := atGoal(one, sim.ArbiterMix, goal, 2**within)
 					if err != nil {
 						return err
 					}
@@ -161,7 +161,7 @@ func gpumix(args []string, out io.Writer) error {
 				sum.singleType = append(sum.singleType, bestType)
 			}
 			if want["melange-static"] {
-				r, cost, label, err := atGoal(in, sim.MelangeStatic, goal)
+				r, cost, label, err := atGoal(in, sim.MelangeStatic, goal, 2**within)
 				if err != nil {
 					return err
 				}
@@ -343,36 +343,63 @@ func skyServeAnyOf(base sim.Inputs, gpus []string, out io.Writer, rn string) (si
 	return sky, nil
 }
 
-// atGoal runs sys, and where its SLO attainment is below goal lowers the mix planner's
-// utilization (more headroom) until it is not, returning the cost at goal interpolated
-// between the two settings either side (equalSLOCost).
-func atGoal(in sim.Inputs, sys sim.System, goal float64) (*sim.Result, float64, string, error) {
+// atGoal runs sys at Arbiter's SLO attainment goal: below it, the mix planner's utilization
+// is lowered (more headroom) until it reaches it; above it by more than band, raised (up to
+// 1) until it falls below it. The cost at the goal is interpolated between the two settings
+// either side of it (equalSLOCost); where none falls on the other side, the run nearest the
+// goal stands and the label says so.
+func atGoal(in sim.Inputs, sys sim.System, goal, band float64) (*sim.Result, float64, string, error) {
 	r, err := sim.Run(sys, in)
 	if err != nil {
 		return nil, 0, "", err
 	}
-	if goal <= 0 || r.SLOAttainment() >= goal {
+	if goal <= 0 {
 		return r, r.Dollars, "", nil
 	}
-	below := r
 	u := in.Utilization
 	if u <= 0 {
 		u = sim.DefaultUtilization
 	}
-	for _, f := range []float64{0.8, 0.65, 0.5, 0.35, 0.25} {
+	run := func(f float64) (*sim.Result, float64, error) {
 		in2 := in
-		in2.Utilization = u * f
+		in2.Utilization = min(u*f, 1)
 		r2, err := sim.Run(sys, in2)
-		if err != nil {
-			return nil, 0, "", err
-		}
-		if r2.SLOAttainment() >= goal {
-			cost, _ := equalSLOCost(goal, r2, below)
-			return r2, cost, fmt.Sprintf(" (utilization %.2f to reach Arbiter's SLO attainment; at it: $%.2f)", in2.Utilization, cost), nil
-		}
-		below = r2
+		return r2, in2.Utilization, err
 	}
-	return below, math.Inf(1), " (misses Arbiter's SLO attainment even at utilization 0.2)", nil
+	switch {
+	case r.SLOAttainment() < goal:
+		below := r
+		for _, f := range []float64{0.8, 0.65, 0.5, 0.35, 0.25} {
+			r2, u2, err := run(f)
+			if err != nil {
+				return nil, 0, "", err
+			}
+			if r2.SLOAttainment() >= goal {
+				cost, _ := equalSLOCost(goal, r2, below)
+				return r2, cost, fmt.Sprintf(" (utilization %.2f to reach Arbiter's SLO attainment; at it: $%.2f)", u2, cost), nil
+			}
+			below = r2
+		}
+		return below, math.Inf(1), " (misses Arbiter's SLO attainment even at utilization 0.2)", nil
+	case r.SLOAttainment() > goal+band:
+		above := r
+		for _, f := range []float64{1.25, 1.6, 2, 3, 5} {
+			if u*f > 1 && u*f/1.25 >= 1 {
+				break
+			}
+			r2, u2, err := run(f)
+			if err != nil {
+				return nil, 0, "", err
+			}
+			if r2.SLOAttainment() < goal {
+				cost, _ := equalSLOCost(goal, above, r2)
+				return above, cost, fmt.Sprintf(" (above Arbiter's SLO attainment; at it, interpolated with utilization %.2f's %.2f%%: $%.2f)", u2, 100*r2.SLOAttainment(), cost), nil
+			}
+			above = r2
+		}
+		return above, above.Dollars, " (above Arbiter's SLO attainment even at utilization 1; as run)", nil
+	}
+	return r, r.Dollars, "", nil
 }
 
 func printMixRow(out io.Writer, rn string, day int, label string, r *sim.Result) {
