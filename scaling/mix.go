@@ -161,10 +161,9 @@ type mixProblem struct {
 
 // relaxed is a solution of the linear relaxation.
 type relaxed struct {
-	n     []float64   // replicas per type
-	x     [][]float64 // x[k][g]: the share of the k-th served class on type g
-	cost  float64
-	valid bool
+	n    []float64   // replicas per type
+	x    [][]float64 // x[k][g]: the share of the k-th served class on type g
+	cost float64
 }
 
 // relax solves the linear relaxation with lo ≤ n ≤ hi (hi < 0: unbounded). Standard form
@@ -244,7 +243,7 @@ func (p *mixProblem) relax(lo, hi []int) (relaxed, error) {
 		}
 		return relaxed{}, fmt.Errorf("mix program: %w", err)
 	}
-	r := relaxed{n: make([]float64, G), x: make([][]float64, len(p.classes)), valid: true}
+	r := relaxed{n: make([]float64, G), x: make([][]float64, len(p.classes))}
 	for k := range r.x {
 		r.x[k] = make([]float64, G)
 	}

@@ -328,7 +328,7 @@ func (m *MixPlanner) Decide(now time.Time, classes []MixClass, types []MixType, 
 	for _, l := range m.levels {
 		peak = max(peak, l.level)
 	}
-	covered := Covers(scaleClasses(classes, 1/p.Utilization), types, current) && curTotal >= p.MinReplicas &&
+	covered := Covers(ScaleClasses(classes, 1/p.Utilization), types, current) && curTotal >= p.MinReplicas &&
 		(p.MaxReplicas == 0 || curTotal <= p.MaxReplicas)
 	var options [][]int
 	dir := -1
@@ -338,7 +338,7 @@ func (m *MixPlanner) Decide(now time.Time, classes []MixClass, types []MixType, 
 		if level <= 0 {
 			want = nil // no shape to size a cut for; idle is handled above
 		} else if peak > level {
-			atPeak := scaleClasses(classes, peak/level)
+			atPeak := ScaleClasses(classes, peak/level)
 			want, _ = m.solve(atPeak, types, peak, nil, nil)
 			classes, level = atPeak, peak
 		}
@@ -358,9 +358,7 @@ func (m *MixPlanner) Decide(now time.Time, classes []MixClass, types []MixType, 
 		keep.Reason = "no mix: " + why
 		return keep
 	}
-	best := slices.MinFunc(options, func(a, b []int) int {
-		return cmpFloat(m.effective(types, current, a), m.effective(types, current, b))
-	})
+	best := m.cheapest(types, current, options)
 	if slices.Equal(best, current) {
 		m.pendingDir = 0
 		keep.Reason = fmt.Sprintf("%s serves %.2f req/s within the SLO", DescribeMix(types, current), level)
@@ -385,10 +383,10 @@ func (m *MixPlanner) Decide(now time.Time, classes []MixClass, types []MixType, 
 	// Adopt the most conservative level of the hold, re-solved, among the same options.
 	if m.pendingLevel != level && level > 0 {
 		f := m.pendingLevel / level
-		sc := scaleClasses(classes, f)
+		sc := ScaleClasses(classes, f)
 		var alt [][]int
 		if dir > 0 {
-			if covered := Covers(scaleClasses(sc, 1/p.Utilization), types, current); covered {
+			if covered := Covers(ScaleClasses(sc, 1/p.Utilization), types, current); covered {
 				alt = append(alt, slices.Clone(current))
 			}
 			if grow, _ := m.solve(sc, types, m.pendingLevel, current, nil); grow != nil {
@@ -401,9 +399,7 @@ func (m *MixPlanner) Decide(now time.Time, classes []MixClass, types []MixType, 
 			alt = append(alt, w)
 		}
 		if len(alt) > 0 {
-			best = slices.MinFunc(alt, func(a, b []int) int {
-				return cmpFloat(m.effective(types, current, a), m.effective(types, current, b))
-			})
+			best = m.cheapest(types, current, alt)
 		}
 	}
 	m.pendingDir = 0
@@ -413,6 +409,13 @@ func (m *MixPlanner) Decide(now time.Time, classes []MixClass, types []MixType, 
 	}
 	return MixDecision{Counts: best, Level: level, Reason: fmt.Sprintf("%s → %s (%s, %.2f req/s; launches paid back within %v)",
 		DescribeMix(types, current), DescribeMix(types, best), verb, level, p.PayBack)}
+}
+
+// cheapest is the option of least effective cost over current.
+func (m *MixPlanner) cheapest(types []MixType, current []int, options [][]int) []int {
+	return slices.MinFunc(options, func(a, b []int) int {
+		return cmpFloat(m.effective(types, current, a), m.effective(types, current, b))
+	})
 }
 
 // effective is a mix's price per hour plus the cold starts it needs over current, spread
@@ -447,7 +450,7 @@ func (m *MixPlanner) solve(classes []MixClass, types []MixType, level float64, a
 			}
 		}
 	}
-	load := scaleClasses(classes, 1/p.Utilization)
+	load := ScaleClasses(classes, 1/p.Utilization)
 	s, err := m.solveMix(load, ts, p.MaxReplicas)
 	if errors.Is(err, ErrMixInfeasible) && p.MaxReplicas > 0 && atMost == nil {
 		// Serve what MaxReplicas can: the largest share of the load that fits.
@@ -455,7 +458,7 @@ func (m *MixPlanner) solve(classes []MixClass, types []MixType, level float64, a
 		var fit MixSolution
 		for range 20 {
 			mid := (lo + hi) / 2
-			if t, e := m.solveMix(scaleClasses(load, mid), ts, p.MaxReplicas); e == nil {
+			if t, e := m.solveMix(ScaleClasses(load, mid), ts, p.MaxReplicas); e == nil {
 				lo, fit = mid, t
 			} else {
 				hi = mid
@@ -536,7 +539,8 @@ func cheapestServing(types []MixType, classes []MixClass) int {
 	return best
 }
 
-func scaleClasses(cs []MixClass, f float64) []MixClass {
+// ScaleClasses is classes with every rate multiplied by f.
+func ScaleClasses(cs []MixClass, f float64) []MixClass {
 	out := slices.Clone(cs)
 	for i := range out {
 		out[i].Rate *= f

@@ -167,7 +167,7 @@ func (s *simulation) peakMix(pol scaling.MixPolicy) ([]int, error) {
 		}
 		classes := pl.Classes(s.in.Start.Add(from + time.Hour))
 		types := s.mixTypes(classes)
-		sol, err := scaling.SolveMix(scaleRates(classes, 1/pol.Utilization), types, pol.MaxReplicas)
+		sol, err := scaling.SolveMix(scaling.ScaleClasses(classes, 1/pol.Utilization), types, pol.MaxReplicas)
 		if err != nil {
 			return nil, fmt.Errorf("sim: melange-static: hour %v: %w", from, err)
 		}
@@ -192,14 +192,6 @@ func pow2(n int) int {
 		return 1
 	}
 	return 1 << int(math.Round(math.Log2(float64(n))))
-}
-
-func scaleRates(cs []scaling.MixClass, f float64) []scaling.MixClass {
-	out := slices.Clone(cs)
-	for i := range out {
-		out[i].Rate *= f
-	}
-	return out
 }
 
 // mixTypes prices each GPU type and says what one replica sustains within the SLO for each

@@ -81,11 +81,14 @@ func gpumix(args []string, out io.Writer) error {
 	for _, s := range strings.Split(*systems, ",") {
 		want[s] = true
 	}
-	gpus, err := offeredGPUs(sp, cat, st, at, out, *spotName)
+	// One market for the offers every comparison starts from: the spec quoted at -start.
+	mkt, err := market.New(market.Config{Catalog: cat, Resources: sp.Resources, Start: at, Spot: st})
 	if err != nil {
 		return err
 	}
-	dominated, err := dominatedGPUs(sp, cat, st, at, *model, gpus)
+	offers := mkt.Offers(0)
+	gpus := offeredGPUs(offers, out, *spotName)
+	dominated, err := dominatedGPUs(sp, offers, *model, gpus)
 	if err != nil {
 		return err
 	}
@@ -113,7 +116,7 @@ func gpumix(args []string, out io.Writer) error {
 		}
 		var skyIn sim.Inputs
 		if want["skyserve"] {
-			if skyIn, err = skyServeAnyOf(base, gpus, out, rn); err != nil {
+			if skyIn, err = skyServeAnyOf(base, offers, out, rn); err != nil {
 				return err
 			}
 		}
@@ -214,13 +217,9 @@ func calibrateUtilization(in sim.Inputs) (float64, float64, error) {
 // dominatedGPUs names, for each GPU type another one dominates, that other: no dearer per
 // hour on demand and sustaining at least as many requests within the SLO at every class's
 // middle shape. A dominated type cannot be the best single type, so it is not run alone.
-func dominatedGPUs(sp *spec.Service, cat *pricing.Catalog, st *traces.SpotTrace, at time.Time, model string, gpus []string) (map[string]string, error) {
-	m, err := market.New(market.Config{Catalog: cat, Resources: sp.Resources, Start: at, Spot: st})
-	if err != nil {
-		return nil, err
-	}
+func dominatedGPUs(sp *spec.Service, offers []scaling.Offer, model string, gpus []string) (map[string]string, error) {
 	od := map[string]float64{}
-	for _, o := range m.Offers(0) {
+	for _, o := range offers {
 		if o.Capacity == fleet.OnDemand {
 			if p, ok := od[o.Accelerator]; !ok || o.PricePerHour < p {
 				od[o.Accelerator] = o.PricePerHour
@@ -265,11 +264,7 @@ func dominatedGPUs(sp *spec.Service, cat *pricing.Catalog, st *traces.SpotTrace,
 
 // offeredGPUs lists the accelerators the spec's offers name, with each one's cheapest
 // on-demand and spot price at start and its spot zones the trace drives.
-func offeredGPUs(sp *spec.Service, cat *pricing.Catalog, st *traces.SpotTrace, at time.Time, out io.Writer, spotName string) ([]string, error) {
-	m, err := market.New(market.Config{Catalog: cat, Resources: sp.Resources, Start: at, Spot: st})
-	if err != nil {
-		return nil, err
-	}
+func offeredGPUs(offers []scaling.Offer, out io.Writer, spotName string) []string {
 	type seen struct {
 		od, spot  float64
 		where     string
@@ -277,7 +272,7 @@ func offeredGPUs(sp *spec.Service, cat *pricing.Catalog, st *traces.SpotTrace, a
 	}
 	by := map[string]*seen{}
 	var gpus []string
-	for _, o := range m.Offers(0) {
+	for _, o := range offers {
 		s := by[o.Accelerator]
 		if s == nil {
 			s = &seen{od: math.Inf(1), spot: math.Inf(1), spotZones: map[string]bool{}}
@@ -296,7 +291,7 @@ func offeredGPUs(sp *spec.Service, cat *pricing.Catalog, st *traces.SpotTrace, a
 		s := by[g]
 		fmt.Fprintf(out, "<!-- %s: on-demand from $%.3f/h (%s), spot from %s in %d zones %s drives -->\n", g, s.od, s.where, orDash("$%.3f/h", finite(s.spot)), len(s.spotZones), spotName)
 	}
-	return gpus, nil
+	return gpus
 }
 
 func finite(x float64) float64 {
@@ -309,14 +304,10 @@ func finite(x float64) float64 {
 // skyServeAnyOf is SkyServe's inputs: any_of the spec's accelerators, each replica on the
 // cheapest per hour, target_qps_per_replica calibrated (sim.Calibrate) on that type alone,
 // as a SkyServe user would set it.
-func skyServeAnyOf(base sim.Inputs, gpus []string, out io.Writer, rn string) (sim.Inputs, error) {
-	m, err := market.New(market.Config{Catalog: base.Catalog, Resources: base.Spec.Resources, Start: base.Start, Spot: base.Spot})
-	if err != nil {
-		return base, err
-	}
+func skyServeAnyOf(base sim.Inputs, offers []scaling.Offer, out io.Writer, rn string) (sim.Inputs, error) {
 	// The cheapest per hour SkyServe would buy: spot too where the spec uses it.
 	cheapest, price := "", math.Inf(1)
-	for _, o := range m.Offers(0) {
+	for _, o := range offers {
 		if (o.Capacity == fleet.OnDemand || base.Spec.Resources.UseSpot) && o.PricePerHour < price {
 			cheapest, price = o.Accelerator, o.PricePerHour
 		}
