@@ -2,16 +2,12 @@ package control
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
-	"github.com/arbiter-serve/arbiter/state"
 )
 
 // An autoscaled service offered an L4 and an H100 is sized per GPU type from the routers'
@@ -20,22 +16,7 @@ import (
 // goes once they have left the mix window and the downscale delay has passed.
 func TestGPUMixFollowsTheRequestMix(t *testing.T) {
 	ctx := context.Background()
-	q := func(zone, acc string, price float64) replicas.Quote {
-		return replicas.Quote{Provider: "sim", Region: "r", Zone: zone, Capacity: fleet.OnDemand, PricePerHour: price, Accelerator: acc, AcceleratorCount: 1}
-	}
-	mkt := &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}},
-		offers: []replicas.Quote{q("z-l4", "L4", 0.70), q("z-h100", "H100", 25)}}
-	now := time.UnixMilli(1_800_000_000_000)
-	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"sim": mkt}, Now: func() time.Time { return now },
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, st, now := gpuMarket(t, nil, onDemandQuote("z-l4", "L4", 0.70), onDemandQuote("z-h100", "H100", 25))
 	sp := `service:
   readiness_probe: /health
   replica_policy: {min_replicas: 1, max_replicas: 8, target_qps_per_replica: 2, upscale_delay_seconds: 10, downscale_delay_seconds: 60}
@@ -83,7 +64,7 @@ arbiter:
 		return out
 	}
 	run := func(d time.Duration, long bool) {
-		for end := now.Add(d); now.Before(end); now = now.Add(5 * time.Second) {
+		for end := now.Add(d); now.Before(end); *now = now.Add(5 * time.Second) {
 			report(long)
 			c.tick(ctx)
 			c.wg.Wait()

@@ -2,16 +2,8 @@ package control
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/arbiter-serve/arbiter/fleet"
-	"github.com/arbiter-serve/arbiter/replicas"
-	"github.com/arbiter-serve/arbiter/state"
 )
 
 // A replica is predicted on the GPU it was placed on: the spec's profile names the model,
@@ -36,22 +28,7 @@ func TestReplicaProfileFollowsItsGPU(t *testing.T) {
 // GPU it was placed on, and the placement event says what each costs per token.
 func TestServiceIsPlacedOnTheCheaperGPUPerToken(t *testing.T) {
 	ctx := context.Background()
-	q := func(zone, acc string, price float64) replicas.Quote {
-		return replicas.Quote{Provider: "sim", Region: "r", Zone: zone, Capacity: fleet.OnDemand, PricePerHour: price, Accelerator: acc, AcceleratorCount: 1}
-	}
-	mkt := &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}},
-		offers: []replicas.Quote{q("z-l4", "L4", 0.7045), q("z-h100", "H100", 1.80)}}
-	now := time.UnixMilli(1_800_000_000_000)
-	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"sim": mkt}, Now: func() time.Time { return now },
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, st, now := gpuMarket(t, nil, onDemandQuote("z-l4", "L4", 0.7045), onDemandQuote("z-h100", "H100", 1.80))
 	const gpuSpec = `service:
   readiness_probe: /health
   replicas: 1
@@ -66,7 +43,7 @@ arbiter:
 	if _, _, err := c.Create(ctx, "svc", gpuSpec, nil); err != nil {
 		t.Fatal(err)
 	}
-	ticks(c, &now, 2)
+	ticks(c, now, 2)
 	rows, err := st.Replicas(ctx, "svc", true)
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("replicas %+v %v: want one", rows, err)

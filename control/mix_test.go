@@ -3,10 +3,7 @@ package control
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"math"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,9 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/arbiter-serve/arbiter/fleet"
-	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/scaling"
-	"github.com/arbiter-serve/arbiter/state"
 )
 
 // The control plane keeps the last 15 minutes of a service's request mix: classes with
@@ -54,23 +49,8 @@ func TestMixWindow(t *testing.T) {
 // before any traffic, the spec's arbiter.workload.
 func TestObservedMixChoosesTheGPU(t *testing.T) {
 	ctx := context.Background()
-	q := func(zone, acc string, price float64) replicas.Quote {
-		return replicas.Quote{Provider: "sim", Region: "r", Zone: zone, Capacity: fleet.OnDemand, PricePerHour: price, Accelerator: acc, AcceleratorCount: 1}
-	}
-	mkt := &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}},
-		offers: []replicas.Quote{q("z-l4", "L4", 0.10), q("z-h100", "H100", 2.50)}}
-	now := time.UnixMilli(1_800_000_000_000)
-	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
 	reg := prometheus.NewRegistry()
-	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"sim": mkt}, Now: func() time.Time { return now }, Metrics: reg,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, st, now := gpuMarket(t, reg, onDemandQuote("z-l4", "L4", 0.10), onDemandQuote("z-h100", "H100", 2.50))
 	specFor := func(model, extra string) string {
 		return `service:
   readiness_probe: /health
@@ -112,7 +92,7 @@ arbiter:
 	if got := c.Mix("plain"); got != nil {
 		t.Fatalf("Mix(plain) = %+v; want none", got)
 	}
-	ticks(c, &now, 2)
+	ticks(c, now, 2)
 	for svc, want := range map[string]string{"plain": "H100", "chat": "L4", "few": "H100", "hinted": "L4"} {
 		rows, err := st.Replicas(ctx, svc, true)
 		if err != nil || len(rows) != 1 {

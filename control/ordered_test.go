@@ -2,15 +2,7 @@ package control
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"testing"
-	"time"
-
-	"github.com/arbiter-serve/arbiter/fleet"
-	"github.com/arbiter-serve/arbiter/replicas"
-	"github.com/arbiter-serve/arbiter/state"
 )
 
 // resources.ordered keeps the user's order, as SkyPilot does: the L4 written first is
@@ -18,22 +10,7 @@ import (
 // per token and takes the H100.
 func TestOrderedCandidatesKeepTheUsersOrder(t *testing.T) {
 	ctx := context.Background()
-	q := func(zone, acc string, price float64) replicas.Quote {
-		return replicas.Quote{Provider: "sim", Region: "r", Zone: zone, Capacity: fleet.OnDemand, PricePerHour: price, Accelerator: acc, AcceleratorCount: 1}
-	}
-	mkt := &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}},
-		offers: []replicas.Quote{q("z-l4", "L4", 0.7045), q("z-h100", "H100", 1.80)}}
-	now := time.UnixMilli(1_800_000_000_000)
-	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"sim": mkt}, Now: func() time.Time { return now },
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, st, now := gpuMarket(t, nil, onDemandQuote("z-l4", "L4", 0.7045), onDemandQuote("z-h100", "H100", 1.80))
 	for name, list := range map[string]string{"ordered": "ordered", "anyof": "any_of"} {
 		sp := `service:
   readiness_probe: /health
@@ -52,7 +29,7 @@ arbiter:
 			t.Fatal(err)
 		}
 	}
-	ticks(c, &now, 2)
+	ticks(c, now, 2)
 	for svc, want := range map[string]string{"ordered": "L4", "anyof": "H100"} {
 		rows, err := st.Replicas(ctx, svc, true)
 		if err != nil || len(rows) != 1 {

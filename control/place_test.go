@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/scaling"
@@ -88,6 +90,30 @@ func threeSpotZones() *marketMem {
 }
 
 // ticks runs n control ticks a second apart, each with its background work finished.
+// onDemandQuote is the sim market's on-demand offer of one accel GPU in zone at price.
+func onDemandQuote(zone, accel string, price float64) replicas.Quote {
+	return replicas.Quote{Provider: "sim", Region: "r", Zone: zone, Capacity: fleet.OnDemand, PricePerHour: price, Accelerator: accel, AcceleratorCount: 1}
+}
+
+// gpuMarket is a controller on a real SQLite file with a sim market quoting offers, its
+// clock at *now (metrics to reg where given).
+func gpuMarket(t *testing.T, reg prometheus.Registerer, offers ...replicas.Quote) (*Controller, *state.Store, *time.Time) {
+	t.Helper()
+	mkt := &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}}, offers: offers}
+	now := time.UnixMilli(1_800_000_000_000)
+	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	c, err := New(context.Background(), Config{Store: st, Providers: map[string]replicas.Provider{"sim": mkt}, Now: func() time.Time { return now },
+		Metrics: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, st, &now
+}
+
 func ticks(c *Controller, now *time.Time, n int) {
 	for range n {
 		c.tick(context.Background())
