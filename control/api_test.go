@@ -204,6 +204,8 @@ func TestAbsurdLoadReportsAreRefused(t *testing.T) {
 		report(`{"model":"m1","in_flight":1e9}`, ``),
 		report(``, `{"replica_id":"x","kv_usage":7}`),
 		report(``, `{"replica_id":"x","tokens_per_second":1e300}`),
+		report(``, `{"replica_id":"x","slo_judged":3,"slo_misses":5}`), // more misses than answers judged
+		report(``, `{"replica_id":"x","slo_judged":-3}`),
 		`{"router":"","models":[]}`,
 		`{"router":"r1","models":[{"model":"m1","tokens":1e400}]}`, // not even a float64
 		// The request mix: a class that does not exist, a NaN-like count, a mean outside

@@ -41,8 +41,21 @@ const mixEvery = 30 * time.Second
 // mixPayBack is how soon a change of type must pay for the cold starts it costs.
 const mixPayBack = time.Hour
 
-// mixUtilization is the planner's headroom over each GPU's rate for Poisson arrivals.
+// mixUtilization is the planner's headroom over each GPU's rate for Poisson arrivals at
+// the start; each type's is then learned from its replicas' SLO attainment.
 const mixUtilization = 0.6
+
+// sloPercentile is the share of requests the service's SLO must hold for (0.9 where the
+// spec leaves it out): each GPU type's headroom is learned toward it.
+func sloPercentile(sp *spec.Service) float64 {
+	switch p := sp.Arbiter.SLO.Percentile; {
+	case p >= 1:
+		return 0.999 // every request: learned toward all but one in a thousand
+	case p > 0:
+		return p
+	}
+	return 0.9
+}
 
 // mixLevelWindow is the window the mix's level is the mean over: the spec's stable window,
 // at least scaling.DefaultMixLevelWindow.
@@ -88,7 +101,7 @@ func (c *Controller) newGPUMix(sp *spec.Service, gpus []string) (*gpuMix, error)
 	pol := scaling.MixPolicy{MinReplicas: cfg.MinReplicas, MaxReplicas: cfg.MaxReplicas, StableWindow: mixLevelWindow(sp),
 		MixWindow: max(mixLevelWindow(sp), mixWindow), PeakWindow: scaling.DefaultMixPeakWindow, UpscaleDelay: cfg.UpscaleDelay,
 		DownscaleDelay: cfg.DownscaleDelay, ScaleToZeroAfter: cfg.ScaleToZeroAfter, ColdStart: scaling.DefaultColdStart,
-		PayBack: mixPayBack, Utilization: mixUtilization}
+		PayBack: mixPayBack, Utilization: mixUtilization, Attainment: sloPercentile(sp)}
 	pl, err := scaling.NewMixPlanner(pol)
 	if err != nil {
 		return nil, err
@@ -146,6 +159,28 @@ func mixTypes(sp *spec.Service, m *gpuMix, classes []scaling.MixClass, offers []
 		})
 }
 
+// judged gives each GPU-mixed service's planner its replicas' answers judged against the
+// SLO, by the replica's GPU type: the planner learns each type's headroom from them.
+// Caller holds c.mu.
+func (c *Controller) judged(loads []fleet.Load) {
+	now := c.cfg.Now()
+	for _, l := range loads {
+		if l.SLOJudged <= 0 {
+			continue
+		}
+		for _, s := range c.services {
+			r := s.replicas[l.ReplicaID]
+			if r == nil {
+				continue
+			}
+			if s.gmix != nil && r.row.Accelerator != "" {
+				s.gmix.planner.Outcome(now, strings.ToUpper(r.row.Accelerator), l.SLOJudged, l.SLOJudged-l.SLOMisses)
+			}
+			break
+		}
+	}
+}
+
 // placeMix sizes s per GPU type and places each type toward its count. Caller holds c.mu.
 func (c *Controller) placeMix(ctx context.Context, s *service, cur []*replica, offers []scaling.Offer, gpus []string, now time.Time) {
 	sp := s.spec()
@@ -199,6 +234,9 @@ func (c *Controller) placeMix(ctx context.Context, s *service, cur []*replica, o
 		classes := s.mixClasses(sp, now, stable)
 		types := mixTypes(sp, m, classes, offers, now)
 		d := m.planner.Decide(now, classes, types, m.counts, int(math.Ceil(s.waiting)))
+		if len(d.Learned) > 0 {
+			c.event(ctx, s.name, "", "scale", "GPU mix: "+strings.Join(d.Learned, "; "))
+		}
 		if !slices.Equal(d.Counts, m.counts) {
 			c.event(ctx, s.name, "", "scale", "GPU mix: "+d.Reason)
 			c.log.Info("scale", "service", s.name, "mix", scaling.DescribeMix(types, d.Counts), "reason", d.Reason)

@@ -128,6 +128,7 @@ func (c *Controller) Report(rep fleet.LoadReport) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.routers[rep.Router] = routerReport{at: c.cfg.Now(), rep: rep}
+	c.judged(rep.Replicas)
 	for _, m := range rep.Models {
 		if s := c.serviceFor(m.Model); s != nil {
 			s.requests += m.Requests

@@ -131,7 +131,11 @@ type Load struct {
 	// RequestsPerSecond and TokensPerSecond are rates over the router's last report window.
 	RequestsPerSecond float64 `json:"requests_per_second"`
 	TokensPerSecond   float64 `json:"tokens_per_second"`
-	SLOMisses         int64   `json:"slo_misses"`
+	// SLOJudged is the requests the replica answered since the router's previous report
+	// whose latency the router judged against the service's SLO; SLOMisses those of them
+	// that missed it. The control plane learns each GPU type's headroom from them.
+	SLOJudged int64 `json:"slo_judged,omitempty"`
+	SLOMisses int64 `json:"slo_misses"`
 	// Progressing: the replica's engine made progress (its scraped vllm: token counters
 	// moved) since the router's previous report. A draining replica's requests are waited
 	// for while it holds: a long generation is not cut by the drain timeout.
@@ -343,6 +347,10 @@ func (l Load) Validate() error {
 	c.check("requests_per_second", l.RequestsPerSecond, maxReportRequests)
 	c.check("tokens_per_second", l.TokensPerSecond, maxReportTokens)
 	c.check("slo_misses", float64(l.SLOMisses), maxReportRequests)
+	c.check("slo_judged", float64(l.SLOJudged), maxReportRequests)
+	if l.SLOMisses > l.SLOJudged {
+		c = append(c, fmt.Errorf("slo_misses %d: more than the %d requests judged", l.SLOMisses, l.SLOJudged))
+	}
 	return errors.Join(c...)
 }
 

@@ -88,6 +88,7 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	} else {
 		ms.sloMissed.Inc()
 	}
+	r.judge(met)
 	if !c.kind.Generates() {
 		// No decode to learn from: a pooling, scoring, tokenizing or audio request.
 		return

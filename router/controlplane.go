@@ -350,6 +350,7 @@ func (cp *ControlPlane) report(ctx context.Context) {
 		}
 		for _, r := range snap {
 			l := fleet.Load{ReplicaID: r.Info().ID, InFlight: int(r.InFlight()), Progressing: r.progressedSince(since)}
+			l.SLOJudged, l.SLOMisses = r.takeJudged()
 			if err := l.Validate(); err != nil {
 				cp.log.Error("bug: a replica's load entry is out of bounds; dropped from the report, the others sent", "replica", l.ReplicaID, "err", err)
 				continue

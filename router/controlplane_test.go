@@ -167,6 +167,43 @@ func TestHeldAtZeroUntilTheControlPlanePublishesAReplica(t *testing.T) {
 	if resp.StatusCode != 404 {
 		t.Fatalf("unknown model: %d; want 404", resp.StatusCode)
 	}
+	// The answer was judged against the SLO and the replica's report says so, once (the
+	// control plane learns each GPU type's headroom from it).
+	var judged, missed int64
+	waitFor(t, "a load report judging replica a's answer", func() bool {
+		fake.mu.Lock()
+		defer fake.mu.Unlock()
+		judged, missed = 0, 0
+		for _, r := range fake.reports {
+			for _, l := range r.Replicas {
+				if l.ReplicaID == "a" {
+					judged += l.SLOJudged
+					missed += l.SLOMisses
+				}
+			}
+		}
+		return judged > 0
+	})
+	// Reports after the one that judged it must not count it again.
+	fake.mu.Lock()
+	n := len(fake.reports)
+	fake.mu.Unlock()
+	waitFor(t, "three more load reports", func() bool {
+		fake.mu.Lock()
+		defer fake.mu.Unlock()
+		return len(fake.reports) >= n+3
+	})
+	fake.mu.Lock()
+	again := int64(0)
+	for _, r := range fake.reports {
+		for _, l := range r.Replicas {
+			again += l.SLOJudged
+		}
+	}
+	fake.mu.Unlock()
+	if judged != 1 || missed != 0 || again != 1 {
+		t.Fatalf("replica a's reports judged %d answers (%d missed), %d in all; want its one answer once, within the SLO", judged, missed, again)
+	}
 }
 
 // A client that gives up while held is let go, and the held count returns to zero.

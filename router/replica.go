@@ -18,8 +18,11 @@ type Replica struct {
 	info     atomic.Pointer[fleet.Replica]
 	idHash   uint64 // for rendezvous hashing
 	inflight atomic.Int64
-	conns    *connPool
-	series   atomic.Pointer[replicaSeries]
+	// judged and missed: answers judged against the SLO since the last load report, and
+	// those that missed it (judge, takeJudged).
+	judged, missed atomic.Int64
+	conns          *connPool
+	series         atomic.Pointer[replicaSeries]
 	// rejectLoggedAt (unix nanoseconds) is when a refused report of the replica was last
 	// logged, rejectsUnlogged how many were refused since (replicareports.go).
 	rejectLoggedAt, rejectsUnlogged atomic.Int64
@@ -131,6 +134,23 @@ func (r *Replica) observeTokens(now time.Time, total float64) {
 		r.tokensSeen = total
 		r.progressAt.Store(now.UnixNano())
 	}
+}
+
+// judge counts one answer judged against the SLO (met or not) for the next load report.
+// The count of judged moves first, so that a report, which takes the misses first, never
+// says more misses than answers judged.
+func (r *Replica) judge(met bool) {
+	r.judged.Add(1)
+	if !met {
+		r.missed.Add(1)
+	}
+}
+
+// takeJudged returns and resets the answers judged and missed since the last call.
+func (r *Replica) takeJudged() (judged, missed int64) {
+	missed = r.missed.Swap(0)
+	judged = r.judged.Swap(0)
+	return judged, min(missed, judged)
 }
 
 // progressedSince reports whether a scrape saw the engine's token counters move after t.

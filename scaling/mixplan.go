@@ -37,8 +37,21 @@ type MixPolicy struct {
 	// its saving over PayBack exceeds the difference in cold starts.
 	PayBack time.Duration
 	// Utilization in (0, 1]: replicas are sized for each class's rate ÷ Utilization,
-	// the headroom for bursts beyond Poisson arrivals.
+	// the headroom for bursts beyond Poisson arrivals. With Attainment set it is each
+	// GPU type's headroom at the start, then learned per type.
 	Utilization float64
+	// Attainment, when in (0, 1) (the SLO's percentile), gives each GPU type a headroom
+	// of its own, learned from its replicas' answers (Outcome): the share of a type's
+	// requests answered within the SLO over a HeadroomWindow below Attainment lowers the
+	// type's headroom by a fifth; above halfway from Attainment to all of them, it rises
+	// by a tenth (to at most 1). A burst costs a GPU that prefills fast less headroom than
+	// a slow one, which one utilization for every type cannot say. 0: every type's
+	// headroom is Utilization.
+	Attainment float64
+	// HeadroomWindow is how long a type's answers are judged before its headroom moves,
+	// counted after a ColdStart for the fleet a move changes to settle (0:
+	// DefaultHeadroomWindow).
+	HeadroomWindow time.Duration
 	// PeakWindow: cuts and changes of type are sized for the peak level over this long
 	// (0: MixWindow), so that capacity a burst bought is not cut and bought again.
 	PeakWindow time.Duration
@@ -67,6 +80,9 @@ func (p MixPolicy) Validate() error {
 	if !(p.Utilization > 0 && p.Utilization <= 1) {
 		errs = append(errs, fmt.Errorf("utilization %v: want a fraction in (0, 1]", p.Utilization))
 	}
+	if !(p.Attainment >= 0 && p.Attainment < 1) || p.HeadroomWindow < 0 {
+		errs = append(errs, fmt.Errorf("attainment %v, headroom window %v: want a fraction in [0, 1) (0: one headroom for every type) and a window ≥ 0", p.Attainment, p.HeadroomWindow))
+	}
 	return errors.Join(errs...)
 }
 
@@ -80,6 +96,19 @@ func (p MixPolicy) Validate() error {
 const (
 	DefaultMixLevelWindow = 15 * time.Minute
 	DefaultMixPeakWindow  = time.Hour
+)
+
+// DefaultHeadroomWindow is how long a GPU type's answers are judged before its headroom
+// moves (MixPolicy.HeadroomWindow): long enough for some hundreds of requests on a busy
+// service, short against the hours a mix is held.
+const DefaultHeadroomWindow = 10 * time.Minute
+
+// Bounds of a learned headroom: a type's replicas sized for more than its Poisson rate
+// within the SLO would be no headroom at all; below minHeadroom a type is so far from its
+// model that it is wiser to buy the others. minJudged answers at least make a judgement.
+const (
+	minHeadroom = 0.02
+	minJudged   = 50
 )
 
 // MixEdges are the classes' bounds: prompt tokens, then output tokens. A request falls in
@@ -125,6 +154,19 @@ type MixPlanner struct {
 
 	// memo remembers SolveMix's answers by their inputs; cleared when full.
 	memo map[string]mixAnswer
+
+	// headroom is each GPU type's learned headroom (Attainment set), by MixType.Name;
+	// moved holds what the last moves were, said in the next decision's reason.
+	headroom map[string]*typeHeadroom
+	moved    []string
+}
+
+// typeHeadroom is one GPU type's learned headroom and the answers judged since it last
+// moved: those from from on (a move's ColdStart later) count.
+type typeHeadroom struct {
+	h           float64
+	from        time.Time
+	judged, met int64
 }
 
 type timedLevel struct {
@@ -189,6 +231,99 @@ func (m *MixPlanner) Record(at time.Time, in, out int) {
 	if at.After(m.last) {
 		m.last = at
 	}
+}
+
+// Outcome records answers of one GPU type's replicas at at: judged requests whose
+// latency was judged against the SLO, met of them within it. Answers before the type's
+// fleet settled after its headroom last moved are not counted. Without Attainment it
+// does nothing.
+func (m *MixPlanner) Outcome(at time.Time, gpu string, judged, met int64) {
+	if m.policy.Attainment <= 0 || judged <= 0 || met < 0 || met > judged {
+		return
+	}
+	t := m.typeHeadroom(gpu)
+	if t.from.IsZero() {
+		t.from = at
+	}
+	if at.Before(t.from) {
+		return
+	}
+	t.judged += judged
+	t.met += met
+}
+
+func (m *MixPlanner) typeHeadroom(gpu string) *typeHeadroom {
+	if m.headroom == nil {
+		m.headroom = map[string]*typeHeadroom{}
+	}
+	t := m.headroom[gpu]
+	if t == nil {
+		t = &typeHeadroom{h: m.policy.Utilization}
+		m.headroom[gpu] = t
+	}
+	return t
+}
+
+// Headroom is the share of a GPU type's rate within the SLO for Poisson arrivals its
+// replicas are sized for: learned where Attainment is set, else Utilization.
+func (m *MixPlanner) Headroom(gpu string) float64 {
+	if t := m.headroom[gpu]; t != nil {
+		return t.h
+	}
+	return m.policy.Utilization
+}
+
+// learn moves the headroom of each type whose answers over a window say so.
+func (m *MixPlanner) learn(now time.Time) {
+	p := m.policy
+	if p.Attainment <= 0 {
+		return
+	}
+	window := p.HeadroomWindow
+	if window <= 0 {
+		window = DefaultHeadroomWindow
+	}
+	names := make([]string, 0, len(m.headroom))
+	for name := range m.headroom {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		t := m.headroom[name]
+		if t.from.IsZero() || now.Sub(t.from) < window || t.judged < minJudged {
+			continue
+		}
+		got := float64(t.met) / float64(t.judged)
+		old := t.h
+		switch {
+		case got < p.Attainment:
+			t.h = max(minHeadroom, t.h*0.8)
+		case got > p.Attainment+(1-p.Attainment)/2:
+			t.h = min(1, t.h*1.1)
+		}
+		if t.h != old {
+			m.moved = append(m.moved, fmt.Sprintf("%s's headroom %.3g → %.3g (%.1f %% of %d requests within the SLO, want %.0f %%)",
+				name, old, t.h, 100*got, t.judged, 100*p.Attainment))
+			t.from = now.Add(p.ColdStart)
+		} else {
+			t.from = now
+		}
+		t.judged, t.met = 0, 0
+	}
+}
+
+// withHeadroom is types with each one's rates scaled by its headroom.
+func (m *MixPlanner) withHeadroom(types []MixType) []MixType {
+	out := slices.Clone(types)
+	for g := range out {
+		h := m.Headroom(out[g].Name)
+		rates := make([]float64, len(out[g].Rates))
+		for b, r := range out[g].Rates {
+			rates[b] = r * h
+		}
+		out[g].Rates = rates
+	}
+	return out
 }
 
 // Classes is the window's request mix: each class's mean shape over MixWindow and its rate,
@@ -283,14 +418,30 @@ type MixDecision struct {
 	// Level is the load's level, requests a second, the mix was sized for.
 	Level  float64
 	Reason string
+	// Learned says which GPU types' headroom moved at this decision and why (also in
+	// Reason).
+	Learned []string
 }
 
 // Decide returns the replicas per type to run at now. classes are Classes(now) (their
-// rates as measured; the policy's utilization is applied here), types the GPU types with
+// rates as measured; each type's headroom is applied here), types the GPU types with
 // each class's sustained rate, current the counts running (starting ones included), held
 // the requests waiting for want of a ready replica.
 func (m *MixPlanner) Decide(now time.Time, classes []MixClass, types []MixType, current []int, held int) MixDecision {
+	d := m.decide(now, classes, types, current, held)
+	if len(m.moved) > 0 {
+		d.Learned = m.moved
+		d.Reason += "; " + strings.Join(m.moved, "; ")
+		m.moved = nil
+	}
+	return d
+}
+
+func (m *MixPlanner) decide(now time.Time, classes []MixClass, types []MixType, current []int, held int) MixDecision {
 	p := m.policy
+	m.learn(now)
+	// Each type's rates as its replicas are sized for: its headroom applied.
+	types = m.withHeadroom(types)
 	level := 0.0
 	for _, c := range classes {
 		level += c.Rate
@@ -328,7 +479,7 @@ func (m *MixPlanner) Decide(now time.Time, classes []MixClass, types []MixType, 
 	for _, l := range m.levels {
 		peak = max(peak, l.level)
 	}
-	covered := Covers(ScaleClasses(classes, 1/p.Utilization), types, current) && curTotal >= p.MinReplicas &&
+	covered := Covers(classes, types, current) && curTotal >= p.MinReplicas &&
 		(p.MaxReplicas == 0 || curTotal <= p.MaxReplicas)
 	var options [][]int
 	dir := -1
@@ -386,7 +537,7 @@ func (m *MixPlanner) Decide(now time.Time, classes []MixClass, types []MixType, 
 		sc := ScaleClasses(classes, f)
 		var alt [][]int
 		if dir > 0 {
-			if covered := Covers(ScaleClasses(sc, 1/p.Utilization), types, current); covered {
+			if covered := Covers(sc, types, current); covered {
 				alt = append(alt, slices.Clone(current))
 			}
 			if grow, _ := m.solve(sc, types, m.pendingLevel, current, nil); grow != nil {
@@ -431,7 +582,7 @@ func (m *MixPlanner) effective(types []MixType, current, counts []int) float64 {
 	return cost + launch/m.policy.PayBack.Hours()
 }
 
-// solve is the cheapest mix for the classes (rates ÷ Utilization) within the replica
+// solve is the cheapest mix for the classes (types' rates with their headroom) within the replica
 // bounds, at least atLeast and at most atMost per type where given. Past MaxReplicas it
 // serves as much of the load as MaxReplicas allows.
 func (m *MixPlanner) solve(classes []MixClass, types []MixType, level float64, atLeast, atMost []int) ([]int, string) {
@@ -450,7 +601,7 @@ func (m *MixPlanner) solve(classes []MixClass, types []MixType, level float64, a
 			}
 		}
 	}
-	load := ScaleClasses(classes, 1/p.Utilization)
+	load := classes
 	s, err := m.solveMix(load, ts, p.MaxReplicas)
 	if errors.Is(err, ErrMixInfeasible) && p.MaxReplicas > 0 && atMost == nil {
 		// Serve what MaxReplicas can: the largest share of the load that fits.

@@ -1,6 +1,7 @@
 package scaling
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -134,5 +135,69 @@ func TestMixPlannerBurstWindow(t *testing.T) {
 		if level < tc.want || level > tc.want*1.06 { // rounded up to the 5 % grid
 			t.Errorf("burst window %v: level %.3f, want %.3f", tc.burst, level, tc.want)
 		}
+	}
+}
+
+// A GPU type whose replicas answer fewer requests within the SLO than the percentile gets
+// less headroom (more replicas for the same load, or the other type), one that answers
+// nearly all of them more; with no Attainment, answers change nothing.
+func TestMixPlannerLearnsHeadroomPerType(t *testing.T) {
+	pol := MixPolicy{MaxReplicas: 20, StableWindow: 2 * time.Minute, MixWindow: 10 * time.Minute,
+		UpscaleDelay: time.Minute, DownscaleDelay: 5 * time.Minute, ColdStart: 5 * time.Minute,
+		PayBack: time.Hour, Utilization: 0.5, Attainment: 0.9, HeadroomWindow: 10 * time.Minute}
+	t0 := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
+	run := func(pol MixPolicy, l4Met int64, until time.Duration) (*MixPlanner, []int, []string) {
+		m, err := NewMixPlanner(pol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur := []int{0, 0}
+		var reasons []string
+		for at := time.Duration(0); at < until; at += time.Second {
+			now := t0.Add(at)
+			for range 3 {
+				m.Record(now, 500, 100) // 3/s of short requests: L4s serve them
+			}
+			if at%(10*time.Second) == 0 {
+				// Each type's replicas' answers over the last 10 s: the L4s' l4Met of 30.
+				if cur[0] > 0 {
+					m.Outcome(now, "L4", 30, l4Met)
+				}
+				if cur[1] > 0 {
+					m.Outcome(now, "H100", 30, 30)
+				}
+				cls := m.Classes(now)
+				d := m.Decide(now, cls, mixTypes(cls, 5.4), cur, 0)
+				if !slices.Equal(d.Counts, cur) || strings.Contains(d.Reason, "headroom") {
+					reasons = append(reasons, d.Reason)
+				}
+				cur = d.Counts
+			}
+		}
+		return m, cur, reasons
+	}
+	// The L4s meet the SLO for 29 of 30: their headroom rises from 0.5 toward 1, and fewer
+	// L4s serve the same 3/s.
+	m, good, reasons := run(pol, 29, 2*time.Hour)
+	if h := m.Headroom("L4"); h <= 0.5 {
+		t.Fatalf("L4s within the SLO for 97 %%: headroom %v, want above 0.5; %q", h, reasons)
+	}
+	if !slices.ContainsFunc(reasons, func(r string) bool { return strings.Contains(r, "L4's headroom 0.5 → 0.55 (96.7 % of") }) {
+		t.Errorf("no decision says the L4's headroom moved: %q", reasons)
+	}
+	// Within the SLO for 24 of 30 (80 %): the L4's headroom falls, more L4s are run, then
+	// the H100 serves the load once L4s would cost more.
+	m, bad, reasons := run(pol, 24, 2*time.Hour)
+	if h := m.Headroom("L4"); h >= 0.5 {
+		t.Fatalf("L4s within the SLO for 80 %%: headroom %v, want below 0.5; %q", h, reasons)
+	}
+	if bad[0] <= good[0] && bad[1] == 0 {
+		t.Fatalf("L4s missing the SLO run as %v, L4s meeting it as %v: want more L4s or an H100", bad, good)
+	}
+	// One headroom for every type when Attainment is 0: the answers move nothing.
+	pol.Attainment = 0
+	m, fixed, _ := run(pol, 24, 2*time.Hour)
+	if h := m.Headroom("L4"); h != 0.5 || fixed[0] != 2 || fixed[1] != 0 {
+		t.Fatalf("without Attainment: L4 headroom %v, mix %v; want 0.5 and 2 L4s (3/s ÷ (4/s × 0.5))", h, fixed)
 	}
 }

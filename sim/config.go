@@ -84,6 +84,10 @@ type Inputs struct {
 	GPUs []string
 	// Utilization is the mix planner's (scaling.MixPolicy.Utilization; 0: 0.8).
 	Utilization float64
+	// LearnHeadroom: the mix planner learns each GPU type's headroom from its replicas'
+	// answers (scaling.MixPolicy.Attainment, the SLO's percentile), starting at
+	// Utilization, as the control plane's does.
+	LearnHeadroom bool
 	// PayBack is the mix planner's (0: an hour).
 	PayBack time.Duration
 	// BurstWindow is the mix planner's (0: the level is the stable window's mean).

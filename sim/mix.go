@@ -134,6 +134,9 @@ func (s *simulation) setupMix() error {
 	if pol.Utilization <= 0 {
 		pol.Utilization = DefaultUtilization
 	}
+	if s.in.LearnHeadroom && s.sys == ArbiterMix {
+		pol.Attainment = s.res.Percentile
+	}
 	var err error
 	if m.planner, err = scaling.NewMixPlanner(pol); err != nil {
 		return fmt.Errorf("sim: mix policy: %w", err)

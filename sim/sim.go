@@ -470,6 +470,16 @@ func (s *simulation) complete(r *replica, req *request) {
 	if (slo.TTFT <= 0 || ttft <= slo.TTFT) && (slo.TPOT <= 0 || tpot <= slo.TPOT) && (slo.E2E <= 0 || e2e <= slo.E2E) {
 		res.SLOMet++
 	}
+	if s.mix != nil && s.mix.planner != nil {
+		// The replica's GPU type is judged on what it did, from the router's send (as a
+		// router's load report says it): a wait for a replica is not the type's.
+		sent := (req.firstAt - req.sentAt).Seconds()
+		met := int64(0)
+		if (slo.TTFT <= 0 || sent <= slo.TTFT) && (slo.TPOT <= 0 || tpot <= slo.TPOT) && (slo.E2E <= 0 || (s.now-req.sentAt).Seconds() <= slo.E2E) {
+			met = 1
+		}
+		s.mix.planner.Outcome(s.clock(), strings.ToUpper(r.offer.Accelerator), 1, met)
+	}
 	if r.draining && len(r.reqs) == 0 && s.w.drainFor == 0 {
 		s.terminate(r)
 	}

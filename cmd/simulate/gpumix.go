@@ -40,6 +40,7 @@ func gpumix(args []string, out io.Writer) error {
 	burst := fs.Duration("burst-window", 0, "the mix planner's burst window: it sizes for the highest rate over any such slice of its stable window (0: the window's mean)")
 	levelWin := fs.Duration("level-window", scaling.DefaultMixLevelWindow, "the mix planner's level window (0: the spec's stable window)")
 	peakWin := fs.Duration("peak-window", scaling.DefaultMixPeakWindow, "the mix planner's peak window for cuts (0: its 15-minute mix window)")
+	learn := fs.Bool("learn-headroom", true, "the mix planner learns each GPU type's headroom from its replicas' SLO attainment, starting at -utilization (as the control plane's does); false: one utilization for every type")
 	within := fs.Float64("iso-slo-within", 0.005, "how far below Arbiter's SLO attainment counts as equal")
 	systems := fs.String("systems", "arbiter-mix,single,melange-static,skyserve", "what to run: arbiter-mix, single (each type alone), melange-static, skyserve")
 	verbose := fs.Bool("v", false, "print every mix change to stderr")
@@ -101,7 +102,7 @@ func gpumix(args []string, out io.Writer) error {
 			return err
 		}
 		base := sim.Inputs{Spec: sp, Requests: rt, Catalog: cat, Start: at, Spot: st, Duration: time.Duration(*hours * float64(time.Hour)),
-			ColdStart: *cold, ZoneCooldown: 10 * time.Minute, Seed: 1, Warm: true, Model: *model, Utilization: *util, BurstWindow: *burst, LevelWindow: *levelWin, PeakWindow: *peakWin}
+			ColdStart: *cold, ZoneCooldown: 10 * time.Minute, Seed: 1, Warm: true, Model: *model, Utilization: *util, BurstWindow: *burst, LevelWindow: *levelWin, PeakWindow: *peakWin, LearnHeadroom: *learn}
 		if base.Utilization == 0 {
 			u, att, err := calibrateUtilization(base)
 			if err != nil {
