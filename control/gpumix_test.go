@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,23 @@ import (
 	"github.com/arbiter-serve/arbiter/replicas"
 )
 
+// l4H100Spec is an autoscaled Llama-3.1-8B service offered an L4 or an H100 on the sim
+// market, TTFT ≤ 2 s and TPOT ≤ 100 ms for 90 % of requests.
+func l4H100Spec(maxReplicas int) string {
+	return fmt.Sprintf(`service:
+  readiness_probe: /health
+  replica_policy: {min_replicas: 1, max_replicas: %d, target_qps_per_replica: 2, upscale_delay_seconds: 10, downscale_delay_seconds: 60}
+resources:
+  accelerators: {L4: 1, H100: 1}
+run: x
+arbiter:
+  models: [meta-llama/Llama-3.1-8B-Instruct]
+  providers: [sim]
+  slo: {tpot_seconds: 0.1, ttft_seconds: 2, percentile: 90}
+  scale_to_zero_after_seconds: 0
+`, maxReplicas)
+}
+
 // An autoscaled service offered an L4 and an H100 is sized per GPU type from the routers'
 // observed mix: short chats on L4s (cheapest per token for them), and an H100 for the long
 // prompts no L4 prefills within the TTFT target; when the long prompts stop, the H100
@@ -17,19 +35,7 @@ import (
 func TestGPUMixFollowsTheRequestMix(t *testing.T) {
 	ctx := context.Background()
 	c, st, now := gpuMarket(t, nil, onDemandQuote("z-l4", "L4", 0.70), onDemandQuote("z-h100", "H100", 25))
-	sp := `service:
-  readiness_probe: /health
-  replica_policy: {min_replicas: 1, max_replicas: 8, target_qps_per_replica: 2, upscale_delay_seconds: 10, downscale_delay_seconds: 60}
-resources:
-  accelerators: {L4: 1, H100: 1}
-run: x
-arbiter:
-  models: [meta-llama/Llama-3.1-8B-Instruct]
-  providers: [sim]
-  slo: {tpot_seconds: 0.1, ttft_seconds: 2}
-  scale_to_zero_after_seconds: 0
-`
-	if _, _, err := c.Create(ctx, "mixed", sp, nil); err != nil {
+	if _, _, err := c.Create(ctx, "mixed", l4H100Spec(8), nil); err != nil {
 		t.Fatal(err)
 	}
 	// Every 5 s a router reports 5 s of traffic: short chats (100:50) at 40 a second, and
@@ -104,19 +110,7 @@ arbiter:
 func TestGPUMixLearnsHeadroomFromReplicasAnswers(t *testing.T) {
 	ctx := context.Background()
 	c, st, now := gpuMarket(t, nil, onDemandQuote("z-l4", "L4", 0.70), onDemandQuote("z-h100", "H100", 25))
-	sp := `service:
-  readiness_probe: /health
-  replica_policy: {min_replicas: 1, max_replicas: 12, target_qps_per_replica: 2, upscale_delay_seconds: 10, downscale_delay_seconds: 60}
-resources:
-  accelerators: {L4: 1, H100: 1}
-run: x
-arbiter:
-  models: [meta-llama/Llama-3.1-8B-Instruct]
-  providers: [sim]
-  slo: {tpot_seconds: 0.1, ttft_seconds: 2, percentile: 90}
-  scale_to_zero_after_seconds: 0
-`
-	if _, _, err := c.Create(ctx, "judged", sp, nil); err != nil {
+	if _, _, err := c.Create(ctx, "judged", l4H100Spec(12), nil); err != nil {
 		t.Fatal(err)
 	}
 	l4s := func() []string {
