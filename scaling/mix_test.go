@@ -1,6 +1,7 @@
 package scaling
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -110,5 +111,26 @@ func TestMixMatchesEnumeration(t *testing.T) {
 		if !Covers(classes, types, got.Counts) {
 			t.Errorf("trial %d: mix %v does not cover the load", trial, got.Counts)
 		}
+	}
+}
+
+// A load past maxTotal replicas: SolveMix says it cannot; SolveMixWithin serves the largest
+// share of it that maxTotal replicas can, as the planner does at max_replicas (Mélange's
+// static mix for Mooncake's peak hour needed more than 32 and the simulator stopped).
+func TestSolveMixWithinServesWhatTheBoundAllows(t *testing.T) {
+	classes := []MixClass{{In: 500, Out: 100, Rate: 100}, {In: 16000, Out: 200, Rate: 10}}
+	types := []MixType{{Name: "L4", PricePerHour: 0.7, Rates: []float64{4, 0}}, {Name: "H100", PricePerHour: 5.4, Rates: []float64{40, 0.6}}}
+	if _, err := SolveMix(classes, types, 8); !errors.Is(err, ErrMixInfeasible) {
+		t.Fatalf("SolveMix past the bound: %v, want ErrMixInfeasible", err)
+	}
+	s, err := SolveMixWithin(classes, types, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.Counts[0] + s.Counts[1]; n != 8 || s.Counts[1] < 1 {
+		t.Fatalf("within 8 replicas: %v, want 8 in all with the H100s the long prompts need", s.Counts)
+	}
+	if s2, err := SolveMixWithin(classes, types, 0); err != nil || s2.Counts[1] < 17 {
+		t.Fatalf("no bound: %v %v, want the whole load served (≥ 17 H100s for 10 long prompts a second)", s2.Counts, err)
 	}
 }

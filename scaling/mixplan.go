@@ -601,24 +601,10 @@ func (m *MixPlanner) solve(classes []MixClass, types []MixType, level float64, a
 			}
 		}
 	}
-	load := classes
-	s, err := m.solveMix(load, ts, p.MaxReplicas)
+	solve := func(cs []MixClass) (MixSolution, error) { return m.solveMix(cs, ts, p.MaxReplicas) }
+	s, err := solve(classes)
 	if errors.Is(err, ErrMixInfeasible) && p.MaxReplicas > 0 && atMost == nil {
-		// Serve what MaxReplicas can: the largest share of the load that fits.
-		lo, hi := 0.0, 1.0
-		var fit MixSolution
-		for range 20 {
-			mid := (lo + hi) / 2
-			if t, e := m.solveMix(ScaleClasses(load, mid), ts, p.MaxReplicas); e == nil {
-				lo, fit = mid, t
-			} else {
-				hi = mid
-			}
-		}
-		if fit.Counts == nil {
-			return nil, fmt.Sprintf("no mix of at most %d replicas", p.MaxReplicas)
-		}
-		s, err = fit, nil
+		s, err = largestFit(solve, classes, p.MaxReplicas)
 	}
 	if err != nil {
 		return nil, err.Error()
@@ -646,6 +632,37 @@ func (m *MixPlanner) solve(classes []MixClass, types []MixType, level float64, a
 		why += "; no GPU offered meets the SLO for " + strings.Join(names, ", ")
 	}
 	return counts, why
+}
+
+// largestFit is the cheapest mix serving the largest share of the classes' load that
+// maxTotal replicas can (by bisection on the share), where all of it needs more.
+func largestFit(solve func([]MixClass) (MixSolution, error), classes []MixClass, maxTotal int) (MixSolution, error) {
+	lo, hi := 0.0, 1.0
+	var fit MixSolution
+	for range 20 {
+		mid := (lo + hi) / 2
+		if t, e := solve(ScaleClasses(classes, mid)); e == nil {
+			lo, fit = mid, t
+		} else {
+			hi = mid
+		}
+	}
+	if fit.Counts == nil {
+		return MixSolution{}, fmt.Errorf("no mix of at most %d replicas", maxTotal)
+	}
+	return fit, nil
+}
+
+// SolveMixWithin is SolveMix, but where the load needs more than maxTotal (> 0) replicas
+// it is the cheapest mix serving the largest share of the load that fits, as the planner
+// sizes a service at max_replicas.
+func SolveMixWithin(classes []MixClass, types []MixType, maxTotal int) (MixSolution, error) {
+	solve := func(cs []MixClass) (MixSolution, error) { return SolveMix(cs, types, maxTotal) }
+	s, err := solve(classes)
+	if errors.Is(err, ErrMixInfeasible) && maxTotal > 0 {
+		return largestFit(solve, classes, maxTotal)
+	}
+	return s, err
 }
 
 // atLeastOne makes a wake from zero launch at least one replica: the type that serves the

@@ -170,7 +170,8 @@ func (s *simulation) peakMix(pol scaling.MixPolicy) ([]int, error) {
 		}
 		classes := pl.Classes(s.in.Start.Add(from + time.Hour))
 		types := s.mixTypes(classes)
-		sol, err := scaling.SolveMix(scaling.ScaleClasses(classes, 1/pol.Utilization), types, pol.MaxReplicas)
+		// At max_replicas where the peak needs more, as the planner does.
+		sol, err := scaling.SolveMixWithin(scaling.ScaleClasses(classes, 1/pol.Utilization), types, pol.MaxReplicas)
 		if err != nil {
 			return nil, fmt.Errorf("sim: melange-static: hour %v: %w", from, err)
 		}
