@@ -419,6 +419,10 @@ type mixSummary struct {
 }
 
 func printMixSummary(out io.Writer, ss []mixSummary) {
+	ss = slices.DeleteFunc(slices.Clone(ss), func(s mixSummary) bool { return len(s.mix) == 0 })
+	if len(ss) == 0 {
+		return // arbiter-mix did not run: nothing to compare it with
+	}
 	fmt.Fprintln(out, "\n| requests | days | Arbiter's mix $/day | SLO attainment | ÷ best single type (which) | ÷ melange-static | ÷ SkyServe any_of (its SLO attainment) |")
 	fmt.Fprintln(out, "|---|---:|---:|---:|---|---|---|")
 	for _, s := range ss {
