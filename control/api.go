@@ -258,10 +258,8 @@ func (c *Controller) logs(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("replica")
 	c.mu.Lock()
 	provider := ""
-	for _, s := range c.services {
-		if rep := s.replicas[id]; rep != nil {
-			provider = rep.row.Provider
-		}
+	if _, rep := c.replicaByID(id); rep != nil {
+		provider = rep.row.Provider
 	}
 	c.mu.Unlock()
 	if provider == "" {

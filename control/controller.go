@@ -531,6 +531,17 @@ func (c *Controller) newService(name string, version int, sp *spec.Service, now 
 		replicas: map[string]*replica{}, setup: map[int]*sync.Mutex{}}, nil
 }
 
+// replicaByID is the replica of that ID and its service (replica IDs are unique across
+// services); nil, nil when there is none. Caller holds c.mu.
+func (c *Controller) replicaByID(id string) (*service, *replica) {
+	for _, s := range c.services {
+		if r := s.replicas[id]; r != nil {
+			return s, r
+		}
+	}
+	return nil, nil
+}
+
 func (c *Controller) provider(name string) (replicas.Provider, error) {
 	p, ok := c.cfg.Providers[name]
 	if !ok {

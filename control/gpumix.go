@@ -168,15 +168,8 @@ func (c *Controller) judged(loads []fleet.Load) {
 		if l.SLOJudged <= 0 {
 			continue
 		}
-		for _, s := range c.services {
-			r := s.replicas[l.ReplicaID]
-			if r == nil {
-				continue
-			}
-			if s.gmix != nil && r.row.Accelerator != "" {
-				s.gmix.planner.Outcome(now, strings.ToUpper(r.row.Accelerator), l.SLOJudged, l.SLOJudged-l.SLOMisses)
-			}
-			break
+		if s, r := c.replicaByID(l.ReplicaID); r != nil && s.gmix != nil && r.row.Accelerator != "" {
+			s.gmix.planner.Outcome(now, strings.ToUpper(r.row.Accelerator), l.SLOJudged, l.SLOJudged-l.SLOMisses)
 		}
 	}
 }

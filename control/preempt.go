@@ -267,24 +267,21 @@ type Preempter interface {
 func (c *Controller) Preempt(id string, warn time.Duration) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, s := range c.services {
-		r := s.replicas[id]
-		if r == nil {
-			continue
-		}
-		if r.row.Handle == "" {
-			return fmt.Errorf("%w: replica %s is not running yet", errBadRequest, id)
-		}
-		p, err := c.provider(r.row.Provider)
-		if err != nil {
-			return err
-		}
-		pp, ok := p.(Preempter)
-		if !ok {
-			return fmt.Errorf("%w: provider %s cannot preempt on demand", errBadRequest, p.Name())
-		}
-		pp.Preempt(id, r.row.Handle, warn)
-		return nil
+	_, r := c.replicaByID(id)
+	if r == nil {
+		return fmt.Errorf("replica %q: %w", id, ErrNotFound)
 	}
-	return fmt.Errorf("replica %q: %w", id, ErrNotFound)
+	if r.row.Handle == "" {
+		return fmt.Errorf("%w: replica %s is not running yet", errBadRequest, id)
+	}
+	p, err := c.provider(r.row.Provider)
+	if err != nil {
+		return err
+	}
+	pp, ok := p.(Preempter)
+	if !ok {
+		return fmt.Errorf("%w: provider %s cannot preempt on demand", errBadRequest, p.Name())
+	}
+	pp.Preempt(id, r.row.Handle, warn)
+	return nil
 }

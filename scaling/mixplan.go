@@ -155,10 +155,8 @@ type MixPlanner struct {
 	// memo remembers SolveMix's answers by their inputs; cleared when full.
 	memo map[string]mixAnswer
 
-	// headroom is each GPU type's learned headroom (Attainment set), by MixType.Name;
-	// moved holds what the last moves were, said in the next decision's reason.
+	// headroom is each GPU type's learned headroom (Attainment set), by MixType.Name.
 	headroom map[string]*typeHeadroom
-	moved    []string
 }
 
 // typeHeadroom is one GPU type's learned headroom and the answers judged since it last
@@ -273,11 +271,12 @@ func (m *MixPlanner) Headroom(gpu string) float64 {
 	return m.policy.Utilization
 }
 
-// learn moves the headroom of each type whose answers over a window say so.
-func (m *MixPlanner) learn(now time.Time) {
+// learn moves the headroom of each type whose answers over a window say so, and says
+// which moved and why.
+func (m *MixPlanner) learn(now time.Time) []string {
 	p := m.policy
 	if p.Attainment <= 0 {
-		return
+		return nil
 	}
 	window := p.HeadroomWindow
 	if window <= 0 {
@@ -288,6 +287,7 @@ func (m *MixPlanner) learn(now time.Time) {
 		names = append(names, name)
 	}
 	slices.Sort(names)
+	var moved []string
 	for _, name := range names {
 		t := m.headroom[name]
 		if t.from.IsZero() || now.Sub(t.from) < window || t.judged < minJudged {
@@ -302,7 +302,7 @@ func (m *MixPlanner) learn(now time.Time) {
 			t.h = min(1, t.h*1.1)
 		}
 		if t.h != old {
-			m.moved = append(m.moved, fmt.Sprintf("%s's headroom %.3g → %.3g (%.1f %% of %d requests within the SLO, want %.0f %%)",
+			moved = append(moved, fmt.Sprintf("%s's headroom %.3g → %.3g (%.1f %% of %d requests within the SLO, want %.0f %%)",
 				name, old, t.h, 100*got, t.judged, 100*p.Attainment))
 			t.from = now.Add(p.ColdStart)
 		} else {
@@ -310,6 +310,7 @@ func (m *MixPlanner) learn(now time.Time) {
 		}
 		t.judged, t.met = 0, 0
 	}
+	return moved
 }
 
 // withHeadroom is types with each one's rates scaled by its headroom.
@@ -428,18 +429,17 @@ type MixDecision struct {
 // each class's sustained rate, current the counts running (starting ones included), held
 // the requests waiting for want of a ready replica.
 func (m *MixPlanner) Decide(now time.Time, classes []MixClass, types []MixType, current []int, held int) MixDecision {
+	moved := m.learn(now)
 	d := m.decide(now, classes, types, current, held)
-	if len(m.moved) > 0 {
-		d.Learned = m.moved
-		d.Reason += "; " + strings.Join(m.moved, "; ")
-		m.moved = nil
+	if len(moved) > 0 {
+		d.Learned = moved
+		d.Reason += "; " + strings.Join(moved, "; ")
 	}
 	return d
 }
 
 func (m *MixPlanner) decide(now time.Time, classes []MixClass, types []MixType, current []int, held int) MixDecision {
 	p := m.policy
-	m.learn(now)
 	// Each type's rates as its replicas are sized for: its headroom applied.
 	types = m.withHeadroom(types)
 	level := 0.0
