@@ -467,15 +467,17 @@ func (s *simulation) complete(r *replica, req *request) {
 		res.tpots = append(res.tpots, tpot)
 	}
 	slo := s.w.slo
-	if (slo.TTFT <= 0 || ttft <= slo.TTFT) && (slo.TPOT <= 0 || tpot <= slo.TPOT) && (slo.E2E <= 0 || e2e <= slo.E2E) {
+	within := func(ttft, e2e float64) bool {
+		return (slo.TTFT <= 0 || ttft <= slo.TTFT) && (slo.TPOT <= 0 || tpot <= slo.TPOT) && (slo.E2E <= 0 || e2e <= slo.E2E)
+	}
+	if within(ttft, e2e) {
 		res.SLOMet++
 	}
 	if s.mix != nil && s.mix.planner != nil {
 		// The replica's GPU type is judged on what it did, from the router's send (as a
 		// router's load report says it): a wait for a replica is not the type's.
-		sent := (req.firstAt - req.sentAt).Seconds()
 		met := int64(0)
-		if (slo.TTFT <= 0 || sent <= slo.TTFT) && (slo.TPOT <= 0 || tpot <= slo.TPOT) && (slo.E2E <= 0 || (s.now-req.sentAt).Seconds() <= slo.E2E) {
+		if within((req.firstAt - req.sentAt).Seconds(), (s.now - req.sentAt).Seconds()) {
 			met = 1
 		}
 		s.mix.planner.Outcome(s.clock(), strings.ToUpper(r.offer.Accelerator), 1, met)
