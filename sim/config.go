@@ -88,6 +88,8 @@ type Inputs struct {
 	// answers (scaling.MixPolicy.Attainment, the SLO's percentile), starting at
 	// Utilization, as the control plane's does.
 	LearnHeadroom bool
+	// HeadroomWindow is the mix planner's (scaling.MixPolicy.HeadroomWindow; 0: its default).
+	HeadroomWindow time.Duration
 	// PayBack is the mix planner's (0: an hour).
 	PayBack time.Duration
 	// BurstWindow is the mix planner's (0: the level is the stable window's mean).

@@ -136,6 +136,7 @@ func (s *simulation) setupMix() error {
 	}
 	if s.in.LearnHeadroom && s.sys == ArbiterMix {
 		pol.Attainment = s.res.Percentile
+		pol.HeadroomWindow = s.in.HeadroomWindow
 	}
 	var err error
 	if m.planner, err = scaling.NewMixPlanner(pol); err != nil {

@@ -50,3 +50,39 @@ func TestGPUMixRunsAMixedFleet(t *testing.T) {
 		t.Error("arbiter-mix without a model: want an error")
 	}
 }
+
+// With LearnHeadroom the planner judges each GPU type by its replicas' answers: on Azure's
+// bursty code trace a headroom of 0.35 misses the SLO percentile, so the H100's headroom
+// moves (down at the hour's bursts, up between them) and more of the requests are answered
+// within the SLO than with it held; a window longer than the run judges nothing and is the
+// held run exactly.
+func TestGPUMixLearnsEachTypesHeadroomFromItsAnswers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("nine simulated hours of H100s")
+	}
+	in := mixInputs(t, "azure-code", 3*time.Hour)
+	in.GPUs = []string{"H100"}
+	held := run(t, ArbiterMix, in)
+	if h := held.Headroom["H100"]; h != in.Utilization {
+		t.Fatalf("not learning: H100 headroom %v, want the utilization %v", h, in.Utilization)
+	}
+	if held.SLOAttainment() >= held.Percentile {
+		t.Fatalf("the held headroom meets the SLO (%.3f): the trace no longer tests learning", held.SLOAttainment())
+	}
+	in.LearnHeadroom = true
+	learned := run(t, ArbiterMix, in)
+	t.Logf("held: %.1f%% within the SLO for $%.2f; learned: headroom %.3g at the end, %.1f%% for $%.2f",
+		100*held.SLOAttainment(), held.Dollars, learned.Headroom["H100"], 100*learned.SLOAttainment(), learned.Dollars)
+	if h := learned.Headroom["H100"]; h == in.Utilization {
+		t.Errorf("learning: the H100's headroom never moved from %v", h)
+	}
+	if learned.SLOAttainment() <= held.SLOAttainment() {
+		t.Errorf("SLO attainment %.3f learning, %.3f held: want more", learned.SLOAttainment(), held.SLOAttainment())
+	}
+	in.HeadroomWindow = 4 * time.Hour
+	long := run(t, ArbiterMix, in)
+	if long.Headroom["H100"] != in.Utilization || long.SLOMet != held.SLOMet || long.Dollars != held.Dollars {
+		t.Errorf("a 4 h window over a 3 h run: headroom %v, %d within the SLO for $%.2f; want the held run's %v, %d, $%.2f",
+			long.Headroom["H100"], long.SLOMet, long.Dollars, in.Utilization, held.SLOMet, held.Dollars)
+	}
+}

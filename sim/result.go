@@ -35,7 +35,10 @@ type Result struct {
 	// GPUHours and GPUDollars by accelerator (as the offers name it).
 	GPUHours, GPUDollars map[string]float64
 	// Mix says the mix MelangeStatic held (empty for other systems).
-	Mix         string
+	Mix string
+	// Headroom is each offered GPU type's headroom at the run's end, as ArbiterMix's
+	// planner learned it (Inputs.LearnHeadroom) or set it; nil for the other systems.
+	Headroom    map[string]float64
 	Preemptions int
 	// Launches and LaunchFailures (spot refused by the zone).
 	Launches, LaunchFailures int

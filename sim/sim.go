@@ -153,6 +153,13 @@ func Run(sys System, in Inputs) (*Result, error) {
 	start := time.Now()
 	s.run()
 	s.res.Wall = time.Since(start)
+	if s.mix != nil && s.mix.planner != nil && s.sys == ArbiterMix {
+		s.res.Headroom = map[string]float64{}
+		for _, g := range s.mix.gpus {
+			g = strings.ToUpper(g)
+			s.res.Headroom[g] = s.mix.planner.Headroom(g)
+		}
+	}
 	s.res.finish()
 	return s.res, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -62,5 +63,26 @@ func TestCapacityBadArguments(t *testing.T) {
 		if err := run(args, &bytes.Buffer{}); err == nil {
 			t.Errorf("%v: no error", tc)
 		}
+	}
+}
+
+// gpumix prints arbiter-mix's row for the day and, learning, each offered GPU type's
+// headroom at the day's end.
+func TestGPUMixPrintsTheRowAndTheLearnedHeadroom(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a simulated half hour of a mixed fleet")
+	}
+	var out bytes.Buffer
+	err := run([]string{"gpumix", "-spec", "../../bench/sim/gpumix.yaml", "-hours", "0.5", "-utilization", "0.35", "-requests", "azure-conversation", "-systems", "arbiter-mix"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	if !strings.Contains(s, "| azure-conversation | 0 | arbiter-mix | ") {
+		t.Errorf("no arbiter-mix row:\n%s", s)
+	}
+	want := "<!-- azure-conversation day 0: arbiter-mix's headroom per GPU type at the day's end, learned from 0.35: A100-80GB "
+	if !strings.Contains(s, want) || !strings.Contains(s, ", L40S ") {
+		t.Errorf("no headroom per type (%q):\n%s", want, s)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"runtime/pprof"
@@ -40,6 +41,7 @@ func gpumix(args []string, out io.Writer) error {
 	burst := fs.Duration("burst-window", 0, "the mix planner's burst window: it sizes for the highest rate over any such slice of its stable window (0: the window's mean)")
 	levelWin := fs.Duration("level-window", scaling.DefaultMixLevelWindow, "the mix planner's level window (0: the spec's stable window)")
 	peakWin := fs.Duration("peak-window", scaling.DefaultMixPeakWindow, "the mix planner's peak window for cuts (0: its 15-minute mix window)")
+	headWin := fs.Duration("headroom-window", scaling.DefaultHeadroomWindow, "how long each GPU type's answers are judged before its headroom moves (with -learn-headroom)")
 	learn := fs.Bool("learn-headroom", true, "the mix planner learns each GPU type's headroom from its replicas' SLO attainment, starting at -utilization (as the control plane's does); false: one utilization for every type")
 	within := fs.Float64("iso-slo-within", 0.005, "how far below Arbiter's SLO attainment counts as equal")
 	systems := fs.String("systems", "arbiter-mix,single,melange-static,skyserve", "what to run: arbiter-mix, single (each type alone), melange-static, skyserve")
@@ -102,7 +104,7 @@ func gpumix(args []string, out io.Writer) error {
 			return err
 		}
 		base := sim.Inputs{Spec: sp, Requests: rt, Catalog: cat, Start: at, Spot: st, Duration: time.Duration(*hours * float64(time.Hour)),
-			ColdStart: *cold, ZoneCooldown: 10 * time.Minute, Seed: 1, Warm: true, Model: *model, Utilization: *util, BurstWindow: *burst, LevelWindow: *levelWin, PeakWindow: *peakWin, LearnHeadroom: *learn}
+			ColdStart: *cold, ZoneCooldown: 10 * time.Minute, Seed: 1, Warm: true, Model: *model, Utilization: *util, BurstWindow: *burst, LevelWindow: *levelWin, PeakWindow: *peakWin, LearnHeadroom: *learn, HeadroomWindow: *headWin}
 		if base.Utilization == 0 {
 			u, att, err := calibrateUtilization(base)
 			if err != nil {
@@ -136,6 +138,10 @@ func gpumix(args []string, out io.Writer) error {
 				}
 				row("arbiter-mix", mix)
 				sum.mix = append(sum.mix, mix)
+				if *learn {
+					fmt.Fprintf(out, "<!-- %s day %d: arbiter-mix's headroom per GPU type at the day's end, learned from %.2f: %s -->\n",
+						rn, day, in.Utilization, describeHeadroom(mix.Headroom))
+				}
 			}
 			goal := 0.0
 			if mix != nil {
@@ -475,4 +481,14 @@ func maxOf(xs []float64) float64 {
 		m = max(m, x)
 	}
 	return m
+}
+
+// describeHeadroom is "H100 0.21, L40S 0.15", by name.
+func describeHeadroom(h map[string]float64) string {
+	names := slices.Sorted(maps.Keys(h))
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s %.3g", n, h[n])
+	}
+	return strings.Join(parts, ", ")
 }
