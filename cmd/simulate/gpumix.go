@@ -380,7 +380,7 @@ func atGoal(in sim.Inputs, sys sim.System, goal, band float64) (*sim.Result, flo
 		}
 		return below, math.Inf(1), " (misses Arbiter's SLO attainment even at utilization 0.2)", nil
 	case r.SLOAttainment() > goal+band:
-		above := r
+		above, aboveU := r, u
 		for _, f := range []float64{1.25, 1.6, 2, 3, 5} {
 			if u*f > 1 && u*f/1.25 >= 1 {
 				break
@@ -391,11 +391,11 @@ func atGoal(in sim.Inputs, sys sim.System, goal, band float64) (*sim.Result, flo
 			}
 			if r2.SLOAttainment() < goal {
 				cost, _ := equalSLOCost(goal, above, r2)
-				return above, cost, fmt.Sprintf(" (above Arbiter's SLO attainment; at it, interpolated with utilization %.2f's %.2f%%: $%.2f)", u2, 100*r2.SLOAttainment(), cost), nil
+				return above, cost, fmt.Sprintf(" (utilization %.2f, above Arbiter's SLO attainment; at it, interpolated with utilization %.2f's %.2f%%: $%.2f)", aboveU, u2, 100*r2.SLOAttainment(), cost), nil
 			}
-			above = r2
+			above, aboveU = r2, u2
 		}
-		return above, above.Dollars, " (above Arbiter's SLO attainment even at utilization 1; as run)", nil
+		return above, above.Dollars, fmt.Sprintf(" (utilization %.2f, above Arbiter's SLO attainment even at utilization 1; as run)", aboveU), nil
 	}
 	return r, r.Dollars, "", nil
 }
