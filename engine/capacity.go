@@ -16,6 +16,18 @@ import (
 // 20,000; the first 10 % warm the engine up and are not scored). 0 means even one request
 // alone misses a target.
 func MaxRate(p Profile, in, out int, tpotMs, ttftMs float64, requests int, seed uint64) (float64, error) {
+	return MaxRateInBursts(p, in, out, tpotMs, ttftMs, requests, 1, seed)
+}
+
+// MaxRateInBursts is MaxRate for arrivals in bursts: groups of burst requests arriving
+// within one second (each at a uniform instant of it), the groups a Poisson process at
+// rate/burst. Real traces arrive so (Azure's code trace: 40 % of its requests share their
+// second with 15 others or more), and a GPU whose prefill of one prompt takes longer than
+// the TPOT target breaks it for every request decoding beside a burst. burst 1 is MaxRate.
+func MaxRateInBursts(p Profile, in, out int, tpotMs, ttftMs float64, requests, burst int, seed uint64) (float64, error) {
+	if burst < 1 {
+		return 0, fmt.Errorf("bursts of %d requests: want ≥ 1", burst)
+	}
 	if in < 1 || out < 2 || !(tpotMs > 0) || !(ttftMs >= 0) || requests < 20 {
 		return 0, fmt.Errorf("max rate of %d:%d tokens at TPOT %g ms, TTFT %g ms over %d requests: want ≥ 1 prompt and ≥ 2 output tokens, a TPOT target > 0, a TTFT target ≥ 0 and ≥ 20 requests",
 			in, out, tpotMs, ttftMs, requests)
@@ -23,7 +35,7 @@ func MaxRate(p Profile, in, out int, tpotMs, ttftMs float64, requests int, seed 
 	meets := func(rate float64) (bool, error) {
 		// At least a minute of arrivals, so a fast card's queue has time to build, and at
 		// most 20,000 requests, so a trial stays bounded.
-		tpot, ttft, err := p90s(p, in, out, rate, min(max(requests, int(rate*60)), max(requests, 20000)), seed)
+		tpot, ttft, err := p90s(p, in, out, rate, min(max(requests, int(rate*60)), max(requests, 20000)), burst, seed)
 		return err == nil && tpot <= tpotMs && (ttftMs == 0 || ttft <= ttftMs), err
 	}
 	lo, hi := 0.0, 0.25
@@ -55,10 +67,11 @@ func MaxRate(p Profile, in, out int, tpotMs, ttftMs float64, requests int, seed 
 	return lo, nil
 }
 
-// p90s runs n requests of one shape arriving as a Poisson process at rate per second
-// through an engine and returns the p90 TPOT and TTFT (ms) of all but the first 10 %.
-// A run whose backlog outgrows an hour past the last arrival counts as missing both.
-func p90s(p Profile, in, out int, rate float64, n int, seed uint64) (tpot, ttft float64, err error) {
+// p90s runs n requests of one shape arriving as a Poisson process at rate per second (in
+// groups of burst within a second, see MaxRateInBursts) through an engine and returns the
+// p90 TPOT and TTFT (ms) of all but the first 10 %. A run whose backlog outgrows an hour
+// past the last arrival counts as missing both.
+func p90s(p Profile, in, out int, rate float64, n, burst int, seed uint64) (tpot, ttft float64, err error) {
 	e, err := New(p)
 	if err != nil {
 		return 0, 0, err
@@ -67,9 +80,17 @@ func p90s(p Profile, in, out int, rate float64, n int, seed uint64) (tpot, ttft 
 	arrive := make([]float64, n) // ms
 	t := 0.0
 	for i := range arrive {
-		t += rng.ExpFloat64() / rate * 1000
-		arrive[i] = t
+		if burst == 1 {
+			t += rng.ExpFloat64() / rate * 1000
+			arrive[i] = t
+			continue
+		}
+		if i%burst == 0 {
+			t += rng.ExpFloat64() / (rate / float64(burst)) * 1000
+		}
+		arrive[i] = t + rng.Float64()*1000
 	}
+	slices.Sort(arrive)
 	first := make([]float64, n)
 	var tpots, ttfts []float64
 	now, next, done := 0.0, 0, 0

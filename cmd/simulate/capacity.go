@@ -16,13 +16,15 @@ import (
 	"github.com/arbiter-serve/arbiter/pricing"
 )
 
-const capacityUsage = `usage: simulate capacity -model MODEL -gpus GPU[,GPU…] -lengths IN:OUT[,IN:OUT…] -tpot-ms T [-ttft-ms T]
+const capacityUsage = `usage: simulate capacity -model MODEL -gpus GPU[,GPU…] -lengths IN:OUT[,IN:OUT…] -tpot-ms T [-ttft-ms T] [-burst N]
 
 Prints CSV: for each GPU and request shape, the highest steady Poisson request rate one
 replica sustains with the p90 time per output token (and time to first token) within the
 targets, its on-demand $/hour (the catalogs' cheapest on-demand offer with as many GPUs as
 the profile uses), and $ per million tokens (prompt plus output) at that rate. A rate of 0
-means even one request alone misses a target; its $/M tokens is then "inf".`
+means even one request alone misses a target; its $/M tokens is then "inf". With -burst N
+the requests arrive N at a time, within one second, as real traces bunch them: a GPU whose
+prefill of one prompt is slower than the TPOT target loses more of its rate to bursts.`
 
 // capacity is the "simulate capacity" subcommand.
 func capacity(args []string, out io.Writer) error {
@@ -35,6 +37,7 @@ func capacity(args []string, out io.Writer) error {
 	ttftMs := fs.Float64("ttft-ms", 0, "p90 time-to-first-token target (ms); 0: none")
 	requests := fs.Int("requests", 400, "requests per trial rate, at least a minute of arrivals and at most 20,000 (the first 10 % are warm-up and not scored)")
 	seed := fs.Uint64("seed", 1, "random seed of the Poisson arrivals")
+	burst := fs.Int("burst", 1, "requests arriving together, within one second (1: one by one)")
 	start := fs.String("start", "2026-08-01", "date whose catalog prices are used (UTC)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -51,6 +54,9 @@ func capacity(args []string, out io.Writer) error {
 	}
 	if *requests < 20 {
 		return fmt.Errorf("-requests %d: want 20 or more", *requests)
+	}
+	if *burst < 1 || *burst > *requests/2 {
+		return fmt.Errorf("-burst %d: want 1 to half of -requests (%d)", *burst, *requests/2)
 	}
 	shapes, err := parseLengths(*lengths)
 	if err != nil {
@@ -84,7 +90,7 @@ func capacity(args []string, out io.Writer) error {
 			return fmt.Errorf("-gpus %s: the catalogs price no on-demand instance with %d × %s at %s", name, tp, g.Name, *start)
 		}
 		for _, sh := range shapes {
-			rate, err := engine.MaxRate(*prof, sh[0], sh[1], *tpotMs, *ttftMs, *requests, *seed)
+			rate, err := engine.MaxRateInBursts(*prof, sh[0], sh[1], *tpotMs, *ttftMs, *requests, *burst, *seed)
 			if err != nil {
 				return fmt.Errorf("%s, %d:%d: %w", g.Name, sh[0], sh[1], err)
 			}

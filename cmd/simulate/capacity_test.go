@@ -57,6 +57,8 @@ func TestCapacityBadArguments(t *testing.T) {
 		{"-lengths", "512:1"},
 		{"-tpot-ms", "0"},
 		{"-ttft-ms", "-1"},
+		{"-burst", "0"},
+		{"-burst", "1000"},
 		{"-gpus", "T4", "-model", "llama-3.1-70b"},
 	} {
 		args := append(append([]string{}, base...), tc...)
