@@ -140,6 +140,7 @@ type mixSecond struct {
 type MixPlanner struct {
 	policy  MixPolicy
 	seconds []mixSecond // oldest first, within MixWindow
+	first   time.Time   // earliest arrival recorded: the level is over no longer than since
 	last    time.Time   // latest arrival
 
 	// The move being held: toward which side (+1 up, -1 down or across), since when, and
@@ -229,7 +230,25 @@ func (m *MixPlanner) Record(at time.Time, in, out int) {
 	if at.After(m.last) {
 		m.last = at
 	}
+	if m.first.IsZero() || at.Before(m.first) {
+		m.first = at
+	}
 }
+
+// levelSpan is how long the level at now is averaged over: StableWindow, or the time since
+// the first arrival where that is shorter (a new service, or a planner that has just
+// started, knows nothing of before), at least minLevelSpan.
+func (m *MixPlanner) levelSpan(now time.Time) time.Duration {
+	span := m.policy.StableWindow
+	if !m.first.IsZero() {
+		span = min(span, now.Sub(m.first))
+	}
+	return max(span, minLevelSpan)
+}
+
+// minLevelSpan is the shortest time the level is averaged over: the first seconds' arrivals
+// say little about a rate (the control plane's mixMinSpan).
+const minLevelSpan = 10 * time.Second
 
 // Outcome records answers of one GPU type's replicas at at: judged requests whose
 // latency was judged against the SLO, met of them within it. Answers before the type's
@@ -352,7 +371,7 @@ func (m *MixPlanner) Classes(now time.Time) []MixClass {
 			}
 		}
 	}
-	level := stable / m.policy.StableWindow.Seconds()
+	level := stable / m.levelSpan(now).Seconds()
 	if bw := m.policy.BurstWindow; bw > 0 {
 		level = max(level, m.peakRate(now, bw))
 	}

@@ -114,17 +114,18 @@ func TestPlacementTargetsMakeBeforeBreak(t *testing.T) {
 }
 
 // With a burst window the level is the highest rate over any slice of the stable window: 20
-// requests in one second of a quiet minute read as 2 a second over 10 s, not 0.33.
+// requests in one second of a quiet minute read as 2 a second over 10 s, not 0.36.
 func TestMixPlannerBurstWindow(t *testing.T) {
 	t0 := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
 		burst time.Duration
 		want  float64
-	}{{0, 20.0 / 60}, {10 * time.Second, 2}} {
+	}{{0, 21.0 / 59}, {10 * time.Second, 2}} {
 		m, err := NewMixPlanner(MixPolicy{StableWindow: time.Minute, MixWindow: time.Minute, PayBack: time.Hour, Utilization: 1, BurstWindow: tc.burst})
 		if err != nil {
 			t.Fatal(err)
 		}
+		m.Record(t0.Add(time.Second), 500, 100) // the first request: the planner has seen 59 s
 		for range 20 {
 			m.Record(t0.Add(30*time.Second), 500, 100)
 		}
@@ -135,6 +136,35 @@ func TestMixPlannerBurstWindow(t *testing.T) {
 		if level < tc.want || level > tc.want*1.06 { // rounded up to the 5 % grid
 			t.Errorf("burst window %v: level %.3f, want %.3f", tc.burst, level, tc.want)
 		}
+	}
+}
+
+// The level is the rate since the first arrival the planner saw where that is shorter than
+// the stable window: five minutes of 2 requests a second read as 2 a second, not as 0.67
+// over a 15-minute window of which ten minutes were before the planner started (a new
+// service, a restarted control plane, the start of a simulated day).
+func TestMixPlannerLevelOverWhatItHasSeen(t *testing.T) {
+	t0 := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
+	m, err := NewMixPlanner(MixPolicy{StableWindow: 15 * time.Minute, MixWindow: 15 * time.Minute, PayBack: time.Hour, Utilization: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	level := func(at time.Duration) float64 {
+		l := 0.0
+		for _, c := range m.Classes(t0.Add(at)) {
+			l += c.Rate
+		}
+		return l
+	}
+	for i := range 600 {
+		m.Record(t0.Add(time.Duration(i)*500*time.Millisecond), 500, 100)
+	}
+	if l := level(5 * time.Minute); l < 2 || l > 2*1.06 {
+		t.Errorf("after 5 minutes at 2 a second: level %.3f, want 2", l)
+	}
+	// At the window's length it is the window's mean: 600 requests, then 10 quiet minutes.
+	if l := level(15 * time.Minute); l < 600.0/900*0.95 || l > 600.0/900*1.06 {
+		t.Errorf("15 minutes in: level %.3f, want %.3f", l, 600.0/900)
 	}
 }
 
