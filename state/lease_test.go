@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/arbiter-serve/arbiter/state/pgtest"
 )
 
 // clock is a test's clock for one control plane: a paused process is one whose clock
@@ -356,4 +358,42 @@ func TestElectedLeaseTakenOnlyWhenElected(t *testing.T) {
 			t.Fatal("Take on the store's own lease: no error")
 		}
 	})
+}
+
+// A leader frozen inside a renewal (kill -STOP between its SELECT … FOR UPDATE of the lease
+// row and its commit) holds the row's lock; the server ends its session once it has sat
+// idle in the transaction for the write timeout, so a standby takes the expired lease
+// instead of failing on the lock for as long as the leader stays frozen.
+func TestPostgresLeaseTakenFromALeaderFrozenInATransaction(t *testing.T) {
+	url := pgtest.DSN(t)
+	o := Options{WriteTimeout: 2 * time.Second, BusyTimeout: 500 * time.Millisecond}
+	a := openSetting(t, url, o)
+	b := openSetting(t, url, o)
+	c := &clock{t: time.UnixMilli(1_700_000_000_000)}
+	la, lb := newLease(t, a, "cp-a", 3*time.Second, c), newLease(t, b, "cp-b", 3*time.Second, c)
+	if renew(t, la) != 1 {
+		t.Fatal("cp-a: no lease")
+	}
+	// cp-a freezes mid-renewal: the row locked, the transaction never ended.
+	tx, err := a.db.BeginTx(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var holder string
+	if err := tx.QueryRow(`SELECT holder FROM leader WHERE id = 1 FOR UPDATE`).Scan(&holder); err != nil {
+		t.Fatal(err)
+	}
+	c.add(4 * time.Second) // the lease has expired
+	deadline := time.Now().Add(30 * time.Second)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		term, err := lb.Renew(context.Background())
+		if err == nil && term == 2 {
+			return
+		}
+		lastErr = err
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("cp-b never took the lease from cp-a frozen in a transaction: %v", lastErr)
 }

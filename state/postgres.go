@@ -17,8 +17,9 @@ import (
 
 // OpenPostgres opens the PostgreSQL database a URL names (postgres://user:pass@host:port/db?…,
 // libpq's keywords as query parameters) and brings its schema to the newest version. Unless
-// the URL sets them, a connection gives up after o.WriteTimeout and a write waits
-// o.BusyTimeout for another session's lock (lock_timeout).
+// the URL sets them, a connection gives up after o.WriteTimeout, a write waits
+// o.BusyTimeout for another session's lock (lock_timeout), and a session idle inside a
+// transaction for o.WriteTimeout is ended by the server (idle_in_transaction_session_timeout).
 //
 // Every write is one transaction that returns only once the server has committed it (the
 // server's synchronous_commit decides how durable that is; its default waits for the WAL
@@ -36,6 +37,13 @@ func OpenPostgres(ctx context.Context, url string, o Options) (*Store, error) {
 	}
 	if _, ok := cfg.RuntimeParams["lock_timeout"]; !ok {
 		cfg.RuntimeParams["lock_timeout"] = strconv.FormatInt(o.BusyTimeout.Milliseconds(), 10)
+	}
+	// A transaction left open longer than a write may take belongs to a client that has
+	// gone or been frozen (kill -STOP, a paused VM) while holding its row locks: the leader
+	// row's among them, which would keep every standby from taking an expired lease. The
+	// server ends such a session, and its locks with it.
+	if _, ok := cfg.RuntimeParams["idle_in_transaction_session_timeout"]; !ok {
+		cfg.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(o.WriteTimeout.Milliseconds(), 10)
 	}
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
 		cfg.RuntimeParams["application_name"] = "arbiter"
