@@ -35,19 +35,19 @@ func OpenPostgres(ctx context.Context, url string, o Options) (*Store, error) {
 	if !strings.Contains(url, "connect_timeout") {
 		cfg.ConnectTimeout = o.WriteTimeout
 	}
-	if _, ok := cfg.RuntimeParams["lock_timeout"]; !ok {
-		cfg.RuntimeParams["lock_timeout"] = strconv.FormatInt(o.BusyTimeout.Milliseconds(), 10)
+	// Session settings the URL does not set.
+	unlessSet := func(key, value string) {
+		if _, ok := cfg.RuntimeParams[key]; !ok {
+			cfg.RuntimeParams[key] = value
+		}
 	}
+	unlessSet("lock_timeout", strconv.FormatInt(o.BusyTimeout.Milliseconds(), 10))
 	// A transaction left open longer than a write may take belongs to a client that has
 	// gone or been frozen (kill -STOP, a paused VM) while holding its row locks: the leader
 	// row's among them, which would keep every standby from taking an expired lease. The
 	// server ends such a session, and its locks with it.
-	if _, ok := cfg.RuntimeParams["idle_in_transaction_session_timeout"]; !ok {
-		cfg.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(o.WriteTimeout.Milliseconds(), 10)
-	}
-	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
-		cfg.RuntimeParams["application_name"] = "arbiter"
-	}
+	unlessSet("idle_in_transaction_session_timeout", strconv.FormatInt(o.WriteTimeout.Milliseconds(), 10))
+	unlessSet("application_name", "arbiter")
 	db := stdlib.OpenDB(*cfg)
 	// A handful of connections: the control plane's writes are few and short; reads (the
 	// API, routers' polls) go on beside a write that waits on a lock.
