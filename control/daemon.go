@@ -18,7 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/internal/conn/fdlimit"
@@ -200,7 +199,7 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 		runtime := prometheus.NewRegistry()
 		runtime.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(prometheus.Gatherers{reg, runtime}, promhttp.HandlerOpts{}))
+		mux.Handle("GET /metrics", metricsHandler(prometheus.Gatherers{reg, runtime}, o.Log))
 		mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, map[string]bool{"ok": true}) })
 		aln, err := net.Listen("tcp", o.Admin)
 		if err != nil {
@@ -269,7 +268,7 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 	}
 	api := http.NewServeMux()
 	api.Handle("/", c.Handler())
-	api.Handle("GET /v1/metrics", c.auth(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP))
+	api.Handle("GET /v1/metrics", c.auth(metricsHandler(reg, o.Log).ServeHTTP))
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -2,11 +2,15 @@ package control
 
 import (
 	"context"
+	"log/slog"
+	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
@@ -107,10 +111,28 @@ var (
 		[]string{"service"}, nil)
 	targetDs = prometheus.NewDesc("arbiter_control_target_replicas",
 		"The autoscaler's current replica target per service.", []string{"service"}, nil)
+	stateUpDs = prometheus.NewDesc("arbiter_control_state_up",
+		"1 when this scrape read the state store (the SQLite file or PostgreSQL), 0 when it could not: then the series read from it (dollars, replica seconds, prices, spend) are left out of the scrape, and the rest of it stands.", nil, nil)
+	stateReadErrorsDs = prometheus.NewDesc("arbiter_control_state_read_errors_total",
+		"Scrapes of these metrics that could not read the state store (arbiter_control_state_up was 0).", nil, nil)
 )
 
-// billCollector reads the billing rows at scrape time.
-type billCollector struct{ c *Controller }
+// metricsHandler serves g's metrics. A collector that fails leaves its own series out and
+// the rest of the scrape stands (logged), rather than the whole scrape failing with HTTP
+// 500: the series that say what is wrong (the leader gauge, the state store's reachability,
+// the write errors) are the ones an outage needs scraped.
+func metricsHandler(g prometheus.Gatherer, log *slog.Logger) http.Handler {
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)})
+}
+
+// billCollector reads the billing rows at scrape time. readErrors counts the scrapes that
+// could not: kept here, not in a registered counter, so that the scrape that fails reports
+// itself (registered collectors are gathered concurrently, in no set order).
+type billCollector struct {
+	c          *Controller
+	readErrors atomic.Int64
+}
 
 func (b *billCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- replicaSecondsDs
@@ -120,6 +142,8 @@ func (b *billCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- replicasDs
 	ch <- targetDs
 	ch <- tokensDs
+	ch <- stateUpDs
+	ch <- stateReadErrorsDs
 }
 
 func (b *billCollector) Collect(ch chan<- prometheus.Metric) {
@@ -127,10 +151,17 @@ func (b *billCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rows, err := c.store.Replicas(ctx, "", true)
+	up := 1.0
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(dollarsDs, err)
-		return
+		// An invalid metric would fail the whole scrape (HTTP 500), the leader gauge and
+		// the write-error counter with it, for exactly as long as the store is out of
+		// reach: the series that need the store are left out, and state_up says so.
+		up = 0
+		b.readErrors.Add(1)
+		c.log.Warn("metrics: cannot read the state store; its series are left out of this scrape", "err", err)
 	}
+	ch <- prometheus.MustNewConstMetric(stateUpDs, prometheus.GaugeValue, up)
+	ch <- prometheus.MustNewConstMetric(stateReadErrorsDs, prometheus.CounterValue, float64(b.readErrors.Load()))
 	now := c.cfg.Now()
 	spend := map[spendKey]float64{}
 	for _, r := range rows {
@@ -163,6 +194,11 @@ func (b *billCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Unlock()
 	for k, n := range counts {
 		ch <- prometheus.MustNewConstMetric(replicasDs, prometheus.GaugeValue, float64(n), k.service, k.state, k.provider, k.capacity)
+	}
+	if up == 0 {
+		// Spend summed from no rows would go down to the quoted places' 0: a counter reset
+		// that rate() reads as the whole spend spent again once the store is back.
+		return
 	}
 	for k, v := range spend {
 		ch <- prometheus.MustNewConstMetric(spendDs, prometheus.CounterValue, v, k.service, k.provider, k.region, k.zone, k.capacity, k.accelerator)

@@ -5,7 +5,10 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -201,5 +204,59 @@ func TestSpendSeriesStartAtZeroWhereQuoted(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(c.metrics.preemptions); n != 1 {
 		t.Fatalf("%d preemption series; want the spot place's only", n)
+	}
+}
+
+// A scrape while the state store is out of reach (issue 46 §3): the series read from the
+// store are left out and arbiter_control_state_up says why; the rest of the scrape (the
+// leader gauge, the write errors, the per-service series kept in memory) is served, HTTP
+// 200, so the alert on the store's reachability can fire during the outage.
+func TestMetricsScrapeStandsWhenTheStoreIsUnreachable(t *testing.T) {
+	ctx := context.Background()
+	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.PutService(ctx, "svc", fixedSpec, "", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"local": &memProvider{running: map[string]replicas.Instance{}}},
+		Metrics: reg, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c
+	srv := httptest.NewServer(metricsHandler(reg, log))
+	defer srv.Close()
+	scrape := func() (int, string) {
+		resp, err := http.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	code, body := scrape()
+	if code != 200 || !strings.Contains(body, "\narbiter_control_state_up 1\n") {
+		t.Fatalf("with the store: HTTP %d, state_up 1 present %v", code, strings.Contains(body, "arbiter_control_state_up 1"))
+	}
+	st.Close() // every read now fails, as a stopped PostgreSQL's do
+	code, body = scrape()
+	if code != 200 {
+		t.Fatalf("without the store: HTTP %d; want 200 with the series that need no store:\n%s", code, body)
+	}
+	for _, want := range []string{"\narbiter_control_state_up 0\n", "\narbiter_control_leader 1\n", "\narbiter_control_state_write_errors_total 0\n",
+		"\narbiter_control_state_read_errors_total 1\n", `arbiter_control_target_replicas{service="svc"} 0`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("without the store, the scrape lacks %q", strings.TrimSpace(want))
+		}
+	}
+	for _, gone := range []string{"arbiter_control_dollars_total{", "arbiter_control_spend_dollars_total{"} {
+		if strings.Contains(body, gone) {
+			t.Errorf("without the store, the scrape has %s series (read from no rows)", gone)
+		}
 	}
 }

@@ -615,6 +615,13 @@ func TestFailoverStoreUnreachable(t *testing.T) {
 	r := newHARig(t)
 	r.up("hastore", simService("hastore-model", `  replicas: 2`, ""))
 	before := replicaIDs(r.cl.status("hastore"))
+	// A real Prometheus scrapes the three control planes with the repository's alerts
+	// (issue 46 §3): through the outage every scrape stands and says the store is out of
+	// reach.
+	prom := startPrometheusOn(t, []string{r.cps[0].admin, r.cps[1].admin, r.cps[2].admin}, "")
+	r.waitFor("Prometheus scraping the three control planes, the store up", 30*time.Second, func() bool {
+		return len(prom.query(`arbiter_control_state_up == 1`)) == 3
+	})
 	l := r.startLoad("hastore-model", 2, 60, false)
 	r.pg.Stop()
 	at := time.Now()
@@ -623,6 +630,17 @@ func TestFailoverStoreUnreachable(t *testing.T) {
 		return !r.cps[0].leadingByLog() && !r.cps[1].leadingByLog() && !r.cps[2].leadingByLog()
 	})
 	t.Logf("no leader %v after the store went away (lease %v)", time.Since(at).Round(time.Millisecond), haLease)
+	for _, h := range r.cps {
+		code, body := httpGet(t, "http://"+h.admin+"/metrics")
+		if code != 200 || !strings.Contains(body, "\narbiter_control_state_up 0\n") || !strings.Contains(body, "\narbiter_control_leader 0\n") {
+			t.Fatalf("%s's /metrics with the store out of reach: HTTP %d; want 200 with state_up 0 and leader 0:\n%s", h.name, code, tail(body, 3000))
+		}
+	}
+	r.waitFor("Prometheus seeing the store down on every control plane, the alert pending, every scrape up", 30*time.Second, func() bool {
+		return len(prom.query(`arbiter_control_state_up == 0`)) == 3 && len(prom.query(`up{job="arbiter"} == 1`)) == 3 &&
+			len(prom.query(`ALERTS{alertname="ArbiterStateStoreUnreachable"}`)) == 3
+	})
+	t.Logf("Prometheus: the store out of reach on 3 control planes, ArbiterStateStoreUnreachable pending, %v after it stopped", time.Since(at).Round(time.Millisecond))
 	for range 2 * int(haLease/(100*time.Millisecond)) {
 		time.Sleep(100 * time.Millisecond)
 		if r.cps[0].leadingByLog() || r.cps[1].leadingByLog() || r.cps[2].leadingByLog() {
@@ -882,4 +900,16 @@ func TestFailoverStoreCutForLeaderOnly(t *testing.T) {
 	l.finish(t, "load through the cut")
 	r.checkAccounted("after the cut")
 	r.checkEventsOnce("after the cut")
+}
+
+// httpGet is a GET's status and body (status 0 and the error when it got no answer).
+func httpGet(t *testing.T, u string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(u)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

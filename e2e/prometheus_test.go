@@ -61,17 +61,32 @@ type prom struct {
 
 func startPrometheus(t *testing.T, target string) *prom {
 	t.Helper()
+	return startPrometheusOn(t, []string{target}, target)
+}
+
+// startPrometheusOn is a real Prometheus scraping targets (job arbiter) every second with
+// the repository's rules, and the replicas a router's service discovery at sd lists ("":
+// none).
+func startPrometheusOn(t *testing.T, targets []string, sd string) *prom {
+	t.Helper()
 	bin := needTool(t, "prometheus")
 	dir := t.TempDir()
 	abs := func(p string) string { a, _ := filepath.Abs(p); return a }
+	quoted := make([]string, len(targets))
+	for i, tg := range targets {
+		quoted[i] = fmt.Sprintf("%q", tg)
+	}
 	cfg := fmt.Sprintf(`global: {scrape_interval: 1s, evaluation_interval: 1s}
 rule_files: [%q, %q]
 scrape_configs:
   - job_name: arbiter
-    static_configs: [{targets: [%q]}]
-  - job_name: arbiter-replicas
+    static_configs: [{targets: [%s]}]
+`, abs("../monitoring/rules.yml"), abs("../monitoring/alerts.yml"), strings.Join(quoted, ", "))
+	if sd != "" {
+		cfg += fmt.Sprintf(`  - job_name: arbiter-replicas
     http_sd_configs: [{url: "http://%s/sd/replicas", refresh_interval: 1s}]
-`, abs("../monitoring/rules.yml"), abs("../monitoring/alerts.yml"), target, target)
+`, sd)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
