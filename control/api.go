@@ -118,6 +118,12 @@ func decode(r *http.Request, v any) error {
 	return nil
 }
 
+// idempotencyHeader names a write (IETF draft-ietf-httpapi-idempotency-key-header): `serve`
+// sends a new key with each write and the same one with each retry of it, so that a write
+// retried through a failover lands once. The API remembers the keys of service writes (up,
+// update) for a day; its other writes are idempotent as they are.
+const idempotencyHeader = "Idempotency-Key"
+
 // SubmitRequest creates or updates a service.
 type SubmitRequest struct {
 	Name string `json:"name"`
@@ -147,7 +153,7 @@ func (c *Controller) createService(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	v, created, err := c.CreateWith(r.Context(), req.Name, req.Spec, req.vars())
+	v, created, err := c.CreateWith(r.Context(), r.Header.Get(idempotencyHeader), req.Name, req.Spec, req.vars())
 	switch {
 	case err != nil:
 		writeErr(w, err)
@@ -165,7 +171,7 @@ func (c *Controller) updateService(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
-	v, changed, err := c.UpdateWith(r.Context(), name, req.Spec, req.vars(), req.Mode)
+	v, changed, err := c.UpdateWith(r.Context(), r.Header.Get(idempotencyHeader), name, req.Spec, req.vars(), req.Mode)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -185,6 +191,7 @@ func (c *Controller) deleteService(w http.ResponseWriter, r *http.Request) {
 func withEnded(r *http.Request) bool { return r.URL.Query().Get("all") == "1" }
 
 func (c *Controller) listServices(w http.ResponseWriter, r *http.Request) {
+	c.fresh(r.Context())
 	st, err := c.status(r.Context(), "", withEnded(r))
 	if err != nil {
 		writeErr(w, err)
@@ -197,6 +204,7 @@ func (c *Controller) listServices(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Controller) getService(w http.ResponseWriter, r *http.Request) {
+	c.fresh(r.Context())
 	st, err := c.status(r.Context(), r.PathValue("name"), withEnded(r))
 	if err != nil {
 		writeErr(w, err)

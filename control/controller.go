@@ -115,7 +115,13 @@ type Controller struct {
 	// fwdMu guards where a standby last found the leader's API (forward.go) and when.
 	fwdMu   sync.Mutex
 	fwdURL  *url.URL
+	fwdInfo state.LeaderInfo
+	fwdErr  error
 	fwdRead time.Time
+	// followMu serializes a standby's reads of the store (follow): its loop's and those its
+	// API makes before answering, so that an older read never replaces a newer one.
+	// Lock order: followMu, then c.mu.
+	followMu sync.Mutex
 }
 
 type service struct {

@@ -128,6 +128,20 @@ func (c *Controller) standBy(ctx context.Context) (int64, bool) {
 	}
 }
 
+// fresh brings a standby's view up to the store before its API answers a read (issue 46
+// §1): a write the leader acknowledged a moment ago is readable through whichever control
+// plane the CLI asks next, not only after the standby's next periodic read (a third of the
+// lease later). A read that fails leaves the view as it was; the answer then says what the
+// store last said.
+func (c *Controller) fresh(ctx context.Context) {
+	if c.leading() {
+		return
+	}
+	if err := c.follow(ctx); err != nil {
+		c.log.Warn("standby: could not read the store before answering", "err", err)
+	}
+}
+
 // keepLease renews the lease until ctx ends or the lease is lost.
 func (c *Controller) keepLease(ctx context.Context) {
 	t := time.NewTicker(c.renewEvery())
@@ -153,6 +167,8 @@ func (c *Controller) keepLease(ctx context.Context) {
 // only, and republishes the ready set when it changed. A standby's view: it asks no
 // provider and writes nothing.
 func (c *Controller) follow(ctx context.Context) error {
+	c.followMu.Lock()
+	defer c.followMu.Unlock()
 	now := c.cfg.Now()
 	svcs, err := c.store.Services(ctx)
 	if err != nil {
@@ -214,6 +230,11 @@ func (c *Controller) follow(ctx context.Context) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.leading() {
+		// The lease was taken meanwhile: recovery replaces the services from the store,
+		// and what it adopts is not to be overwritten by this read.
+		return nil
+	}
 	c.services, c.view = services, fp.String()
 	c.relearnModels()
 	c.publish()

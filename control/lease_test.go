@@ -3,10 +3,13 @@ package control
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -236,7 +239,10 @@ func TestTwoControlPlanesOneLeaderFenced(t *testing.T) {
 // A standby forwards the writes it is sent to the leader, whose API address the lease's row
 // holds: a service created and a router's load report sent through the standby reach the
 // leader; a request already forwarded once is not forwarded again (no ping-pong between two
-// standbys); reads stay the standby's own.
+// standbys); reads stay the standby's own, and see what the leader wrote at once, not a
+// third of the lease later (issue 46 §1). A write retried with its Idempotency-Key lands
+// once and is answered as the first time (§2); while the leader does not answer, a write
+// is refused with a failover's Retry-After and says so.
 func TestStandbyForwardsWritesToTheLeader(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -250,7 +256,9 @@ func TestStandbyForwardsWritesToTheLeader(t *testing.T) {
 		return st
 	}
 	stA, stB := open(), open()
-	const ttl = 2 * time.Second
+	// Long: the standby reads the store on its own only every 10 s, so a read that sees
+	// the leader's write at once is one the API brought up to date.
+	const ttl = 30 * time.Second
 	lA, err := stA.NewLease("cp-a", ttl, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -289,6 +297,48 @@ func TestStandbyForwardsWritesToTheLeader(t *testing.T) {
 	if _, err := stA.GetService(ctx, "svc"); err != nil {
 		t.Fatalf("the service created through the standby: %v", err)
 	}
+	for _, path := range []string{"/v1/services/svc", "/v1/services"} {
+		if code, body := call(t, srvB, "GET", path, "secret", ""); code != http.StatusOK || !strings.Contains(body, `"name":"svc"`) {
+			t.Fatalf("GET %s through the standby right after the write: %d %s; want the service", path, code, body)
+		}
+	}
+	// Retried writes: each answered as the first time, none stored twice.
+	keyed := func(method, path, key, body string) (int, SubmitResponse) {
+		t.Helper()
+		req, _ := http.NewRequest(method, srvB.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer secret")
+		req.Header.Set(idempotencyHeader, key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out SubmitResponse
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		return resp.StatusCode, out
+	}
+	spec2 := strings.Replace(fixedSpec, "model: m}", "model: m2}", 1)
+	for try := range 2 {
+		if code, res := keyed("POST", "/v1/services", "create-k", submit("svc2", spec2)); code != http.StatusCreated || res.Version != 1 || res.Unchanged {
+			t.Fatalf("create with a key, try %d: %d %+v; want 201 version 1 both times", try+1, code, res)
+		}
+	}
+	updated := strings.Replace(spec2, "replicas: 3", "replicas: 2", 1)
+	if updated == spec2 || spec2 == fixedSpec {
+		t.Fatal("fixedSpec has no replicas: 3 or model: m to change")
+	}
+	b2, _ := json.Marshal(SubmitRequest{Spec: updated})
+	for try := range 2 {
+		if code, res := keyed("PUT", "/v1/services/svc2", "update-k", string(b2)); code != http.StatusOK || res.Version != 2 || res.Unchanged {
+			t.Fatalf("update with a key, try %d: %d %+v; want version 2, changed, both times", try+1, code, res)
+		}
+	}
+	if code, _ := keyed("PUT", "/v1/services/svc", "update-k", string(b2)); code != http.StatusBadRequest {
+		t.Errorf("a key reused for another service: %d; want 400", code)
+	}
+	if sv, err := stA.GetService(ctx, "svc2"); err != nil || sv.Version != 2 {
+		t.Fatalf("svc2 after two creates and two updates with their keys: version %d, %v; want 2", sv.Version, err)
+	}
 	if code, body := call(t, srvB, "POST", "/v1/load", "secret", `{"router":"r-via-b","models":[{"model":"m","requests":1}]}`); code != http.StatusOK {
 		t.Fatalf("a load report through the standby: %d %s", code, body)
 	}
@@ -312,5 +362,26 @@ func TestStandbyForwardsWritesToTheLeader(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("a request forwarded to a standby: %d; want 503, not forwarded again", resp.StatusCode)
+	}
+	// The leader's API stops answering (its process is gone; its lease runs on): a write
+	// through the standby is refused as a failover, with when to retry.
+	srvA.Close()
+	b.forgetLeader()
+	req, _ = http.NewRequest("DELETE", srvB.URL+"/v1/services/svc", nil)
+	req.Header.Set("Authorization", "Bearer secret")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	ra, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if resp.StatusCode != http.StatusServiceUnavailable || ra < 1 || ra > int((ttl+ttl/3)/time.Second)+1 ||
+		!strings.Contains(string(msg), "a failover is under way: the leader cp-a") || !strings.Contains(string(msg), "nothing was written") {
+		t.Errorf("a write while the leader does not answer: %d, Retry-After %q, %s; want 503, a retry within the lease and a renewal, and a failover's message",
+			resp.StatusCode, resp.Header.Get("Retry-After"), msg)
+	}
+	if sv, err := stA.GetService(ctx, "svc"); err != nil || sv.Status == "deleting" {
+		t.Errorf("svc after the refused delete: %+v %v; want it untouched", sv, err)
 	}
 }

@@ -228,11 +228,13 @@ func versionJSON(v Vars, mode string) string {
 // Submitting again the spec an existing service runs creates nothing and answers its
 // version (created false), so `serve up` can be run again.
 func (c *Controller) Create(ctx context.Context, name, text string, envs map[string]string) (version int, created bool, err error) {
-	return c.CreateWith(ctx, name, text, Vars{Envs: envs})
+	return c.CreateWith(ctx, "", name, text, Vars{Envs: envs})
 }
 
-// CreateWith is Create with --secret values too.
-func (c *Controller) CreateWith(ctx context.Context, name, text string, vars Vars) (version int, created bool, err error) {
+// CreateWith is Create with --secret values too, and key: the client's Idempotency-Key
+// ("": none). A create whose key made a version already (its answer was lost, say with the
+// leader that wrote it) is answered as it was then, and writes nothing.
+func (c *Controller) CreateWith(ctx context.Context, key, name, text string, vars Vars) (version int, created bool, err error) {
 	if err := validName(name); err != nil {
 		return 0, false, err
 	}
@@ -242,6 +244,9 @@ func (c *Controller) CreateWith(ctx context.Context, name, text string, vars Var
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if v, done, err := c.replay(ctx, key, name); err != nil || done {
+		return v, done, err
+	}
 	if s, ok := c.services[name]; ok {
 		switch {
 		case s.deleting:
@@ -255,7 +260,7 @@ func (c *Controller) CreateWith(ctx context.Context, name, text string, vars Var
 		return 0, false, modelTaken(name, holder, model)
 	}
 	now := c.cfg.Now()
-	v, err := c.store.PutService(ctx, name, text, varsJSON(vars), now)
+	v, err := c.store.PutServiceOnce(ctx, key, name, text, varsJSON(vars), now)
 	if err != nil {
 		return 0, false, err
 	}
@@ -279,11 +284,12 @@ const (
 
 // Update submits a new version of a service: a rolling update.
 func (c *Controller) Update(ctx context.Context, name, text string, envs map[string]string) (version int, changed bool, err error) {
-	return c.UpdateWith(ctx, name, text, Vars{Envs: envs}, ModeRolling)
+	return c.UpdateWith(ctx, "", name, text, Vars{Envs: envs}, ModeRolling)
 }
 
-// UpdateWith is Update with --secret values too, and an update mode.
-func (c *Controller) UpdateWith(ctx context.Context, name, text string, vars Vars, mode string) (version int, changed bool, err error) {
+// UpdateWith is Update with --secret values too, an update mode, and the client's
+// Idempotency-Key (as CreateWith's).
+func (c *Controller) UpdateWith(ctx context.Context, key, name, text string, vars Vars, mode string) (version int, changed bool, err error) {
 	switch mode {
 	case "", ModeRolling, ModeBlueGreen:
 	default:
@@ -295,6 +301,9 @@ func (c *Controller) UpdateWith(ctx context.Context, name, text string, vars Var
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if v, done, err := c.replay(ctx, key, name); err != nil || done {
+		return v, done, err
+	}
 	s, ok := c.services[name]
 	if !ok || s.deleting {
 		return 0, false, fmt.Errorf("service %q: %w", name, ErrNotFound)
@@ -309,7 +318,7 @@ func (c *Controller) UpdateWith(ctx context.Context, name, text string, vars Var
 	}
 	cfg := scaling.ConfigFromSpec(sp)
 	// The new version is recorded first: a write that fails changes nothing, here either.
-	v, err := c.store.PutService(ctx, name, text, versionJSON(vars, mode), c.cfg.Now())
+	v, err := c.store.PutServiceOnce(ctx, key, name, text, versionJSON(vars, mode), c.cfg.Now())
 	if err != nil {
 		return 0, false, err
 	}
@@ -395,6 +404,29 @@ func (c *Controller) TakeDown(service, id string, purge bool) (string, error) {
 		return id, nil
 	}
 	return "", fmt.Errorf("replica %q: %w", id, ErrNotFound)
+}
+
+// replay finds the version a write with this Idempotency-Key made (done), for a write to
+// service name; "" finds nothing. A key that made a version of another service is a
+// client's mistake. Caller holds c.mu, which orders every service write of this leader.
+func (c *Controller) replay(ctx context.Context, key, name string) (version int, done bool, err error) {
+	if key == "" {
+		return 0, false, nil
+	}
+	if len(key) > 255 {
+		return 0, false, fmt.Errorf("%w: Idempotency-Key: want at most 255 characters", errBadRequest)
+	}
+	svc, v, err := c.store.Request(ctx, key)
+	switch {
+	case errors.Is(err, state.ErrNotFound):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, err
+	case svc != name:
+		return 0, false, fmt.Errorf("%w: Idempotency-Key %q made version %d of service %s, not a version of %s: send a new key with each write", errBadRequest, key, v, svc, name)
+	}
+	c.log.Info("a retried write that landed already: answered as the first time", "service", name, "version", v, "key", key)
+	return v, true, nil
 }
 
 func validName(name string) error {

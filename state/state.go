@@ -370,16 +370,40 @@ func fromMS(v int64) time.Time {
 // PutService creates a service (version 1) or adds a new version to an existing one, and
 // returns the version number.
 func (s *Store) PutService(ctx context.Context, name, spec, envs string, now time.Time) (int, error) {
+	return s.PutServiceOnce(ctx, "", name, spec, envs, now)
+}
+
+// requestsKept is how long a request's key is remembered: far longer than any client
+// retries one write.
+const requestsKept = 24 * time.Hour
+
+// PutServiceOnce is PutService that records key (a client's Idempotency-Key; "": none) with
+// the version, in the same transaction: Request finds it after, whichever control plane
+// asks.
+func (s *Store) PutServiceOnce(ctx context.Context, key, name, spec, envs string, now time.Time) (int, error) {
 	if err := s.writable(); err != nil {
 		return 0, err
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	v, err := s.putService(ctx, name, spec, envs, now)
+	v, err := s.putService(ctx, key, name, spec, envs, now)
 	return v, s.wrote(ctx, err)
 }
 
-func (s *Store) putService(ctx context.Context, name, spec, envs string, now time.Time) (int, error) {
+// Request is the service and version a write with this Idempotency-Key made, or
+// ErrNotFound.
+func (s *Store) Request(ctx context.Context, key string) (service string, version int, err error) {
+	err = s.db.QueryRowContext(ctx, s.q(`SELECT service, version FROM requests WHERE id = ?`), key).Scan(&service, &version)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", 0, ErrNotFound
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("read request %q: %w", key, err)
+	}
+	return service, version, nil
+}
+
+func (s *Store) putService(ctx context.Context, key, name, spec, envs string, now time.Time) (int, error) {
 	if envs == "" {
 		envs = "{}"
 	}
@@ -406,6 +430,16 @@ func (s *Store) putService(ctx context.Context, name, spec, envs string, now tim
 	}
 	if err := s.insertEvent(ctx, tx, now, name, "", eventService, fmt.Sprintf("version %d submitted", v)); err != nil {
 		return 0, err
+	}
+	if key != "" {
+		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM requests WHERE created_at < ?`), ms(now.Add(-requestsKept))); err != nil {
+			return 0, fmt.Errorf("put service %s: drop old requests: %w", name, err)
+		}
+		// A key taken already (a retry that raced its first try past the caller's
+		// check) fails the insert: nothing is written twice.
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO requests (id, service, version, created_at) VALUES (?, ?, ?, ?)`), key, name, v, ms(now)); err != nil {
+			return 0, fmt.Errorf("put service %s: record request %q: %w", name, key, err)
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("put service %s: commit: %w", name, err)

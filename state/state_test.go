@@ -237,3 +237,39 @@ func recreatedServiceStartsANewEventLog(t *testing.T, setting string) {
 		t.Errorf("every service's events: %q; want the whole history, the deleted service's included", got)
 	}
 }
+
+// A write's Idempotency-Key is recorded with the version it made, in the same transaction
+// (issue 46 §2): found after, on either database; a second write with the same key is
+// refused and writes nothing; a day later the key is forgotten.
+func TestPutServiceOnceRecordsItsKey(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, _ backend, setting string) {
+		ctx := context.Background()
+		s := openSetting(t, setting, Options{})
+		defer s.Close()
+		t0 := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+		if _, _, err := s.Request(ctx, "k1"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("an unknown key: %v; want ErrNotFound", err)
+		}
+		if v, err := s.PutServiceOnce(ctx, "k1", "svc", "spec: 1", "", t0); err != nil || v != 1 {
+			t.Fatalf("first write: version %d, %v", v, err)
+		}
+		if v, err := s.PutServiceOnce(ctx, "k2", "svc", "spec: 2", "", t0); err != nil || v != 2 {
+			t.Fatalf("second write: version %d, %v", v, err)
+		}
+		if svc, v, err := s.Request(ctx, "k1"); err != nil || svc != "svc" || v != 1 {
+			t.Fatalf("k1: %s %d %v; want svc version 1", svc, v, err)
+		}
+		if _, err := s.PutServiceOnce(ctx, "k2", "svc", "spec: 3", "", t0); err == nil {
+			t.Fatal("a key used twice was taken twice")
+		}
+		if sv, err := s.GetService(ctx, "svc"); err != nil || sv.Version != 2 {
+			t.Fatalf("after the refused write: version %d, %v; want 2", sv.Version, err)
+		}
+		if _, err := s.PutServiceOnce(ctx, "k3", "svc", "spec: 3", "", t0.Add(requestsKept+time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.Request(ctx, "k1"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("k1 a day later: %v; want forgotten", err)
+		}
+	})
+}
