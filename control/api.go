@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
@@ -261,30 +262,17 @@ func (c *Controller) events(w http.ResponseWriter, r *http.Request) {
 }
 
 // logs serves a replica's output from offset (?offset=N); X-Log-Offset says where the next
-// read starts, so `serve logs --follow` polls without re-reading.
+// read starts, so `serve logs --follow` polls without re-reading. Output a provider keeps
+// on the host of the control plane that launched the replica (the local provider's files)
+// is read through that control plane when it is not here (issue 46 §4).
 func (c *Controller) logs(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("replica")
-	c.mu.Lock()
-	provider := ""
-	if _, rep := c.replicaByID(id); rep != nil {
-		provider = rep.row.Provider
-	}
-	c.mu.Unlock()
-	if provider == "" {
-		rows, err := c.store.Replicas(r.Context(), "", true)
-		if err == nil {
-			for _, row := range rows {
-				if row.ID == id {
-					provider = row.Provider
-				}
-			}
-		}
-	}
-	if provider == "" {
+	row, ok := c.replicaRow(r.Context(), id)
+	if !ok {
 		writeErr(w, fmt.Errorf("replica %q: %w", id, ErrNotFound))
 		return
 	}
-	p, err := c.provider(provider)
+	p, err := c.provider(row.Provider)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -297,17 +285,19 @@ func (c *Controller) logs(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, fmt.Errorf("replica %s log: %w", id, err))
 			return
 		}
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Header().Set("X-Log-Offset", strconv.FormatInt(off+int64(len(b)), 10))
-		_, _ = w.Write(b)
+		writeLog(w, off, b)
 		return
 	}
 	src, ok := p.(LogSource)
 	if !ok {
-		writeErr(w, fmt.Errorf("%w: provider %s keeps no logs here", errBadRequest, provider))
+		writeErr(w, fmt.Errorf("%w: provider %s keeps no logs here", errBadRequest, row.Provider))
 		return
 	}
 	f, err := os.Open(src.LogPath(id))
+	if errors.Is(err, os.ErrNotExist) && c.cfg.Lease != nil && row.Launcher != "" && row.Launcher != c.store.Advertised() && r.Header.Get(forwardedHeader) == "" {
+		c.logsFrom(w, r, row)
+		return
+	}
 	if err != nil {
 		writeErr(w, fmt.Errorf("replica %s log: %w", id, ErrNotFound))
 		return
@@ -324,9 +314,78 @@ func (c *Controller) logs(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	writeLog(w, off, b)
+}
+
+func writeLog(w http.ResponseWriter, off int64, b []byte) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Log-Offset", strconv.FormatInt(off+int64(len(b)), 10))
 	_, _ = w.Write(b)
+}
+
+// replicaRow is a replica's row: the one this control plane follows, else the store's
+// (an ended replica's too).
+func (c *Controller) replicaRow(ctx context.Context, id string) (state.Replica, bool) {
+	c.mu.Lock()
+	_, rep := c.replicaByID(id)
+	var row state.Replica
+	if rep != nil {
+		row = rep.row
+	}
+	c.mu.Unlock()
+	if rep != nil && (row.Launcher != "" || c.cfg.Lease == nil) {
+		return row, true
+	}
+	// The store's row says who launched it, whatever this control plane's copy holds.
+	rows, err := c.store.Replicas(ctx, "", true)
+	if err == nil {
+		for _, r := range rows {
+			if r.ID == id {
+				return r, true
+			}
+		}
+	}
+	return row, rep != nil
+}
+
+// logsFrom reads a replica's output through the control plane that launched it, where
+// the provider keeps it (the local provider's files on that host); if that one does not
+// answer, the error says which it is and where its files are.
+func (c *Controller) logsFrom(w http.ResponseWriter, r *http.Request, row state.Replica) {
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(row.Launcher, "/")+r.URL.RequestURI(), nil)
+	if err != nil {
+		writeErr(w, fmt.Errorf("replica %s log: launcher %q: %w", row.ID, row.Launcher, err))
+		return
+	}
+	req.Header.Set("Authorization", r.Header.Get("Authorization"))
+	req.Header.Set(forwardedHeader, c.holder())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		// 502, not 503: no other control plane has the files, so the CLI does not wait
+		// for one as it would through a failover.
+		writeJSON(w, http.StatusBadGateway, APIError{Error: fmt.Sprintf(
+			"replica %s's output is kept on the host of the control plane that launched it, which answers at %s (in the logs/ folder of its --home), and it did not answer: %v",
+			row.ID, row.Launcher, err)})
+		return
+	}
+	defer resp.Body.Close()
+	for _, h := range []string{"Content-Type", "X-Log-Offset", "Retry-After"} {
+		if v := resp.Header.Get(h); v != "" {
+			w.Header().Set(h, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, io.LimitReader(resp.Body, 2<<20))
+}
+
+// holder names this control plane (its lease's holder; "" without a lease).
+func (c *Controller) holder() string {
+	if c.cfg.Lease == nil {
+		return ""
+	}
+	return c.cfg.Lease.Holder()
 }
 
 // readySet long-polls: it answers at once when the caller's revision (?after=N) is not the

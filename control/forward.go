@@ -147,6 +147,7 @@ func (c *Controller) forwardWrites(next http.Handler) http.Handler {
 				return
 			}
 			msg, after := failover(li, c.renewEvery(), nil, false, time.Now())
+			c.log.Info("write refused: no control plane can take it now", "path", r.URL.Path, "lease", li.Holder, "retry_after", after)
 			w.Header().Set("Retry-After", retryAfterHeader(after))
 			writeJSON(w, http.StatusServiceUnavailable, APIError{Error: msg})
 			return

@@ -268,6 +268,9 @@ func (l *Lease) Release(ctx context.Context) error {
 // its lease: standbys forward the writes they are sent to the leader's.
 func (s *Store) Advertise(url string) { s.address.Store(url) }
 
+// Advertised is the URL Advertise set ("": none).
+func (s *Store) Advertised() string { u, _ := s.address.Load().(string); return u }
+
 // LeaderInfo is the lease as the database says: who holds it, its term, when it expires by
 // the holder's clock, and where the holder's API answers ("" if it did not say).
 type LeaderInfo struct {

@@ -40,7 +40,8 @@ func (s *Store) migrate(ctx context.Context) error {
 		opts = append(opts, goose.WithGoMigrations(
 			goose.NewGoMigration(2, &goose.GoFunc{RunTx: addReplicaColumn("price_source")}, nil),
 			goose.NewGoMigration(3, &goose.GoFunc{RunTx: addReplicaColumn("accelerator")}, nil),
-			goose.NewGoMigration(6, &goose.GoFunc{RunTx: addColumn("leader", "address")}, nil)))
+			goose.NewGoMigration(6, &goose.GoFunc{RunTx: addColumn("leader", "address")}, nil),
+			goose.NewGoMigration(8, &goose.GoFunc{RunTx: addReplicaColumn("launcher")}, nil)))
 	}
 	p, err := goose.NewProvider(dialect, s.db, sub, opts...)
 	if err != nil {
@@ -53,7 +54,8 @@ func (s *Store) migrate(ctx context.Context) error {
 }
 
 // addReplicaColumn is a SQLite migration that gives replicas a text column (00002:
-// price_source; 00003: accelerator, the GPU a replica was placed on). A state file made by a
+// price_source; 00003: accelerator, the GPU a replica was placed on; 00008: launcher, where
+// the control plane that launched it answers). A state file made by a
 // version that created the column itself, before migrations were versioned, has it already
 // (SQLite has no ADD COLUMN IF NOT EXISTS).
 func addReplicaColumn(col string) func(context.Context, *sql.Tx) error {

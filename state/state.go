@@ -336,11 +336,15 @@ type Replica struct {
 	PriceSource string `json:"price_source,omitempty"`
 	// Accelerator is the GPU placement launched the replica on, as the catalogs name it
 	// (L4, H100); "" where the provider quotes no market (the local machine).
-	Accelerator string    `json:"accelerator,omitempty"`
-	LaunchedAt  time.Time `json:"launched_at"`
-	ReadyAt     time.Time `json:"ready_at,omitzero"`
-	UpdatedAt   time.Time `json:"updated_at"`
-	EndedAt     time.Time `json:"ended_at,omitzero"`
+	Accelerator string `json:"accelerator,omitempty"`
+	// Launcher is where the control plane that launched the replica answers (its
+	// advertised API URL, Store.Advertise; "" without a lease): a provider that keeps a
+	// replica's output on that control plane's host (the local one) is read through it.
+	Launcher   string    `json:"launcher,omitempty"`
+	LaunchedAt time.Time `json:"launched_at"`
+	ReadyAt    time.Time `json:"ready_at,omitzero"`
+	UpdatedAt  time.Time `json:"updated_at"`
+	EndedAt    time.Time `json:"ended_at,omitzero"`
 }
 
 // Event is one entry of the event log.
@@ -634,9 +638,13 @@ func (s *Store) newReplica(ctx context.Context, r Replica, now time.Time) (Repli
 	}
 	r.ID = fmt.Sprintf("%s-%d", r.Service, seq)
 	r.LaunchedAt, r.UpdatedAt = now, now
-	_, err = tx.ExecContext(ctx, s.q(`INSERT INTO replicas (id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, accelerator, launched_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-		r.ID, r.Service, r.Version, r.Provider, r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, r.PriceSource, r.Accelerator, ms(now), ms(now))
+	if r.Launcher == "" {
+		// The row is written by the control plane that launches it.
+		r.Launcher = s.Advertised()
+	}
+	_, err = tx.ExecContext(ctx, s.q(`INSERT INTO replicas (id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, accelerator, launcher, launched_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+		r.ID, r.Service, r.Version, r.Provider, r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, r.PriceSource, r.Accelerator, r.Launcher, ms(now), ms(now))
 	if err != nil {
 		return r, fmt.Errorf("new replica %s: %w", r.ID, err)
 	}
@@ -695,7 +703,7 @@ func moved(move, reason string) string {
 	return move + ": " + reason
 }
 
-const replicaCols = `id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, accelerator, launched_at, ready_at, updated_at, ended_at`
+const replicaCols = `id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, accelerator, launcher, launched_at, ready_at, updated_at, ended_at`
 
 // Replicas lists a service's replicas ("" = all services); ended ones only when withEnded.
 func (s *Store) Replicas(ctx context.Context, service string, withEnded bool) ([]Replica, error) {
@@ -713,7 +721,7 @@ func (s *Store) Replicas(ctx context.Context, service string, withEnded bool) ([
 		var r Replica
 		var l, rd, u, e int64
 		if err := rows.Scan(&r.ID, &r.Service, &r.Version, &r.Provider, &r.Handle, &r.Address, &r.Model, &r.State, &r.Reason,
-			&r.Capacity, &r.Region, &r.Zone, &r.PricePerHour, &r.PriceSource, &r.Accelerator, &l, &rd, &u, &e); err != nil {
+			&r.Capacity, &r.Region, &r.Zone, &r.PricePerHour, &r.PriceSource, &r.Accelerator, &r.Launcher, &l, &rd, &u, &e); err != nil {
 			return nil, err
 		}
 		r.LaunchedAt, r.ReadyAt, r.UpdatedAt, r.EndedAt = fromMS(l), fromMS(rd), fromMS(u), fromMS(e)

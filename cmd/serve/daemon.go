@@ -310,10 +310,44 @@ func mkdirAll(home string) string {
 	return home
 }
 
+// The API token and the failover wait of the CLI's calls, from the global flags (root).
+var (
+	tokenFile    string
+	failoverWait = time.Minute
+)
+
+// tokenEnv holds the API token, for a CLI that talks to a control plane whose home is not
+// this machine's (--api): as --token-file, it takes the place of <--home>/token.
+const tokenEnv = "ARBITER_TOKEN"
+
+// cliToken is the token the CLI sends: --token-file's, else $ARBITER_TOKEN, else the
+// home's token file ("" if there is none: a control plane without one).
+func cliToken(home string) (string, error) {
+	if tokenFile != "" {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return "", fail(exitUsage, "--token-file: %v", err)
+		}
+		t := string(bytes.TrimSpace(b))
+		if t == "" {
+			return "", fail(exitUsage, "--token-file %s is empty", tokenFile)
+		}
+		return t, nil
+	}
+	if t := strings.TrimSpace(os.Getenv(tokenEnv)); t != "" {
+		return t, nil
+	}
+	b, err := os.ReadFile(control.TokenPath(home))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	return string(bytes.TrimSpace(b)), nil
+}
+
 // connect returns a client for a running control plane, or an unreachable error.
 func connect(ctx context.Context, home, apiOverride string) (*client, daemonInfo, error) {
-	token, err := os.ReadFile(control.TokenPath(home))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	token, err := cliToken(home)
+	if err != nil {
 		return nil, daemonInfo{}, err
 	}
 	info, ierr := readDaemonInfo(home)
@@ -324,7 +358,7 @@ func connect(ctx context.Context, home, apiOverride string) (*client, daemonInfo
 		}
 		base = info.API
 	}
-	c := &client{token: string(bytes.TrimSpace(token)), http: &http.Client{}}
+	c := &client{token: token, http: &http.Client{}, wait: failoverWait, note: os.Stderr}
 	// Several control planes, comma-separated: the first that answers is talked to first.
 	for u := range strings.SplitSeq(base, ",") {
 		if u = strings.TrimSuffix(strings.TrimSpace(u), "/"); u != "" {

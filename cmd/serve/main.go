@@ -71,6 +71,8 @@ func root() *cobra.Command {
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&g.home, "home", envOr("ARBITER_HOME", filepath.Join(home, ".arbiter")), "state directory of the local control plane ($ARBITER_HOME)")
 	pf.StringVar(&g.api, "api", os.Getenv("ARBITER_API"), "control plane URL (default: the one running for --home); several control planes on one store, comma-separated: the CLI talks to one that answers, and moves on when one does not")
+	pf.StringVar(&tokenFile, "token-file", "", "file holding the control plane's API token (default: $"+tokenEnv+", else <--home>/token); the file given to the autoscalers' --token-file")
+	pf.DurationVar(&failoverWait, "failover-wait", failoverWait, "with several control planes (--api a,b,c): how long a call waits for one to take it while none can (a failover); 0: not at all")
 	up, daemon := upCmd(g), daemonCmd(g)
 	addDaemonFlags(up, &g.daemon)
 	addDaemonFlags(daemon, &g.daemon)
