@@ -138,15 +138,22 @@ func (c *client) tryEach(ctx context.Context, method, path, key string, body []b
 		}
 	}
 	var (
-		h     http.Header
-		again bool
-		err   error
+		h       http.Header
+		again   bool
+		err     error
+		refusal error // the first answer that refused the call: it says why (a failover)
 	)
 	for i, base := range order {
 		h, again, err = c.doAt(ctx, base, method, path, key, body, out)
+		var ae *apiError
+		if refusal == nil && errors.As(err, &ae) {
+			refusal = err
+		}
 		if !again || i == len(order)-1 || ctx.Err() != nil {
 			if err == nil {
 				c.base = base
+			} else if again && refusal != nil {
+				err = refusal
 			}
 			return h, again, err
 		}
