@@ -397,6 +397,10 @@ func (c *Controller) readySet(w http.ResponseWriter, r *http.Request) {
 		wait = 0
 	}
 	wait = min(wait, 60*time.Second)
+	// A router that moves here from a leader that died knows a later set than this
+	// standby's last periodic read may (a replica ready since): read the store first, or
+	// the router would drop that replica (issue 46: seen at a 15 s lease).
+	c.fresh(r.Context())
 	set, changed := c.ReadySet()
 	if set.Revision == after && wait > 0 {
 		t := time.NewTimer(wait)

@@ -302,6 +302,23 @@ func TestStandbyForwardsWritesToTheLeader(t *testing.T) {
 			t.Fatalf("GET %s through the standby right after the write: %d %s; want the service", path, code, body)
 		}
 	}
+	// The leader's replicas ready: a router that moves to the standby (its leader gone)
+	// is given them at once, not the set of the standby's last periodic read.
+	waitFor(t, "the leader's 3 replicas of svc ready", 20*time.Second, func() bool {
+		rows, err := stA.Replicas(ctx, "svc", false)
+		n := 0
+		for _, r := range rows {
+			if r.State == string(replicas.Ready) {
+				n++
+			}
+		}
+		return err == nil && n == 3
+	})
+	code, body := call(t, srvB, "GET", "/v1/readyset?after=0", "secret", "")
+	var set fleet.ReadySet
+	if err := json.Unmarshal([]byte(body), &set); code != http.StatusOK || err != nil || len(set.Replicas) != 3 {
+		t.Fatalf("the standby's ready set right after the leader's replicas got ready: %d %s; want the 3", code, body)
+	}
 	// Retried writes: each answered as the first time, none stored twice.
 	keyed := func(method, path, key, body string) (int, SubmitResponse) {
 		t.Helper()

@@ -316,6 +316,11 @@ var (
 	failoverWait = time.Minute
 )
 
+// frozenAfter is how long the CLI waits for one of several control planes to answer a
+// call before it takes that one for frozen: far longer than any API call takes, shorter
+// than a person waits.
+const frozenAfter = 30 * time.Second
+
 // tokenEnv holds the API token, for a CLI that talks to a control plane whose home is not
 // this machine's (--api): as --token-file, it takes the place of <--home>/token.
 const tokenEnv = "ARBITER_TOKEN"
@@ -367,6 +372,13 @@ func connect(ctx context.Context, home, apiOverride string) (*client, daemonInfo
 	}
 	if len(c.bases) == 0 {
 		return nil, info, fail(exitUsage, "--api %q names no control plane", base)
+	}
+	if len(c.bases) > 1 {
+		// A control plane frozen (SIGSTOP, a hung host) takes the connection and never
+		// answers: past this, the call goes to another, a write with its Idempotency-Key.
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.ResponseHeaderTimeout = frozenAfter
+		c.http = &http.Client{Transport: tr}
 	}
 	for _, u := range c.bases {
 		c.base = u
