@@ -172,6 +172,10 @@ type service struct {
 	// placement is its last plan's reason.
 	placer    *scaling.Placer
 	placement string
+	// unplaced: the last placement launched nothing while the service's live replicas
+	// fell short of its target (no offer could take one: none quoted, all refused or
+	// cooling); status says "waiting_for_capacity" while nothing runs.
+	unplaced bool
 	// quoteErr is the provider's last quote error ("" after a good quote): a failing
 	// market is reported when its error changes, not on every tick.
 	quoteErr string

@@ -261,11 +261,26 @@ func TestFailingQuoteIsReportedOnce(t *testing.T) {
 		mkt.quoteErr = err
 		mkt.mu.Unlock()
 	}
+	status := func() string {
+		t.Helper()
+		sts, err := c.status(ctx, "svc", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sts[0].Status
+	}
 	ticks(c, &now, 5)
+	// Nothing could be placed and nothing runs: it waits for capacity, it does not start.
+	if got := status(); got != "waiting_for_capacity" {
+		t.Errorf("status with no quote: %s; want waiting_for_capacity", got)
+	}
 	setErr(errors.New("catalog unreachable: timeout"))
 	ticks(c, &now, 5)
 	setErr(nil)
 	ticks(c, &now, 5)
+	if got := status(); got == "waiting_for_capacity" {
+		t.Errorf("status once the quotes are back: %s", got)
+	}
 	evs, err := st.Events(ctx, "svc", "", 0, 1000)
 	if err != nil {
 		t.Fatal(err)
@@ -341,5 +356,26 @@ func TestOffersLeftOutAreNotAnError(t *testing.T) {
 	mkt.mu.Unlock()
 	if n != 2 {
 		t.Errorf("%d launches; want the 2 replicas on the priced offer", n)
+	}
+}
+
+// A launch's event says what, where and at what price; a node with no zone or region
+// label (an on-prem machine) names no place rather than "in -" (issue 47).
+func TestLaunchNote(t *testing.T) {
+	for _, tc := range []struct {
+		at   *scaling.Launch
+		want string
+	}{
+		{nil, "launching on local"},
+		{&scaling.Launch{Offer: scaling.Offer{Capacity: fleet.Spot, InstanceType: "g6.xlarge", Zone: "us-east-1a", PricePerHour: 0.3, PriceSource: "aws spot"}},
+			"launching on local (spot g6.xlarge in us-east-1a at $0.3000/h, priced by aws spot)"},
+		{&scaling.Launch{Offer: scaling.Offer{Capacity: fleet.OnDemand, Accelerator: "H100", PricePerHour: 2.5}},
+			"launching on local (on_demand H100 at $2.5000/h)"},
+		{&scaling.Launch{Offer: scaling.Offer{Capacity: fleet.OnDemand, Region: "eu-west-4", PricePerHour: 1}},
+			"launching on local (on_demand capacity in eu-west-4 at $1.0000/h)"},
+	} {
+		if got := launchNote("local", tc.at); got != tc.want {
+			t.Errorf("launchNote = %q; want %q", got, tc.want)
+		}
 	}
 }

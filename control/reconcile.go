@@ -166,6 +166,17 @@ func live(st replicas.State) bool {
 	return false
 }
 
+// liveOf counts a version's replicas that run or are being started.
+func (s *service) liveOf(version int) int {
+	n := 0
+	for _, r := range s.replicas {
+		if r.row.Version == version && live(replicas.State(r.row.State)) {
+			n++
+		}
+	}
+	return n
+}
+
 func (s *service) count(version int, st replicas.State) int {
 	n := 0
 	for _, r := range s.replicas {
@@ -396,6 +407,7 @@ const kubernetesPrefix = "kubernetes"
 // Caller holds c.mu.
 func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offers []scaling.Offer, now time.Time) {
 	if len(offers) == 0 {
+		s.unplaced = s.target > 0
 		return // the provider could not quote: better to wait than to guess
 	}
 	if gpus := mixGPUs(s.spec(), offers); gpus != nil {
@@ -432,6 +444,7 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 
 // applyPlan launches and drains what a placement plan says. Caller holds c.mu.
 func (c *Controller) applyPlan(ctx context.Context, s *service, plan scaling.Plan, now time.Time) {
+	s.unplaced = len(plan.Launch) == 0 && s.liveOf(s.version) < s.target
 	if plan.Reason != s.placement && (len(plan.Launch) > 0 || len(plan.Drain) > 0 || s.gmix == nil) {
 		s.placement = plan.Reason
 		c.event(ctx, s.name, "", "placement", plan.Reason)
@@ -494,15 +507,7 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 	}
 	r := &replica{row: row, busy: true}
 	s.replicas[row.ID] = r
-	launching := "launching on " + p.Name()
-	if at != nil && at.Offer.PricePerHour > 0 {
-		o := at.Offer
-		launching += fmt.Sprintf(" (%s %s in %s at $%.4f/h", o.Capacity, cmp.Or(o.InstanceType, o.Accelerator, "capacity"), cmp.Or(o.Zone, o.Region, "-"), o.PricePerHour)
-		if o.PriceSource != "" {
-			launching += ", priced by " + o.PriceSource
-		}
-		launching += ")"
-	}
+	launching := launchNote(p.Name(), at)
 	c.transition(ctx, s, r, replicas.Provisioning, launching)
 	c.replacing(ctx, s, r, launching)
 	version, setupMu := s.version, s.setupLock(s.version)
@@ -551,6 +556,25 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 		c.replacementLaunched(ctx, s, r)
 		r.nextProbe = c.cfg.Now()
 	}()
+}
+
+// launchNote is a launch's event: the provider and, for a priced offer, what, where and at
+// what price (nil at: the provider's own capacity).
+func launchNote(provider string, at *scaling.Launch) string {
+	note := "launching on " + provider
+	if at == nil || at.Offer.PricePerHour <= 0 {
+		return note
+	}
+	o := at.Offer
+	note += fmt.Sprintf(" (%s %s", o.Capacity, cmp.Or(o.InstanceType, o.Accelerator, "capacity"))
+	if where := cmp.Or(o.Zone, o.Region); where != "" { // a node with no zone or region label names neither
+		note += " in " + where
+	}
+	note += fmt.Sprintf(" at $%.4f/h", o.PricePerHour)
+	if o.PriceSource != "" {
+		note += ", priced by " + o.PriceSource
+	}
+	return note + ")"
 }
 
 // mayLaunch applies the daemon-wide bounds on launching: the replica ceiling and the

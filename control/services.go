@@ -792,6 +792,9 @@ func (c *Controller) statusLocked(rows []state.Service, all []state.Replica, nam
 			st.Status = "ready"
 		case s.target == 0:
 			st.Status = "scaled_to_zero"
+		case st.Live == 0 && s.unplaced:
+			// Nothing runs and nothing could be launched: not "starting".
+			st.Status = "waiting_for_capacity"
 		default:
 			st.Status = "starting"
 		}

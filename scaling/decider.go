@@ -193,6 +193,16 @@ func (d *Decider) Decide(now time.Time, ready, current int) Decision {
 
 	var target int
 	switch {
+	case base == 0 && c.MinReplicas == c.MaxReplicas:
+		// A fixed count (replicas: N) starts with its N: no load moved it.
+		d.resetHolds()
+		target = clipped
+		b.Reset()
+		fmt.Fprintf(&b, "a fixed %d replica(s) (min_replicas = max_replicas)", c.MinReplicas)
+	case base == 0 && c.MinReplicas > 0 && want < c.MinReplicas:
+		d.resetHolds()
+		target = clipped
+		fmt.Fprintf(&b, "; start at min_replicas %d", c.MinReplicas)
 	case base == 0:
 		// Scale from zero at once: requests are waiting and every second
 		// is latency they see (SkyServe waits for a decision tick and makes

@@ -392,6 +392,34 @@ func TestMinReplicasNeverBelow(t *testing.T) {
 	}
 }
 
+// A service's first replicas say why they start: a fixed count is not a wake from zero
+// (no load asked for it), nor is a minimum above the load (issue 47, from a user's log:
+// "target 0 → 1: … concurrency 0 / 8 … wake from zero" for replicas: 1).
+func TestFirstReplicasSayWhy(t *testing.T) {
+	for _, tc := range []struct {
+		min, max int
+		load     float64
+		want     int
+		say, not string
+	}{
+		{1, 1, 0, 1, "a fixed 1 replica(s)", "wake from zero"},
+		{3, 3, 20, 3, "a fixed 3 replica(s)", "wake from zero"},
+		{2, 5, 0, 2, "start at min_replicas 2", "wake from zero"},
+		{0, 5, 8, 2, "wake from zero", "min_replicas"},
+	} {
+		cfg := concCfg()
+		cfg.MinReplicas, cfg.MaxReplicas = tc.min, tc.max
+		if tc.min == 0 {
+			cfg.ScaleToZeroAfter = time.Minute
+		}
+		r := newRun(t, cfg, 0)
+		dec := r.step(1, Sample{InFlight: tc.load})
+		if dec.Target != tc.want || !strings.Contains(dec.Reason, tc.say) || strings.Contains(dec.Reason, tc.not) {
+			t.Errorf("min %d max %d at %v in flight: target %d, %q; want %d, saying %q and not %q", tc.min, tc.max, tc.load, dec.Target, dec.Reason, tc.want, tc.say, tc.not)
+		}
+	}
+}
+
 func TestQPSMatchesSkyServe(t *testing.T) {
 	cfg := Config{Signal: SignalQPS, TargetPerReplica: 2.5, MinReplicas: 1, MaxReplicas: 10,
 		StableWindow: 60 * time.Second, PanicWindow: 6 * time.Second, PanicThreshold: 2,
