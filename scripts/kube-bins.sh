@@ -5,7 +5,7 @@
 # into a cache outside the checkout keyed by those versions, and prints the cache folder on
 # its last line: the folder the tests look in (kubetest.DefaultDir). This script is the
 # cache's only writer: it builds into a temporary folder and renames it into place, under a
-# lock, so a half-built cache is never seen and two runs never build at once. About 8
+# lock, so a half-built cache is never seen and two runs never build at once. About 6
 # minutes cold on 2 cores; instant warm.
 #
 #   bash scripts/kube-bins.sh            # build if missing, print the folder
@@ -56,7 +56,7 @@ gomodcache=$(go env GOMODCACHE)
 # the same module so that the packages they share with Kubernetes (client-go, apimachinery,
 # grpc, otel…) are compiled once, at the versions Kubernetes itself requires: etcd at the
 # server version kubernetes' go.mod names, KWOK against the same client-go.
-log "building kube-apiserver, kube-scheduler, kubectl $K8S, etcd $ETCD, kwok $KWOK (about 8 minutes cold on 2 cores)"
+log "building kube-apiserver, kube-scheduler, kubectl $K8S, etcd $ETCD, kwok $KWOK (about 6 minutes cold on 2 cores)"
 start=$SECONDS
 go mod download k8s.io/kubernetes@$K8S
 kmod="$gomodcache/cache/download/k8s.io/kubernetes/@v/$K8S.mod"

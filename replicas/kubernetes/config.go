@@ -46,6 +46,13 @@ type Cluster struct {
 	// refused for want of capacity (placement tries the next zone, then on-demand).
 	// Default 120.
 	UnschedulableSeconds float64 `yaml:"unschedulable_seconds"`
+	// ProvisionSeconds: a pod placed on capacity the cluster creates on demand (a
+	// Karpenter NodePool) may wait this long for its node (created, booted, registered)
+	// before the launch counts as refused. Default 600.
+	ProvisionSeconds float64 `yaml:"provision_seconds"`
+	// Region is the cluster's region, for the capacity it can create (Karpenter
+	// NodePools) where no node's topology.kubernetes.io/region label says.
+	Region string `yaml:"region"`
 	// StartSeconds bounds how long a scheduled pod may take to run (pulling a vLLM image
 	// of 10 GB or more included). Default 1200.
 	StartSeconds float64 `yaml:"start_seconds"`
@@ -97,8 +104,8 @@ func (c *Cluster) check() error {
 	if c.InCluster && (c.Kubeconfig != "" || c.Context != "") {
 		return errors.New("in_cluster: true uses the pod's service account; drop kubeconfig and context")
 	}
-	if c.UnschedulableSeconds < 0 || c.StartSeconds < 0 || c.GraceSeconds < 0 || c.PullSeconds < 0 {
-		return errors.New("unschedulable_seconds, start_seconds, pull_seconds and grace_seconds must be ≥ 0")
+	if c.UnschedulableSeconds < 0 || c.StartSeconds < 0 || c.GraceSeconds < 0 || c.PullSeconds < 0 || c.ProvisionSeconds < 0 {
+		return errors.New("unschedulable_seconds, provision_seconds, start_seconds, pull_seconds and grace_seconds must be ≥ 0")
 	}
 	if name := strings.TrimPrefix(c.ProviderName(), ProviderPrefix+":"); !clusterName.MatchString(name) {
 		return fmt.Errorf("the cluster's name %q cannot be written in a spec's arbiter.providers (kubernetes:NAME): give it a name: of letters, digits, '-', '_' and '.'", name)
@@ -174,6 +181,9 @@ func (c *Config) defaults() {
 	}
 	if c.Image == "" {
 		c.Image = DefaultImage
+	}
+	if c.ProvisionSeconds == 0 {
+		c.ProvisionSeconds = 600
 	}
 	if c.UnschedulableSeconds == 0 {
 		c.UnschedulableSeconds = 120

@@ -126,7 +126,7 @@ func (p *Provider) launchGroup(ctx context.Context, ls replicas.LaunchSpec, ps p
 	var wg sync.WaitGroup
 	for rank := range n {
 		wg.Go(func() {
-			ins[rank], errs[rank] = p.awaitRunning(wctx, pods[rank], created)
+			ins[rank], errs[rank] = p.awaitRunning(wctx, pods[rank], created, secondsOf(p.cfg.UnschedulableSeconds))
 			if errs[rank] != nil {
 				cancel() // one node failed: the group will not run, stop waiting for the others
 			}

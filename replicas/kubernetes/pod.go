@@ -224,6 +224,14 @@ func buildPod(ls replicas.LaunchSpec, ps podSpec, price float64, rank int) *core
 			pod.Annotations[k] = v
 		}
 	}
+	// Karpenter moves pods to consolidate nodes, replace drifted or expired ones: Arbiter
+	// places, rebalances and drains its replicas itself, and a replica moved by eviction
+	// would drop the answers it is streaming. Voluntary disruption waits for Arbiter to end
+	// the pod (its node is then empty, and consolidated); a spot interruption does not wait,
+	// and reaches Arbiter as a notice. custom_metadata may say otherwise.
+	if _, set := pod.Annotations[annKarpenterDoNotDisrupt]; !set {
+		pod.Annotations[annKarpenterDoNotDisrupt] = "true"
+	}
 	// volumes: each an existing PersistentVolumeClaim by name, mounted at its path.
 	for i, v := range ls.Volumes {
 		name := "vol-" + strconv.Itoa(i)
@@ -278,7 +286,9 @@ func nodeTerms(ls replicas.LaunchSpec, ps podSpec) []corev1.NodeSelectorTerm {
 	if ls.Zone != "" {
 		common = append(common, in(labelZone, ls.Zone))
 	}
-	if ls.Region != "" {
+	// A Karpenter NodePool creates nodes in its cluster's one region, and the region label
+	// is not among those its providers all set (KWOK's does not): pinned by the pool.
+	if _, created := ps.poolLabels[labelKarpenterPool]; ls.Region != "" && !created {
 		common = append(common, in(labelRegion, ls.Region))
 	}
 	if ps.accelKey != "" && len(ps.accelValues) > 0 {

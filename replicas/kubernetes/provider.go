@@ -42,6 +42,11 @@ type Provider struct {
 	prices  func() (priceIndex, error)
 
 	mu sync.Mutex
+	// npRead is when the Karpenter NodePools were last read (npCache, npErr: what that
+	// read found; karpenter.go).
+	npRead  time.Time
+	npCache []nodePool
+	npErr   error
 	// changed is closed (and replaced) on every pod or node event, waking launches and
 	// terminations that wait for the cluster to move.
 	changed chan struct{}
@@ -441,7 +446,7 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 	if err := p.usable(); err != nil {
 		return replicas.Instance{}, fmt.Errorf("launch %s: %w: %v", ls.ReplicaID, replicas.ErrNoCapacity, err)
 	}
-	pool, ok := p.poolFor(ls)
+	pool, ok := p.poolFor(ctx, ls)
 	if !ok {
 		return replicas.Instance{}, fmt.Errorf("launch %s: %w: cluster %s has no schedulable %s node of %s%s any more",
 			ls.ReplicaID, replicas.ErrNoCapacity, p.Name(), ls.Capacity, cmp.Or(ls.InstanceType, ls.Accelerator, "that kind"), where(ls.Region, ls.Zone))
@@ -478,7 +483,12 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 		"capacity", ls.Capacity, "zone", ls.Zone, "accelerator", ls.Accelerator, "image", ps.image)
 	// Budgets run on this machine's clock from now, not from the apiserver's timestamps:
 	// the two clocks need not agree.
-	return p.awaitRunning(ctx, handleOf(created), p.cfg.Now())
+	budget := secondsOf(p.cfg.UnschedulableSeconds)
+	if pool.karpenter != "" {
+		// Karpenter creates the node this pod asks for: minutes, not a scheduling pass.
+		budget = secondsOf(p.cfg.ProvisionSeconds)
+	}
+	return p.awaitRunning(ctx, handleOf(created), p.cfg.Now(), budget)
 }
 
 // lostAfter is how long a launch waits on a cluster that does not answer before giving up
@@ -486,7 +496,9 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 // cluster answers).
 const lostAfter = 30 * time.Second
 
-func (p *Provider) awaitRunning(ctx context.Context, handle string, created time.Time) (replicas.Instance, error) {
+// awaitRunning waits for a launched pod to run, and how long it may wait for a
+// node (budget) before the launch counts as refused.
+func (p *Provider) awaitRunning(ctx context.Context, handle string, created time.Time, budget time.Duration) (replicas.Instance, error) {
 	var pullFailingSince, unusableSince time.Time
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -532,9 +544,9 @@ func (p *Provider) awaitRunning(ctx context.Context, handle string, created time
 			if !ok && pod.Spec.NodeName == "" {
 				// Not even looked at: no scheduler runs, or it is far behind. Past a generous
 				// budget that is as good as no capacity here.
-				msg, ok = "no scheduler has placed or refused it", now.Sub(created) >= secondsOf(p.cfg.UnschedulableSeconds)+time.Minute
+				msg, ok = "no scheduler has placed or refused it", now.Sub(created) >= budget+time.Minute
 			}
-			if ok && now.Sub(created) >= secondsOf(p.cfg.UnschedulableSeconds) {
+			if ok && now.Sub(created) >= budget {
 				p.deleteQuietly(handle)
 				return replicas.Instance{}, fmt.Errorf("%w on %s: pod %s unschedulable for %s: %s", replicas.ErrNoCapacity, p.Name(), handle,
 					now.Sub(created).Round(time.Second), msg)

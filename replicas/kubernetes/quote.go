@@ -38,6 +38,9 @@ type pool struct {
 	priceSource   string
 	unpricedWhy   string
 	configuredCap bool
+	// karpenter names the Karpenter NodePool that would create this pool's nodes (none
+	// may exist yet): its pods are pinned to it and wait ProvisionSeconds for a node.
+	karpenter string
 }
 
 type poolKey struct {
@@ -133,8 +136,8 @@ func (p *Provider) nodePool(n *corev1.Node) (*NodePool, int) {
 // slots is how many pods asking for count GPUs each the pool's nodes hold when empty;
 // any number for pods that ask for none.
 func (pl *pool) slots(count int) int {
-	if count <= 0 {
-		return int(^uint(0) >> 1)
+	if count <= 0 || pl.karpenter != "" {
+		return int(^uint(0) >> 1) // Karpenter makes as many nodes as the pods ask for, within its limits
 	}
 	return pl.nodes * int(pl.gpusPerNode/int64(count))
 }
@@ -146,9 +149,38 @@ func gpus(n int) string {
 	return strconv.Itoa(n) + " GPUs"
 }
 
+// allPools is the pools of the nodes that exist, then those the cluster's Karpenter
+// NodePools can create (what no existing node offers already); notes say what a NodePool
+// could not offer.
+func (p *Provider) allPools(ctx context.Context) ([]*pool, []string) {
+	pools := p.pools()
+	nps, err := p.readNodePools(ctx)
+	if err != nil {
+		return pools, []string{err.Error()}
+	}
+	if len(nps) == 0 {
+		return pools, nil
+	}
+	have := map[poolKey]bool{}
+	for _, pl := range pools {
+		k := pl.key
+		k.nodePool = -1
+		have[k] = true
+	}
+	var infos []nodeInfo
+	for _, obj := range p.nodes.GetStore().List() {
+		if n, ok := obj.(*corev1.Node); ok {
+			infos = append(infos, describeNode(n, p.cfg.AcceleratorLabel, p.cfg.AcceleratorNames))
+		}
+	}
+	created, notes := p.nodePoolPools(nps, infos, have)
+	return append(pools, created...), notes
+}
+
 // poolFor finds the pool a launch's offer came from.
-func (p *Provider) poolFor(ls replicas.LaunchSpec) (*pool, bool) {
-	for _, pl := range p.pools() {
+func (p *Provider) poolFor(ctx context.Context, ls replicas.LaunchSpec) (*pool, bool) {
+	pools, _ := p.allPools(ctx)
+	for _, pl := range pools {
 		k := pl.key
 		if k.capacity == ls.Capacity && k.zone == ls.Zone && k.region == ls.Region && k.instanceType == ls.InstanceType &&
 			(ls.Accelerator == "" || strings.EqualFold(k.accel, ls.Accelerator)) {
@@ -202,13 +234,13 @@ func (w want) admits(pl *pool) bool {
 // replica (the node's price per GPU × the GPUs one replica takes). Free GPUs are not
 // counted: other tenants' pods use them too, and a cluster autoscaler adds nodes for a
 // pending pod; the scheduler is the judge, and a pod it cannot place is a refusal.
-func (p *Provider) Quote(_ context.Context, service string, sp *spec.Service) ([]replicas.Quote, error) {
+func (p *Provider) Quote(ctx context.Context, service string, sp *spec.Service) ([]replicas.Quote, error) {
 	if err := p.usable(); err != nil {
 		return nil, err
 	}
 	ws := wants(sp.Resources)
 	var out []replicas.Quote
-	pools := p.pools()
+	pools, notes := p.allPools(ctx)
 	for _, pl := range pools {
 		if pl.key.capacity == fleet.Spot && !sp.Resources.UseSpot && !anySpot(sp.Resources) {
 			continue
@@ -240,8 +272,12 @@ func (p *Provider) Quote(_ context.Context, service string, sp *spec.Service) ([
 		if n := sp.NumNodes; n > 1 {
 			wanted = fmt.Sprintf("%s, on each of %d nodes in one pool", wanted, n)
 		}
-		return nil, fmt.Errorf("%s: no schedulable node fits %s's resources (%s); the cluster has: %s", p.Name(), service, wanted,
+		err := fmt.Errorf("%s: no schedulable node fits %s's resources (%s); the cluster has: %s", p.Name(), service, wanted,
 			cmp.Or(strings.Join(seen, ", "), "no schedulable node"))
+		if len(notes) > 0 {
+			err = fmt.Errorf("%w; %s", err, strings.Join(notes, "; "))
+		}
+		return nil, err
 	}
 	return out, nil
 }
@@ -289,6 +325,9 @@ type priceIndex struct {
 	// cloud|type ("" where rows disagree).
 	clouds map[string][]string
 	accels map[string]string
+	// gpuOffers are the catalogs' GPU machines with a machine type, for the capacity a
+	// cluster can create (karpenter.go).
+	gpuOffers []pricing.Offer
 }
 
 func newPriceIndex(c *pricing.Catalog) priceIndex {
@@ -297,6 +336,7 @@ func newPriceIndex(c *pricing.Catalog) priceIndex {
 		if o.InstanceType == "" || o.AcceleratorCount == 0 {
 			continue
 		}
+		idx.gpuOffers = append(idx.gpuOffers, o)
 		if !slices.Contains(idx.clouds[o.InstanceType], o.Provider) {
 			idx.clouds[o.InstanceType] = append(idx.clouds[o.InstanceType], o.Provider)
 		}

@@ -159,8 +159,12 @@ func (c *Client) Serves(ctx context.Context, groupVersion, resource string) (boo
 	return false, nil
 }
 
-// groupPath is a namespaced resource of groupVersion, or one object of it.
+// groupPath is a resource of groupVersion in namespace ("": a cluster-scoped resource,
+// or every namespace), or one object of it.
 func groupPath(groupVersion, resource, namespace string, name ...string) []string {
+	if namespace == "" {
+		return append([]string{"/apis", groupVersion, resource}, name...)
+	}
 	return append([]string{"/apis", groupVersion, "namespaces", namespace, resource}, name...)
 }
 

@@ -69,7 +69,7 @@ func Bins(t testing.TB) string {
 		if os.Getenv("ARBITER_REQUIRE_KUBE") != "" {
 			t.Fatalf("no Kubernetes binaries at %s (ARBITER_REQUIRE_KUBE is set): run `bash scripts/kube-bins.sh`", dir)
 		}
-		t.Skipf("no Kubernetes binaries at %s: run `bash scripts/kube-bins.sh` (about 10 minutes once) or set ARBITER_KUBE_BIN", dir)
+		t.Skipf("no Kubernetes binaries at %s: run `bash scripts/kube-bins.sh` (about 6 minutes once) or set ARBITER_KUBE_BIN", dir)
 	}
 	return dir
 }

@@ -1,0 +1,90 @@
+package kubernetes
+
+import (
+	"testing"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+// Karpenter's requirement operators, as its NodePool API defines them (In, NotIn, Exists,
+// DoesNotExist, Gt, Lt, Gte, Lte), on a node that has the label or not.
+func TestNodePoolRequirementOperators(t *testing.T) {
+	for _, tc := range []struct {
+		op     string
+		values []string
+		value  string
+		known  bool
+		want   bool
+	}{
+		{"In", []string{"spot", "on-demand"}, "spot", true, true},
+		{"In", []string{"spot"}, "on-demand", true, false},
+		{"In", []string{"spot"}, "", false, false},
+		{"NotIn", []string{"p5"}, "g6", true, true},
+		{"NotIn", []string{"g6"}, "g6", true, false},
+		{"NotIn", []string{"g6"}, "", false, true},
+		{"Exists", nil, "x", true, true},
+		{"Exists", nil, "", false, false},
+		{"DoesNotExist", nil, "", false, true},
+		{"DoesNotExist", nil, "x", true, false},
+		{"Gt", []string{"4"}, "5", true, true},
+		{"Gt", []string{"4"}, "4", true, false},
+		{"Gte", []string{"4"}, "4", true, true},
+		{"Lt", []string{"2"}, "1", true, true},
+		{"Lt", []string{"2"}, "4", true, false},
+		{"Lte", []string{"2"}, "2", true, true},
+		{"Gt", []string{"4"}, "many", true, false},
+		{"Gt", []string{"4"}, "", false, false},
+		{"Sometimes", []string{"x"}, "x", true, false},
+	} {
+		r := npRequirement{Key: "k", Operator: tc.op, Values: tc.values}
+		if got := r.admits(tc.value, tc.known); got != tc.want {
+			t.Errorf("%s %v on %q (labelled %v) = %v; want %v", tc.op, tc.values, tc.value, tc.known, got, tc.want)
+		}
+	}
+}
+
+// Which machines a NodePool admits, read from the labels Karpenter's AWS provider puts on
+// its nodes (instance family, category, generation, size, GPU name, count and maker, the
+// capacity type, the zone): requirements written as Karpenter's docs and EKS's GPU
+// examples write them. Without a capacity-type requirement Karpenter launches on-demand
+// only; a requirement on a label this reading does not know (the architecture, a team's
+// own label) admits.
+func TestNodePoolAdmitsMachines(t *testing.T) {
+	g6 := candidate{instanceType: "g6.xlarge", accel: "L4", count: 1, capacity: fleet.Spot, zone: "us-east-1a"}
+	p5 := candidate{instanceType: "p5.48xlarge", accel: "H100", count: 8, capacity: fleet.OnDemand}
+	g6od := g6
+	g6od.capacity = fleet.OnDemand
+	req := func(key, op string, values ...string) npRequirement {
+		return npRequirement{Key: key, Operator: op, Values: values}
+	}
+	spotOrOD := req(labelKarpenterCap, "In", "spot", "on-demand")
+	for _, tc := range []struct {
+		name string
+		c    candidate
+		reqs []npRequirement
+		want bool
+	}{
+		{"family g6, spot or on-demand", g6, []npRequirement{spotOrOD, req(labelAWSFamily, "In", "g6", "g6e")}, true},
+		{"category g, generation over 5", g6, []npRequirement{spotOrOD, req(labelAWSCategory, "In", "g"), req(labelAWSGeneration, "Gt", "5")}, true},
+		{"category p only", g6, []npRequirement{spotOrOD, req(labelAWSCategory, "In", "p")}, false},
+		{"GPU name l4", g6, []npRequirement{spotOrOD, req(labelKarpenterGPU, "In", "l4")}, true},
+		{"GPU name h100", g6, []npRequirement{spotOrOD, req(labelKarpenterGPU, "In", "h100")}, false},
+		{"at least 8 GPUs", p5, []npRequirement{req(labelAWSGPUCount, "Gte", "8")}, true},
+		{"fewer than 2 GPUs", p5, []npRequirement{req(labelAWSGPUCount, "Lt", "2")}, false},
+		{"nvidia", p5, []npRequirement{req(labelAWSGPUMaker, "In", "nvidia")}, true},
+		{"spot not required: on-demand only", g6, []npRequirement{req(labelAWSFamily, "In", "g6")}, false},
+		{"spot not required, on-demand machine", g6od, []npRequirement{req(labelAWSFamily, "In", "g6")}, true},
+		{"spot only", g6od, []npRequirement{req(labelKarpenterCap, "In", "spot")}, false},
+		{"its zone", g6, []npRequirement{spotOrOD, req(labelZone, "In", "us-east-1a", "us-east-1b")}, true},
+		{"another zone", g6, []npRequirement{spotOrOD, req(labelZone, "In", "us-east-1c")}, false},
+		{"instance type named", g6, []npRequirement{spotOrOD, req(labelInstanceType, "In", "g6.xlarge")}, true},
+		{"instance type excluded", g6, []npRequirement{spotOrOD, req(labelInstanceType, "NotIn", "g6.xlarge")}, false},
+		{"arch and a team label", g6, []npRequirement{spotOrOD, req(labelArch, "In", "amd64"), req("team", "In", "ml")}, true},
+		{"linux", g6, []npRequirement{spotOrOD, req(labelOS, "In", "linux")}, true},
+	} {
+		ok, why := tc.c.admittedBy(tc.reqs, tc.c.labels("aws", "us-east-1"))
+		if ok != tc.want {
+			t.Errorf("%s: admitted %v (%s); want %v", tc.name, ok, why, tc.want)
+		}
+	}
+}
