@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane the kubernetes provider's tests run against
-# (kube-apiserver, kube-scheduler and kubectl, etcd and kwok, at the versions that
+# (kube-apiserver, kube-scheduler and kubectl, etcd and kwok, and Karpenter's controller
+# with its KWOK provider, at the versions that
 # kubetest.Versions in replicas/kubernetes/kubetest/cluster.go names), all from Go modules,
 # into a cache outside the checkout keyed by those versions, and prints the cache folder on
 # its last line: the folder the tests look in (kubetest.DefaultDir). This script is the
@@ -19,14 +20,15 @@ log() { echo "kube-bins: $*" >&2; }
 # by that constant, so reading it here is what keeps the two from drifting apart.
 versions_go="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/replicas/kubernetes/kubetest/cluster.go"
 name=$(sed -n 's/^const Versions = "\([^"]*\)"$/\1/p' "$versions_go")
-if [[ ! $name =~ ^k8s-(v1\.[0-9]+\.[0-9]+)-etcd-(v[0-9.]+)-kwok-(v[0-9.]+)-noopt$ ]]; then
-  log "cannot read the versions from $versions_go: want one line const Versions = \"k8s-v1.X.Y-etcd-vA.B.C-kwok-vD.E.F-noopt\", found \"$name\""
+if [[ ! $name =~ ^k8s-(v1\.[0-9]+\.[0-9]+)-etcd-(v[0-9.]+)-kwok-(v[0-9.]+)-karpenter-(v[0-9.]+)-noopt$ ]]; then
+  log "cannot read the versions from $versions_go: want one line const Versions = \"k8s-v1.X.Y-etcd-vA.B.C-kwok-vD.E.F-karpenter-vG.H.I-noopt\", found \"$name\""
   exit 1
 fi
 K8S=${BASH_REMATCH[1]}
 STAGING=v0.${K8S#v1.} # the published version of every k8s.io/<m> staging module of $K8S
 ETCD=${BASH_REMATCH[2]} # the etcd server kubernetes $K8S itself requires
 KWOK=${BASH_REMATCH[3]}
+KARPENTER=${BASH_REMATCH[4]}
 root=${ARBITER_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/arbiter/kube}
 # Compiled without optimisation or inlining (-N -l): a fifth less compile time cold, and
 # these binaries only serve a test cluster's handful of objects. The name's -noopt says so.
@@ -100,6 +102,28 @@ EOT
 )
 log "built in $((SECONDS - start)) s"
 
+# Karpenter's controller with its KWOK cloud provider (the tests' on-demand capacity: it
+# creates KWOK nodes for pending pods), in a module of its own: it is built against another
+# Kubernetes client than the five above. Its CRDs, and its KWOKNodeClass's, ship in its module.
+log "building Karpenter $KARPENTER's controller (KWOK provider)"
+kstart=$SECONDS
+mkdir -p "$work/karpenter" "$work/out/karpenter"
+(
+  cd "$work/karpenter"
+  printf 'module arbiter.local/karpenterkwok\n\ngo 1.26.0\n\nrequire sigs.k8s.io/karpenter %s\n' "$KARPENTER" >go.mod
+  printf '//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/karpenter/kwok"\n' >tools.go
+  go mod tidy
+  go build -tags tools -gcflags "$GCFLAGS" -ldflags "-s -w" -o "$work/out/bin/karpenter-kwok" sigs.k8s.io/karpenter/kwok
+)
+kmod="$gomodcache/sigs.k8s.io/karpenter@$KARPENTER"
+for crd in pkg/apis/crds/karpenter.sh_nodepools.yaml pkg/apis/crds/karpenter.sh_nodeclaims.yaml pkg/apis/crds/karpenter.sh_nodeoverlays.yaml \
+  kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml; do
+  [ -f "$kmod/$crd" ] || { log "missing Karpenter CRD $kmod/$crd"; exit 1; }
+  cp "$kmod/$crd" "$work/out/karpenter/"
+done
+chmod -R u+w "$work/out/karpenter"
+log "Karpenter built in $((SECONDS - kstart)) s"
+
 # kwok's stages (how fake nodes get Ready and fake pods run and end) ship in its module.
 go mod download sigs.k8s.io/kwok@$KWOK
 for s in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
@@ -113,6 +137,7 @@ for b in kube-apiserver kube-scheduler kubectl etcd kwok; do
   "$work/out/bin/$b" --version >/dev/null 2>&1 || "$work/out/bin/$b" version --client >/dev/null 2>&1 ||
     { log "$b does not run"; exit 1; }
 done
+[ -x "$work/out/bin/karpenter-kwok" ] || { log "karpenter-kwok was not built"; exit 1; }
 touch "$work/out/.complete"
 rm -rf "$dir"
 mv "$work/out" "$dir"

@@ -8,41 +8,27 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/replicas/kubernetes/coreclient"
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes/kubetest"
 	"github.com/arbiter-serve/arbiter/spec"
 )
 
-// karpenterModule is the Karpenter release whose CRDs the tests install: the newest the
-// Go toolchain here (1.26.8) may download (v1.14.3 and later ask for a later 1.26).
-const karpenterModule = "sigs.k8s.io/karpenter@v1.14.1"
-
-// karpenterCRD is the path of one of Karpenter's own CRD files, from its module (fetched
-// through the Go module proxy), not a copy in this repository.
+// karpenterCRD is the path of one of Karpenter's own CRD files, as scripts/kube-bins.sh
+// copied them from its module (not a copy in this repository).
 func karpenterCRD(t *testing.T, name string) string {
 	t.Helper()
-	out, err := exec.Command("go", "mod", "download", "-json", karpenterModule).Output()
-	var mod struct{ Dir, Error string }
-	if err == nil {
-		err = json.Unmarshal(out, &mod)
-	}
-	if err != nil || mod.Dir == "" {
-		if os.Getenv("ARBITER_REQUIRE_KUBE") != "" {
-			t.Fatalf("go mod download %s: %v %s", karpenterModule, err, mod.Error)
-		}
-		t.Skipf("Karpenter's CRDs not available (go mod download %s: %v %s)", karpenterModule, err, mod.Error)
-	}
-	return filepath.Join(mod.Dir, "pkg", "apis", "crds", name)
+	return filepath.Join(kubetest.Bins(t), "karpenter", name)
 }
 
 // A cluster whose GPU nodes exist only once a pod asks (issue 47): Karpenter's own NodePool
@@ -221,4 +207,163 @@ arbiter: {providers: [kubernetes]}
 		t.Errorf("the launch with no node created: %v after %v; want ErrNoCapacity after the 5 s provision budget", r.err, r.took.Round(time.Millisecond))
 	}
 	t.Logf("refused after %v: %v", r.took.Round(time.Millisecond), r.err)
+}
+
+// kwokInstanceTypes is the machine types Karpenter's KWOK provider may create, in its JSON:
+// each catalog row of the given AWS machine types in the given zones (by AZ id, written
+// under the zone name the cluster's nodes map it to), at the catalog's own price.
+func kwokInstanceTypes(t *testing.T, types []string, zones map[string]string) string {
+	t.Helper()
+	type req struct {
+		Key      string   `json:"key"`
+		Operator string   `json:"operator"`
+		Values   []string `json:"values"`
+	}
+	type offering struct {
+		Price        float64
+		Available    bool
+		Requirements []req
+	}
+	type it struct {
+		Name             string            `json:"name"`
+		Offerings        []offering        `json:"offerings"`
+		Architecture     string            `json:"architecture"`
+		OperatingSystems []string          `json:"operatingSystems"`
+		Resources        map[string]string `json:"resources"`
+	}
+	var out []it
+	for _, name := range types {
+		m := it{Name: name, Architecture: "amd64", OperatingSystems: []string{"linux"}}
+		for zone, azID := range zones {
+			for _, c := range []fleet.Capacity{fleet.Spot, fleet.OnDemand} {
+				perGPU, _ := offerPrice(t, "aws", azID, name, c)
+				m.Offerings = append(m.Offerings, offering{Price: perGPU, Available: true, Requirements: []req{
+					{labelKarpenterCap, "In", []string{karpenterCapacity(c)}}, {labelZone, "In", []string{zone}}}})
+			}
+		}
+		m.Resources = map[string]string{"cpu": "4", "memory": "16Gi", "pods": "110", "nvidia.com/gpu": "1"}
+		out = append(out, m)
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// Karpenter's own controller (its KWOK provider) on a cluster with no GPU node (issue 47):
+// Arbiter offers what the NodePool would create, and a replica placed on the spot g6.xlarge
+// in us-east-1a becomes a pending pod for which Karpenter makes exactly that node (the
+// NodePool, capacity type, machine type and zone Arbiter chose), on which the replica runs;
+// once Arbiter ends the replica, Karpenter consolidates the empty node away.
+func TestKarpenterCreatesTheNodeArbiterChose(t *testing.T) {
+	zones := map[string]string{"us-east-1a": "use1-az4", "us-east-1b": "use1-az6"}
+	c := kubetest.Start(t, kubetest.Options{Name: "karpenter", PodCIDR: "127.0.46.1/24",
+		Karpenter: &kubetest.Karpenter{InstanceTypes: kwokInstanceTypes(t, []string{"g6.xlarge"}, zones)}})
+	c.Namespace("arbiter")
+	c.AddNode(kubetest.Node{Name: "system", ProviderID: "aws:///us-east-1a/i-0c0c0c0c0c0c0c0c0",
+		Labels: map[string]string{labelInstanceType: "m7i.large", labelZone: "us-east-1a", labelRegion: "us-east-1", labelAWSZoneID: "use1-az4"}})
+	pools := filepath.Join(t.TempDir(), "nodepool.yaml")
+	if err := os.WriteFile(pools, []byte(`apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata:
+  name: gpu
+spec:
+  template:
+    spec:
+      requirements:
+        - key: karpenter.sh/capacity-type
+          operator: In
+          values: ["spot", "on-demand"]
+        - key: topology.kubernetes.io/region
+          operator: In
+          values: ["us-east-1"]
+        - key: topology.kubernetes.io/zone
+          operator: In
+          values: ["us-east-1a", "us-east-1b"]
+        - key: node.kubernetes.io/instance-type
+          operator: In
+          values: ["g6.xlarge"]
+      nodeClassRef:
+        group: karpenter.kwok.sh
+        kind: KWOKNodeClass
+        name: default
+  limits:
+    nvidia.com/gpu: 4
+  disruption:
+    consolidationPolicy: WhenEmptyOrUnderutilized
+    consolidateAfter: 0s
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.Kubectl("apply", "-f", pools); err != nil {
+		t.Fatalf("kubectl apply the NodePool: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p, err := New(ctx, Config{Cluster: Cluster{Name: "karpenter", Namespace: "arbiter", UnschedulableSeconds: 1, ProvisionSeconds: 120, GraceSeconds: 1},
+		Owner: "arbiter-test", Rest: rest.CopyConfig(c.AdminRest), HealthEvery: time.Second, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the provider to sync", func() bool { _, err := p.List(ctx); return err == nil })
+	sp, err := spec.Parse("svc.yaml", []byte(`run: sleep 600
+resources: {accelerators: {L4: 1}, use_spot: true, image_id: "docker:example/replicasim:1"}
+service: {readiness_probe: /health, replicas: 1}
+arbiter: {providers: [kubernetes]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quotes, err := p.Quote(ctx, "svc", sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(quotes, func(q replicas.Quote) bool {
+		return q.Capacity == fleet.Spot && q.Zone == "us-east-1a" && q.InstanceType == "g6.xlarge"
+	})
+	if i < 0 || len(quotes) != 4 {
+		t.Fatalf("quotes %+v; want g6.xlarge spot and on-demand in us-east-1a and us-east-1b", quotes)
+	}
+	q := quotes[i]
+	start := time.Now()
+	inst, err := p.Launch(ctx, replicas.LaunchSpec{ReplicaID: "svc-1", Service: "svc", Version: 1, Run: sp.Run, Capacity: q.Capacity, Region: q.Region, Zone: q.Zone,
+		Accelerator: q.Accelerator, AcceleratorCount: 1, InstanceType: q.InstanceType, PricePerHour: &q.PricePerHour, PriceSource: q.PriceSource})
+	if err != nil {
+		t.Fatalf("launch on the NodePool's spot g6.xlarge: %v\nkarpenter log:\n%s", err, c.Log("karpenter-kwok"))
+	}
+	running := time.Since(start)
+	pods := c.Pods("arbiter", LabelReplica+"=svc-1")
+	if len(pods) != 1 || pods[0].Spec.NodeName == "" {
+		t.Fatalf("the replica's pod: %+v", pods)
+	}
+	node := &corev1.Node{}
+	if err := c.Admin.Get(ctx, coreclient.Nodes, "", pods[0].Spec.NodeName, node); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{labelKarpenterPool: "gpu", labelKarpenterCap: "spot", labelInstanceType: "g6.xlarge", labelZone: "us-east-1a"} {
+		if node.Labels[k] != v {
+			t.Errorf("Karpenter's node %s has %s=%q; want %q (what Arbiter chose)", node.Name, k, node.Labels[k], v)
+		}
+	}
+	if inst.PricePerHour != q.PricePerHour {
+		t.Errorf("the replica runs at $%v/h; want the quote's $%v/h", inst.PricePerHour, q.PricePerHour)
+	}
+	t.Logf("KARPENTER: node %s created %v after the launch, the replica running after %v",
+		node.Name, node.CreationTimestamp.Sub(start).Round(time.Second), running.Round(100*time.Millisecond))
+
+	// Arbiter ends the replica: the node is empty, and Karpenter consolidates it away.
+	if err := p.Terminate(ctx, inst.Handle); err != nil {
+		t.Fatal(err)
+	}
+	ended := time.Now()
+	// Its disruption controller looks every 10 s and waits for the node to be empty and
+	// idle through a validation period: up to a minute or so here.
+	for c.Admin.Get(ctx, coreclient.Nodes, "", node.Name, &corev1.Node{}) == nil {
+		if time.Since(ended) > 3*time.Minute {
+			t.Fatalf("the empty node %s still there 3 minutes after the replica ended\nkarpenter log:\n%s", node.Name, c.Log("karpenter-kwok"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("KARPENTER: the empty node gone %v after the replica ended", time.Since(ended).Round(time.Second))
 }

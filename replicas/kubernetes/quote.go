@@ -251,6 +251,11 @@ func (p *Provider) Quote(ctx context.Context, service string, sp *spec.Service) 
 			if !w.admits(pl) || pl.slots(w.count) < max(1, sp.NumNodes) {
 				continue
 			}
+			if pl.karpenter != "" && int64(w.count) != pl.gpusPerNode {
+				// A node created for one replica is paid whole: only a machine the replica
+				// fills is priced right by its share of GPUs.
+				continue
+			}
 			q := replicas.Quote{Provider: p.Name(), Region: pl.key.region, Zone: pl.key.zone, Capacity: pl.key.capacity,
 				Accelerator: pl.key.accel, AcceleratorCount: w.count, InstanceType: pl.key.instanceType}
 			if pl.priced {

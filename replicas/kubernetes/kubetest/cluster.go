@@ -34,11 +34,12 @@ import (
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes/coreclient"
 )
 
-// Versions names the folder of binaries under the cache root: which Kubernetes, etcd and
-// KWOK, and how they were compiled (-noopt: without optimisation or inlining). It is the
+// Versions names the folder of binaries under the cache root: which Kubernetes, etcd, KWOK
+// and Karpenter (its controller with the KWOK provider; v1.14.1 is the newest whose go.mod
+// the Go here, 1.26.8, accepts), and how they were compiled (-noopt: without optimisation or inlining). It is the
 // one place these are written: scripts/kube-bins.sh reads the versions it builds, and the
 // folder it builds into, from this line (keep it one line, `const Versions = "…"`).
-const Versions = "k8s-v1.37.2-etcd-v3.7.0-kwok-v0.8.0-noopt"
+const Versions = "k8s-v1.37.2-etcd-v3.7.0-kwok-v0.8.0-karpenter-v1.14.1-noopt"
 
 // DefaultDir is the folder Bins looks in when $ARBITER_KUBE_BIN is not set, and the one
 // scripts/kube-bins.sh builds into: $ARBITER_KUBE_CACHE, else $XDG_CACHE_HOME/arbiter/kube,
@@ -83,6 +84,18 @@ type Options struct {
 	PodCIDR string
 	// Path is prepended to PATH for pod processes (where replicasim is).
 	Path string
+	// Karpenter, if set, runs Karpenter's own controller with its KWOK cloud provider
+	// (built by scripts/kube-bins.sh) on the cluster, with Karpenter's CRDs and a
+	// KWOKNodeClass named default: a NodePool's nodes are then created when a pod asks.
+	Karpenter *Karpenter
+}
+
+// Karpenter configures the Karpenter controller of a test cluster.
+type Karpenter struct {
+	// InstanceTypes is the machine types it may create, in its KWOK provider's JSON
+	// (name, offerings with Price, Available and Requirements on capacity type and zone,
+	// architecture, operatingSystems, resources).
+	InstanceTypes string
 }
 
 // Cluster is a running control plane.
@@ -108,6 +121,7 @@ type Cluster struct {
 type component struct {
 	name string
 	args []string
+	env  []string // added to the test's environment
 }
 
 // Start brings a cluster up and registers its Stop with t.Cleanup.
@@ -175,17 +189,53 @@ func Start(t testing.TB, o Options) *Cluster {
 	}
 	c.run("kwok", kwokArgs...)
 	c.kubelet = startKubelet(t, c.Admin, filepath.Join(dir, "pods"), o.Path)
+	if o.Karpenter != nil {
+		c.startKarpenter(*o.Karpenter)
+	}
 	return c
+}
+
+// startKarpenter installs Karpenter's CRDs (from its module, as kube-bins.sh copied them)
+// and a KWOKNodeClass named default, and runs its controller with the KWOK provider.
+func (c *Cluster) startKarpenter(k Karpenter) {
+	c.t.Helper()
+	crds, err := filepath.Glob(filepath.Join(c.bins, "karpenter", "*.yaml"))
+	if err != nil || len(crds) == 0 {
+		c.t.Fatalf("no Karpenter CRDs in %s/karpenter: run scripts/kube-bins.sh", c.bins)
+	}
+	for _, crd := range crds {
+		if out, err := c.Kubectl("apply", "--server-side", "-f", crd); err != nil {
+			c.t.Fatalf("kubectl apply %s: %v\n%s", crd, err, out)
+		}
+	}
+	if out, err := c.Kubectl("wait", "--for", "condition=established", "--timeout", "60s", "crd/nodepools.karpenter.sh", "crd/nodeclaims.karpenter.sh",
+		"crd/kwoknodeclasses.karpenter.kwok.sh"); err != nil {
+		c.t.Fatalf("Karpenter's CRDs: %v\n%s", err, out)
+	}
+	class := filepath.Join(c.Dir, "kwoknodeclass.yaml")
+	writeFile(c.t, class, "apiVersion: karpenter.kwok.sh/v1alpha1\nkind: KWOKNodeClass\nmetadata:\n  name: default\n")
+	if out, err := c.Kubectl("apply", "-f", class); err != nil {
+		c.t.Fatalf("the KWOKNodeClass: %v\n%s", err, out)
+	}
+	c.Namespace("karpenter")
+	types := filepath.Join(c.Dir, "karpenter-instance-types.json")
+	writeFile(c.t, types, k.InstanceTypes)
+	c.started = append(c.started, component{name: "karpenter-kwok",
+		args: []string{"--disable-leader-election", "--metrics-port", freePort(c.t), "--health-probe-port", freePort(c.t),
+			"--instance-types-file-path", types, "--log-level", "debug"},
+		env: []string{"KUBECONFIG=" + c.Kubeconfig, "SYSTEM_NAMESPACE=karpenter"}})
+	comp := c.started[len(c.started)-1]
+	c.spawn(comp.name, comp.args, comp.env...)
 }
 
 // run starts one of the cluster's binaries, its output in <dir>/<name>.log.
 func (c *Cluster) run(name string, args ...string) {
 	c.t.Helper()
-	c.started = append(c.started, component{name, args})
+	c.started = append(c.started, component{name: name, args: args})
 	c.spawn(name, args)
 }
 
-func (c *Cluster) spawn(name string, args []string) {
+func (c *Cluster) spawn(name string, args []string, env ...string) {
 	c.t.Helper()
 	f, err := os.OpenFile(filepath.Join(c.Dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -193,6 +243,9 @@ func (c *Cluster) spawn(name string, args []string) {
 	}
 	defer f.Close()
 	cmd := exec.Command(filepath.Join(c.bins, "bin", name), args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -244,7 +297,7 @@ func (c *Cluster) Restart() {
 	}
 	c.stopped, c.procs = false, nil
 	for _, comp := range c.started {
-		c.spawn(comp.name, comp.args)
+		c.spawn(comp.name, comp.args, comp.env...)
 		if comp.name == "kube-apiserver" {
 			c.waitFor("the apiserver to be ready again", 2*time.Minute, c.ready)
 		}

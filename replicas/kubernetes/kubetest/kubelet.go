@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -30,15 +31,22 @@ func mustQuantity(s string) resource.Quantity { return resource.MustParse(s) }
 // IP. It stops the process when the pod is being deleted, is gone, or its node is gone.
 // It does not restart a process that exits (a real kubelet would, by restartPolicy).
 //
+// It also stands in for the node lifecycle controller in one respect: the not-ready taint
+// admission puts on every new Node is removed once KWOK reports the node Ready, as that
+// controller does, for nodes someone else creates (Karpenter's) as AddNode does for its own.
+//
 // Of volumes it knows only the downward API's, kept up to date as the pod's labels and
 // annotations change, as a kubelet does. A process has no mount namespace of its own, so
 // such a volume lives in the pod's folder under the stand-in's, and an environment value
 // that names a path under its mountPath is rewritten to name the same file there.
 type Kubelet struct {
 	dir, path string
+	client    *coreclient.Client
 	pods      cache.SharedIndexInformer
 	nodes     cache.SharedIndexInformer
-	stop      context.CancelFunc
+	// untainting: nodes whose not-ready taint is being removed.
+	untainting map[string]bool
+	stop       context.CancelFunc
 
 	mu    sync.Mutex
 	procs map[types.UID]*podProc
@@ -56,8 +64,8 @@ func startKubelet(t testing.TB, client *coreclient.Client, dir, path string) *Ku
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	k := &Kubelet{dir: dir, path: path, pods: client.Informer(coreclient.Pods, "", &corev1.Pod{}, nil), nodes: client.Informer(coreclient.Nodes, "", &corev1.Node{}, nil),
-		stop: cancel, procs: map[types.UID]*podProc{}}
+	k := &Kubelet{dir: dir, path: path, client: client, pods: client.Informer(coreclient.Pods, "", &corev1.Pod{}, nil), nodes: client.Informer(coreclient.Nodes, "", &corev1.Node{}, nil),
+		stop: cancel, procs: map[types.UID]*podProc{}, untainting: map[string]bool{}}
 	sync := func(any) { k.sync() }
 	h := cache.ResourceEventHandlerFuncs{AddFunc: sync, UpdateFunc: func(_, o any) { sync(o) }, DeleteFunc: sync}
 	if _, err := k.pods.AddEventHandler(h); err != nil {
@@ -77,6 +85,12 @@ func (k *Kubelet) sync() {
 	defer k.mu.Unlock()
 	if k.done {
 		return
+	}
+	for _, obj := range k.nodes.GetStore().List() {
+		if n, ok := obj.(*corev1.Node); ok && !k.untainting[n.Name] && nodeReady(n) && slices.ContainsFunc(n.Spec.Taints, notReadyTaint) {
+			k.untainting[n.Name] = true
+			go k.untaint(n.Name)
+		}
 	}
 	want := map[types.UID]*corev1.Pod{}
 	for _, obj := range k.pods.GetStore().List() {
@@ -108,6 +122,45 @@ func (k *Kubelet) sync() {
 			continue
 		}
 		k.procs[uid] = pp
+	}
+}
+
+func notReadyTaint(t corev1.Taint) bool {
+	return strings.HasPrefix(t.Key, "node.kubernetes.io/not-ready")
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// untaint removes a Ready node's not-ready taint (retrying a conflicting update).
+func (k *Kubelet) untaint(name string) {
+	defer func() {
+		k.mu.Lock()
+		delete(k.untainting, name)
+		k.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		n := &corev1.Node{}
+		if err := k.client.Get(ctx, coreclient.Nodes, "", name, n); err != nil {
+			return // gone
+		}
+		keep := slices.DeleteFunc(slices.Clone(n.Spec.Taints), notReadyTaint)
+		if len(keep) == len(n.Spec.Taints) {
+			return
+		}
+		n.Spec.Taints = keep
+		if err := k.client.Update(ctx, coreclient.Nodes, "", name, "", n, n); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
