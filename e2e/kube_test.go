@@ -50,7 +50,14 @@ arbiter:
 // so the control plane below acts with exactly the rights the manifests grant.
 func startKube(t *testing.T, name, cidr string) *kubetest.Cluster {
 	t.Helper()
-	k := kubetest.Start(t, kubetest.Options{Name: name, PodCIDR: cidr, Path: binDir})
+	return startKubeWith(t, kubetest.Options{Name: name, PodCIDR: cidr})
+}
+
+// startKubeWith is startKube with more of the cluster's options (Karpenter).
+func startKubeWith(t *testing.T, o kubetest.Options) *kubetest.Cluster {
+	t.Helper()
+	o.Path = binDir
+	k := kubetest.Start(t, o)
 	deploy := filepath.Join("..", "deploy", "kubernetes")
 	for _, args := range [][]string{
 		{"apply", "-f", filepath.Join(deploy, "namespace.yaml")},

@@ -1,0 +1,131 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/arbiter-serve/arbiter/replicas/kubernetes/coreclient"
+	"github.com/arbiter-serve/arbiter/replicas/kubernetes/kubetest"
+	"github.com/arbiter-serve/arbiter/state"
+)
+
+// A cluster whose GPU nodes exist only once a pod asks (issue 47), with Karpenter's own
+// controller (its KWOK provider) and one CPU node: a service at zero replicas on a
+// NodePool of spot and on-demand g6.xlarge in two zones. Requests sent at zero are held;
+// Arbiter places the replica on the NodePool's cheapest offer, Karpenter creates that node,
+// the replica starts on it and every held request is answered. Idle, the service scales to
+// zero and Karpenter consolidates the empty node away; serve down leaves no pod.
+func TestKubernetesKarpenterScaleFromZero(t *testing.T) {
+	t.Parallel() // its own cluster, home and ports; most of its time is waiting
+	types, err := kubetest.CatalogInstanceTypes("aws", []string{"g6.xlarge"}, map[string]string{"us-east-1a": "use1-az4", "us-east-1b": "use1-az6"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := startKubeWith(t, kubetest.Options{Name: "karpenter", PodCIDR: "127.0.57.1/24", Karpenter: &kubetest.Karpenter{InstanceTypes: types}})
+	k.AddNode(kubetest.Node{Name: "system", ProviderID: "aws:///us-east-1a/i-0c0c0c0c0c0c0c0c0",
+		Labels: map[string]string{"node.kubernetes.io/instance-type": "m7i.large", "topology.kubernetes.io/zone": "us-east-1a",
+			"topology.kubernetes.io/region": "us-east-1", "topology.k8s.aws/zone-id": "use1-az4"}})
+	pools := filepath.Join(t.TempDir(), "nodepool.yaml")
+	if err := os.WriteFile(pools, []byte(`apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata:
+  name: gpu
+spec:
+  template:
+    spec:
+      requirements:
+        - key: karpenter.sh/capacity-type
+          operator: In
+          values: ["spot", "on-demand"]
+        - key: topology.kubernetes.io/region
+          operator: In
+          values: ["us-east-1"]
+        - key: topology.kubernetes.io/zone
+          operator: In
+          values: ["us-east-1a", "us-east-1b"]
+        - key: node.kubernetes.io/instance-type
+          operator: In
+          values: ["g6.xlarge"]
+      nodeClassRef:
+        group: karpenter.kwok.sh
+        kind: KWOKNodeClass
+        name: default
+  limits:
+    nvidia.com/gpu: 4
+  disruption:
+    consolidationPolicy: WhenEmptyOrUnderutilized
+    consolidateAfter: 0s
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := k.Kubectl("apply", "-f", pools); err != nil {
+		t.Fatalf("kubectl apply the NodePool: %v\n%s", err, out)
+	}
+	c := newCluster(t)
+	useClusters(t, c, k)
+	const name, model = "karp", "karp-model"
+	spec := strings.Replace(kubeSpec(model, `replica_policy: {min_replicas: 0, max_replicas: 2, dynamic_ondemand_fallback: true}`),
+		"accelerators: H100:1", "accelerators: L4:1", 1)
+	out := c.up(name, spec)
+	if !strings.Contains(out, "scaled to zero") || len(ownerPods(k, c)) != 0 {
+		t.Fatalf("serve up did not park the service at zero pods:\n%s", out)
+	}
+
+	// Held at zero, then answered: 0 failed.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	errs := make(chan error, 3)
+	start := time.Now()
+	for range 3 {
+		go func() {
+			code, body, err := c.request(ctx, model)
+			if err == nil && code != 200 {
+				err = &httpErr{code, body}
+			}
+			errs <- err
+		}()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatalf("a request held at zero replicas failed: %v\n%s\nkarpenter:\n%s", err, c.daemonLog(), k.Log("karpenter-kwok"))
+		}
+	}
+	held := time.Since(start)
+	st := c.status(name)
+	i := slices.IndexFunc(st.Replicas, func(r state.Replica) bool { return r.State == "ready" })
+	if i < 0 {
+		t.Fatalf("no ready replica after the held requests: %+v", st.Replicas)
+	}
+	r := st.Replicas[i]
+	_, nodeName := podNode(t, k, r.ID)
+	node := &corev1.Node{}
+	if err := k.Admin.Get(ctx, coreclient.Nodes, "", nodeName, node); err != nil {
+		t.Fatal(err)
+	}
+	if node.Labels["karpenter.sh/nodepool"] != "gpu" || node.Labels["node.kubernetes.io/instance-type"] != "g6.xlarge" ||
+		node.Labels["topology.kubernetes.io/zone"] != r.Zone || node.Labels["karpenter.sh/capacity-type"] != map[string]string{"spot": "spot", "on_demand": "on-demand"}[r.Capacity] {
+		t.Errorf("replica %s (%s %s) runs on node %s labelled %v: not the node Arbiter chose", r.ID, r.Capacity, r.Zone, nodeName, node.Labels)
+	}
+	t.Logf("kube-bench karpenter: requests held %v; node created %v after the first request; replica launch → ready %v; %s %s at $%.4f/h priced by %s",
+		held.Round(100*time.Millisecond), node.CreationTimestamp.Sub(start).Round(time.Second), r.ReadyAt.Sub(r.LaunchedAt).Round(100*time.Millisecond),
+		r.Capacity, r.Zone, r.PricePerHour, r.PriceSource)
+
+	// Idle: to zero, and the empty node consolidated away.
+	c.waitFor("the service back at zero pods", 2*time.Minute, func() bool { return len(ownerPods(k, c)) == 0 })
+	idle := time.Now()
+	c.waitFor("Karpenter to remove the empty node", 3*time.Minute, func() bool {
+		return k.Admin.Get(ctx, coreclient.Nodes, "", nodeName, &corev1.Node{}) != nil
+	})
+	t.Logf("kube-bench karpenter: the empty node gone %v after the last pod", time.Since(idle).Round(time.Second))
+	c.serve("down", name, "--wait", "60s")
+	if left := len(ownerPods(k, c)); left != 0 {
+		t.Fatalf("serve down left %d pods", left)
+	}
+}

@@ -1,0 +1,73 @@
+package kubetest
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/pricing"
+)
+
+// CatalogInstanceTypes is the machine types Karpenter's KWOK provider may create, in its
+// JSON: each of the given machine types of cloud, spot and on-demand, in each zone (by name,
+// as nodes label it) at the catalog's price for the AZ or region it maps to (zones: zone
+// name → the catalog's place), with its GPUs; prices from the embedded catalogs, not written
+// here.
+func CatalogInstanceTypes(cloud string, types []string, zones map[string]string) (string, error) {
+	cat, err := pricing.Embedded()
+	if err != nil {
+		return "", err
+	}
+	type req struct {
+		Key      string   `json:"key"`
+		Operator string   `json:"operator"`
+		Values   []string `json:"values"`
+	}
+	type offering struct {
+		Price        float64
+		Available    bool
+		Requirements []req
+	}
+	type machine struct {
+		Name             string            `json:"name"`
+		Offerings        []offering        `json:"offerings"`
+		Architecture     string            `json:"architecture"`
+		OperatingSystems []string          `json:"operatingSystems"`
+		Resources        map[string]string `json:"resources"`
+	}
+	names := make([]string, 0, len(zones))
+	for z := range zones {
+		names = append(names, z)
+	}
+	slices.Sort(names)
+	var out []machine
+	for _, name := range types {
+		m := machine{Name: name, Architecture: "amd64", OperatingSystems: []string{"linux"}}
+		gpus, vcpus, mem := 0, 0.0, 0.0
+		for _, zone := range names {
+			for _, c := range []fleet.Capacity{fleet.Spot, fleet.OnDemand} {
+				i := slices.IndexFunc(cat.Offers(time.Time{}), func(o pricing.Offer) bool {
+					return o.Provider == cloud && o.InstanceType == name && o.Capacity == c && (o.Zone == zones[zone] || o.Zone == "" && o.Region == zones[zone])
+				})
+				if i < 0 {
+					return "", fmt.Errorf("no %s catalog price for %s %s in %s", cloud, name, c, zones[zone])
+				}
+				o := cat.Offers(time.Time{})[i]
+				gpus, vcpus, mem = o.AcceleratorCount, o.VCPUs, o.MemoryGiB
+				capacity := "on-demand"
+				if c == fleet.Spot {
+					capacity = "spot"
+				}
+				m.Offerings = append(m.Offerings, offering{Price: o.PricePerHour, Available: true, Requirements: []req{
+					{"karpenter.sh/capacity-type", "In", []string{capacity}}, {"topology.kubernetes.io/zone", "In", []string{zone}}}})
+			}
+		}
+		m.Resources = map[string]string{"cpu": fmt.Sprint(max(vcpus, 1)), "memory": fmt.Sprintf("%gGi", max(mem, 1)), "pods": "110",
+			"nvidia.com/gpu": fmt.Sprint(gpus)}
+		out = append(out, m)
+	}
+	b, err := json.Marshal(out)
+	return string(b), err
+}
