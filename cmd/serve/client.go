@@ -109,6 +109,11 @@ func (c *client) do(ctx context.Context, method, path string, body, out any) (ht
 // failingOver says whether an error from every control plane is one a later try may not
 // meet (a 503, or none answered), and how long to pause first.
 func failingOver(err error, several bool) (time.Duration, bool) {
+	if !several {
+		// One control plane (the embedded daemon): no other to take over; its answer is
+		// the answer, as before.
+		return 0, false
+	}
 	var ae *apiError
 	if errors.As(err, &ae) {
 		if ae.status != http.StatusServiceUnavailable {
@@ -120,10 +125,8 @@ func failingOver(err error, several bool) (time.Duration, bool) {
 		return min(ae.retryAfter, maxRetryPause), true
 	}
 	var ce *cliError
-	if errors.As(err, &ce) && ce.code == exitUnreachable && several {
-		// Every control plane given is down at once: they may be restarting. One alone
-		// (the embedded daemon) that is down is said at once.
-		return time.Second, true
+	if errors.As(err, &ce) && ce.code == exitUnreachable {
+		return time.Second, true // every control plane given is down at once: they may be restarting
 	}
 	return 0, false
 }
