@@ -60,8 +60,25 @@ type nodePool struct {
 		Limits map[string]resource.Quantity `json:"limits"`
 	} `json:"spec"`
 	Status struct {
-		Resources map[string]resource.Quantity `json:"resources"`
+		Resources  map[string]resource.Quantity `json:"resources"`
+		Conditions []struct {
+			Type    string `json:"type"`
+			Status  string `json:"status"`
+			Message string `json:"message"`
+		} `json:"conditions"`
 	} `json:"status"`
+}
+
+// notReady is why Karpenter says the NodePool cannot create nodes (its Ready condition
+// False: its node class missing or not ready, its spec invalid), or "": ready, or not yet
+// judged.
+func (np *nodePool) notReady() string {
+	for _, c := range np.Status.Conditions {
+		if c.Type == "Ready" && c.Status == "False" {
+			return cmp.Or(c.Message, "Ready is False")
+		}
+	}
+	return ""
 }
 
 type nodePoolList struct {
@@ -273,6 +290,10 @@ func (p *Provider) nodePoolPools(nps []nodePool, nodes []nodeInfo, have map[pool
 		name := np.Metadata.Name
 		reqs := np.Spec.Template.Spec.Requirements
 		cloud := cloudOfNodeClass(np.Spec.Template.Spec.NodeClassRef.Group)
+		if why := np.notReady(); why != "" {
+			notes = append(notes, fmt.Sprintf("Karpenter NodePool %s is not ready: %s", name, why))
+			continue
+		}
 		if region == "" {
 			notes = append(notes, fmt.Sprintf("Karpenter NodePool %s: no region to price it in (no node says one; set region: in the providers file)", name))
 			continue

@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/arbiter-serve/arbiter/fleet"
@@ -86,5 +87,27 @@ func TestNodePoolAdmitsMachines(t *testing.T) {
 		if ok != tc.want {
 			t.Errorf("%s: admitted %v (%s); want %v", tc.name, ok, why, tc.want)
 		}
+	}
+}
+
+// A NodePool Karpenter judged not ready (its node class missing, say) offers nothing; one
+// not yet judged (no conditions) does.
+func TestNodePoolReadiness(t *testing.T) {
+	var np nodePool
+	if why := np.notReady(); why != "" {
+		t.Errorf("a NodePool with no conditions: not ready (%s)", why)
+	}
+	if err := json.Unmarshal([]byte(`{"status":{"conditions":[{"type":"NodeClassReady","status":"False","message":"NodeClass not found"},
+		{"type":"Ready","status":"False","message":"NodeClassReady=False"}]}}`), &np); err != nil {
+		t.Fatal(err)
+	}
+	if why := np.notReady(); why != "NodeClassReady=False" {
+		t.Errorf("notReady = %q; want Karpenter's message", why)
+	}
+	if err := json.Unmarshal([]byte(`{"status":{"conditions":[{"type":"Ready","status":"True"}]}}`), &np); err != nil {
+		t.Fatal(err)
+	}
+	if why := np.notReady(); why != "" {
+		t.Errorf("a ready NodePool: %q", why)
 	}
 }
