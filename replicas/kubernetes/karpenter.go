@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 
@@ -55,6 +56,7 @@ type nodePool struct {
 					Kind  string `json:"kind"`
 					Name  string `json:"name"`
 				} `json:"nodeClassRef"`
+				Taints []corev1.Taint `json:"taints"`
 			} `json:"spec"`
 		} `json:"template"`
 		Limits map[string]resource.Quantity `json:"limits"`
@@ -223,6 +225,22 @@ func (c candidate) admittedBy(reqs []npRequirement, l map[string]string) (bool, 
 	return true, ""
 }
 
+// untolerated is the first of a NodePool's taints that a replica pod of capacity c does not
+// tolerate (buildPod's tolerations: nvidia.com/gpu, and the platforms' spot taints on spot
+// pods), or "": Karpenter would not create a node for such a pod there.
+func untolerated(taints []corev1.Taint, c fleet.Capacity) string {
+	for _, t := range taints {
+		if t.Effect == corev1.TaintEffectPreferNoSchedule || t.Key == string(resourceGPU) {
+			continue
+		}
+		if c == fleet.Spot && t.Effect == corev1.TaintEffectNoSchedule && spotTolerated(t.Key, t.Value) {
+			continue
+		}
+		return fmt.Sprintf("%s=%s:%s", t.Key, t.Value, t.Effect)
+	}
+	return ""
+}
+
 // zonesOf lists the zones a NodePool's requirements name (In), or nil: any zone.
 func zonesOf(reqs []npRequirement) []string {
 	for _, r := range reqs {
@@ -304,7 +322,7 @@ func (p *Provider) nodePoolPools(nps []nodePool, nodes []nodeInfo, have map[pool
 			zones = []string{""}
 		}
 		seen := map[string]bool{}
-		offered := 0
+		offered, untol := 0, ""
 		for _, o := range idx.gpuOffers {
 			if o.Region != region || cloud != "" && o.Provider != cloud ||
 				cloud == "" && len(idx.clouds[o.InstanceType]) != 1 {
@@ -323,6 +341,10 @@ func (p *Provider) nodePoolPools(nps []nodePool, nodes []nodeInfo, have map[pool
 				if ok, _ := c.admittedBy(reqs, c.labels(o.Provider, region)); !ok {
 					continue
 				}
+				if taint := untolerated(np.Spec.Template.Spec.Taints, o.Capacity); taint != "" {
+					untol = taint
+					continue
+				}
 				seen[id] = true
 				ni := nodeInfo{cloud: o.Provider, cloudBy: "Karpenter NodePool " + name, region: region, zone: z, zoneID: zoneIDs[z],
 					instanceType: o.InstanceType, capacity: o.Capacity}
@@ -336,6 +358,8 @@ func (p *Provider) nodePoolPools(nps []nodePool, nodes []nodeInfo, have map[pool
 		}
 		switch {
 		case offered > 0:
+		case untol != "":
+			notes = append(notes, fmt.Sprintf("Karpenter NodePool %s taints its nodes %s, which Arbiter's replica pods do not tolerate", name, untol))
 		case room == 0:
 			limit := np.Spec.Limits[string(resourceGPU)]
 			notes = append(notes, fmt.Sprintf("Karpenter NodePool %s is at its nvidia.com/gpu limit (%s)", name, limit.String()))

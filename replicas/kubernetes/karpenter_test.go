@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/arbiter-serve/arbiter/fleet"
 )
 
@@ -109,5 +111,30 @@ func TestNodePoolReadiness(t *testing.T) {
 	}
 	if why := np.notReady(); why != "" {
 		t.Errorf("a ready NodePool: %q", why)
+	}
+}
+
+// A NodePool whose nodes carry a taint the replica pods do not tolerate offers nothing
+// there: Karpenter would make no node for them. The pods tolerate the GPU taint, and the
+// platforms' spot taints when spot.
+func TestNodePoolTaints(t *testing.T) {
+	gpu := corev1.Taint{Key: "nvidia.com/gpu", Effect: corev1.TaintEffectNoSchedule}
+	aksSpot := corev1.Taint{Key: labelAKSPriority, Value: "spot", Effect: corev1.TaintEffectNoSchedule}
+	team := corev1.Taint{Key: "team", Value: "ml", Effect: corev1.TaintEffectNoSchedule}
+	soft := corev1.Taint{Key: "team", Value: "ml", Effect: corev1.TaintEffectPreferNoSchedule}
+	for _, tc := range []struct {
+		taints []corev1.Taint
+		c      fleet.Capacity
+		want   string
+	}{
+		{nil, fleet.Spot, ""},
+		{[]corev1.Taint{gpu, soft}, fleet.OnDemand, ""},
+		{[]corev1.Taint{gpu, aksSpot}, fleet.Spot, ""},
+		{[]corev1.Taint{aksSpot}, fleet.OnDemand, labelAKSPriority + "=spot:NoSchedule"},
+		{[]corev1.Taint{gpu, team}, fleet.Spot, "team=ml:NoSchedule"},
+	} {
+		if got := untolerated(tc.taints, tc.c); got != tc.want {
+			t.Errorf("%v for %s: %q; want %q", tc.taints, tc.c, got, tc.want)
+		}
 	}
 }

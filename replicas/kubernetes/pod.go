@@ -172,8 +172,7 @@ func buildPod(ls replicas.LaunchSpec, ps podSpec, price float64, rank int) *core
 	}
 	if ls.Capacity == fleet.Spot {
 		for _, s := range spotLabels {
-			// GKE spot pools may be tainted with their label; AKS spot pools always are.
-			if s.key == labelGKESpot || s.key == labelGKEPreemptible || s.key == labelAKSPriority {
+			if spotTolerated(s.key, s.value) {
 				tolerations = append(tolerations, corev1.Toleration{Key: s.key, Operator: corev1.TolerationOpEqual, Value: s.value, Effect: corev1.TaintEffectNoSchedule})
 			}
 		}
@@ -272,6 +271,14 @@ func groupPod(pod *corev1.Pod, ls replicas.LaunchSpec, ps podSpec, rank int) {
 			TopologyKey:   labelZone,
 		}}}
 	}
+}
+
+// spotTolerated says whether a spot replica's pod tolerates a NoSchedule taint key=value:
+// GKE spot pools may be tainted with their label; AKS spot pools always are.
+func spotTolerated(key, value string) bool {
+	return slices.ContainsFunc(spotLabels, func(s struct{ key, value string }) bool {
+		return s.key == key && s.value == value && (key == labelGKESpot || key == labelGKEPreemptible || key == labelAKSPriority)
+	})
 }
 
 // nodeTerms is the required node affinity: any one term admits a node (terms are ORed,
