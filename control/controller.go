@@ -118,10 +118,11 @@ type Controller struct {
 	fwdInfo state.LeaderInfo
 	fwdErr  error
 	fwdRead time.Time
-	// followMu serializes a standby's reads of the store (follow): its loop's and those its
-	// API makes before answering, so that an older read never replaces a newer one.
-	// Lock order: followMu, then c.mu.
-	followMu sync.Mutex
+	// following (one slot) serializes a standby's reads of the store (follow): its loop's
+	// and those its API makes before answering, so that an older read never replaces a
+	// newer one; a channel, so that an answer waits for it only as long as its context
+	// lets it. Taken before c.mu.
+	following chan struct{}
 }
 
 type service struct {
@@ -284,7 +285,7 @@ func New(ctx context.Context, cfg Config) (*Controller, error) {
 		cfg.NoticeMargin = DefaultNoticeMargin
 	}
 	c := &Controller{cfg: cfg, store: cfg.Store, log: cfg.Log, probes: &http.Client{},
-		services: map[string]*service{}, routers: map[string]routerReport{}, unswept: map[string]bool{}, suspects: map[string]bool{}, changed: make(chan struct{}), kick: make(chan struct{}, 1)}
+		services: map[string]*service{}, routers: map[string]routerReport{}, unswept: map[string]bool{}, suspects: map[string]bool{}, changed: make(chan struct{}), kick: make(chan struct{}, 1), following: make(chan struct{}, 1)}
 	c.launches = rate.NewLimiter(rate.Limit(cfg.LaunchesPerSecond), cfg.LaunchBurst)
 	c.metrics = newMetrics(cfg.Metrics, c)
 	c.renew = func(ctx context.Context) (int64, error) { return cfg.Lease.Renew(ctx) }

@@ -128,6 +128,9 @@ func (c *Controller) standBy(ctx context.Context) (int64, bool) {
 	}
 }
 
+// freshWithin bounds a standby's read of the store before it answers.
+const freshWithin = 2 * time.Second
+
 // fresh brings a standby's view up to the store before its API answers a read (issue 46
 // §1): a write the leader acknowledged a moment ago is readable through whichever control
 // plane the CLI asks next, not only after the standby's next periodic read (a third of the
@@ -137,6 +140,9 @@ func (c *Controller) fresh(ctx context.Context) {
 	if c.leading() {
 		return
 	}
+	// A store out of reach must not stall the answer: past this, what was read last.
+	ctx, cancel := context.WithTimeout(ctx, freshWithin)
+	defer cancel()
 	if err := c.follow(ctx); err != nil {
 		c.log.Warn("standby: could not read the store before answering", "err", err)
 	}
@@ -167,8 +173,12 @@ func (c *Controller) keepLease(ctx context.Context) {
 // only, and republishes the ready set when it changed. A standby's view: it asks no
 // provider and writes nothing.
 func (c *Controller) follow(ctx context.Context) error {
-	c.followMu.Lock()
-	defer c.followMu.Unlock()
+	select {
+	case c.following <- struct{}{}:
+		defer func() { <-c.following }()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	now := c.cfg.Now()
 	svcs, err := c.store.Services(ctx)
 	if err != nil {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,11 +18,14 @@ import (
 )
 
 // A cluster whose GPU nodes exist only once a pod asks (issue 47), with Karpenter's own
-// controller (its KWOK provider) and one CPU node: a service at zero replicas on a
-// NodePool of spot and on-demand g6.xlarge in two zones. Requests sent at zero are held;
-// Arbiter places the replica on the NodePool's cheapest offer, Karpenter creates that node,
-// the replica starts on it and every held request is answered. Idle, the service scales to
-// zero and Karpenter consolidates the empty node away; serve down leaves no pod.
+// controller (its KWOK provider) and one CPU node: a service at zero replicas, and two
+// NodePools of g6.xlarge in two zones, spot (at most one GPU) and on-demand. Requests sent at
+// zero are held; Arbiter places the replica on the cheapest offer (spot), Karpenter creates
+// that node, the replica starts on it and every held request is answered. Idle, the service
+// scales to zero and Karpenter consolidates the empty node away. Updated to two replicas,
+// both go to spot; Karpenter makes one node and refuses the other (the NodePool's limit),
+// which Arbiter reads as a refusal at once and places on on-demand; serve down leaves no
+// pod.
 func TestKubernetesKarpenterScaleFromZero(t *testing.T) {
 	t.Parallel() // its own cluster, home and ports; most of its time is waiting
 	types, err := kubetest.CatalogInstanceTypes("aws", []string{"g6.xlarge"}, map[string]string{"us-east-1a": "use1-az4", "us-east-1b": "use1-az6"})
@@ -33,17 +37,19 @@ func TestKubernetesKarpenterScaleFromZero(t *testing.T) {
 		Labels: map[string]string{"node.kubernetes.io/instance-type": "m7i.large", "topology.kubernetes.io/zone": "us-east-1a",
 			"topology.kubernetes.io/region": "us-east-1", "topology.k8s.aws/zone-id": "use1-az4"}})
 	pools := filepath.Join(t.TempDir(), "nodepool.yaml")
-	if err := os.WriteFile(pools, []byte(`apiVersion: karpenter.sh/v1
+	// Two NodePools as a team splits them: spot, limited to one GPU, and on-demand.
+	pool := func(name, capacity string, gpus int) string {
+		return fmt.Sprintf(`apiVersion: karpenter.sh/v1
 kind: NodePool
 metadata:
-  name: gpu
+  name: %s
 spec:
   template:
     spec:
       requirements:
         - key: karpenter.sh/capacity-type
           operator: In
-          values: ["spot", "on-demand"]
+          values: ["%s"]
         - key: topology.kubernetes.io/region
           operator: In
           values: ["us-east-1"]
@@ -58,11 +64,13 @@ spec:
         kind: KWOKNodeClass
         name: default
   limits:
-    nvidia.com/gpu: 4
+    nvidia.com/gpu: %d
   disruption:
     consolidationPolicy: WhenEmptyOrUnderutilized
     consolidateAfter: 0s
-`), 0o644); err != nil {
+`, name, capacity, gpus)
+	}
+	if err := os.WriteFile(pools, []byte(pool("spot", "spot", 1)+"---\n"+pool("od", "on-demand", 4)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := k.Kubectl("apply", "-f", pools); err != nil {
@@ -71,8 +79,10 @@ spec:
 	c := newCluster(t)
 	useClusters(t, c, k)
 	const name, model = "karp", "karp-model"
-	spec := strings.Replace(kubeSpec(model, `replica_policy: {min_replicas: 0, max_replicas: 2, dynamic_ondemand_fallback: true}`),
-		"accelerators: H100:1", "accelerators: L4:1", 1)
+	l4 := func(policy string) string {
+		return strings.Replace(kubeSpec(model, policy), "accelerators: H100:1", "accelerators: L4:1", 1)
+	}
+	spec := l4(`replica_policy: {min_replicas: 0, max_replicas: 1, dynamic_ondemand_fallback: true}`)
 	out := c.up(name, spec)
 	if !strings.Contains(out, "scaled to zero") || len(ownerPods(k, c)) != 0 {
 		t.Fatalf("serve up did not park the service at zero pods:\n%s", out)
@@ -109,7 +119,7 @@ spec:
 	if err := k.Admin.Get(ctx, coreclient.Nodes, "", nodeName, node); err != nil {
 		t.Fatal(err)
 	}
-	if node.Labels["karpenter.sh/nodepool"] != "gpu" || node.Labels["node.kubernetes.io/instance-type"] != "g6.xlarge" ||
+	if node.Labels["karpenter.sh/nodepool"] != "spot" || node.Labels["node.kubernetes.io/instance-type"] != "g6.xlarge" ||
 		node.Labels["topology.kubernetes.io/zone"] != r.Zone || node.Labels["karpenter.sh/capacity-type"] != map[string]string{"spot": "spot", "on_demand": "on-demand"}[r.Capacity] {
 		t.Errorf("replica %s (%s %s) runs on node %s labelled %v: not the node Arbiter chose", r.ID, r.Capacity, r.Zone, nodeName, node.Labels)
 	}
@@ -124,6 +134,39 @@ spec:
 		return k.Admin.Get(ctx, coreclient.Nodes, "", nodeName, &corev1.Node{}) != nil
 	})
 	t.Logf("kube-bench karpenter: the empty node gone %v after the last pod", time.Since(idle).Round(time.Second))
+
+	// Two replicas at once: both placed on spot (two zones), the spot NodePool makes one
+	// node and says it will not make the second (its GPU limit); Arbiter takes that as a
+	// refusal at once and falls back to on-demand, which the other NodePool creates.
+	path := filepath.Join(c.home, "karp-2.yaml")
+	if err := os.WriteFile(path, []byte(l4(`replica_policy: {min_replicas: 2, max_replicas: 2, dynamic_ondemand_fallback: true}`)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fallback := time.Now()
+	c.serve("update", name, path, "--detach")
+	c.waitFor("one spot and one on-demand replica ready, on nodes of each NodePool", 3*time.Minute, func() bool {
+		ready, _ := kubeReplicas(c.status(name))
+		return ready["spot"] == 1 && ready["on_demand"] == 1
+	})
+	logs := c.serve("logs", name)
+	if !strings.Contains(logs, "Karpenter: Failed to schedule pod") {
+		t.Errorf("the service's log does not show Karpenter's refusal:\n%s", logs)
+	}
+	for _, r := range c.status(name).Replicas {
+		if r.State != "ready" {
+			continue
+		}
+		_, n := podNode(t, k, r.ID)
+		got := &corev1.Node{}
+		if err := k.Admin.Get(ctx, coreclient.Nodes, "", n, got); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[string]string{"spot": "spot", "on_demand": "od"}[r.Capacity]; got.Labels["karpenter.sh/nodepool"] != want {
+			t.Errorf("%s replica %s on node %s of NodePool %q; want %q", r.Capacity, r.ID, n, got.Labels["karpenter.sh/nodepool"], want)
+		}
+	}
+	t.Logf("kube-bench karpenter: spot at its NodePool's limit, refused by Karpenter and replaced on on-demand: both ready %v after the update",
+		time.Since(fallback).Round(100*time.Millisecond))
 	c.serve("down", name, "--wait", "60s")
 	if left := len(ownerPods(k, c)); left != 0 {
 		t.Fatalf("serve down left %d pods", left)

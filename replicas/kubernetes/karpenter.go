@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/arbiter-serve/arbiter/fleet"
@@ -372,4 +373,25 @@ func (p *Provider) nodePoolPools(nps []nodePool, nodes []nodeInfo, have map[pool
 			strings.Compare(a.key.instanceType, b.key.instanceType))
 	})
 	return out, notes
+}
+
+// karpenterRefusal is Karpenter's own answer that it will not create a node for a pending
+// pod ("Failed to schedule pod, …": the NodePool at its limits, the offering out of
+// capacity, nothing compatible), from the pod's events; "" if it has said none. Without
+// it a launch on a NodePool waits out ProvisionSeconds.
+func (p *Provider) karpenterRefusal(ctx context.Context, pod *corev1.Pod) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var evs corev1.EventList
+	if err := p.client.List(ctx, "events", pod.Namespace, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod.Name}, &evs); err != nil {
+		p.cfg.Log.Debug("kubernetes: reading a pending pod's events", "pod", handleOf(pod), "err", err)
+		return ""
+	}
+	for _, e := range evs.Items {
+		from := cmp.Or(e.Source.Component, e.ReportingController)
+		if e.InvolvedObject.UID == pod.UID && from == "karpenter" && e.Reason == "FailedScheduling" {
+			return "Karpenter: " + e.Message
+		}
+	}
+	return ""
 }

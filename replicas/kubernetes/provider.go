@@ -485,8 +485,10 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 	// the two clocks need not agree.
 	budget := secondsOf(p.cfg.UnschedulableSeconds)
 	if pool.karpenter != "" {
-		// Karpenter creates the node this pod asks for: minutes, not a scheduling pass.
+		// Karpenter creates the node this pod asks for: minutes, not a scheduling pass;
+		// unless it says at once that it will not.
 		budget = secondsOf(p.cfg.ProvisionSeconds)
+		return p.awaitRunningOn(ctx, handleOf(created), p.cfg.Now(), budget, p.karpenterRefusal)
 	}
 	return p.awaitRunning(ctx, handleOf(created), p.cfg.Now(), budget)
 }
@@ -499,6 +501,18 @@ const lostAfter = 30 * time.Second
 // awaitRunning waits for a launched pod to run, and how long it may wait for a
 // node (budget) before the launch counts as refused.
 func (p *Provider) awaitRunning(ctx context.Context, handle string, created time.Time, budget time.Duration) (replicas.Instance, error) {
+	return p.awaitRunningOn(ctx, handle, created, budget, nil)
+}
+
+// refusalCheckEvery is how often a pending pod's provisioner is asked whether it refused.
+const refusalCheckEvery = 3 * time.Second
+
+// awaitRunningOn is awaitRunning where refused, if not nil, says (every few seconds while
+// the pod waits for a node) that what would create its node will not: the launch is then
+// refused at once.
+func (p *Provider) awaitRunningOn(ctx context.Context, handle string, created time.Time, budget time.Duration,
+	refused func(context.Context, *corev1.Pod) string) (replicas.Instance, error) {
+	var asked time.Time
 	var pullFailingSince, unusableSince time.Time
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -545,6 +559,13 @@ func (p *Provider) awaitRunning(ctx context.Context, handle string, created time
 				// Not even looked at: no scheduler runs, or it is far behind. Past a generous
 				// budget that is as good as no capacity here.
 				msg, ok = "no scheduler has placed or refused it", now.Sub(created) >= budget+time.Minute
+			}
+			if refused != nil && pod.Spec.NodeName == "" && now.Sub(asked) >= refusalCheckEvery {
+				asked = now
+				if why := refused(ctx, pod); why != "" {
+					p.deleteQuietly(handle)
+					return replicas.Instance{}, fmt.Errorf("%w on %s: pod %s: %s", replicas.ErrNoCapacity, p.Name(), handle, why)
+				}
 			}
 			if ok && now.Sub(created) >= budget {
 				p.deleteQuietly(handle)
