@@ -336,6 +336,15 @@ func (c *cluster) request(ctx context.Context, model string) (int, string, error
 	return resp.StatusCode, string(b), err
 }
 
+// requestOK sends one chat request: nil if it was answered 200, else why not.
+func (c *cluster) requestOK(ctx context.Context, model string) error {
+	code, body, err := c.request(ctx, model)
+	if err == nil && code != http.StatusOK {
+		err = &httpErr{code, body}
+	}
+	return err
+}
+
 // chat sends one chat request, streamed (asking for the usage chunk) or not, and returns
 // its status and whole body; a stream that does not end with [DONE] is an error.
 func (c *cluster) chat(ctx context.Context, model string, stream bool) (int, string, error) {

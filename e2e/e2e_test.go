@@ -47,24 +47,14 @@ func TestScaleFromZeroRampAndBackToZero(t *testing.T) {
 	// The first requests find no replica: they are held, not refused.
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	type answer struct {
-		code int
-		err  error
-	}
-	answers := make(chan answer, 3)
+	errs := make(chan error, 3)
 	start := time.Now()
 	for range 3 {
-		go func() {
-			code, body, err := c.request(ctx, "ramp-model")
-			if err == nil && code != 200 {
-				err = &httpErr{code, body}
-			}
-			answers <- answer{code, err}
-		}()
+		go func() { errs <- c.requestOK(ctx, "ramp-model") }()
 	}
 	for range 3 {
-		if a := <-answers; a.err != nil {
-			t.Fatalf("request sent at zero replicas: %v", a.err)
+		if err := <-errs; err != nil {
+			t.Fatalf("request sent at zero replicas: %v", err)
 		}
 	}
 	t.Logf("requests held at zero answered after %v", time.Since(start).Round(time.Millisecond))

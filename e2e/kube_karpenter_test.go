@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,49 +32,9 @@ func TestKubernetesKarpenterScaleFromZero(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := startKubeWith(t, kubetest.Options{Name: "karpenter", PodCIDR: "127.0.57.1/24", Karpenter: &kubetest.Karpenter{InstanceTypes: types}})
-	k.AddNode(kubetest.Node{Name: "system", ProviderID: "aws:///us-east-1a/i-0c0c0c0c0c0c0c0c0",
-		Labels: map[string]string{"node.kubernetes.io/instance-type": "m7i.large", "topology.kubernetes.io/zone": "us-east-1a",
-			"topology.kubernetes.io/region": "us-east-1", "topology.k8s.aws/zone-id": "use1-az4"}})
-	pools := filepath.Join(t.TempDir(), "nodepool.yaml")
+	k.AddNode(kubetest.AWSNode("system", "m7i.large", "us-east-1", "us-east-1a", "use1-az4"))
 	// Two NodePools as a team splits them: spot, limited to one GPU, and on-demand.
-	pool := func(name, capacity string, gpus int) string {
-		return fmt.Sprintf(`apiVersion: karpenter.sh/v1
-kind: NodePool
-metadata:
-  name: %s
-spec:
-  template:
-    spec:
-      requirements:
-        - key: karpenter.sh/capacity-type
-          operator: In
-          values: ["%s"]
-        - key: topology.kubernetes.io/region
-          operator: In
-          values: ["us-east-1"]
-        - key: topology.kubernetes.io/zone
-          operator: In
-          values: ["us-east-1a", "us-east-1b"]
-        - key: node.kubernetes.io/instance-type
-          operator: In
-          values: ["g6.xlarge"]
-      nodeClassRef:
-        group: karpenter.kwok.sh
-        kind: KWOKNodeClass
-        name: default
-  limits:
-    nvidia.com/gpu: %d
-  disruption:
-    consolidationPolicy: WhenEmptyOrUnderutilized
-    consolidateAfter: 0s
-`, name, capacity, gpus)
-	}
-	if err := os.WriteFile(pools, []byte(pool("spot", "spot", 1)+"---\n"+pool("od", "on-demand", 4)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := k.Kubectl("apply", "-f", pools); err != nil {
-		t.Fatalf("kubectl apply the NodePool: %v\n%s", err, out)
-	}
+	k.Apply("nodepools", kubetest.KWOKNodePool("spot", []string{"spot"}, 1)+"---\n"+kubetest.KWOKNodePool("od", []string{"on-demand"}, 4))
 	c := newCluster(t)
 	useClusters(t, c, k)
 	const name, model = "karp", "karp-model"
@@ -94,13 +53,7 @@ spec:
 	errs := make(chan error, 3)
 	start := time.Now()
 	for range 3 {
-		go func() {
-			code, body, err := c.request(ctx, model)
-			if err == nil && code != 200 {
-				err = &httpErr{code, body}
-			}
-			errs <- err
-		}()
+		go func() { errs <- c.requestOK(ctx, model) }()
 	}
 	for range 3 {
 		if err := <-errs; err != nil {

@@ -200,13 +200,7 @@ func TestKubernetesSpotLifecycle(t *testing.T) {
 	start := time.Now()
 	go func() { errs <- openAIClient(t, c, model) }()
 	for range 3 {
-		go func() {
-			code, body, err := c.request(ctx, model)
-			if err == nil && code != 200 {
-				err = &httpErr{code, body}
-			}
-			errs <- err
-		}()
+		go func() { errs <- c.requestOK(ctx, model) }()
 	}
 	for range 4 {
 		if err := <-errs; err != nil {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -30,6 +29,28 @@ func karpenterCRD(t *testing.T, name string) string {
 	return filepath.Join(kubetest.Bins(t), "karpenter", name)
 }
 
+// nodePoolProvider is the provider for cluster c (pods in namespace arbiter, unschedulable
+// after 1 s, provisionSeconds for a node a NodePool creates), synced, and a service of one
+// L4 replica that may run on spot.
+func nodePoolProvider(ctx context.Context, t *testing.T, c *kubetest.Cluster, provisionSeconds float64) (*Provider, *spec.Service) {
+	t.Helper()
+	p, err := New(ctx, Config{Cluster: Cluster{Name: c.Name, Namespace: "arbiter", UnschedulableSeconds: 1, ProvisionSeconds: provisionSeconds, GraceSeconds: 1},
+		Owner: "arbiter-test", Rest: rest.CopyConfig(c.AdminRest), HealthEvery: time.Second, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the provider to sync", func() bool { _, err := p.List(ctx); return err == nil })
+	sp, err := spec.Parse("svc.yaml", []byte(`run: sleep infinity
+resources: {accelerators: {L4: 1}, use_spot: true, image_id: "docker:example/replicasim:1"}
+service: {readiness_probe: /health, replicas: 1}
+arbiter: {providers: [kubernetes]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, sp
+}
+
 // A cluster whose GPU nodes exist only once a pod asks (issue 47): Karpenter's own NodePool
 // CRD on a real apiserver, a NodePool as EKS users write one (spot and on-demand, the g6
 // family, sizes up to 2xlarge, two zones, a GPU limit) and one CPU node. Arbiter offers
@@ -50,10 +71,8 @@ func TestKarpenterNodePoolOffersOnARealCluster(t *testing.T) {
 		t.Fatalf("the NodePool CRD: %v\n%s", err, out)
 	}
 	// The cluster's one node: a system node, no GPU.
-	c.AddNode(kubetest.Node{Name: "system", ProviderID: "aws:///us-east-1a/i-0c0c0c0c0c0c0c0c0",
-		Labels: map[string]string{labelInstanceType: "m7i.large", labelZone: "us-east-1a", labelRegion: "us-east-1", labelAWSZoneID: "use1-az4"}})
-	pools := filepath.Join(t.TempDir(), "nodepools.yaml")
-	if err := os.WriteFile(pools, []byte(`apiVersion: karpenter.sh/v1
+	c.AddNode(kubetest.AWSNode("system", "m7i.large", "us-east-1", "us-east-1a", "use1-az4"))
+	c.Apply("nodepools", `apiVersion: karpenter.sh/v1
 kind: NodePool
 metadata:
   name: gpu
@@ -106,29 +125,11 @@ spec:
         name: default
   limits:
     nvidia.com/gpu: 0
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := c.Kubectl("apply", "-f", pools); err != nil {
-		t.Fatalf("kubectl apply the NodePools: %v\n%s", err, out)
-	}
+`)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	p, err := New(ctx, Config{Cluster: Cluster{Name: "nodepools", Namespace: "arbiter", UnschedulableSeconds: 1, ProvisionSeconds: 5, GraceSeconds: 1},
-		Owner: "arbiter-test", Rest: rest.CopyConfig(c.AdminRest), HealthEvery: time.Second, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the provider to sync", func() bool { _, err := p.List(ctx); return err == nil })
-	sp, err := spec.Parse("svc.yaml", []byte(`run: sleep infinity
-resources: {accelerators: {L4: 1}, use_spot: true, image_id: "docker:example/replicasim:1"}
-service: {readiness_probe: /health, replicas: 1}
-arbiter: {providers: [kubernetes]}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, sp := nodePoolProvider(ctx, t, c, 5)
 	quotes, err := p.Quote(ctx, "svc", sp)
 	if err != nil {
 		t.Fatalf("quote with no GPU node: %v; want the NodePool's machines", err)
@@ -219,60 +220,11 @@ func TestKarpenterCreatesTheNodeArbiterChose(t *testing.T) {
 	}
 	c := kubetest.Start(t, kubetest.Options{Name: "karpenter", PodCIDR: "127.0.46.1/24", Karpenter: &kubetest.Karpenter{InstanceTypes: types}})
 	c.Namespace("arbiter")
-	c.AddNode(kubetest.Node{Name: "system", ProviderID: "aws:///us-east-1a/i-0c0c0c0c0c0c0c0c0",
-		Labels: map[string]string{labelInstanceType: "m7i.large", labelZone: "us-east-1a", labelRegion: "us-east-1", labelAWSZoneID: "use1-az4"}})
-	pools := filepath.Join(t.TempDir(), "nodepool.yaml")
-	if err := os.WriteFile(pools, []byte(`apiVersion: karpenter.sh/v1
-kind: NodePool
-metadata:
-  name: gpu
-spec:
-  template:
-    spec:
-      requirements:
-        - key: karpenter.sh/capacity-type
-          operator: In
-          values: ["spot", "on-demand"]
-        - key: topology.kubernetes.io/region
-          operator: In
-          values: ["us-east-1"]
-        - key: topology.kubernetes.io/zone
-          operator: In
-          values: ["us-east-1a", "us-east-1b"]
-        - key: node.kubernetes.io/instance-type
-          operator: In
-          values: ["g6.xlarge"]
-      nodeClassRef:
-        group: karpenter.kwok.sh
-        kind: KWOKNodeClass
-        name: default
-  limits:
-    nvidia.com/gpu: 4
-  disruption:
-    consolidationPolicy: WhenEmptyOrUnderutilized
-    consolidateAfter: 0s
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := c.Kubectl("apply", "-f", pools); err != nil {
-		t.Fatalf("kubectl apply the NodePool: %v\n%s", err, out)
-	}
+	c.AddNode(kubetest.AWSNode("system", "m7i.large", "us-east-1", "us-east-1a", "use1-az4"))
+	c.Apply("nodepool", kubetest.KWOKNodePool("gpu", []string{"spot", "on-demand"}, 4))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	p, err := New(ctx, Config{Cluster: Cluster{Name: "karpenter", Namespace: "arbiter", UnschedulableSeconds: 1, ProvisionSeconds: 120, GraceSeconds: 1},
-		Owner: "arbiter-test", Rest: rest.CopyConfig(c.AdminRest), HealthEvery: time.Second, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the provider to sync", func() bool { _, err := p.List(ctx); return err == nil })
-	sp, err := spec.Parse("svc.yaml", []byte(`run: sleep 600
-resources: {accelerators: {L4: 1}, use_spot: true, image_id: "docker:example/replicasim:1"}
-service: {readiness_probe: /health, replicas: 1}
-arbiter: {providers: [kubernetes]}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, sp := nodePoolProvider(ctx, t, c, 120)
 	quotes, err := p.Quote(ctx, "svc", sp)
 	if err != nil {
 		t.Fatal(err)

@@ -51,8 +51,9 @@ type poolKey struct {
 	nodePool int
 }
 
-// pools groups the schedulable nodes into offers, each priced.
-func (p *Provider) pools() []*pool {
+// pools groups the schedulable nodes into offers, each priced, and returns every node as
+// described (a cordoned or tainted one too: it still says where its pool runs).
+func (p *Provider) pools() ([]*pool, []nodeInfo) {
 	byKey := map[poolKey]*pool{}
 	var prices priceIndex
 	var priceErr error
@@ -111,7 +112,7 @@ func (p *Provider) pools() []*pool {
 		return cmp.Or(strings.Compare(a.key.region, b.key.region), strings.Compare(a.key.zone, b.key.zone), strings.Compare(string(a.key.capacity), string(b.key.capacity)),
 			strings.Compare(a.key.accel, b.key.accel), strings.Compare(a.key.instanceType, b.key.instanceType), a.key.nodePool-b.key.nodePool)
 	})
-	return out
+	return out, infos
 }
 
 // nodePool is the first configured node pool whose selector the node matches, and its
@@ -153,7 +154,7 @@ func gpus(n int) string {
 // NodePools can create (what no existing node offers already); notes say what a NodePool
 // could not offer.
 func (p *Provider) allPools(ctx context.Context) ([]*pool, []string) {
-	pools := p.pools()
+	pools, infos := p.pools()
 	nps, err := p.readNodePools(ctx)
 	if err != nil {
 		return pools, []string{err.Error()}
@@ -166,12 +167,6 @@ func (p *Provider) allPools(ctx context.Context) ([]*pool, []string) {
 		k := pl.key
 		k.nodePool = -1
 		have[k] = true
-	}
-	var infos []nodeInfo
-	for _, obj := range p.nodes.GetStore().List() {
-		if n, ok := obj.(*corev1.Node); ok {
-			infos = append(infos, describeNode(n, p.cfg.AcceleratorLabel, p.cfg.AcceleratorNames))
-		}
 	}
 	created, notes := p.nodePoolPools(nps, infos, have)
 	return append(pools, created...), notes

@@ -212,11 +212,7 @@ func (c *Cluster) startKarpenter(k Karpenter) {
 		"crd/kwoknodeclasses.karpenter.kwok.sh"); err != nil {
 		c.t.Fatalf("Karpenter's CRDs: %v\n%s", err, out)
 	}
-	class := filepath.Join(c.Dir, "kwoknodeclass.yaml")
-	writeFile(c.t, class, "apiVersion: karpenter.kwok.sh/v1alpha1\nkind: KWOKNodeClass\nmetadata:\n  name: default\n")
-	if out, err := c.Kubectl("apply", "-f", class); err != nil {
-		c.t.Fatalf("the KWOKNodeClass: %v\n%s", err, out)
-	}
+	c.Apply("kwoknodeclass", "apiVersion: karpenter.kwok.sh/v1alpha1\nkind: KWOKNodeClass\nmetadata:\n  name: default\n")
 	c.Namespace("karpenter")
 	types := filepath.Join(c.Dir, "karpenter-instance-types.json")
 	writeFile(c.t, types, k.InstanceTypes)
@@ -348,6 +344,17 @@ func (c *Cluster) ServiceAccountKubeconfig(namespace, account string) string {
 	path := filepath.Join(c.Dir, namespace+"-"+account+".kubeconfig")
 	c.writeKubeconfig(path, account, tr.Status.Token)
 	return path
+}
+
+// Apply writes manifest (YAML, one document or several) to <name>.yaml in the cluster's
+// folder and applies it with kubectl as the admin; a refusal fails the test.
+func (c *Cluster) Apply(name, manifest string) {
+	c.t.Helper()
+	path := filepath.Join(c.Dir, name+".yaml")
+	writeFile(c.t, path, manifest)
+	if out, err := c.Kubectl("apply", "-f", path); err != nil {
+		c.t.Fatalf("kubectl apply %s: %v\n%s", name, err, out)
+	}
 }
 
 // Kubectl runs the kubectl built with the cluster as the admin.

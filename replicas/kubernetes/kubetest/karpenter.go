@@ -1,9 +1,12 @@
 package kubetest
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
@@ -70,4 +73,55 @@ func CatalogInstanceTypes(cloud string, types []string, zones map[string]string)
 	}
 	b, err := json.Marshal(out)
 	return string(b), err
+}
+
+// AWSNode is a node without a GPU (a cluster's system node) as EKS labels it: machine type,
+// zone, region and AZ id, and an aws:///<zone>/<instance id> provider ID. On a cluster whose
+// GPU nodes Karpenter makes, it is what says the cluster's region and which AZ id each zone
+// name maps to.
+func AWSNode(name, instanceType, region, zone, zoneID string) Node {
+	return Node{Name: name, ProviderID: "aws:///" + zone + "/i-0" + hex.EncodeToString([]byte(name)),
+		Labels: map[string]string{"node.kubernetes.io/instance-type": instanceType, "topology.kubernetes.io/zone": zone,
+			"topology.kubernetes.io/region": region, "topology.k8s.aws/zone-id": zoneID}}
+}
+
+// KWOKNodePool is a Karpenter NodePool of g6.xlarge in us-east-1a and us-east-1b, made
+// through the test cluster's KWOKNodeClass, of the given capacity types (spot, on-demand),
+// at most gpus GPUs, its empty nodes consolidated at once. It names the region, which a
+// KWOK node is not labelled with otherwise.
+func KWOKNodePool(name string, capacities []string, gpus int) string {
+	quoted := make([]string, len(capacities))
+	for i, c := range capacities {
+		quoted[i] = strconv.Quote(c)
+	}
+	return fmt.Sprintf(`apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata:
+  name: %s
+spec:
+  template:
+    spec:
+      requirements:
+        - key: karpenter.sh/capacity-type
+          operator: In
+          values: [%s]
+        - key: topology.kubernetes.io/region
+          operator: In
+          values: ["us-east-1"]
+        - key: topology.kubernetes.io/zone
+          operator: In
+          values: ["us-east-1a", "us-east-1b"]
+        - key: node.kubernetes.io/instance-type
+          operator: In
+          values: ["g6.xlarge"]
+      nodeClassRef:
+        group: karpenter.kwok.sh
+        kind: KWOKNodeClass
+        name: default
+  limits:
+    nvidia.com/gpu: %d
+  disruption:
+    consolidationPolicy: WhenEmptyOrUnderutilized
+    consolidateAfter: 0s
+`, name, strings.Join(quoted, ", "), gpus)
 }

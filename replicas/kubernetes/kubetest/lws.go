@@ -6,8 +6,6 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -32,13 +30,7 @@ const lwsGroupVersion = "leaderworkerset.x-k8s.io/v1"
 // the LWS project is installed. It starts no controller: see StartLWSController.
 func (c *Cluster) InstallLeaderWorkerSet() {
 	c.t.Helper()
-	path := filepath.Join(c.Dir, "leaderworkerset-crd.yaml")
-	if err := os.WriteFile(path, lwsCRD, 0o644); err != nil {
-		c.t.Fatal(err)
-	}
-	if out, err := c.Kubectl("apply", "-f", path); err != nil {
-		c.t.Fatalf("install the LeaderWorkerSet CRD: %v\n%s", err, out)
-	}
+	c.Apply("leaderworkerset-crd", string(lwsCRD))
 	c.waitFor("the LeaderWorkerSet API to be served", time.Minute, func() error {
 		ok, err := c.Admin.Serves(context.Background(), lwsGroupVersion, "leaderworkersets")
 		if err == nil && !ok {
