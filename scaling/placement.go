@@ -682,9 +682,13 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	if heldSpot > 0 && alive == len(existing) && len(plan.Drain) == 0 && len(have[fleet.OnDemand]) > base {
 		// At the bound, on-demand stand-ins would hold the room of the spot replicas they
 		// stand in for forever: one at a time, one makes room (the service is one replica
-		// short for a cold start, which is what max_replicas asks for).
+		// short for a cold start, which is what max_replicas asks for). Only a ready one: a
+		// stand-in still starting has its cold start paid, and the spot launch it would make
+		// room for may be refused again.
 		order := pl.drainOrder(fleet.OnDemand, have[fleet.OnDemand], spotIn)
-		plan.Drain = append(plan.Drain, Drain{ID: order[0].ID, Reason: fmt.Sprintf("max_replicas %d binding: an on-demand stand-in makes room for a spot replica (%s)", p.MaxReplicas, why)})
+		if i := slices.IndexFunc(order, func(r Placed) bool { return r.Ready }); i >= 0 {
+			plan.Drain = append(plan.Drain, Drain{ID: order[i].ID, Reason: fmt.Sprintf("max_replicas %d binding: an on-demand stand-in makes room for a spot replica (%s)", p.MaxReplicas, why)})
+		}
 	}
 	if useSpot && len(plan.Launch) == 0 && len(plan.Drain) == 0 && readySpot == want[fleet.Spot] && len(have[fleet.Spot]) == want[fleet.Spot] &&
 		(p.MaxReplicas == 0 || alive < p.MaxReplicas) {

@@ -464,6 +464,18 @@ func TestMaxReplicasBoundsTheWholeFleet(t *testing.T) {
 	if plan := pl.Plan(p0.Add(11*time.Minute), 3, existing, offers()); len(plan.Drain) != 1 {
 		t.Fatalf("no swap once the zone has cooled: %+v", plan)
 	}
+	// A stand-in still starting is never the one swapped out: its cold start is paid, and
+	// the spot replica it would make room for may be refused again (issue 47's Karpenter
+	// run: the only replica's on-demand replacement drained 31 s into its cold start).
+	existing[2].Ready = false
+	plan = pl.Plan(p0.Add(12*time.Minute), 3, existing, offers())
+	if len(plan.Drain) != 1 || plan.Drain[0].ID != "od1" {
+		t.Fatalf("at the bound with a ready and a starting stand-in: drains %+v; want the ready one", plan.Drain)
+	}
+	existing[1].Ready = false
+	if plan := pl.Plan(p0.Add(13*time.Minute), 3, existing, offers()); len(plan.Drain) != 0 {
+		t.Fatalf("a stand-in swapped out while still starting: %+v", plan.Drain)
+	}
 }
 
 // Arbiter's zone rule: the cheapest by expected cost within each zone's share of the spot

@@ -81,7 +81,21 @@ type NodePool struct {
 	// Capacity overrides the capacity kind read from the labels: reserved (already paid
 	// for: placement fills it first), spot or on_demand.
 	Capacity fleet.Capacity `yaml:"capacity"`
+	// InstanceType, Zones and MaxNodes declare a node pool that scales from zero (a GKE
+	// node pool with autoscaling, an AKS node pool or an EKS managed node group under the
+	// cluster autoscaler): while fewer than MaxNodes of its nodes exist, it offers
+	// InstanceType (of Capacity) in each of Zones, priced from the catalogs (or
+	// PricePerGPUHour), although none of its nodes may exist. A replica placed there is a
+	// pod that selects the pool (Selector), zone and machine type, and waits
+	// provision_seconds for the autoscaler to create its node, unless the autoscaler says
+	// it will not (its NotTriggerScaleUp or FailedScaleUp event).
+	InstanceType string   `yaml:"instance_type"`
+	Zones        []string `yaml:"zones"`
+	MaxNodes     int      `yaml:"max_nodes"`
 }
+
+// scalesFromZero says whether the entry declares nodes the cluster creates on demand.
+func (np *NodePool) scalesFromZero() bool { return np.InstanceType != "" }
 
 // CheckClusters reports a cluster entry that cannot work, or two that would have the same
 // provider name; path names the file for the error.
@@ -120,6 +134,29 @@ func (c *Cluster) check() error {
 		if p.Capacity != "" && !p.Capacity.Valid() {
 			return fmt.Errorf("node_pools[%d].capacity: %q: want reserved, spot or on_demand", i, p.Capacity)
 		}
+		if err := p.checkScaleFromZero(); err != nil {
+			return fmt.Errorf("node_pools[%d]: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// checkScaleFromZero reports a declared scale-from-zero pool that says too little for its
+// nodes to be offered, or the scale-from-zero fields on a pool that declares none.
+func (p *NodePool) checkScaleFromZero() error {
+	if !p.scalesFromZero() {
+		if len(p.Zones) > 0 || p.MaxNodes != 0 {
+			return errors.New("zones and max_nodes declare a pool that scales from zero: give its instance_type too")
+		}
+		return nil
+	}
+	switch {
+	case p.Capacity == "":
+		return fmt.Errorf("instance_type %s: say the pool's capacity (spot, on_demand or reserved): no node of it may exist to say", p.InstanceType)
+	case len(p.Zones) == 0:
+		return fmt.Errorf("instance_type %s: list the zones the autoscaler creates its nodes in (zones: [us-central1-a]; GKE's node locations)", p.InstanceType)
+	case p.MaxNodes < 1:
+		return fmt.Errorf("instance_type %s: max_nodes (the autoscaler's maximum for the pool) must be ≥ 1", p.InstanceType)
 	}
 	return nil
 }

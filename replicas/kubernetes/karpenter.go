@@ -351,7 +351,7 @@ func (p *Provider) nodePoolPools(nps []nodePool, nodes []nodeInfo, have map[pool
 					instanceType: o.InstanceType, capacity: o.Capacity}
 				price, source, why := idx.lookup(ni)
 				pl := &pool{key: k, cloud: o.Provider, zoneID: ni.zoneID, gpusPerNode: int64(o.AcceleratorCount), accelKey: "",
-					karpenter: name, pricePerGPU: price, priced: why == "", priceSource: source, unpricedWhy: why}
+					creator: "Karpenter NodePool " + name, pricePerGPU: price, priced: why == "", priceSource: source, unpricedWhy: why}
 				pl.poolLabels = map[string]string{labelKarpenterPool: name, labelKarpenterCap: karpenterCapacity(o.Capacity)}
 				out = append(out, pl)
 				offered++
@@ -369,17 +369,20 @@ func (p *Provider) nodePoolPools(nps []nodePool, nodes []nodeInfo, have map[pool
 		}
 	}
 	slices.SortFunc(out, func(a, b *pool) int {
-		return cmp.Or(strings.Compare(a.karpenter, b.karpenter), strings.Compare(a.key.zone, b.key.zone), strings.Compare(string(a.key.capacity), string(b.key.capacity)),
+		return cmp.Or(strings.Compare(a.creator, b.creator), strings.Compare(a.key.zone, b.key.zone), strings.Compare(string(a.key.capacity), string(b.key.capacity)),
 			strings.Compare(a.key.instanceType, b.key.instanceType))
 	})
 	return out, notes
 }
 
-// karpenterRefusal is Karpenter's own answer that it will not create a node for a pending
-// pod ("Failed to schedule pod, …": the NodePool at its limits, the offering out of
-// capacity, nothing compatible), from the pod's events; "" if it has said none. Without
-// it a launch on a NodePool waits out ProvisionSeconds.
-func (p *Provider) karpenterRefusal(ctx context.Context, pod *corev1.Pod) string {
+// provisionerRefusal is the answer of what creates nodes on demand that it will not create
+// one for a pending pod, from the pod's events, or "" if it has said none: Karpenter's
+// "Failed to schedule pod, …" (FailedScheduling: the NodePool at its limits, the offering
+// out of capacity, nothing compatible); the cluster autoscaler's NotTriggerScaleUp ("pod
+// didn't trigger scale-up: … max node group size reached") and FailedScaleUp ("Node scale
+// up in zones … associated with this pod failed: GCE out of resources"). Without one a
+// launch on such capacity waits out ProvisionSeconds.
+func (p *Provider) provisionerRefusal(ctx context.Context, pod *corev1.Pod) string {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var evs corev1.EventList
@@ -388,10 +391,92 @@ func (p *Provider) karpenterRefusal(ctx context.Context, pod *corev1.Pod) string
 		return ""
 	}
 	for _, e := range evs.Items {
-		from := cmp.Or(e.Source.Component, e.ReportingController)
-		if e.InvolvedObject.UID == pod.UID && from == "karpenter" && e.Reason == "FailedScheduling" {
+		if e.InvolvedObject.UID != pod.UID {
+			continue
+		}
+		switch from := cmp.Or(e.Source.Component, e.ReportingController); {
+		case from == "karpenter" && e.Reason == "FailedScheduling":
 			return "Karpenter: " + e.Message
+		case from == "cluster-autoscaler" && (e.Reason == "NotTriggerScaleUp" || e.Reason == "FailedScaleUp"):
+			return "cluster autoscaler: " + e.Message
 		}
 	}
 	return ""
+}
+
+const (
+	karpenterNodeClaims = "nodeclaims"
+	// annClaimEnds is when Karpenter will end a NodeClaim it is deleting, whatever still
+	// runs on it: written (RFC 3339) when a NodeClaim of a NodePool with a
+	// terminationGracePeriod is deleted (an interruption, an expiry, a drift).
+	annClaimEnds = "karpenter.sh/nodeclaim-termination-timestamp"
+	// awsSpotNotice is EC2's spot interruption notice: Karpenter's interruption handling
+	// deletes the NodeClaim when the warning arrives, two minutes before the reclaim.
+	awsSpotNotice = 2 * time.Minute
+)
+
+// readClaimEnd records when Karpenter ends a node it is terminating (deleted, tainted
+// karpenter.sh/disrupted), from the NodeClaim that owns it: read once per node, and again
+// only if the read failed. A node no NodeClaim owns records none.
+func (p *Provider) readClaimEnd(node *corev1.Node) {
+	p.mu.Lock()
+	_, known := p.claimEnds[node.Name]
+	p.mu.Unlock()
+	if known {
+		return
+	}
+	claim := ""
+	for _, o := range node.OwnerReferences {
+		if o.Kind == "NodeClaim" && strings.HasPrefix(o.APIVersion, "karpenter.sh/") {
+			claim = o.Name
+		}
+	}
+	var end time.Time
+	if claim != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		var nc struct {
+			Metadata struct {
+				Annotations map[string]string `json:"annotations"`
+			} `json:"metadata"`
+		}
+		if err := p.client.GetJSON(ctx, karpenterGroupVersion, karpenterNodeClaims, "", claim, &nc); err != nil {
+			p.cfg.Log.Warn("kubernetes: reading the NodeClaim of a node Karpenter is terminating (deploy/kubernetes/rbac.yaml grants get)", "node", node.Name, "nodeclaim", claim, "err", err)
+			return
+		}
+		if v := nc.Metadata.Annotations[annClaimEnds]; v != "" {
+			t, err := time.Parse(time.RFC3339, v)
+			if err != nil {
+				p.cfg.Log.Warn("kubernetes: a NodeClaim's termination time is not RFC 3339; the notice is the default", "nodeclaim", claim, annClaimEnds, v)
+			}
+			end = t
+		}
+	}
+	p.mu.Lock()
+	p.claimEnds[node.Name] = end
+	p.mu.Unlock()
+}
+
+// noticeEnds is when a node with termination taints goes: the end its Karpenter NodeClaim
+// says (readClaimEnd), else for a spot node of EC2 that Karpenter is terminating the spot
+// notice, else the platform's notice (noticeFor). Caller holds p.mu.
+func (p *Provider) noticeEnds(node *corev1.Node, taints []string) time.Time {
+	now := p.cfg.Now()
+	if !slices.Contains(taints, taintKarpenterDisrupt) {
+		return now.Add(noticeFor(taints))
+	}
+	if end := p.claimEnds[node.Name]; !end.IsZero() {
+		return later(end, now)
+	}
+	if isSpot(node.Labels) && strings.HasPrefix(node.Spec.ProviderID, "aws://") {
+		return now.Add(awsSpotNotice)
+	}
+	return now.Add(noticeFor(taints))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"encoding/json"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -135,6 +136,40 @@ func TestNodePoolTaints(t *testing.T) {
 	} {
 		if got := untolerated(tc.taints, tc.c); got != tc.want {
 			t.Errorf("%v for %s: %q; want %q", tc.taints, tc.c, got, tc.want)
+		}
+	}
+}
+
+// A node Karpenter is terminating goes when its NodeClaim says (a NodePool with a
+// terminationGracePeriod), else, a spot node of EC2, at the spot notice, else at the
+// default; other platforms' taints keep their own notices.
+func TestKarpenterTerminationNotice(t *testing.T) {
+	now := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	p := &Provider{cfg: Config{Now: func() time.Time { return now }}, claimEnds: map[string]time.Time{}}
+	disrupted := corev1.Taint{Key: taintKarpenterDisrupt, Effect: corev1.TaintEffectNoSchedule}
+	spot := map[string]string{labelKarpenterCap: "spot"}
+	onDemand := map[string]string{labelKarpenterCap: "on-demand"}
+	for _, tc := range []struct {
+		name   string
+		node   *corev1.Node
+		aws    bool
+		claim  time.Time
+		wantIn time.Duration
+	}{
+		{"NodeClaim says when", node(onDemand, disrupted), true, now.Add(7 * time.Minute), 7 * time.Minute},
+		{"NodeClaim's time past", node(spot, disrupted), true, now.Add(-time.Minute), 0},
+		{"EC2 spot, no time said", node(spot, disrupted), true, time.Time{}, 2 * time.Minute},
+		{"KWOK spot, no time said", node(spot, disrupted), false, time.Time{}, 30 * time.Second},
+		{"on-demand, no time said", node(onDemand, disrupted), true, time.Time{}, 30 * time.Second},
+		{"GKE's taint", node(nil, corev1.Taint{Key: taintGKETermination}), false, now.Add(time.Hour), 30 * time.Second},
+	} {
+		tc.node.Name = "n"
+		if tc.aws {
+			tc.node.Spec.ProviderID = "aws:///us-east-1a/i-0123"
+		}
+		p.claimEnds["n"] = tc.claim
+		if got := p.noticeEnds(tc.node, terminationTaints(tc.node)).Sub(now); got != tc.wantIn {
+			t.Errorf("%s: notice ends in %s, want %s", tc.name, got, tc.wantIn)
 		}
 	}
 }

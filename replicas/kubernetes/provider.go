@@ -47,6 +47,9 @@ type Provider struct {
 	npRead  time.Time
 	npCache []nodePool
 	npErr   error
+	// claimEnds: when Karpenter ends a node it is terminating, by node name, as its
+	// NodeClaim says (karpenter.go; the zero time: it says none).
+	claimEnds map[string]time.Time
 	// changed is closed (and replaced) on every pod or node event, waking launches and
 	// terminations that wait for the cluster to move.
 	changed chan struct{}
@@ -91,7 +94,8 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 	nodes := client.Informer(coreclient.Nodes, "", &corev1.Node{}, nil)
 	p := &Provider{cfg: cfg, client: client, pods: pods, nodes: nodes,
 		notices: make(chan replicas.Notice, 64), changed: make(chan struct{}), noticed: map[string]bool{}, deleting: map[string]bool{},
-		catalog: cfg.Catalog}
+		claimEnds: map[string]time.Time{},
+		catalog:   cfg.Catalog}
 	if p.catalog == nil {
 		p.catalog = sync.OnceValues(pricing.Embedded)
 	}
@@ -251,7 +255,7 @@ func (p *Provider) podEvent(obj any) {
 		// Its node may have been tainted before this pod reached the cache (a restart).
 		if n, ok := p.cachedNode(pod.Spec.NodeName); ok {
 			if taints := terminationTaints(n); len(taints) > 0 {
-				p.notice(pod, p.cfg.Now().Add(noticeFor(taints)), fmt.Sprintf("its node %s is tainted %s", n.Name, strings.Join(taints, ", ")))
+				p.notice(pod, p.noticeEnds(n, taints), fmt.Sprintf("its node %s is tainted %s", n.Name, strings.Join(taints, ", ")))
 			}
 		}
 	}
@@ -286,9 +290,15 @@ func (p *Provider) nodeEvent(obj any, gone bool) {
 		return
 	}
 	taints := terminationTaints(node)
+	if !gone && (slices.Contains(taints, taintKarpenterDisrupt) || node.DeletionTimestamp != nil) {
+		p.readClaimEnd(node) // before the lock: it may ask the apiserver
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.broadcast()
+	if gone {
+		defer delete(p.claimEnds, node.Name)
+	}
 	var why string
 	deadline := p.cfg.Now()
 	switch {
@@ -296,10 +306,14 @@ func (p *Provider) nodeEvent(obj any, gone bool) {
 		why = "its node " + node.Name + " is gone"
 	case len(taints) > 0:
 		why = fmt.Sprintf("its node %s is tainted %s", node.Name, strings.Join(taints, ", "))
-		deadline = deadline.Add(noticeFor(taints))
+		deadline = p.noticeEnds(node, taints)
 	case node.DeletionTimestamp != nil:
+		// Karpenter deletes the node of a NodeClaim it terminates before it taints it.
 		why = "its node " + node.Name + " is being deleted"
 		deadline = deadline.Add(secondsOf(p.cfg.GraceSeconds))
+		if end := p.claimEnds[node.Name]; !end.IsZero() {
+			deadline = later(end, p.cfg.Now())
+		}
 	default:
 		return
 	}
@@ -484,11 +498,11 @@ func (p *Provider) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas
 	// Budgets run on this machine's clock from now, not from the apiserver's timestamps:
 	// the two clocks need not agree.
 	budget := secondsOf(p.cfg.UnschedulableSeconds)
-	if pool.karpenter != "" {
-		// Karpenter creates the node this pod asks for: minutes, not a scheduling pass;
-		// unless it says at once that it will not.
+	if pool.creator != "" {
+		// Karpenter or an autoscaler creates the node this pod asks for: minutes, not a
+		// scheduling pass; unless it says at once that it will not.
 		budget = secondsOf(p.cfg.ProvisionSeconds)
-		return p.awaitRunningOn(ctx, handleOf(created), p.cfg.Now(), budget, p.karpenterRefusal)
+		return p.awaitRunningOn(ctx, handleOf(created), p.cfg.Now(), budget, p.provisionerRefusal)
 	}
 	return p.awaitRunning(ctx, handleOf(created), p.cfg.Now(), budget)
 }

@@ -38,9 +38,10 @@ type pool struct {
 	priceSource   string
 	unpricedWhy   string
 	configuredCap bool
-	// karpenter names the Karpenter NodePool that would create this pool's nodes (none
-	// may exist yet): its pods are pinned to it and wait ProvisionSeconds for a node.
-	karpenter string
+	// creator names what creates this pool's nodes when a pod asks (none may exist yet): a
+	// Karpenter NodePool, a node pool that scales from zero. Its pods are pinned to it and
+	// wait ProvisionSeconds for a node, unless the creator says it will not make one.
+	creator string
 }
 
 type poolKey struct {
@@ -137,8 +138,8 @@ func (p *Provider) nodePool(n *corev1.Node) (*NodePool, int) {
 // slots is how many pods asking for count GPUs each the pool's nodes hold when empty;
 // any number for pods that ask for none.
 func (pl *pool) slots(count int) int {
-	if count <= 0 || pl.karpenter != "" {
-		return int(^uint(0) >> 1) // Karpenter makes as many nodes as the pods ask for, within its limits
+	if count <= 0 || pl.creator != "" {
+		return int(^uint(0) >> 1) // the creator makes as many nodes as the pods ask for, within its limits
 	}
 	return pl.nodes * int(pl.gpusPerNode/int64(count))
 }
@@ -150,17 +151,25 @@ func gpus(n int) string {
 	return strconv.Itoa(n) + " GPUs"
 }
 
-// allPools is the pools of the nodes that exist, then those the cluster's Karpenter
-// NodePools can create (what no existing node offers already); notes say what a NodePool
-// could not offer.
+// allPools is the pools of the nodes that exist, then those the cluster can create: the
+// declared node pools that scale from zero, and its Karpenter NodePools (what no existing
+// node offers already); notes say what one of them could not offer.
 func (p *Provider) allPools(ctx context.Context) ([]*pool, []string) {
 	pools, infos := p.pools()
+	var nodes []*corev1.Node
+	for _, obj := range p.nodes.GetStore().List() {
+		if n, ok := obj.(*corev1.Node); ok {
+			nodes = append(nodes, n)
+		}
+	}
+	groups, notes := p.groupPools(pools, nodes, infos)
+	pools = append(pools, groups...)
 	nps, err := p.readNodePools(ctx)
 	if err != nil {
-		return pools, []string{err.Error()}
+		return pools, append(notes, err.Error())
 	}
 	if len(nps) == 0 {
-		return pools, nil
+		return pools, notes
 	}
 	have := map[poolKey]bool{}
 	for _, pl := range pools {
@@ -168,8 +177,8 @@ func (p *Provider) allPools(ctx context.Context) ([]*pool, []string) {
 		k.nodePool = -1
 		have[k] = true
 	}
-	created, notes := p.nodePoolPools(nps, infos, have)
-	return append(pools, created...), notes
+	created, npNotes := p.nodePoolPools(nps, infos, have)
+	return append(pools, created...), append(notes, npNotes...)
 }
 
 // poolFor finds the pool a launch's offer came from.
@@ -246,7 +255,7 @@ func (p *Provider) Quote(ctx context.Context, service string, sp *spec.Service) 
 			if !w.admits(pl) || pl.slots(w.count) < max(1, sp.NumNodes) {
 				continue
 			}
-			if pl.karpenter != "" && int64(w.count) != pl.gpusPerNode {
+			if pl.creator != "" && pl.nodes == 0 && int64(w.count) != pl.gpusPerNode {
 				// A node created for one replica is paid whole: only a machine the replica
 				// fills is priced right by its share of GPUs.
 				continue

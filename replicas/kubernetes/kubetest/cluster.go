@@ -96,6 +96,9 @@ type Karpenter struct {
 	// (name, offerings with Price, Available and Requirements on capacity type and zone,
 	// architecture, operatingSystems, resources).
 	InstanceTypes string
+	// NodeRegistrationDelay is how long a node it creates takes to join the cluster (a
+	// machine's boot and kubelet start), as the KWOKNodeClass's nodeRegistrationDelay.
+	NodeRegistrationDelay time.Duration
 }
 
 // Cluster is a running control plane.
@@ -212,7 +215,7 @@ func (c *Cluster) startKarpenter(k Karpenter) {
 		"crd/kwoknodeclasses.karpenter.kwok.sh"); err != nil {
 		c.t.Fatalf("Karpenter's CRDs: %v\n%s", err, out)
 	}
-	c.Apply("kwoknodeclass", "apiVersion: karpenter.kwok.sh/v1alpha1\nkind: KWOKNodeClass\nmetadata:\n  name: default\n")
+	c.Apply("kwoknodeclass", fmt.Sprintf("apiVersion: karpenter.kwok.sh/v1alpha1\nkind: KWOKNodeClass\nmetadata:\n  name: default\nspec:\n  nodeRegistrationDelay: %s\n", k.NodeRegistrationDelay))
 	c.Namespace("karpenter")
 	types := filepath.Join(c.Dir, "karpenter-instance-types.json")
 	writeFile(c.t, types, k.InstanceTypes)

@@ -17,8 +17,11 @@ import (
 // JSON: each of the given machine types of cloud, spot and on-demand, in each zone (by name,
 // as nodes label it) at the catalog's price for the AZ or region it maps to (zones: zone
 // name → the catalog's place), with its GPUs; prices from the embedded catalogs, not written
-// here.
-func CatalogInstanceTypes(cloud string, types []string, zones map[string]string) (string, error) {
+// here. Each of out ("zone/spot", "zone/on-demand") is an offering the cloud has no capacity
+// for: left out, as Karpenter leaves an offering out once the cloud has answered
+// InsufficientInstanceCapacity for it (its KWOK provider takes every offering listed as
+// available).
+func CatalogInstanceTypes(cloud string, types []string, zones map[string]string, out ...string) (string, error) {
 	cat, err := pricing.Embedded()
 	if err != nil {
 		return "", err
@@ -45,7 +48,7 @@ func CatalogInstanceTypes(cloud string, types []string, zones map[string]string)
 		names = append(names, z)
 	}
 	slices.Sort(names)
-	var out []machine
+	var machines []machine
 	for _, name := range types {
 		m := machine{Name: name, Architecture: "amd64", OperatingSystems: []string{"linux"}}
 		gpus, vcpus, mem := 0, 0.0, 0.0
@@ -63,15 +66,18 @@ func CatalogInstanceTypes(cloud string, types []string, zones map[string]string)
 				if c == fleet.Spot {
 					capacity = "spot"
 				}
+				if slices.Contains(out, zone+"/"+capacity) {
+					continue
+				}
 				m.Offerings = append(m.Offerings, offering{Price: o.PricePerHour, Available: true, Requirements: []req{
 					{"karpenter.sh/capacity-type", "In", []string{capacity}}, {"topology.kubernetes.io/zone", "In", []string{zone}}}})
 			}
 		}
 		m.Resources = map[string]string{"cpu": fmt.Sprint(max(vcpus, 1)), "memory": fmt.Sprintf("%gGi", max(mem, 1)), "pods": "110",
 			"nvidia.com/gpu": fmt.Sprint(gpus)}
-		out = append(out, m)
+		machines = append(machines, m)
 	}
-	b, err := json.Marshal(out)
+	b, err := json.Marshal(machines)
 	return string(b), err
 }
 
@@ -88,7 +94,9 @@ func AWSNode(name, instanceType, region, zone, zoneID string) Node {
 // KWOKNodePool is a Karpenter NodePool of g6.xlarge in us-east-1a and us-east-1b, made
 // through the test cluster's KWOKNodeClass, of the given capacity types (spot, on-demand),
 // at most gpus GPUs, its empty nodes consolidated at once. It names the region, which a
-// KWOK node is not labelled with otherwise.
+// KWOK node is not labelled with otherwise. A node it deletes (an interruption, an expiry)
+// has at most 2 minutes for its pods to leave (terminationGracePeriod: EC2's spot notice),
+// which Karpenter writes on the NodeClaim as the time it ends.
 func KWOKNodePool(name string, capacities []string, gpus int) string {
 	quoted := make([]string, len(capacities))
 	for i, c := range capacities {
@@ -114,6 +122,7 @@ spec:
         - key: node.kubernetes.io/instance-type
           operator: In
           values: ["g6.xlarge"]
+      terminationGracePeriod: 2m
       nodeClassRef:
         group: karpenter.kwok.sh
         kind: KWOKNodeClass
