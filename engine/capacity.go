@@ -35,8 +35,8 @@ func MaxRateInBursts(p Profile, in, out int, tpotMs, ttftMs float64, requests, b
 	meets := func(rate float64) (bool, error) {
 		// At least a minute of arrivals, so a fast card's queue has time to build, and at
 		// most 20,000 requests, so a trial stays bounded.
-		tpot, ttft, err := p90s(p, in, out, rate, min(max(requests, int(rate*60)), max(requests, 20000)), burst, seed)
-		return err == nil && tpot <= tpotMs && (ttftMs == 0 || ttft <= ttftMs), err
+		tpot, ttft, steady, err := p90s(p, in, out, rate, min(max(requests, int(rate*60)), max(requests, 20000)), burst, seed)
+		return err == nil && steady && tpot <= tpotMs && (ttftMs == 0 || ttft <= ttftMs), err
 	}
 	lo, hi := 0.0, 0.25
 	for ; ; hi *= 2 {
@@ -49,7 +49,7 @@ func MaxRateInBursts(p Profile, in, out int, tpotMs, ttftMs float64, requests, b
 		}
 		lo = hi
 		if hi > 1e5 {
-			return lo, nil
+			return 0, fmt.Errorf("max rate of %d:%d tokens: the queue stays steady and the targets are met past %g req/s: the profile sets no limit", in, out, hi)
 		}
 	}
 	for range 12 {
@@ -69,12 +69,12 @@ func MaxRateInBursts(p Profile, in, out int, tpotMs, ttftMs float64, requests, b
 
 // p90s runs n requests of one shape arriving as a Poisson process at rate per second (in
 // groups of burst within a second, see MaxRateInBursts) through an engine and returns the
-// p90 TPOT and TTFT (ms) of all but the first 10 %. A run whose backlog outgrows an hour
-// past the last arrival counts as missing both.
-func p90s(p Profile, in, out int, rate float64, n, burst int, seed uint64) (tpot, ttft float64, err error) {
+// p90 TPOT and TTFT (ms) of all but the first 10 %, and whether its queue stayed steady.
+// A run whose backlog outgrows an hour past the last arrival counts as missing both.
+func p90s(p Profile, in, out int, rate float64, n, burst int, seed uint64) (tpot, ttft float64, steady bool, err error) {
 	e, err := New(p)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, false, err
 	}
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	arrive := make([]float64, n) // ms
@@ -99,7 +99,7 @@ func p90s(p Profile, in, out int, rate float64, n, burst int, seed uint64) (tpot
 	for done < n {
 		for next < n && arrive[next] <= now {
 			if err := e.Add(Request{ID: uint64(next), PromptTokens: in, MaxTokens: out}); err != nil {
-				return 0, 0, err
+				return 0, 0, false, err
 			}
 			next++
 		}
@@ -108,7 +108,7 @@ func p90s(p Profile, in, out int, rate float64, n, burst int, seed uint64) (tpot
 			continue
 		}
 		if now > arrive[n-1]+3.6e6 {
-			return math.Inf(1), math.Inf(1), nil
+			return math.Inf(1), math.Inf(1), false, nil
 		}
 		st := e.Step()
 		now += float64(st.Duration) / float64(time.Millisecond)
@@ -126,7 +126,33 @@ func p90s(p Profile, in, out int, rate float64, n, burst int, seed uint64) (tpot
 			}
 		}
 	}
-	return p90(tpots), p90(ttfts), nil
+	return p90(tpots), p90(ttfts), steadyQueue(arrive, first, burst), nil
+}
+
+// steadyQueue says whether the requests waiting for their first token (arrived, not yet
+// started) stayed level over the arrivals after the warm-up: in a queue the engine keeps
+// up with they are as many at the last arrival as halfway through, give or take the
+// noise of arrivals (2 % of the requests between the two, and two bursts); in one that
+// grows without bound they are (rate − capacity) × the time between more. A capped batch
+// keeps the admitted requests' TPOT within any target while the rest wait, so the TPOT
+// alone cannot tell (issue 48).
+func steadyQueue(arrive, first []float64, burst int) bool {
+	n := len(arrive)
+	mid, end := arrive[n/10+(n-n/10)/2], arrive[n-1]
+	waiting := func(t float64) int {
+		arrived, started := 0, 0
+		for i := range arrive {
+			if arrive[i] <= t {
+				arrived++
+				if first[i] <= t {
+					started++
+				}
+			}
+		}
+		return arrived - started
+	}
+	between := (n - n/10) / 2
+	return waiting(end)-waiting(mid) <= max(2*burst, between/50)
 }
 
 func p90(v []float64) float64 {

@@ -42,3 +42,27 @@ func TestBurstsCostASlowPrefillMore(t *testing.T) {
 		t.Error("bursts of 0: want an error")
 	}
 }
+
+// Without a TTFT target, a rate whose queue grows without bound keeps every admitted
+// request's TPOT within the target (the batch is capped, the rest wait), and was counted as
+// sustained up to the search's ceiling (issue 48: 131,072 req/s for the H100 at short
+// shapes). Capacity is the highest rate whose queue stays steady: with no TTFT target it
+// is within a few percent of the rate with a generous one, and far below the ceiling.
+func TestCapacityIsASteadyQueueWithOrWithoutTTFT(t *testing.T) {
+	p, err := LoadProfile("h100-llama-3.1-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, err := MaxRate(*p, 128, 128, 120, 0, 400, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bounded, err := MaxRate(*p, 128, 128, 120, 30000, 400, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("128:128 on the H100 at 120 ms TPOT: %.1f req/s with no TTFT target, %.1f within 30 s", free, bounded)
+	if free > 1000 || free > 1.3*bounded || free < 0.7*bounded {
+		t.Errorf("no TTFT target: %.1f req/s; with a 30 s TTFT target %.1f: want a steady queue's rate, near the bounded one", free, bounded)
+	}
+}

@@ -18,11 +18,13 @@ import (
 
 const capacityUsage = `usage: simulate capacity -model MODEL -gpus GPU[,GPU…] -lengths IN:OUT[,IN:OUT…] -tpot-ms T [-ttft-ms T] [-burst N]
 
-Prints CSV: for each GPU and request shape, the highest steady Poisson request rate one
-replica sustains with the p90 time per output token (and time to first token) within the
-targets, its on-demand $/hour (the catalogs' cheapest on-demand offer with as many GPUs as
-the profile uses), and $ per million tokens (prompt plus output) at that rate. A rate of 0
-means even one request alone misses a target; its $/M tokens is then "inf". With -burst N
+Prints CSV: for each GPU and request shape, the highest Poisson request rate one replica
+sustains with its queue steady and the p90 time per output token (and time to first token)
+within the targets, its on-demand $/hour (the cheapest on-demand offer with as many GPUs as
+the profile uses, from the catalogs of the clouds -providers names: those Arbiter launches
+on), the offer (cloud, instance type, region), and $ per million tokens (prompt plus output)
+at that rate. A rate of 0 means even one request alone misses a target; its $/M tokens is
+then "inf". With -burst N
 the requests arrive N at a time, within one second, as real traces bunch them: a GPU whose
 prefill of one prompt is slower than the TPOT target loses more of its rate to bursts.`
 
@@ -39,6 +41,7 @@ func capacity(args []string, out io.Writer) error {
 	seed := fs.Uint64("seed", 1, "random seed of the Poisson arrivals")
 	burst := fs.Int("burst", 1, "requests arriving together, within one second (1: one by one)")
 	start := fs.String("start", "2026-08-01", "date whose catalog prices are used (UTC)")
+	provs := fs.String("providers", "aws,gcp,azure", "clouds whose catalog prices count, comma-separated: those Arbiter launches on (aws through its EC2 provider; aws, gcp and azure through Kubernetes clusters there); lambda and vast are catalogs of marketplaces no provider launches on")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -70,9 +73,23 @@ func capacity(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	offers := cat.Offers(at)
+	clouds := map[string]bool{}
+	for _, c := range strings.Split(*provs, ",") {
+		if c = strings.TrimSpace(c); c != "" {
+			clouds[strings.ToLower(c)] = true
+		}
+	}
+	var offers []pricing.Offer
+	for _, o := range cat.Offers(at) {
+		if clouds[o.Provider] {
+			offers = append(offers, o)
+		}
+	}
+	if len(offers) == 0 {
+		return fmt.Errorf("-providers %q: no catalog offer of those at %s (catalogs: aws, gcp, azure, lambda, vast)", *provs, *start)
+	}
 	w := csv.NewWriter(out)
-	if err := w.Write([]string{"gpu", "input_len", "output_len", "max_req_per_s", "usd_per_hour", "usd_per_m_tokens"}); err != nil {
+	if err := w.Write([]string{"gpu", "input_len", "output_len", "max_req_per_s", "usd_per_hour", "offer", "usd_per_m_tokens"}); err != nil {
 		return err
 	}
 	for _, name := range strings.Split(*gpuList, ",") {
@@ -85,10 +102,11 @@ func capacity(args []string, out io.Writer) error {
 			return err
 		}
 		tp := max(1, prof.TensorParallel)
-		price, ok := cheapestOnDemand(offers, g.Catalog, tp)
+		offer, ok := cheapestOnDemand(offers, g.Catalog, tp)
 		if !ok {
-			return fmt.Errorf("-gpus %s: the catalogs price no on-demand instance with %d × %s at %s", name, tp, g.Name, *start)
+			return fmt.Errorf("-gpus %s: the catalogs of %s price no on-demand instance with %d × %s at %s", name, *provs, tp, g.Name, *start)
 		}
+		price, named := offer.PricePerHour, fmt.Sprintf("%s %s %s", offer.Provider, offer.InstanceType, offer.Region)
 		for _, sh := range shapes {
 			rate, err := engine.MaxRateInBursts(*prof, sh[0], sh[1], *tpotMs, *ttftMs, *requests, *burst, *seed)
 			if err != nil {
@@ -99,7 +117,7 @@ func capacity(args []string, out io.Writer) error {
 				perM = strconv.FormatFloat(price/(rate*3600*float64(sh[0]+sh[1]))*1e6, 'g', 6, 64)
 			}
 			if err := w.Write([]string{strings.TrimSpace(name), strconv.Itoa(sh[0]), strconv.Itoa(sh[1]),
-				strconv.FormatFloat(rate, 'f', 3, 64), strconv.FormatFloat(price, 'f', 4, 64), perM}); err != nil {
+				strconv.FormatFloat(rate, 'f', 3, 64), strconv.FormatFloat(price, 'f', 4, 64), named, perM}); err != nil {
 				return err
 			}
 		}
@@ -125,12 +143,15 @@ func parseLengths(s string) ([][2]int, error) {
 	return out, nil
 }
 
-// cheapestOnDemand is the lowest on-demand $/hour of an instance with gpus × accelerator.
-func cheapestOnDemand(offers []pricing.Offer, accelerator string, gpus int) (float64, bool) {
-	best, ok := math.Inf(1), false
+// cheapestOnDemand is the on-demand offer of an instance with gpus × accelerator at the
+// lowest $/hour.
+func cheapestOnDemand(offers []pricing.Offer, accelerator string, gpus int) (pricing.Offer, bool) {
+	var best pricing.Offer
+	ok := false
 	for _, o := range offers {
-		if o.Capacity == fleet.OnDemand && o.AcceleratorCount == gpus && accelerator != "" && strings.EqualFold(o.Accelerator, accelerator) && o.PricePerHour > 0 {
-			best, ok = min(best, o.PricePerHour), true
+		if o.Capacity == fleet.OnDemand && o.AcceleratorCount == gpus && accelerator != "" && strings.EqualFold(o.Accelerator, accelerator) && o.PricePerHour > 0 &&
+			(!ok || o.PricePerHour < best.PricePerHour) {
+			best, ok = o, true
 		}
 	}
 	return best, ok

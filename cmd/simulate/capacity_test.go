@@ -10,7 +10,9 @@ import (
 )
 
 // simulate capacity prints one CSV row per GPU and shape; a faster card sustains more, a
-// longer request less, and $/M tokens is the hour's price over the tokens served in it.
+// longer request less, and $/M tokens is the hour's price over the tokens served in it, the
+// price of a named offer of a cloud Arbiter launches on (issue 48: the H100 was priced at a
+// marketplace's $1.80/h no provider can buy).
 func TestCapacityCSV(t *testing.T) {
 	var out bytes.Buffer
 	err := run([]string{"capacity", "-model", "meta-llama/Llama-3.1-8B-Instruct", "-gpus", "L4,H100", "-lengths", "512:128,2048:256",
@@ -22,7 +24,7 @@ func TestCapacityCSV(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := recs[0]; len(got) != 6 || got[0] != "gpu" || got[1] != "input_len" || got[2] != "output_len" || got[3] != "max_req_per_s" || got[4] != "usd_per_hour" || got[5] != "usd_per_m_tokens" {
+	if got := strings.Join(recs[0], ","); got != "gpu,input_len,output_len,max_req_per_s,usd_per_hour,offer,usd_per_m_tokens" {
 		t.Fatalf("header %q", got)
 	}
 	if len(recs) != 5 {
@@ -34,9 +36,12 @@ func TestCapacityCSV(t *testing.T) {
 		o, _ := strconv.Atoi(r[2])
 		rps, err1 := strconv.ParseFloat(r[3], 64)
 		usdH, err2 := strconv.ParseFloat(r[4], 64)
-		perM, err3 := strconv.ParseFloat(r[5], 64)
+		perM, err3 := strconv.ParseFloat(r[6], 64)
 		if err1 != nil || err2 != nil || err3 != nil || rps <= 0 || usdH <= 0 {
 			t.Fatalf("row %q", r)
+		}
+		if cloud, _, _ := strings.Cut(r[5], " "); cloud != "aws" && cloud != "gcp" && cloud != "azure" || strings.Count(r[5], " ") != 2 {
+			t.Errorf("row %q: offer %q; want cloud, instance type and region of aws, gcp or azure", r, r[5])
 		}
 		if want := usdH / (rps * 3600 * float64(in+o)) * 1e6; math.Abs(perM-want)/want > 0.01 {
 			t.Errorf("row %q: $/M tokens %g, want %g", r, perM, want)
@@ -60,6 +65,7 @@ func TestCapacityBadArguments(t *testing.T) {
 		{"-burst", "0"},
 		{"-burst", "1000"},
 		{"-gpus", "T4", "-model", "llama-3.1-70b"},
+		{"-providers", "runpod"},
 	} {
 		args := append(append([]string{}, base...), tc...)
 		if err := run(args, &bytes.Buffer{}); err == nil {
