@@ -680,14 +680,8 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		plan.Reason += fmt.Sprintf("; %d ready replicas of the old mix serve until their replacements are ready", kept)
 	}
 	if heldSpot > 0 && alive == len(existing) && len(plan.Drain) == 0 && len(have[fleet.OnDemand]) > base {
-		// At the bound, on-demand stand-ins would hold the room of the spot replicas they
-		// stand in for forever: one at a time, one makes room (the service is one replica
-		// short for a cold start, which is what max_replicas asks for). Only a ready one: a
-		// stand-in still starting has its cold start paid, and the spot launch it would make
-		// room for may be refused again.
-		order := pl.drainOrder(fleet.OnDemand, have[fleet.OnDemand], spotIn)
-		if i := slices.IndexFunc(order, func(r Placed) bool { return r.Ready }); i >= 0 {
-			plan.Drain = append(plan.Drain, Drain{ID: order[i].ID, Reason: fmt.Sprintf("max_replicas %d binding: an on-demand stand-in makes room for a spot replica (%s)", p.MaxReplicas, why)})
+		if r, ok := roomMaker(pl.drainOrder(fleet.OnDemand, have[fleet.OnDemand], spotIn)); ok {
+			plan.Drain = append(plan.Drain, Drain{ID: r.ID, Reason: fmt.Sprintf("max_replicas %d binding: an on-demand stand-in makes room for a spot replica (%s)", p.MaxReplicas, why)})
 		}
 	}
 	if useSpot && len(plan.Launch) == 0 && len(plan.Drain) == 0 && readySpot == want[fleet.Spot] && len(have[fleet.Spot]) == want[fleet.Spot] &&
@@ -695,6 +689,20 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		pl.startMove(now, &plan, have[fleet.Spot], offers, active, spotIn)
 	}
 	return plan
+}
+
+// roomMaker is the on-demand stand-in that leaves to make room for a held spot launch at
+// the max_replicas bound, from the stand-ins in drain order: at the bound they would hold
+// the room of the spot replicas they stand in for forever, so one at a time one makes room
+// (the service is one replica short for a cold start, which is what max_replicas asks for).
+// Only a ready one: a stand-in still starting has its cold start paid, and the spot launch
+// it would make room for may be refused again.
+func roomMaker(order []Placed) (Placed, bool) {
+	i := slices.IndexFunc(order, func(r Placed) bool { return r.Ready })
+	if i < 0 {
+		return Placed{}, false
+	}
+	return order[i], true
 }
 
 // drainOrder sorts replicas of one kind in the order they leave: a move's replica first

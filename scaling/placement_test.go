@@ -581,3 +581,24 @@ func TestPlaceWithoutRegionOrZone(t *testing.T) {
 	}
 	t.Logf("%s", plan.Launch[0].Reason)
 }
+
+// At the max_replicas bound, the first ready stand-in in drain order makes room; none while
+// every one is still starting.
+func TestRoomMakerIsAReadyStandIn(t *testing.T) {
+	od := func(id string, ready bool) Placed { return Placed{ID: id, Capacity: fleet.OnDemand, Ready: ready} }
+	for _, tc := range []struct {
+		name  string
+		order []Placed
+		want  string
+	}{
+		{"the first, ready", []Placed{od("a", true), od("b", true)}, "a"},
+		{"the first ready after a starting one", []Placed{od("a", false), od("b", true)}, "b"},
+		{"all starting", []Placed{od("a", false), od("b", false)}, ""},
+		{"none", nil, ""},
+	} {
+		r, ok := roomMaker(tc.order)
+		if got := map[bool]string{true: r.ID}[ok]; got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
