@@ -79,15 +79,7 @@ func (p *Provider) groupPools(existing []*pool, nodes []*corev1.Node, infos []no
 			if ni.accelValue != "" {
 				pl.accelValues = []string{ni.accelValue}
 			}
-			switch {
-			case np.PricePerGPUHour != nil:
-				pl.pricePerGPU, pl.priced, pl.priceSource = *np.PricePerGPUHour, true, "node_pools price_per_gpu_hour"
-			case idxErr != nil:
-				pl.unpricedWhy = "the price catalogs did not load: " + idxErr.Error()
-			default:
-				pl.pricePerGPU, pl.priceSource, pl.unpricedWhy = idx.lookup(ni)
-				pl.priced = pl.unpricedWhy == ""
-			}
+			pl.setPrice(np, idx, idxErr, ni)
 			if gpusPer == 0 {
 				notes = append(notes, fmt.Sprintf("node pool %s: no catalog lists %s with a GPU; it is offered for replicas that ask for none", name, np.InstanceType))
 			}

@@ -3,8 +3,6 @@ package kubernetes
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -12,12 +10,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/replicas/kubernetes/kubetest"
-	"github.com/arbiter-serve/arbiter/spec"
 )
 
 // gkeL4Node is a node of a GKE node pool of g2-standard-8 (one L4) as GKE labels and taints
@@ -56,20 +52,7 @@ func TestNodePoolScalesFromZeroOnARealCluster(t *testing.T) {
 		{Selector: map[string]string{labelGKENodePool: "l4-spot"}, Capacity: fleet.Spot, InstanceType: "g2-standard-8", Zones: []string{"us-central1-a", "us-central1-c"}, MaxNodes: 1},
 		{Selector: map[string]string{labelGKENodePool: "l4"}, Capacity: fleet.OnDemand, InstanceType: "g2-standard-8", Zones: []string{"us-central1-a"}, MaxNodes: 1},
 	}
-	p, err := New(ctx, Config{Cluster: Cluster{Name: c.Name, Namespace: "arbiter", UnschedulableSeconds: 1, ProvisionSeconds: 120, GraceSeconds: 1, NodePools: pools},
-		Owner: "arbiter-test", Rest: rest.CopyConfig(c.AdminRest), HealthEvery: time.Second, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the provider to sync", func() bool { _, err := p.List(ctx); return err == nil })
-	sp, err := spec.Parse("svc.yaml", []byte(`run: sleep infinity
-resources: {accelerators: {L4: 1}, use_spot: true, image_id: "docker:example/replicasim:1"}
-service: {readiness_probe: /health, replicas: 1}
-arbiter: {providers: [kubernetes]}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, sp := nodePoolProvider(ctx, t, c, 120, pools...)
 	quotes, err := p.Quote(ctx, "svc", sp)
 	if err != nil {
 		t.Fatal(err)

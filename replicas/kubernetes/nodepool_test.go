@@ -30,11 +30,11 @@ func karpenterCRD(t *testing.T, name string) string {
 }
 
 // nodePoolProvider is the provider for cluster c (pods in namespace arbiter, unschedulable
-// after 1 s, provisionSeconds for a node a NodePool creates), synced, and a service of one
-// L4 replica that may run on spot.
-func nodePoolProvider(ctx context.Context, t *testing.T, c *kubetest.Cluster, provisionSeconds float64) (*Provider, *spec.Service) {
+// after 1 s, provisionSeconds for a node a NodePool creates, the node pools given), synced,
+// and a service of one L4 replica that may run on spot.
+func nodePoolProvider(ctx context.Context, t *testing.T, c *kubetest.Cluster, provisionSeconds float64, pools ...NodePool) (*Provider, *spec.Service) {
 	t.Helper()
-	p, err := New(ctx, Config{Cluster: Cluster{Name: c.Name, Namespace: "arbiter", UnschedulableSeconds: 1, ProvisionSeconds: provisionSeconds, GraceSeconds: 1},
+	p, err := New(ctx, Config{Cluster: Cluster{Name: c.Name, Namespace: "arbiter", UnschedulableSeconds: 1, ProvisionSeconds: provisionSeconds, GraceSeconds: 1, NodePools: pools},
 		Owner: "arbiter-test", Rest: rest.CopyConfig(c.AdminRest), HealthEvery: time.Second, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

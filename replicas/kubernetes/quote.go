@@ -91,15 +91,7 @@ func (p *Provider) pools() ([]*pool, []nodeInfo) {
 			if np != nil {
 				pl.poolLabels, pl.configuredCap = np.Selector, np.Capacity != ""
 			}
-			switch {
-			case np != nil && np.PricePerGPUHour != nil:
-				pl.pricePerGPU, pl.priced, pl.priceSource = *np.PricePerGPUHour, true, "node_pools price_per_gpu_hour"
-			case priceErr != nil:
-				pl.unpricedWhy = "the price catalogs did not load: " + priceErr.Error()
-			default:
-				pl.pricePerGPU, pl.priceSource, pl.unpricedWhy = prices.lookup(ni)
-				pl.priced = pl.unpricedWhy == ""
-			}
+			pl.setPrice(np, prices, priceErr, ni)
 			byKey[k] = pl
 		}
 		pl.nodes++
@@ -114,6 +106,20 @@ func (p *Provider) pools() ([]*pool, []nodeInfo) {
 			strings.Compare(a.key.accel, b.key.accel), strings.Compare(a.key.instanceType, b.key.instanceType), a.key.nodePool-b.key.nodePool)
 	})
 	return out, infos
+}
+
+// setPrice prices the pool as its node ni: at the configured node pool's price if np has
+// one, else from the catalogs (idx, or why they did not load).
+func (pl *pool) setPrice(np *NodePool, idx priceIndex, idxErr error, ni nodeInfo) {
+	switch {
+	case np != nil && np.PricePerGPUHour != nil:
+		pl.pricePerGPU, pl.priced, pl.priceSource = *np.PricePerGPUHour, true, "node_pools price_per_gpu_hour"
+	case idxErr != nil:
+		pl.unpricedWhy = "the price catalogs did not load: " + idxErr.Error()
+	default:
+		pl.pricePerGPU, pl.priceSource, pl.unpricedWhy = idx.lookup(ni)
+		pl.priced = pl.unpricedWhy == ""
+	}
 }
 
 // nodePool is the first configured node pool whose selector the node matches, and its
