@@ -239,6 +239,12 @@ func (c Calibration) profile(g GPUSpec, m ModelShape, tp int) *Profile {
 	T := float64(tp)
 	bw := c.MemEff * g.MemTBs * 1e9 // bytes per ms, per GPU
 	rate := g.BF16TFLOPS * 1e9      // FLOPs per ms, per GPU
+	// The decoder layers' matrix multiplies: at the FP8 tensor rate for an FP8 checkpoint
+	// on a card that has one (the LM head, attention and the rest stay 16-bit).
+	mm := rate
+	if m.FP8 && g.FP8TFLOPS > 0 {
+		mm = g.FP8TFLOPS * 1e9
+	}
 	L := float64(m.Layers)
 	weights := m.WeightBytes() / T
 	kv := float64(m.kvBytesPerGPU(tp))
@@ -250,12 +256,12 @@ func (c Calibration) profile(g GPUSpec, m ModelShape, tp int) *Profile {
 		allreduce = L * 2 * 2 * (T - 1) / T * float64(m.Hidden) * 2 / linkBytesPerMs
 	}
 	a := weights / bw
-	f := m.tokenFLOPs()/T/(c.MatmulEff*rate) + allreduce
+	f := m.tokenFLOPs()/T/(c.MatmulEff*mm) + allreduce
 	score := L * float64(m.Heads) / T * c.DecodeScoreMs
 	quad := L * 2 * float64(m.Heads*m.HeadDim) / T / (c.AttnEff * rate)
 	return &Profile{
 		DecodeBaseMs:       L*c.DecodeLayerMs + a,
-		DecodePerSeqMs:     (m.tokenFLOPs()+m.headFLOPs())/T/(c.DecodeFlopEff*rate) + allreduce,
+		DecodePerSeqMs:     (m.tokenFLOPs()/mm+m.headFLOPs()/rate)/T/c.DecodeFlopEff + allreduce,
 		DecodePerCtxMs:     kv/bw + score,
 		DecodeLogBatchMs:   L * c.DecodeLogBatchLayerMs,
 		PrefillBaseMs:      L*c.PrefillLayerMs + a,
@@ -273,7 +279,7 @@ func (c Calibration) profile(g GPUSpec, m ModelShape, tp int) *Profile {
 // each GPU holding a copy of one where there are fewer heads than GPUs (as vLLM does).
 func (m ModelShape) kvBytesPerGPU(tp int) int {
 	heads := max(1, (m.KVHeads+tp-1)/tp)
-	return 2 * m.Layers * heads * m.HeadDim * 2
+	return 2 * m.Layers * heads * m.HeadDim * m.kvByte()
 }
 
 // vLLM's defaults (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults, 0.11): on a GPU
@@ -319,16 +325,16 @@ func Generate(g GPUSpec, m ModelShape, tp int, c Calibration) (*Profile, error) 
 			}
 		}
 		if tp == 0 {
-			return nil, fmt.Errorf("%s (%.1f GiB of bf16 weights) does not fit 8 × %s (%g GB each): at gpu_memory_utilization 0.9, less the weights and %d GiB per GPU for activations, the KV cache would hold %d tokens, fewer than the %d a request needs",
-				m.Name, m.WeightBytes()/(1<<30), g.Name, g.MemGB, reserveGiB, max(kvTokens(8), 0), min(m.Context, minKVTokens))
+			return nil, fmt.Errorf("%s (%.1f GiB of %s weights) does not fit 8 × %s (%g GB each): at gpu_memory_utilization 0.9, less the weights and %d GiB per GPU for activations, the KV cache would hold %d tokens, fewer than the %d a request needs",
+				m.Name, m.WeightBytes()/(1<<30), m.precision(), g.Name, g.MemGB, reserveGiB, max(kvTokens(8), 0), min(m.Context, minKVTokens))
 		}
 	} else {
 		if tp < 1 || m.Heads%tp != 0 {
 			return nil, fmt.Errorf("%s on %d × %s: tensor parallelism must divide the %d attention heads", m.Name, tp, g.Name, m.Heads)
 		}
 		if k := kvTokens(tp); k < min(m.Context, minKVTokens) {
-			return nil, fmt.Errorf("%s (%.1f GiB of bf16 weights) does not fit %d × %s (%g GB each): the KV cache would hold %d tokens, fewer than the %d a request needs",
-				m.Name, m.WeightBytes()/(1<<30), tp, g.Name, g.MemGB, max(k, 0), min(m.Context, minKVTokens))
+			return nil, fmt.Errorf("%s (%.1f GiB of %s weights) does not fit %d × %s (%g GB each): the KV cache would hold %d tokens, fewer than the %d a request needs",
+				m.Name, m.WeightBytes()/(1<<30), m.precision(), tp, g.Name, g.MemGB, max(k, 0), min(m.Context, minKVTokens))
 		}
 	}
 	p := c.profile(g, m, tp)
@@ -443,7 +449,12 @@ var tpSuffix = regexp.MustCompile(`^(.+?)x([0-9]+)$`)
 
 func parsePair(name string) (GPUSpec, ModelShape, int, error) {
 	n := strings.ToLower(strings.TrimSpace(name))
+	n, fp8 := strings.CutSuffix(n, fp8Suffix)
 	for _, m := range models {
+		if fp8 {
+			m = m.fp8()
+			m.Name = strings.TrimSuffix(m.Name, fp8Suffix) // matched below without the suffix
+		}
 		gpuPart, ok := strings.CutSuffix(n, "-"+m.Name)
 		if !ok || gpuPart == "" {
 			continue
@@ -461,6 +472,9 @@ func parsePair(name string) (GPUSpec, ModelShape, int, error) {
 		g, err := LookupGPU(gpuPart)
 		if err != nil {
 			return GPUSpec{}, ModelShape{}, 0, fmt.Errorf("profile %q: %w", name, err)
+		}
+		if fp8 {
+			m.Name += fp8Suffix
 		}
 		return g, m, tp, nil
 	}

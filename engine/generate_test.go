@@ -168,3 +168,52 @@ func TestProfileOnTakesTheModelAndSwapsTheGPU(t *testing.T) {
 		}
 	}
 }
+
+// An FP8 checkpoint (the suffix -fp8): the decoder layers' weights and the KV cache at one
+// byte, the embedding and LM head at two; on a card with FP8 tensor cores its matrix
+// multiplies run at that rate, on an A100 at the 16-bit rate with half the weight bytes.
+func TestFP8Checkpoint(t *testing.T) {
+	bf, err := LookupModel("llama-3.1-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f8, err := LookupModel("Llama-3.1-8B-FP8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f8.FP8 || f8.Name != "llama-3.1-8b-fp8" || bf.FP8 {
+		t.Fatalf("lookup: %q fp8=%v, %q fp8=%v", f8.Name, f8.FP8, bf.Name, bf.FP8)
+	}
+	if r := f8.WeightBytes() / bf.WeightBytes(); r < 0.53 || r > 0.60 {
+		t.Errorf("FP8 weights %.2f of bf16's: want the layers halved and the 1.05 B embedding and head parameters kept at 2 bytes (≈ 0.57)", r)
+	}
+	if 2*f8.KVBytesPerToken() != bf.KVBytesPerToken() {
+		t.Errorf("FP8 KV %d bytes a token, bf16 %d: want half", f8.KVBytesPerToken(), bf.KVBytesPerToken())
+	}
+	for _, bad := range []string{"llama-3.1-8b-fp8-fp8", "gpt-5-fp8"} {
+		if _, err := LookupModel(bad); err == nil {
+			t.Errorf("%s: no error", bad)
+		}
+	}
+	load := func(name string) *Profile {
+		t.Helper()
+		p, err := LoadProfile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, gpu := range []string{"l40s", "h100", "a100-80gb"} {
+		b, f := load(gpu+"-llama-3.1-8b"), load(gpu+"-llama-3.1-8b-fp8")
+		if f.Model != "llama-3.1-8b-fp8" || f.KVTokens < 19*b.KVTokens/10 {
+			t.Errorf("%s: FP8 profile %q holds %d KV tokens, bf16 %d: want about twice (half the bytes a token, less memory for weights)", gpu, f.Model, f.KVTokens, b.KVTokens)
+		}
+		if f.DecodeBaseMs >= 0.75*b.DecodeBaseMs {
+			t.Errorf("%s: a decode step's weight read %.2f ms in FP8, %.2f in bf16: want it near halved", gpu, f.DecodeBaseMs, b.DecodeBaseMs)
+		}
+		faster := f.PrefillPastKneeMs < 0.7*b.PrefillPastKneeMs
+		if hasFP8 := gpu != "a100-80gb"; faster != hasFP8 {
+			t.Errorf("%s: prefill matmuls %.4g ms a token in FP8, %.4g in bf16: FP8 tensor cores %v", gpu, f.PrefillPastKneeMs, b.PrefillPastKneeMs, hasFP8)
+		}
+	}
+}

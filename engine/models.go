@@ -9,7 +9,7 @@ import (
 // ModelShape is what a decoder-only transformer's step costs depend on: the fields of its
 // published config.json (Hugging Face transformers' LlamaConfig, MistralConfig and
 // Qwen2Config names in the comments). Weights are bf16 (2 bytes a parameter), as vLLM
-// loads these checkpoints by default.
+// loads these checkpoints by default, or FP8 (see FP8).
 type ModelShape struct {
 	// Name is the short name profiles use (llama-3.1-8b).
 	Name string
@@ -32,6 +32,47 @@ type ModelShape struct {
 	// PublishedParams is the parameter count the model card states (billions), a check on
 	// Params: 0 where the card gives only a rounded name.
 	PublishedParams float64
+	// FP8 is the model's FP8 checkpoint (a name with the suffix -fp8, such as
+	// llama-3.1-8b-fp8): the decoder layers' linear weights in FP8 (1 byte a parameter; the
+	// embedding, LM head and norms stay 16-bit, as NVIDIA's ModelOpt and Neural Magic's FP8
+	// checkpoints keep them) and the KV cache in FP8 (vLLM's kv_cache_dtype fp8, which
+	// TensorRT-LLM's FP8 engines set as well). Its matrix multiplies run at the card's FP8
+	// tensor rate where it has one (Ada, Hopper), else at the 16-bit rate with weights read
+	// at 1 byte (Ampere: vLLM's FP8 weight-only Marlin kernels).
+	FP8 bool
+}
+
+// fp8Suffix marks a model's FP8 checkpoint in a model or profile name.
+const fp8Suffix = "-fp8"
+
+// fp8 is the FP8 checkpoint of m.
+func (m ModelShape) fp8() ModelShape {
+	m.FP8, m.Name, m.HF = true, m.Name+fp8Suffix, nil
+	return m
+}
+
+// weightByte and kvByte are the bytes of one weight of a decoder layer and of one KV
+// element.
+func (m ModelShape) weightByte() float64 {
+	if m.FP8 {
+		return 1
+	}
+	return 2
+}
+
+func (m ModelShape) kvByte() int {
+	if m.FP8 {
+		return 1
+	}
+	return 2
+}
+
+// precision names the weights' type in messages.
+func (m ModelShape) precision() string {
+	if m.FP8 {
+		return "FP8"
+	}
+	return "bf16"
 }
 
 // models are the shapes a profile can be generated for. Every figure is the model's own
@@ -72,6 +113,13 @@ func ModelNames() []string {
 // (meta-llama/Llama-3.1-8B-Instruct, see ModelShape.HF), case-insensitively.
 func LookupModel(name string) (ModelShape, error) {
 	n := strings.ToLower(strings.TrimSpace(name))
+	if base, ok := strings.CutSuffix(n, fp8Suffix); ok && !strings.Contains(base, "/") {
+		m, err := LookupModel(base)
+		if err != nil || m.FP8 {
+			return ModelShape{}, fmt.Errorf("unknown model %q: want one of %s, with %s for its FP8 checkpoint", name, strings.Join(ModelNames(), ", "), fp8Suffix)
+		}
+		return m.fp8(), nil
+	}
 	for _, m := range models {
 		if n == m.Name || slices.ContainsFunc(m.HF, func(id string) bool { return strings.ToLower(id) == n }) {
 			return m, nil
@@ -102,11 +150,15 @@ func (m ModelShape) layerParams() float64 {
 	return p
 }
 
-// WeightBytes is the bf16 weights in memory.
-func (m ModelShape) WeightBytes() float64 { return 2 * m.Params() }
+// WeightBytes is the weights in memory: bf16, or for an FP8 checkpoint the decoder
+// layers' at 1 byte and the embedding, LM head and final norm at 2.
+func (m ModelShape) WeightBytes() float64 {
+	return m.weightByte()*m.layerParams()*float64(m.Layers) + 2*(m.embedParams()+float64(m.Hidden))
+}
 
-// KVBytesPerToken is one token's K and V over all layers, in bf16.
-func (m ModelShape) KVBytesPerToken() int { return 2 * m.Layers * m.KVHeads * m.HeadDim * 2 }
+// KVBytesPerToken is one token's K and V over all layers, in bf16 (FP8 for an FP8
+// checkpoint).
+func (m ModelShape) KVBytesPerToken() int { return 2 * m.Layers * m.KVHeads * m.HeadDim * m.kvByte() }
 
 // tokenFLOPs is the matrix-multiply work of one token through every layer (2 FLOPs a
 // multiply-add), without attention over the context and without the LM head.

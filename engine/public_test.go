@@ -193,23 +193,30 @@ func publicChecks(t *testing.T) []pubCheck {
 	// (TRTLLM_V014): the A100-SXM4-80GB's over the H100's, per shape. Its in-flight batcher
 	// is not held to vLLM's smaller defaults on the A100 (256 sequences, 2,048 tokens a
 	// step): both cards replay with the H100's (1,024 and 8,192).
+	//
+	// In FP8 (weights and KV cache), the same for the L40S and the H200 against the H100 in
+	// FP8: the model's FP8 checkpoint of each.
 	byKey := map[string]float64{}
 	for _, r := range rows {
-		if r.source == "TRTLLM_V014" && r.precision == "FP16" {
-			byKey[r.gpu+"|"+r.model+"|"+strconv.Itoa(r.in)+"|"+strconv.Itoa(r.out)] = r.value
+		if r.source == "TRTLLM_V014" {
+			byKey[r.precision+"|"+r.gpu+"|"+r.model+"|"+strconv.Itoa(r.in)+"|"+strconv.Itoa(r.out)] = r.value
 		}
 	}
-	for _, model := range []struct{ label, name string }{{"LLaMA v3.1 8B", "llama-3.1-8b"}, {"Mistral 7B", "mistral-7b"}} {
-		for _, sh := range [][2]int{{128, 128}, {128, 2048}, {128, 4096}, {500, 2000}, {1000, 1000}, {2048, 128}, {2048, 2048}, {5000, 500}} {
-			k := "|" + model.label + "|" + strconv.Itoa(sh[0]) + "|" + strconv.Itoa(sh[1])
-			a, h := byKey["A100-SXM4-80GB"+k], byKey["H100 80GB HBM3"+k]
-			if a == 0 || h == 0 {
-				continue
+	for _, set := range []struct{ precision, label, gpu, suffix string }{
+		{"FP16", "A100-SXM4-80GB", "a100-80gb", ""}, {"FP8", "L40S", "l40s", fp8Suffix}, {"FP8", "H200 141GB HBM3", "h200", fp8Suffix},
+	} {
+		for _, model := range []struct{ label, name string }{{"LLaMA v3.1 8B", "llama-3.1-8b"}, {"Mistral 7B", "mistral-7b"}} {
+			for _, sh := range [][2]int{{128, 128}, {128, 2048}, {128, 4096}, {500, 2000}, {1000, 1000}, {2048, 128}, {2048, 2048}, {5000, 500}} {
+				k := "|" + model.label + "|" + strconv.Itoa(sh[0]) + "|" + strconv.Itoa(sh[1])
+				g, h := byKey[set.precision+"|"+set.label+k], byKey[set.precision+"|H100 80GB HBM3"+k]
+				if g == 0 || h == 0 {
+					continue
+				}
+				n := max(64, min(1024, 400_000/(sh[0]+sh[1])))
+				mg := offline(t, publicProfile(t, set.gpu, model.name+set.suffix, 1024, 8192), sh[0], sh[1], n)
+				mh := offline(t, publicProfile(t, "h100", model.name+set.suffix, 1024, 8192), sh[0], sh[1], n)
+				out = append(out, pubCheck{set.gpu, fmt.Sprintf("TRT-LLM %s %s %d:%d %s/H100", set.precision, model.name, sh[0], sh[1], set.gpu), (mg / mh) / (g / h)})
 			}
-			n := max(64, min(1024, 400_000/(sh[0]+sh[1])))
-			ma := offline(t, publicProfile(t, "a100-80gb", model.name, 1024, 8192), sh[0], sh[1], n)
-			mh := offline(t, publicProfile(t, "h100", model.name, 1024, 8192), sh[0], sh[1], n)
-			out = append(out, pubCheck{"a100-80gb", fmt.Sprintf("TRT-LLM %s %d:%d A100/H100", model.name, sh[0], sh[1]), (ma / mh) / (a / h)})
 		}
 	}
 	return out
@@ -247,9 +254,11 @@ func closedLoopLatency(t *testing.T, p Profile, in, out, c, n int) float64 {
 }
 
 // The model's error against the public measurements, per GPU type, printed and held where
-// it stands (2026-11-29: L4 median 4 %, worst 14 %; A100-80GB 11 %, 19 %; the A10G's rows
-// are TGI 1.0.3's of 2023, a batcher far from vLLM's, reported only). Issue 48's goal is a
-// median within 20 % and every row within 35 % on five GPU types, held out of the fit.
+// it stands (2026-11-29: L4 median 4 %, worst 14 %; A100-80GB 11 %, 19 %; H200 4 %, 11 %).
+// Reported only: the A10G's rows are TGI 1.0.3's of 2023, a batcher far from vLLM's; the
+// L40S is modelled 19–78 % faster against the H100 than TensorRT-LLM's FP8 engines run
+// (median 45 %), the open gap. Issue 48's goal is a median within 20 % and every row within
+// 35 % on five GPU types, held out of the fit.
 func TestModelAgainstPublicMeasurements(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays some dozens of closed loops")
@@ -260,7 +269,7 @@ func TestModelAgainstPublicMeasurements(t *testing.T) {
 		t.Logf("%-10s %-48s model ÷ published %.2f", c.gpu, c.what, c.ratio)
 		byGPU[c.gpu] = append(byGPU[c.gpu], c.ratio)
 	}
-	bound := map[string][2]float64{"l4": {0.10, 0.20}, "a100-80gb": {0.15, 0.25}}
+	bound := map[string][2]float64{"l4": {0.10, 0.20}, "a100-80gb": {0.15, 0.25}, "h200": {0.10, 0.15}}
 	for _, gpu := range slices.Sorted(maps.Keys(byGPU)) {
 		errs := make([]float64, 0, len(byGPU[gpu]))
 		for _, r := range byGPU[gpu] {

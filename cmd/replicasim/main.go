@@ -30,7 +30,7 @@ func run() error {
 	var (
 		listen      = flag.String("listen", envOr("REPLICASIM_LISTEN", "127.0.0.1:8000"), "address to serve on (the PORT env var, if set, overrides the port)")
 		model       = flag.String("model", "meta-llama/Llama-3.1-8B-Instruct", "served model name")
-		profile     = flag.String("profile", "h100-llama-3.1-8b", fmt.Sprintf("GPU profile: measured %v, any GPU[xN]-MODEL pair generated from data sheets (GPUs %v, models %v; e.g. l4-llama-3.1-8b), or a .json file", engine.ProfileNames(), engine.GPUNames(), engine.ModelNames()))
+		profile     = flag.String("profile", "h100-llama-3.1-8b", fmt.Sprintf("GPU profile: measured %v, any GPU[xN]-MODEL pair generated from data sheets (GPUs %v, models %v, each also as MODEL-fp8, its FP8 checkpoint; e.g. l4-llama-3.1-8b, l40s-llama-3.1-8b-fp8), or a .json file", engine.ProfileNames(), engine.GPUNames(), engine.ModelNames()))
 		gpu         = flag.String("gpu", "", "the replica's GPU as the price catalogs name it (L4, A100-80GB, H100; a local or sim replica gets its own in $ARBITER_ACCELERATOR): the profile is the one generated for it and -model, in place of -profile")
 		details     = flag.Bool("enable-prompt-tokens-details", false, "report usage.prompt_tokens_details.cached_tokens, as vLLM's --enable-prompt-tokens-details does")
 		store       = flag.Bool("enable-responses-store", false, "keep Responses API answers for previous_response_id and GET /v1/responses/{id}, as vLLM does with VLLM_ENABLE_RESPONSES_API_STORE=1 (also honoured)")

@@ -32,7 +32,7 @@ prefill of one prompt is slower than the TPOT target loses more of its rate to b
 func capacity(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("simulate capacity", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), capacityUsage); fs.PrintDefaults() }
-	model := fs.String("model", "", "model: a short name ("+strings.Join(engine.ModelNames(), ", ")+") or its Hugging Face id")
+	model := fs.String("model", "", "model: a short name ("+strings.Join(engine.ModelNames(), ", ")+"; with -fp8, its FP8 checkpoint: weights and KV cache at one byte) or its Hugging Face id")
 	gpuList := fs.String("gpus", "L4,A10G,A100-80GB,H100", "GPUs, comma-separated, as the catalogs name them")
 	lengths := fs.String("lengths", "", "request shapes IN:OUT (prompt and output tokens), comma-separated")
 	tpotMs := fs.Float64("tpot-ms", 0, "p90 time-per-output-token target (ms), required")
