@@ -42,15 +42,17 @@ func TestMixWindow(t *testing.T) {
 	}
 }
 
-// Which GPU is cheapest per token depends on the requests: for prompts of 1,024 tokens and
-// answers of 256 (the default) an H100 at 25× an L4's hour serves each token for less
-// (about 30× the L4's tokens), for short chats of 100:50 the L4 does (the H100 serves
-// about 19× its tokens). The routers' observed mix decides, once there is enough of it;
-// before any traffic, the spec's arbiter.workload.
+// Which GPU is cheapest per token depends on the requests: for long answers (256:1,024
+// tokens) an H100 at 22× an L4's hour serves each token for less (about 26× the L4's
+// tokens), for short chats of 100:50 the L4 does (the H100 serves about 18× its tokens).
+// The routers' observed mix decides, once there is enough of it; before any traffic, or
+// with too little, the spec's arbiter.workload. (Before the L4's KV cache was sized as
+// vLLM sizes it, 1,024:256 made the difference: with a third of its cache the L4 served
+// far fewer of them at once.)
 func TestObservedMixChoosesTheGPU(t *testing.T) {
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
-	c, st, now := gpuMarket(t, reg, onDemandQuote("z-l4", "L4", 0.10), onDemandQuote("z-h100", "H100", 2.50))
+	c, st, now := gpuMarket(t, reg, onDemandQuote("z-l4", "L4", 0.10), onDemandQuote("z-h100", "H100", 2.20))
 	specFor := func(model, extra string) string {
 		return `service:
   readiness_probe: /health
@@ -65,10 +67,11 @@ arbiter:
   slo: {tpot_seconds: 0.1, ttft_seconds: 2}
 ` + extra
 	}
+	long := "  workload: {prompt_tokens: 256, output_tokens: 1024}\n"
 	for _, sv := range []struct{ name, extra string }{
-		{"plain", ""},
+		{"plain", long},
 		{"chat", ""},
-		{"few", ""},
+		{"few", long},
 		{"hinted", "  workload: {prompt_tokens: 100, output_tokens: 50}\n"},
 	} {
 		if _, _, err := c.Create(ctx, sv.name, specFor(sv.name+"-model", sv.extra), nil); err != nil {
@@ -120,7 +123,7 @@ arbiter:
 		if want := r.PricePerHour / 3600 / pt.TokensPerSecond * 1e6; math.Abs(pt.DollarsPerMillionTokens-want) > 1e-9 {
 			t.Errorf("%s: $%v/M tokens; want $/h over tokens/s, %v", st.Name, pt.DollarsPerMillionTokens, want)
 		}
-		wantWhy := map[string]string{"plain": "1024:256 tokens", "few": "1024:256 tokens", "chat": "the observed mix (200 requests: 100% 100:50)", "hinted": "arbiter.workload 100:50 tokens"}[st.Name]
+		wantWhy := map[string]string{"plain": "arbiter.workload 256:1024 tokens", "few": "arbiter.workload 256:1024 tokens", "chat": "the observed mix (200 requests: 100% 100:50)", "hinted": "arbiter.workload 100:50 tokens"}[st.Name]
 		if !strings.Contains(pt.Why, wantWhy) || !strings.Contains(pt.Why, strings.ToLower(r.Accelerator)+"-llama-3.1-8b") {
 			t.Errorf("%s: why %q; want the %s profile and %q", st.Name, pt.Why, r.Accelerator, wantWhy)
 		}
@@ -131,8 +134,8 @@ arbiter:
 		}
 	}
 	// Cost by GPU type: the spend, per-replica dollars and prices carry the accelerator.
-	if price := gathered(t, reg, "arbiter_control_replica_price_dollars_per_hour", "accelerator"); price["L4"] != 0.2 || price["H100"] != 5 || len(price) != 2 {
-		t.Errorf("price per hour by accelerator %v; want L4 0.2 (two at $0.10), H100 5 (two at $2.50)", price)
+	if price := gathered(t, reg, "arbiter_control_replica_price_dollars_per_hour", "accelerator"); price["L4"] != 0.2 || math.Abs(price["H100"]-4.4) > 1e-9 || len(price) != 2 {
+		t.Errorf("price per hour by accelerator %v; want L4 0.2 (two at $0.10), H100 4.4 (two at $2.20)", price)
 	}
 	if spend := gathered(t, reg, "arbiter_control_spend_dollars_total", "accelerator"); len(spend) != 2 || !(spend["L4"] > 0) || !(spend["H100"] > spend["L4"]) {
 		t.Errorf("spend by accelerator %v; want L4 and H100, each billed", spend)

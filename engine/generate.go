@@ -297,9 +297,28 @@ func vllmBatchDefaults(g GPUSpec, usableGiB float64) (maxSeqs, maxTokens int) {
 // cache holds less is no serving engine for the model.
 const minKVTokens = 2048
 
-// reserveGiB is what vLLM keeps from the KV cache beyond the weights, per GPU: activations
-// and CUDA graphs, the same 4 GiB the measured profiles use.
-const reserveGiB = 4
+// vllmReserveGiB is what vLLM's start-up profiling keeps from the KV cache on each GPU
+// beside the weights (engine/public/vllm_memory.md §1): the activation peak of its dummy
+// run, which the sampler sets (fp32 logits over the vocabulary for max_num_seqs sequences,
+// and its temporaries: samplerCopies of them), and the memory outside PyTorch (the CUDA
+// context; NCCL's buffers too with tensor parallelism).
+//
+// samplerCopies is fitted on one logged start-up (Llama-3.1-8B-Instruct on an H100, TP 1,
+// 1,024 sequences: a 4.76 GiB activation peak, llm-d-benchmark's empirical-vllm-memory-
+// results.md) and predicts the others logged there within 2 % (Qwen3-32B 5.64 GiB,
+// gpt-oss-120b 7.38, Llama-3.3-70B-FP8 at TP 2 4.84) and vLLM PR #10511's Meta-Llama-3-8B
+// at 256 sequences within 6 % (1.26 GiB): TestVLLMReserveAgainstLoggedStartups. The flat
+// 4 GiB it replaces (the measured profiles' figure) kept a third of a 24 GB card's cache
+// from a 7B model.
+func vllmReserveGiB(m ModelShape, maxSeqs, tp int) float64 {
+	const samplerCopies = 9.73
+	logits := float64(maxSeqs) * float64(m.Vocab) * 4 / (1 << 30)
+	nonTorch := 0.15 // GiB: 0.13-0.14 logged at TP 1
+	if tp > 1 {
+		nonTorch = 0.55 // logged at TP 2
+	}
+	return samplerCopies*logits + nonTorch
+}
 
 // Generate returns the modelled profile of model m on tp GPUs of type g (tp 0: the fewest
 // of 1, 2, 4 or 8 whose KV cache holds min(context, 8,192) tokens, or else the fewest that
@@ -308,8 +327,9 @@ const reserveGiB = 4
 // machine.
 func Generate(g GPUSpec, m ModelShape, tp int, c Calibration) (*Profile, error) {
 	usable := c.UsablePerGB * g.MemGB
+	maxSeqs, maxTokens := vllmBatchDefaults(g, usable)
 	kvTokens := func(tp int) int {
-		free := 0.9*usable - m.WeightBytes()/float64(tp)/(1<<30) - reserveGiB
+		free := 0.9*usable - m.WeightBytes()/float64(tp)/(1<<30) - vllmReserveGiB(m, maxSeqs, tp)
 		return int(free * (1 << 30) / float64(m.kvBytesPerGPU(tp)))
 	}
 	if tp == 0 {
@@ -325,8 +345,8 @@ func Generate(g GPUSpec, m ModelShape, tp int, c Calibration) (*Profile, error) 
 			}
 		}
 		if tp == 0 {
-			return nil, fmt.Errorf("%s (%.1f GiB of %s weights) does not fit 8 × %s (%g GB each): at gpu_memory_utilization 0.9, less the weights and %d GiB per GPU for activations, the KV cache would hold %d tokens, fewer than the %d a request needs",
-				m.Name, m.WeightBytes()/(1<<30), m.precision(), g.Name, g.MemGB, reserveGiB, max(kvTokens(8), 0), min(m.Context, minKVTokens))
+			return nil, fmt.Errorf("%s (%.1f GiB of %s weights) does not fit 8 × %s (%g GB each): at gpu_memory_utilization 0.9, less the weights and %.1f GiB per GPU for activations, the KV cache would hold %d tokens, fewer than the %d a request needs",
+				m.Name, m.WeightBytes()/(1<<30), m.precision(), g.Name, g.MemGB, vllmReserveGiB(m, maxSeqs, 8), max(kvTokens(8), 0), min(m.Context, minKVTokens))
 		}
 	} else {
 		if tp < 1 || m.Heads%tp != 0 {
@@ -344,7 +364,7 @@ func Generate(g GPUSpec, m ModelShape, tp int, c Calibration) (*Profile, error) 
 	}
 	p.KVTokens = kvTokens(tp)
 	p.BlockSize = 16
-	p.MaxBatch, p.MaxBatchedTokens = vllmBatchDefaults(g, usable)
+	p.MaxBatch, p.MaxBatchedTokens = maxSeqs, maxTokens
 	// vLLM refuses a max_model_len the cache cannot hold; a user sets it to what fits.
 	p.MaxModelLen = min(m.Context, p.KVTokens/p.BlockSize*p.BlockSize)
 	p.WeightGiB = m.WeightBytes() / (1 << 30)

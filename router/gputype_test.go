@@ -12,9 +12,10 @@ import (
 // On a fleet of two GPU types each replica is predicted with its own GPU's profile, named
 // by its accelerator alone (as the control plane's placement or a replicas file's label
 // gives it): slo_cheapest sends short requests to the L4, the cheaper one that meets the
-// SLO, and a 30k-token prompt, which the L4 can neither prefill within the TTFT target nor
-// hold (its KV cache is some 13k tokens of an 8B model), to the H100. Both are real
-// replicasims running those GPUs' profiles.
+// SLO, and a 40k-token prompt, which the L4 cannot prefill within the TTFT target (its
+// profile says some 20 s), to the H100; nor does its re-sampling of a cheaper replica send
+// it there, since the L4 misses by its profile, not by anything it was seen to do. Both
+// are real replicasims running those GPUs' profiles.
 func TestEachReplicaIsPredictedOnItsOwnGPU(t *testing.T) {
 	l4 := startSim(t, simOpts{profile: "l4-llama-3.1-8b"})
 	h100 := startSim(t, simOpts{profile: "h100-llama-3.1-8b"})
@@ -33,7 +34,7 @@ func TestEachReplicaIsPredictedOnItsOwnGPU(t *testing.T) {
 		t.Fatalf("the L4 replica is predicted with profile %q, want l4-llama-3.1-8b", prof)
 	}
 
-	long := strings.Repeat("lorem ipsum dolor sit amet ", 6000) // about 30k tokens
+	long := strings.Repeat("lorem ipsum dolor sit amet ", 6000) // about 40k tokens
 	send := func(content string) (replica string, ttft time.Duration) {
 		t.Helper()
 		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":8,"stream":true}`, testModel, content)
@@ -47,9 +48,9 @@ func TestEachReplicaIsPredictedOnItsOwnGPU(t *testing.T) {
 	// The long prompt first: nothing any replica answered has corrected its prediction
 	// yet, so only the profile tells the L4 from the H100.
 	if got, took := send(long); got != "h100" {
-		t.Fatalf("a 30k-token prompt went to %s, want the H100 (the L4 cannot meet the 5 s TTFT)", got)
+		t.Fatalf("a 40k-token prompt went to %s, want the H100 (the L4 cannot meet the 5 s TTFT)", got)
 	} else if took > 5*time.Second {
-		t.Errorf("the 30k-token prompt took %v on the H100, want it within the 5 s TTFT target", took)
+		t.Errorf("the 40k-token prompt took %v on the H100, want it within the 5 s TTFT target", took)
 	}
 	for i := range 5 {
 		if got, took := send(fmt.Sprintf("a short question, number %d", i)); got != "l4" {
@@ -59,7 +60,7 @@ func TestEachReplicaIsPredictedOnItsOwnGPU(t *testing.T) {
 		}
 	}
 	if got, _ := send(long + " again"); got != "h100" {
-		t.Fatalf("the second 30k-token prompt went to %s, want the H100", got)
+		t.Fatalf("the second 40k-token prompt went to %s, want the H100", got)
 	}
 }
 

@@ -367,11 +367,29 @@ func (p *SLOCheapest) resample(req *Request, all []scored, choice scored) (score
 		return scored{}, false
 	}
 	for _, s := range all {
-		if s.cost < choice.cost && !req.SLO.Meets(s.p) && s.p.Ahead == 0 && s.r.claimResample(req.Now, every) {
+		if s.cost < choice.cost && !req.SLO.Meets(s.p) && s.p.Ahead == 0 && missesForWhatItDid(req, s) && s.r.claimResample(req.Now, every) {
 			return s, true
 		}
 	}
 	return scored{}, false
+}
+
+// missesForWhatItDid says whether a replica predicted to miss the SLO would meet it but for
+// what its answers taught the router: its prediction with the learned prefill and decode
+// factors taken out, and no spread. A request its profile alone says it cannot serve in
+// time (a 40k-token prompt on an L4 against a 5 s TTFT) is no re-sample: it would only be
+// late.
+func missesForWhatItDid(req *Request, s scored) bool {
+	_, prefill, decode := s.r.StepScales(req.Now)
+	p := s.p
+	if prefill > 0 {
+		p.TTFT /= prefill
+	}
+	if decode > 0 {
+		p.TPOT /= decode
+	}
+	p.Spread, p.TPOTSpread = 0, 0
+	return req.SLO.Meets(p)
 }
 
 // Pick reasons, as arbiter_router_picks_total{reason} counts them.
