@@ -54,6 +54,8 @@ var gpus = []GPUSpec{
 		Source: "NVIDIA A100 Tensor Core GPU data sheet (https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), A100 40GB SXM: HBM2 1,555 GB/s, BF16 312 TFLOPS (624 sparse), no FP8, NVLink 600 GB/s"},
 	{Name: "a100-80gb", Catalog: "A100-80GB", MemGB: 80, MemTBs: 2.039, BF16TFLOPS: 312, LinkGBs: 600, Link: "NVLink 3",
 		Source: "NVIDIA A100 Tensor Core GPU data sheet (https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), A100 80GB SXM: HBM2e 2,039 GB/s, BF16 312 TFLOPS (624 sparse), no FP8, NVLink 600 GB/s"},
+	{Name: "a100-80gb-pcie", MemGB: 80, MemTBs: 1.935, BF16TFLOPS: 312, LinkGBs: 600, Link: "NVLink bridge",
+		Source: "NVIDIA A100 Tensor Core GPU data sheet (https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), A100 80GB PCIe: HBM2e 1,935 GB/s, BF16 312 TFLOPS (624 sparse), no FP8, NVLink bridge for two GPUs 600 GB/s"},
 	{Name: "h100", Catalog: "H100", MemGB: 80, MemTBs: 3.35, BF16TFLOPS: 989.5, FP8TFLOPS: 1979, LinkGBs: 900, Link: "NVLink 4",
 		Source: "NVIDIA H100 Tensor Core GPU data sheet (https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet), H100 SXM: 80 GB HBM3, 3.35 TB/s, BF16 1,979 and FP8 3,958 TFLOPS with sparsity, NVLink 900 GB/s"},
 	{Name: "h100-pcie", MemGB: 80, MemTBs: 2.0, BF16TFLOPS: 756, FP8TFLOPS: 1513, LinkGBs: 600, Link: "NVLink bridge",

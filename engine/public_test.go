@@ -203,7 +203,8 @@ func publicChecks(t *testing.T) []pubCheck {
 		}
 	}
 	for _, set := range []struct{ precision, label, gpu, suffix string }{
-		{"FP16", "A100-SXM4-80GB", "a100-80gb", ""}, {"FP8", "L40S", "l40s", fp8Suffix}, {"FP8", "H200 141GB HBM3", "h200", fp8Suffix},
+		{"FP16", "A100-SXM4-80GB", "a100-80gb", ""}, {"FP16", "A100-PCIE-80GB", "a100-80gb-pcie", ""},
+		{"FP8", "L40S", "l40s", fp8Suffix}, {"FP8", "H200 141GB HBM3", "h200", fp8Suffix},
 	} {
 		for _, model := range []struct{ label, name string }{{"LLaMA v3.1 8B", "llama-3.1-8b"}, {"Mistral 7B", "mistral-7b"}} {
 			for _, sh := range [][2]int{{128, 128}, {128, 2048}, {128, 4096}, {500, 2000}, {1000, 1000}, {2048, 128}, {2048, 2048}, {5000, 500}} {
@@ -257,7 +258,8 @@ func closedLoopLatency(t *testing.T, p Profile, in, out, c, n int) float64 {
 // it stands (2026-11-29: L4 median 4 %, worst 14 %; A100-80GB 11 %, 19 %; H200 4 %, 11 %).
 // Reported only: the A10G's rows are TGI 1.0.3's of 2023, a batcher far from vLLM's; the
 // L40S is modelled 19–78 % faster against the H100 than TensorRT-LLM's FP8 engines run
-// (median 45 %), the open gap. Issue 48's goal is a median within 20 % and every row within
+// (median 45 %), and the A100 80GB PCIe 5–32 % (median 23 %): the open gaps, both
+// power-limited cards (350 W, 300 W) the data sheets' peak rates overstate. Issue 48's goal is a median within 20 % and every row within
 // 35 % on five GPU types, held out of the fit.
 func TestModelAgainstPublicMeasurements(t *testing.T) {
 	if testing.Short() {
