@@ -103,9 +103,9 @@ run: test "$SKYPILOT_NUM_NODES" = 2 && test "$(echo "$SKYPILOT_NODE_IPS" | wc -l
 	if worker == "" || len(zones) != 1 {
 		t.Fatalf("replica %s's pods %v: want a head and a worker in one zone (zones %v)", victim.ID, podNames(pods), zones)
 	}
-	if running := k.Processes(); len(running) != 4 {
-		t.Fatalf("%d pod processes run; want 4 (2 replicas × 2 nodes)", len(running))
-	}
+	// A worker's process may still be starting when its head answers (CI ran it beside the
+	// other clusters' tests and saw 3 of 4 at that instant): waited for, not sampled.
+	c.waitFor("4 pod processes (2 replicas × 2 nodes)", 30*time.Second, func() bool { return len(k.Processes()) == 4 })
 
 	l := c.startLoad(model, 4, 60, false)
 	time.Sleep(time.Second) // traffic on both replicas before the fault
