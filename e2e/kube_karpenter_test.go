@@ -43,7 +43,7 @@ func TestKubernetesKarpenterScaleFromZero(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := startKubeWith(t, kubetest.Options{Name: "karpenter", PodCIDR: "127.0.57.1/24",
+	k := startKubeWith(t, kubetest.Options{Name: "karpenter", PodCIDR: "127.0.62.1/24",
 		Karpenter: &kubetest.Karpenter{InstanceTypes: types, NodeRegistrationDelay: 30 * time.Second}})
 	k.AddNode(kubetest.AWSNode("system", "m7i.large", "us-east-1", "us-east-1a", "use1-az4"))
 	// Two NodePools as a team splits them: spot, limited to one GPU, and on-demand.
