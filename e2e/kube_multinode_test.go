@@ -103,8 +103,8 @@ run: test "$SKYPILOT_NUM_NODES" = 2 && test "$(echo "$SKYPILOT_NODE_IPS" | wc -l
 	if worker == "" || len(zones) != 1 {
 		t.Fatalf("replica %s's pods %v: want a head and a worker in one zone (zones %v)", victim.ID, podNames(pods), zones)
 	}
-	// A worker's process may still be starting when its head answers (CI ran it beside the
-	// other clusters' tests and saw 3 of 4 at that instant): waited for, not sampled.
+	// Waited for, not sampled: a worker's process may still be starting when its head
+	// answers.
 	c.waitFor("4 pod processes (2 replicas × 2 nodes)", 30*time.Second, func() bool { return len(k.Processes()) == 4 })
 
 	l := c.startLoad(model, 4, 60, false)
