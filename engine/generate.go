@@ -471,10 +471,6 @@ func parsePair(name string) (GPUSpec, ModelShape, int, error) {
 	n := strings.ToLower(strings.TrimSpace(name))
 	n, fp8 := strings.CutSuffix(n, fp8Suffix)
 	for _, m := range models {
-		if fp8 {
-			m = m.fp8()
-			m.Name = strings.TrimSuffix(m.Name, fp8Suffix) // matched below without the suffix
-		}
 		gpuPart, ok := strings.CutSuffix(n, "-"+m.Name)
 		if !ok || gpuPart == "" {
 			continue
@@ -494,7 +490,7 @@ func parsePair(name string) (GPUSpec, ModelShape, int, error) {
 			return GPUSpec{}, ModelShape{}, 0, fmt.Errorf("profile %q: %w", name, err)
 		}
 		if fp8 {
-			m.Name += fp8Suffix
+			m = m.fp8()
 		}
 		return g, m, tp, nil
 	}

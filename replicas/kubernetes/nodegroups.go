@@ -34,19 +34,19 @@ func (p *Provider) groupPools(existing []*pool, nodes []*corev1.Node, infos []no
 		region = cmp.Or(region, ni.region)
 	}
 	siblings := poolClouds(infos)
+	count := map[int]int{} // nodes of each configured node pool, by its index
+	for _, n := range nodes {
+		if _, i := p.nodePool(n); i >= 0 {
+			count[i]++
+		}
+	}
 	for i := range p.cfg.NodePools {
 		np := &p.cfg.NodePools[i]
 		if !np.scalesFromZero() {
 			continue
 		}
 		name := describeSelector(np.Selector)
-		count := 0
-		for _, n := range nodes {
-			if _, j := p.nodePool(n); j == i {
-				count++
-			}
-		}
-		if count >= np.MaxNodes {
+		if count := count[i]; count >= np.MaxNodes {
 			notes = append(notes, fmt.Sprintf("node pool %s has %d of its max_nodes %d nodes: the autoscaler makes no more", name, count, np.MaxNodes))
 			continue
 		}
@@ -54,21 +54,27 @@ func (p *Provider) groupPools(existing []*pool, nodes []*corev1.Node, infos []no
 			notes = append(notes, fmt.Sprintf("node pool %s: no region to price it in (no node says one; set region: in the providers file)", name))
 			continue
 		}
-		for _, z := range np.Zones {
-			// The node the pool's template makes, as the platform would label it.
-			labels := maps.Clone(np.Selector)
-			labels[labelInstanceType], labels[labelZone], labels[labelRegion] = np.InstanceType, z, region
-			ni := describeNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, p.cfg.AcceleratorLabel, p.cfg.AcceleratorNames)
-			ni.capacity = np.Capacity
-			idx.infer(&ni, siblings)
-			gpusPer := 0
-			for _, o := range idx.gpuOffers {
-				if o.InstanceType == np.InstanceType && (ni.cloud == "" || o.Provider == ni.cloud) {
-					gpusPer = o.AcceleratorCount
-					ni.accel = cmp.Or(ni.accel, o.Accelerator)
-					break
-				}
+		// The node the pool's template makes, as the platform would label it (its zone
+		// set for each of the pool's zones below).
+		labels := maps.Clone(np.Selector)
+		labels[labelInstanceType], labels[labelRegion] = np.InstanceType, region
+		tmpl := describeNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, p.cfg.AcceleratorLabel, p.cfg.AcceleratorNames)
+		tmpl.capacity = np.Capacity
+		idx.infer(&tmpl, siblings)
+		gpusPer := 0
+		for _, o := range idx.gpuOffers {
+			if o.InstanceType == np.InstanceType && (tmpl.cloud == "" || o.Provider == tmpl.cloud) {
+				gpusPer = o.AcceleratorCount
+				tmpl.accel = cmp.Or(tmpl.accel, o.Accelerator)
+				break
 			}
+		}
+		if gpusPer == 0 {
+			notes = append(notes, fmt.Sprintf("node pool %s: no catalog lists %s with a GPU; it is offered for replicas that ask for none", name, np.InstanceType))
+		}
+		for _, z := range np.Zones {
+			ni := tmpl
+			ni.zone = z
 			k := poolKey{region: region, zone: z, accel: ni.accel, instanceType: np.InstanceType, capacity: np.Capacity, nodePool: i}
 			if pl := have[k]; pl != nil {
 				pl.creator = "node pool " + name
@@ -80,9 +86,6 @@ func (p *Provider) groupPools(existing []*pool, nodes []*corev1.Node, infos []no
 				pl.accelValues = []string{ni.accelValue}
 			}
 			pl.setPrice(np, idx, idxErr, ni)
-			if gpusPer == 0 {
-				notes = append(notes, fmt.Sprintf("node pool %s: no catalog lists %s with a GPU; it is offered for replicas that ask for none", name, np.InstanceType))
-			}
 			out = append(out, pl)
 		}
 	}

@@ -52,9 +52,9 @@ type poolKey struct {
 	nodePool int
 }
 
-// pools groups the schedulable nodes into offers, each priced, and returns every node as
-// described (a cordoned or tainted one too: it still says where its pool runs).
-func (p *Provider) pools() ([]*pool, []nodeInfo) {
+// pools groups the schedulable nodes into offers, each priced, and returns every node and
+// how it was described (a cordoned or tainted one too: it still says where its pool runs).
+func (p *Provider) pools() ([]*pool, []*corev1.Node, []nodeInfo) {
 	byKey := map[poolKey]*pool{}
 	var prices priceIndex
 	var priceErr error
@@ -105,7 +105,7 @@ func (p *Provider) pools() ([]*pool, []nodeInfo) {
 		return cmp.Or(strings.Compare(a.key.region, b.key.region), strings.Compare(a.key.zone, b.key.zone), strings.Compare(string(a.key.capacity), string(b.key.capacity)),
 			strings.Compare(a.key.accel, b.key.accel), strings.Compare(a.key.instanceType, b.key.instanceType), a.key.nodePool-b.key.nodePool)
 	})
-	return out, infos
+	return out, nodes, infos
 }
 
 // setPrice prices the pool as its node ni: at the configured node pool's price if np has
@@ -161,13 +161,7 @@ func gpus(n int) string {
 // declared node pools that scale from zero, and its Karpenter NodePools (what no existing
 // node offers already); notes say what one of them could not offer.
 func (p *Provider) allPools(ctx context.Context) ([]*pool, []string) {
-	pools, infos := p.pools()
-	var nodes []*corev1.Node
-	for _, obj := range p.nodes.GetStore().List() {
-		if n, ok := obj.(*corev1.Node); ok {
-			nodes = append(nodes, n)
-		}
-	}
+	pools, nodes, infos := p.pools()
 	groups, notes := p.groupPools(pools, nodes, infos)
 	pools = append(pools, groups...)
 	nps, err := p.readNodePools(ctx)
