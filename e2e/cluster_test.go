@@ -345,6 +345,22 @@ func (c *cluster) requestOK(ctx context.Context, model string) error {
 	return err
 }
 
+// requestsOK sends n chat requests at once and waits for every answer: nil if all were
+// answered 200, else the first reason one was not.
+func (c *cluster) requestsOK(ctx context.Context, model string, n int) error {
+	errs := make(chan error, n)
+	for range n {
+		go func() { errs <- c.requestOK(ctx, model) }()
+	}
+	var first error
+	for range n {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
 // chat sends one chat request, streamed (asking for the usage chunk) or not, and returns
 // its status and whole body; a stream that does not end with [DONE] is an error.
 func (c *cluster) chat(ctx context.Context, model string, stream bool) (int, string, error) {

@@ -47,15 +47,9 @@ func TestScaleFromZeroRampAndBackToZero(t *testing.T) {
 	// The first requests find no replica: they are held, not refused.
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	errs := make(chan error, 3)
 	start := time.Now()
-	for range 3 {
-		go func() { errs <- c.requestOK(ctx, "ramp-model") }()
-	}
-	for range 3 {
-		if err := <-errs; err != nil {
-			t.Fatalf("request sent at zero replicas: %v", err)
-		}
+	if err := c.requestsOK(ctx, "ramp-model", 3); err != nil {
+		t.Fatalf("request sent at zero replicas: %v", err)
 	}
 	t.Logf("requests held at zero answered after %v", time.Since(start).Round(time.Millisecond))
 

@@ -70,15 +70,9 @@ func TestKubernetesKarpenterScaleFromZero(t *testing.T) {
 	// answered: 0 failed.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	errs := make(chan error, 3)
 	start := time.Now()
-	for range 3 {
-		go func() { errs <- c.requestOK(ctx, model) }()
-	}
-	for range 3 {
-		if err := <-errs; err != nil {
-			t.Fatalf("a request held at zero replicas failed: %v\n%s\nkarpenter:\n%s", err, c.daemonLog(), k.Log("karpenter-kwok"))
-		}
+	if err := c.requestsOK(ctx, model, 3); err != nil {
+		t.Fatalf("a request held at zero replicas failed: %v\n%s\nkarpenter:\n%s", err, c.daemonLog(), k.Log("karpenter-kwok"))
 	}
 	held := time.Since(start)
 	st := c.status(name)
