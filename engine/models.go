@@ -40,6 +40,9 @@ type ModelShape struct {
 	// tensor rate where it has one (Ada, Hopper), else at the 16-bit rate with weights read
 	// at 1 byte (Ampere: vLLM's FP8 weight-only Marlin kernels).
 	FP8 bool
+	// kv16 keeps an FP8 checkpoint's KV cache at 16 bits: vLLM's kv_cache_dtype "auto" on a
+	// checkpoint that quantizes no KV (Neural Magic's FP8-dynamic ones).
+	kv16 bool
 }
 
 // fp8Suffix marks a model's FP8 checkpoint in a model or profile name.
@@ -61,7 +64,7 @@ func (m ModelShape) weightByte() float64 {
 }
 
 func (m ModelShape) kvByte() int {
-	if m.FP8 {
+	if m.FP8 && !m.kv16 {
 		return 1
 	}
 	return 2

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -24,11 +26,12 @@ import (
 // pubRow is one published figure.
 type pubRow struct {
 	source, gpu, model, engine, precision, metric, notes string
+	requestRate                                          string
 	in, out, conc                                        int
 	value                                                float64
 }
 
-func loadPublic(t *testing.T) []pubRow {
+func loadPublic(t testing.TB) []pubRow {
 	t.Helper()
 	f, err := os.Open("public/serving_7b.csv")
 	if err != nil {
@@ -54,7 +57,7 @@ func loadPublic(t *testing.T) []pubRow {
 			t.Fatalf("public/serving_7b.csv: value %q: %v", r[col["value"]], err)
 		}
 		out = append(out, pubRow{source: r[col["source_id"]], gpu: r[col["gpu"]], model: r[col["model"]], engine: r[col["engine"]],
-			precision: r[col["precision"]], metric: r[col["metric"]], notes: r[col["notes"]],
+			precision: r[col["precision"]], metric: r[col["metric"]], notes: r[col["notes"]], requestRate: r[col["request_rate"]],
 			in: atoi(r[col["input_tokens"]]), out: atoi(r[col["output_tokens"]]), conc: atoi(r[col["concurrency_or_batch"]]), value: v})
 	}
 	return out
@@ -64,7 +67,7 @@ func loadPublic(t *testing.T) []pubRow {
 // last one is answered, until n are done, and returns the median time per output token
 // (ms) and the output tokens per second of the answers after the first c (warm-up). With
 // samePrompt every request sends one prompt, which vLLM's prefix cache then holds once.
-func closedLoop(t *testing.T, p Profile, in, out, c, n int, samePrompt bool) (tpotMs, outPerS float64) {
+func closedLoop(t testing.TB, p Profile, in, out, c, n int, samePrompt bool) (tpotMs, outPerS float64) {
 	t.Helper()
 	e, err := New(p)
 	if err != nil {
@@ -120,7 +123,7 @@ func closedLoop(t *testing.T, p Profile, in, out, c, n int, samePrompt bool) (tp
 
 // offline runs n requests of in:out tokens all present at once (an offline benchmark, a
 // client at an infinite rate) and returns the output tokens per second.
-func offline(t *testing.T, p Profile, in, out, n int) float64 {
+func offline(t testing.TB, p Profile, in, out, n int) float64 {
 	t.Helper()
 	e, err := New(p)
 	if err != nil {
@@ -144,12 +147,78 @@ type pubCheck struct {
 	ratio     float64
 }
 
-// publicChecks replays every usable published row on the model.
-func publicChecks(t *testing.T) []pubCheck {
+// pubTput is one GPU's throughput in a set of GPUs measured alike (one source, engine,
+// precision, model, shape and load): the published figure and the model's.
+type pubTput struct {
+	set, gpu         string
+	model, published float64
+}
+
+// modelProfile is the profile cal gives model on gpu, with the published engine's
+// max_num_seqs and per-step token budget where given (0: vLLM's defaults, as generated):
+// a measured profile where cal was fitted on that card's rows, else generated with cal.
+func modelProfile(t testing.TB, cal Calibration, gpu, model string, maxSeqs, maxTokens int) Profile {
+	t.Helper()
+	return shapeProfile(t, cal, gpu, model, nil, maxSeqs, maxTokens)
+}
+
+// shapeProfile is modelProfile with the model's shape changed by edit (nil: as named).
+func shapeProfile(t testing.TB, cal Calibration, gpu, model string, edit func(*ModelShape), maxSeqs, maxTokens int) Profile {
+	t.Helper()
+	name, err := ProfileOn(gpu, model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, m, tp, err := parsePair(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p *Profile
+	if file, ok := measuredCards[g.Name]; ok && edit == nil && slices.Contains(ProfileNames(), name) && strings.Contains(cal.From, file) {
+		p, err = LoadProfile(name)
+	} else {
+		if edit != nil {
+			edit(&m)
+		}
+		p, err = Generate(g, m, tp, cal)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := *p
+	if maxSeqs > 0 {
+		q.MaxBatch = maxSeqs
+	}
+	if maxTokens > 0 {
+		q.MaxBatchedTokens = maxTokens
+	}
+	return q
+}
+
+// publicProfile is modelProfile with the calibration every generated profile gets.
+func publicProfile(t testing.TB, gpu, model string, maxSeqs, maxTokens int) Profile {
+	t.Helper()
+	cal, err := bothCards()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return modelProfile(t, cal.c, gpu, model, maxSeqs, maxTokens)
+}
+
+// h100Offline memoises the H100's offline throughputs, the reference of every
+// TensorRT-LLM ratio: a calibration fitted on the H100's rows gives it the same profile
+// whatever else it varies (the score cost's exponent scales from the H100's own rate).
+var h100Offline sync.Map
+
+// publicChecks replays on cal's profiles every usable published row of the GPUs in only
+// (all where nil).
+func publicChecks(t testing.TB, cal Calibration, only map[string]bool) ([]pubCheck, []pubTput) {
 	t.Helper()
 	rows := loadPublic(t)
-	profile := func(gpu, model string, maxSeqs int) Profile { return publicProfile(t, gpu, model, maxSeqs, 0) }
+	want := func(gpu string) bool { return only == nil || only[gpu] }
+	profile := func(gpu, model string, maxSeqs int) Profile { return modelProfile(t, cal, gpu, model, maxSeqs, 0) }
 	var out []pubCheck
+	var tputs []pubTput
 	// vLLM 0.8.5 serving Qwen2.5-7B-Instruct in FP16 with --max-num-seqs 64 on an L4 and an
 	// A100 80GB (INFBENCH): closed loops of 1 to 64 clients, ~200:128 ("short") and
 	// ~1,800:512 ("long") tokens. The TPOT is a decode step's time with the prefills that
@@ -167,7 +236,7 @@ func publicChecks(t *testing.T) []pubCheck {
 		}
 		sh := shape[regime]
 		gpu := map[string]string{"L4": "l4", "A100 80GB": "a100-80gb"}[r.gpu]
-		if gpu == "" {
+		if gpu == "" || !want(gpu) {
 			continue
 		}
 		switch r.metric {
@@ -176,23 +245,47 @@ func publicChecks(t *testing.T) []pubCheck {
 			out = append(out, pubCheck{gpu, fmt.Sprintf("INFBENCH vLLM %s ×%d TPOT", regime, r.conc), tpot / (r.value * 1000)})
 		case "output_tok_per_s":
 			_, tps := closedLoop(t, profile(gpu, "qwen2.5-7b", 64), sh[0], sh[1], r.conc, 4*r.conc+8, regime == "long")
-			out = append(out, pubCheck{gpu, fmt.Sprintf("INFBENCH vLLM %s ×%d output tok/s", regime, r.conc), tps / r.value})
+			what := fmt.Sprintf("INFBENCH vLLM %s ×%d output tok/s", regime, r.conc)
+			out = append(out, pubCheck{gpu, what, tps / r.value})
+			tputs = append(tputs, pubTput{strings.Replace(what, " output tok/s", "", 1), gpu, tps, r.value})
 		}
+	}
+	// vLLM 0.5.5 serving Llama-3.1-8B-Instruct (bf16) and its FP8-dynamic checkpoint on one
+	// L40S (CRUSOE_L40S): benchmark_serving's Poisson arrivals at 1 to 9 requests/s, 120 s
+	// of them, ~509:150 tokens, chunked prefill on (vLLM 0.5's step budget with it: 512
+	// tokens; 256 sequences); the median TPOT. The FP8-dynamic checkpoint quantizes no KV
+	// cache: replayed with a 16-bit one (at 9 requests/s the cache is a third of a step's
+	// reads).
+	for _, r := range rows {
+		if r.source != "CRUSOE_L40S" || r.metric != "tpot_ms_p50" || !want("l40s") {
+			continue
+		}
+		rate, err := strconv.ParseFloat(r.requestRate, 64)
+		if err != nil {
+			t.Fatalf("CRUSOE_L40S: request rate %q: %v", r.requestRate, err)
+		}
+		model, edit := "llama-3.1-8b", (func(*ModelShape))(nil)
+		if strings.Contains(r.model, "FP8") {
+			model, edit = model+fp8Suffix, func(m *ModelShape) { m.kv16 = true }
+		}
+		tpot := openLoopTPOT(t, shapeProfile(t, cal, "l40s", model, edit, 256, 512), r.in, r.out, rate, int(120*rate))
+		out = append(out, pubCheck{"l40s", fmt.Sprintf("vLLM 0.5.5 %s %g req/s TPOT", model, rate), tpot / r.value})
 	}
 	// TGI 1.0.3 serving Llama-2-7B (fp16) on one A10G (HF_TGI_SM): 1 to 20 clients, 50 new
 	// tokens each; the prompt length is not stated, taken as short (64 tokens, a few % of
 	// the latency either way).
 	for _, r := range rows {
-		if r.source == "HF_TGI_SM" && r.metric == "latency_ms_per_token_p50" {
+		if r.source == "HF_TGI_SM" && r.metric == "latency_ms_per_token_p50" && want("a10g") {
 			p := profile("a10g", "llama-2-7b", 0)
 			e2e := closedLoopLatency(t, p, 64, r.out, r.conc, 4*r.conc+8)
 			out = append(out, pubCheck{"a10g", fmt.Sprintf("TGI ×%d latency per token", r.conc), e2e / float64(r.out) / r.value})
 		}
 	}
 	// TensorRT-LLM 0.14.0's offline throughput of Llama 3.1 8B and Mistral 7B in FP16
-	// (TRTLLM_V014): the A100-SXM4-80GB's over the H100's, per shape. Its in-flight batcher
-	// is not held to vLLM's smaller defaults on the A100 (256 sequences, 2,048 tokens a
-	// step): both cards replay with the H100's (1,024 and 8,192).
+	// (TRTLLM_V014): the A100-SXM4-80GB's over the H100's, per shape, with the number of
+	// requests the source ran. Its in-flight batcher is not held to vLLM's smaller defaults
+	// on the A100 (256 sequences, 2,048 tokens a step): both cards replay with the H100's
+	// (1,024 and 8,192).
 	//
 	// In FP8 (weights and KV cache), the same for the L40S and the H200 against the H100 in
 	// FP8: the model's FP8 checkpoint of each.
@@ -202,51 +295,122 @@ func publicChecks(t *testing.T) []pubCheck {
 			byKey[r.precision+"|"+r.gpu+"|"+r.model+"|"+strconv.Itoa(r.in)+"|"+strconv.Itoa(r.out)] = r.value
 		}
 	}
+	offlineOn := func(gpu, model string, sh [2]int) float64 {
+		return offline(t, modelProfile(t, cal, gpu, model, 1024, 8192), sh[0], sh[1], trtRequests[sh])
+	}
 	for _, set := range []struct{ precision, label, gpu, suffix string }{
 		{"FP16", "A100-SXM4-80GB", "a100-80gb", ""}, {"FP16", "A100-PCIE-80GB", "a100-80gb-pcie", ""},
 		{"FP8", "L40S", "l40s", fp8Suffix}, {"FP8", "H200 141GB HBM3", "h200", fp8Suffix},
 	} {
+		if !want(set.gpu) {
+			continue
+		}
 		for _, model := range []struct{ label, name string }{{"LLaMA v3.1 8B", "llama-3.1-8b"}, {"Mistral 7B", "mistral-7b"}} {
-			for _, sh := range [][2]int{{128, 128}, {128, 2048}, {128, 4096}, {500, 2000}, {1000, 1000}, {2048, 128}, {2048, 2048}, {5000, 500}} {
+			for _, sh := range trtShapes {
 				k := "|" + model.label + "|" + strconv.Itoa(sh[0]) + "|" + strconv.Itoa(sh[1])
 				g, h := byKey[set.precision+"|"+set.label+k], byKey[set.precision+"|H100 80GB HBM3"+k]
 				if g == 0 || h == 0 {
-					continue
+					t.Fatalf("TRTLLM_V014: no %s %s figure for %s at %d:%d", set.precision, model.label, set.label, sh[0], sh[1])
 				}
-				n := max(64, min(1024, 400_000/(sh[0]+sh[1])))
-				mg := offline(t, publicProfile(t, set.gpu, model.name+set.suffix, 1024, 8192), sh[0], sh[1], n)
-				mh := offline(t, publicProfile(t, "h100", model.name+set.suffix, 1024, 8192), sh[0], sh[1], n)
-				out = append(out, pubCheck{set.gpu, fmt.Sprintf("TRT-LLM %s %s %d:%d %s/H100", set.precision, model.name, sh[0], sh[1], set.gpu), (mg / mh) / (g / h)})
+				mg := offlineOn(set.gpu, model.name+set.suffix, sh)
+				hk := fmt.Sprintf("%s|%s|%v", cal.From, model.name+set.suffix, sh)
+				mh, ok := h100Offline.Load(hk)
+				if !ok {
+					mh, _ = h100Offline.LoadOrStore(hk, offlineOn("h100", model.name+set.suffix, sh))
+				}
+				out = append(out, pubCheck{set.gpu, fmt.Sprintf("TRT-LLM %s %s %d:%d %s/H100", set.precision, model.name, sh[0], sh[1], set.gpu), (mg / mh.(float64)) / (g / h)})
+				name := fmt.Sprintf("TRT-LLM %s %s %d:%d", set.precision, model.name, sh[0], sh[1])
+				if !slices.ContainsFunc(tputs, func(p pubTput) bool { return p.set == name && p.gpu == "h100" }) {
+					tputs = append(tputs, pubTput{name, "h100", mh.(float64), h})
+				}
+				tputs = append(tputs, pubTput{name, set.gpu, mg, g})
 			}
 		}
 	}
-	return out
+	return out, tputs
 }
 
-// publicProfile is the modelled profile of model on gpu, with the published engine's
-// max_num_seqs and per-step token budget where given (0: vLLM's defaults, as generated).
-func publicProfile(t *testing.T, gpu, model string, maxSeqs, maxTokens int) Profile {
+// atFit is publicChecks on the calibration every generated profile gets, replayed once
+// for every test that reads it.
+var atFit struct {
+	once   sync.Once
+	checks []pubCheck
+	tputs  []pubTput
+}
+
+func publicAtFit(t testing.TB) ([]pubCheck, []pubTput) {
 	t.Helper()
-	name, err := ProfileOn(gpu, model)
+	atFit.once.Do(func() {
+		all, err := bothCards()
+		if err != nil {
+			t.Fatal(err)
+		}
+		atFit.checks, atFit.tputs = publicChecks(t, all.c, nil)
+	})
+	return atFit.checks, atFit.tputs
+}
+
+// trtShapes are TensorRT-LLM's shapes (input:output tokens) that the replay covers: all
+// but 20,000:2,000, longer than the models' profiles are checked at.
+var trtShapes = [][2]int{{128, 128}, {128, 2048}, {128, 4096}, {500, 2000}, {1000, 1000}, {2048, 128}, {2048, 2048}, {5000, 500}}
+
+// trtRequests is the number of requests TensorRT-LLM's performance overview ran per shape
+// ("$num_requests", the table under "Preparing a Dataset", same commit as the figures):
+// enough for its batch to reach a steady state, which a replay with fewer never reaches on
+// the long shapes (their batch stays below what the KV cache holds; with 64 to 1,024
+// requests, until 2026-11-29, the L40S was modelled 19–78 % faster against the H100, not
+// 3–30 %).
+var trtRequests = map[[2]int]int{
+	{128, 128}: 30000, {128, 2048}: 3000, {128, 4096}: 1500, {2048, 128}: 3000, {2048, 2048}: 1500,
+	{5000, 500}: 1500, {1000, 1000}: 3000, {500, 2000}: 3000, {20000, 2000}: 1000,
+}
+
+// openLoopTPOT replays n requests of in:out tokens arriving as a Poisson process at rate
+// per second (seed 1) and returns the median TPOT (ms) of their answers.
+func openLoopTPOT(t testing.TB, p Profile, in, out int, rate float64, n int) float64 {
+	t.Helper()
+	e, err := New(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := LoadProfile(name)
-	if err != nil {
-		t.Fatal(err)
+	rng := rand.New(rand.NewPCG(1, 0x5eed))
+	arrive := make([]float64, n)
+	at := 0.0
+	for i := range arrive {
+		at += rng.ExpFloat64() / rate * 1000
+		arrive[i] = at
 	}
-	q := *p
-	if maxSeqs > 0 {
-		q.MaxBatch = maxSeqs
+	first := make([]float64, n)
+	var tpots []float64
+	now, next := 0.0, 0
+	for len(tpots) < n {
+		for next < n && arrive[next] <= now {
+			if err := e.Add(Request{ID: uint64(next), PromptTokens: in, MaxTokens: out}); err != nil {
+				t.Fatal(err)
+			}
+			next++
+		}
+		if e.Idle() {
+			now = arrive[next]
+			continue
+		}
+		st := e.Step()
+		now += float64(st.Duration) / float64(time.Millisecond)
+		for _, em := range st.Emits {
+			if em.Index == 0 {
+				first[em.ID] = now
+			}
+			if em.Done {
+				tpots = append(tpots, (now-first[em.ID])/float64(out-1))
+			}
+		}
 	}
-	if maxTokens > 0 {
-		q.MaxBatchedTokens = maxTokens
-	}
-	return q
+	slices.Sort(tpots)
+	return tpots[len(tpots)/2]
 }
 
 // closedLoopLatency is closedLoop's median end-to-end latency of a request (ms).
-func closedLoopLatency(t *testing.T, p Profile, in, out, c, n int) float64 {
+func closedLoopLatency(t testing.TB, p Profile, in, out, c, n int) float64 {
 	t.Helper()
 	tpot, _ := closedLoop(t, p, in, out, c, n, false)
 	// A request's latency is its first token's wait plus out-1 TPOTs; with these short
@@ -254,37 +418,127 @@ func closedLoopLatency(t *testing.T, p Profile, in, out, c, n int) float64 {
 	return tpot * float64(out)
 }
 
-// The model's error against the public measurements, per GPU type, printed and held where
-// it stands (2026-11-29: L4 median 4 %, worst 14 %; A100-80GB 11 %, 19 %; H200 4 %, 11 %).
-// Reported only: the A10G's rows are TGI 1.0.3's of 2023, a batcher far from vLLM's; the
-// L40S is modelled 19–78 % faster against the H100 than TensorRT-LLM's FP8 engines run
-// (median 45 %), and the A100 80GB PCIe 5–32 % (median 23 %): the open gaps, both
-// power-limited cards (350 W, 300 W) the data sheets' peak rates overstate. Issue 48's goal is a median within 20 % and every row within
-// 35 % on five GPU types, held out of the fit.
+// errorsByGPU is each GPU type's median and worst |model ÷ published − 1|.
+func errorsByGPU(checks []pubCheck) map[string][2]float64 {
+	by := map[string][]float64{}
+	for _, c := range checks {
+		by[c.gpu] = append(by[c.gpu], math.Abs(c.ratio-1))
+	}
+	out := map[string][2]float64{}
+	for gpu, errs := range by {
+		slices.Sort(errs)
+		out[gpu] = [2]float64{errs[len(errs)/2], errs[len(errs)-1]}
+	}
+	return out
+}
+
+// heldOut are the GPU types held to issue 48's goal out of the fit: within 20 % median and
+// 35 % worst. Reported, not held: the L40S (2026-11-29, held out: median 20 %, worst 42 %:
+// FP8 on it runs slower than its data sheet's FP8 rate says, in vLLM 0.5.5 (a 9-request/s
+// TPOT 1.28× bf16's where the model says 1.8×) and in TensorRT-LLM), and the A10G, whose
+// only rows are TGI 1.0.3's of 2023 (a batcher far from vLLM's: 0.56 of its latency at 20
+// clients).
+var heldOut = []string{"a100-80gb", "a100-80gb-pcie", "h200", "l4"}
+
+// scoreRateExps are the exponents the fit chooses among (Calibration.ScoreRateExp).
+var scoreRateExps = []float64{0, 0.25, 0.5, 0.75, 1}
+
+// The GPU model against measurements of real engines, every GPU type held out of the fit
+// (issue 48): the one parameter the public rows choose, how eager attention's score cost
+// carries to a card of another compute rate, is chosen on the other types' rows (least
+// squares of the log of model ÷ published over them); the measured H200 rows leave the calibration when the
+// H200 is held out. Then each type's rows are predicted, and its median and worst error
+// held to 20 % and 35 %. Run 2026-11-29: see bench/docs/gpu-model.md.
 func TestModelAgainstPublicMeasurements(t *testing.T) {
 	if testing.Short() {
-		t.Skip("replays some dozens of closed loops")
+		t.Skip("replays some dozens of closed loops and offline batches")
 	}
-	checks := publicChecks(t)
-	byGPU := map[string][]float64{}
-	for _, c := range checks {
-		t.Logf("%-10s %-48s model ÷ published %.2f", c.gpu, c.what, c.ratio)
-		byGPU[c.gpu] = append(byGPU[c.gpu], c.ratio)
+	all, err := bothCards()
+	if err != nil {
+		t.Fatal(err)
 	}
-	bound := map[string][2]float64{"l4": {0.10, 0.20}, "a100-80gb": {0.15, 0.25}, "h200": {0.10, 0.15}}
-	for _, gpu := range slices.Sorted(maps.Keys(byGPU)) {
-		errs := make([]float64, 0, len(byGPU[gpu]))
-		for _, r := range byGPU[gpu] {
-			errs = append(errs, math.Abs(r-1))
+	h100Only, err := CalibrateOn("h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every candidate exponent's checks, in parallel (each replay is independent).
+	var mu sync.Mutex
+	byExp := map[float64][]pubCheck{}
+	var h200Held []pubCheck
+	t.Run("replay", func(t *testing.T) {
+		for _, exp := range scoreRateExps {
+			t.Run(fmt.Sprint(exp), func(t *testing.T) {
+				t.Parallel()
+				c := all.c
+				c.ScoreRateExp = exp
+				var checks []pubCheck
+				if exp == scoreRateExp {
+					checks, _ = publicAtFit(t)
+				} else {
+					checks, _ = publicChecks(t, c, nil)
+				}
+				mu.Lock()
+				byExp[exp] = checks
+				mu.Unlock()
+			})
 		}
-		slices.Sort(errs)
-		med, worst := errs[len(errs)/2], errs[len(errs)-1]
-		t.Logf("%s: %d rows, median error %.0f %%, worst %.0f %%", gpu, len(errs), 100*med, 100*worst)
-		if b, ok := bound[gpu]; ok && (med > b[0] || worst > b[1]) {
-			t.Errorf("%s: median error %.0f %%, worst %.0f %%; held at %.0f %% and %.0f %%", gpu, 100*med, 100*worst, 100*b[0], 100*b[1])
+		t.Run("h200 held out", func(t *testing.T) {
+			t.Parallel()
+			checks, _ := publicChecks(t, h100Only, map[string]bool{"h200": true})
+			mu.Lock()
+			h200Held = checks
+			mu.Unlock()
+		})
+	})
+	if t.Failed() {
+		return
+	}
+	fit := func(skip string) float64 {
+		best, bestScore := 0.0, math.Inf(1)
+		for _, exp := range scoreRateExps {
+			var others []pubCheck
+			for _, c := range byExp[exp] {
+				if c.gpu != skip {
+					others = append(others, c)
+				}
+			}
+			score := 0.0
+			for _, c := range others {
+				score += math.Log(c.ratio) * math.Log(c.ratio)
+			}
+			if score < bestScore-1e-9 {
+				best, bestScore = exp, score
+			}
+		}
+		return best
+	}
+	if got := fit(""); got != scoreRateExp {
+		t.Errorf("fitted on every GPU type the score exponent is %g; scoreRateExp is %g", got, scoreRateExp)
+	}
+	for _, c := range byExp[scoreRateExp] {
+		t.Logf("%-14s %-52s model ÷ published %.2f", c.gpu, c.what, c.ratio)
+	}
+	fitted := errorsByGPU(byExp[scoreRateExp])
+	for _, gpu := range slices.Sorted(maps.Keys(fitted)) {
+		exp := fit(gpu)
+		checks := byExp[exp]
+		if gpu == "h200" {
+			checks = h200Held
+		}
+		var mine []pubCheck
+		for _, c := range checks {
+			if c.gpu == gpu {
+				mine = append(mine, c)
+			}
+		}
+		held := errorsByGPU(mine)[gpu]
+		t.Logf("%-14s %2d rows: fitted on all, median error %2.0f %%, worst %2.0f %%; held out (exponent %g), median %2.0f %%, worst %2.0f %%",
+			gpu, len(mine), 100*fitted[gpu][0], 100*fitted[gpu][1], exp, 100*held[0], 100*held[1])
+		if slices.Contains(heldOut, gpu) && (held[0] > 0.20 || held[1] > 0.35) {
+			t.Errorf("%s held out: median error %.0f %%, worst %.0f %%; the goal is 20 %% and 35 %%", gpu, 100*held[0], 100*held[1])
 		}
 	}
-	if len(checks) < 30 {
-		t.Errorf("%d comparisons: the public rows were not all read", len(checks))
+	if len(byExp[scoreRateExp]) < 80 {
+		t.Errorf("%d comparisons: the public rows were not all read", len(byExp[scoreRateExp]))
 	}
 }
