@@ -149,6 +149,40 @@ func LoadFS(fsys fs.FS) (*Catalog, error) {
 	return b.finish(), nil
 }
 
+// Only is the catalog of the named providers alone (aws, gcp, …): the prices a service can
+// launch on where its providers are those. It fails on a provider the catalog prices
+// nothing for, naming those it does.
+func (c *Catalog) Only(providers ...string) (*Catalog, error) {
+	keep := map[string]bool{}
+	for _, p := range providers {
+		p = strings.ToLower(strings.TrimSpace(p))
+		if !slices.Contains(c.providers, p) {
+			return nil, fmt.Errorf("provider %q: the catalogs price %s", p, strings.Join(c.providers, ", "))
+		}
+		keep[p] = true
+	}
+	out := &Catalog{byAcc: map[string][]int{}, notes: c.notes, advice: c.advice, sources: c.sources}
+	for _, l := range c.lines {
+		if !keep[l.provider] {
+			continue
+		}
+		lower := strings.ToLower(l.accelerator)
+		if _, ok := out.byAcc[lower]; !ok {
+			out.names = append(out.names, l.accelerator)
+		}
+		out.byAcc[lower] = append(out.byAcc[lower], len(out.lines))
+		out.lines = append(out.lines, l)
+		if !slices.Contains(out.providers, l.provider) {
+			out.providers = append(out.providers, l.provider)
+		}
+	}
+	slices.SortFunc(out.names, func(a, b string) int {
+		return cmp.Or(cmp.Compare(strings.ToLower(a), strings.ToLower(b)), cmp.Compare(a, b))
+	})
+	slices.Sort(out.providers)
+	return out, nil
+}
+
 // Sources lists the files the catalog was loaded from.
 func (c *Catalog) Sources() []string { return slices.Clone(c.sources) }
 

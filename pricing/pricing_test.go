@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/spec"
 )
 
 // sharedDir is shared/data/gpu_prices seen from this package; tests that need it skip
@@ -413,5 +414,49 @@ func TestLoadFSSubsetAndErrors(t *testing.T) {
 	_, err = Load(t.TempDir())
 	if err == nil || !strings.HasPrefix(err.Error(), "pricing: load ") {
 		t.Errorf("Load of an empty dir: err = %v", err)
+	}
+}
+
+// Only keeps the named providers' prices and nothing else: the embedded catalogs' Vast
+// H100 ($1.80/h on 2026-08-01, which no Arbiter provider can buy) leaves with Vast.
+func TestOnlyKeepsTheNamedProviders(t *testing.T) {
+	all, err := Embedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 8, 1, 0, 0, 0, 0, time.UTC)
+	c, err := all.Only("aws", "GCP", "azure")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Providers(); !slices.Equal(got, []string{"aws", "azure", "gcp"}) {
+		t.Errorf("providers %v, want aws, azure, gcp", got)
+	}
+	n := 0
+	for _, o := range all.Offers(at) {
+		if o.Provider == "aws" || o.Provider == "gcp" || o.Provider == "azure" {
+			n++
+		}
+	}
+	offers := c.Offers(at)
+	if len(offers) != n || n == 0 {
+		t.Errorf("%d offers, want the %d of aws, gcp and azure", len(offers), n)
+	}
+	for _, o := range offers {
+		if o.Provider != "aws" && o.Provider != "gcp" && o.Provider != "azure" {
+			t.Fatalf("offer of %s kept", o.Provider)
+		}
+	}
+	q, err := c.Quote(spec.Resources{Accelerators: []spec.Accelerator{{Name: "H100", Count: 1}}}, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range q {
+		if o.Provider == "vast" || o.PricePerHour < 2 {
+			t.Errorf("quote kept %s %s at $%.2f/h", o.Provider, o.InstanceType, o.PricePerHour)
+		}
+	}
+	if _, err := all.Only("aws", "oracle"); err == nil || !strings.Contains(err.Error(), "oracle") {
+		t.Errorf("Only(oracle): %v, want an error naming it", err)
 	}
 }

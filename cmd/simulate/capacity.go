@@ -73,20 +73,13 @@ func capacity(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	clouds := map[string]bool{}
-	for _, c := range strings.Split(*provs, ",") {
-		if c = strings.TrimSpace(c); c != "" {
-			clouds[strings.ToLower(c)] = true
-		}
+	cat, err = cat.Only(strings.Split(*provs, ",")...)
+	if err != nil {
+		return fmt.Errorf("-providers: %w", err)
 	}
-	var offers []pricing.Offer
-	for _, o := range cat.Offers(at) {
-		if clouds[o.Provider] {
-			offers = append(offers, o)
-		}
-	}
+	offers := cat.Offers(at)
 	if len(offers) == 0 {
-		return fmt.Errorf("-providers %q: no catalog offer of those at %s (catalogs: aws, gcp, azure, lambda, vast)", *provs, *start)
+		return fmt.Errorf("-providers %q: no catalog offer of those at %s", *provs, *start)
 	}
 	w := csv.NewWriter(out)
 	if err := w.Write([]string{"gpu", "input_len", "output_len", "max_req_per_s", "usd_per_hour", "offer", "usd_per_m_tokens"}); err != nil {
