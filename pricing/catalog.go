@@ -149,6 +149,12 @@ func LoadFS(fsys fs.FS) (*Catalog, error) {
 	return b.finish(), nil
 }
 
+// Launchable are the clouds whose catalog prices Arbiter's providers can buy: AWS through
+// its EC2 provider, and AWS, GCP and Azure through Kubernetes clusters there (Karpenter
+// NodePools, node pools that scale from zero). Lambda and Vast are marketplaces no
+// provider launches on: a $ per token quoted from them is not one a user can pay.
+var Launchable = []string{"aws", "gcp", "azure"}
+
 // Only is the catalog of the named providers alone (aws, gcp, …): the prices a service can
 // launch on where its providers are those. It fails on a provider the catalog prices
 // nothing for, naming those it does.

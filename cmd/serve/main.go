@@ -1031,7 +1031,13 @@ func quotePreview(out io.Writer, sp *spec.Service) error {
 	if len(r.Accelerators) == 0 && len(r.AnyOf) == 0 && len(r.Ordered) == 0 {
 		return nil
 	}
-	cat, err := pricing.Embedded()
+	all, err := pricing.Embedded()
+	if err != nil {
+		return err
+	}
+	// Only the clouds a provider can launch on: a marketplace's price is none a replica
+	// can be bought at.
+	cat, err := all.Only(pricing.Launchable...)
 	if err != nil {
 		return err
 	}
@@ -1039,10 +1045,10 @@ func quotePreview(out io.Writer, sp *spec.Service) error {
 	// prices that is left is one a provider runs without a price (the local machine).
 	offers, err := cat.Quote(r, time.Time{})
 	if err != nil {
-		fmt.Fprintf(out, "# price catalogs: %v\n", strings.ReplaceAll(err.Error(), "\n", "; "))
+		fmt.Fprintf(out, "# price catalogs of %s: %v\n", strings.Join(pricing.Launchable, ", "), strings.ReplaceAll(err.Error(), "\n", "; "))
 		return nil
 	}
-	fmt.Fprintf(out, "# cheapest catalog offers (%d in all, $/hour per instance):\n", len(offers))
+	fmt.Fprintf(out, "# cheapest catalog offers of the clouds Arbiter launches on, %s (%d in all, $/hour per instance):\n", strings.Join(pricing.Launchable, ", "), len(offers))
 	for i, o := range offers {
 		if i == 5 {
 			break

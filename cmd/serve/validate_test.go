@@ -161,3 +161,25 @@ func TestValidateSkyPilotMountForms(t *testing.T) {
 		}
 	}
 }
+
+// The placement preview quotes only the clouds a provider launches on: the embedded
+// catalogs' cheapest H100 is a Vast marketplace offer ($1.80/h on 2026-08-01), which no
+// replica can be bought at (issue 48).
+func TestValidatePreviewQuotesLaunchableClouds(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "h100.yaml")
+	if err := os.WriteFile(f, []byte("resources:\n  accelerators: H100:1\nservice:\n  readiness_probe: /health\nrun: vllm serve meta-llama/Llama-3.1-8B-Instruct\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err := runServe(t, "validate", f)
+	if err != nil {
+		t.Fatalf("validate: %v\nstderr:\n%s", err, errOut)
+	}
+	if !strings.Contains(out, "# cheapest catalog offers of the clouds Arbiter launches on, aws, gcp, azure") {
+		t.Fatalf("output:\n%s\nwant the preview's offers", out)
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(strings.TrimPrefix(l, "#")); len(f) > 2 && (f[1] == "vast" || f[1] == "lambda") {
+			t.Errorf("the preview quotes a marketplace: %s", l)
+		}
+	}
+}

@@ -41,7 +41,7 @@ func capacity(args []string, out io.Writer) error {
 	seed := fs.Uint64("seed", 1, "random seed of the Poisson arrivals")
 	burst := fs.Int("burst", 1, "requests arriving together, within one second (1: one by one)")
 	start := fs.String("start", "2026-08-01", "date whose catalog prices are used (UTC)")
-	provs := fs.String("providers", "aws,gcp,azure", "clouds whose catalog prices count, comma-separated: those Arbiter launches on (aws through its EC2 provider; aws, gcp and azure through Kubernetes clusters there); lambda and vast are catalogs of marketplaces no provider launches on")
+	provs := fs.String("providers", strings.Join(pricing.Launchable, ","), "clouds whose catalog prices count, comma-separated: those Arbiter launches on (aws through its EC2 provider; aws, gcp and azure through Kubernetes clusters there); lambda and vast are catalogs of marketplaces no provider launches on")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

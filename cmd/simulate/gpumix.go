@@ -36,7 +36,7 @@ func gpumix(args []string, out io.Writer) error {
 	days := fs.Int("days", 1, "days per request trace")
 	hours := fs.Float64("hours", 24, "simulated hours per day")
 	start := fs.String("start", "2026-08-01", "date whose catalog prices are used (UTC)")
-	provs := fs.String("providers", "aws,gcp,azure", "clouds whose catalog prices count, comma-separated: those Arbiter launches on (lambda and vast are catalogs of marketplaces no provider launches on)")
+	provs := fs.String("providers", strings.Join(pricing.Launchable, ","), "clouds whose catalog prices count, comma-separated: those Arbiter launches on (lambda and vast are catalogs of marketplaces no provider launches on)")
 	cold := fs.Duration("cold-start", sim.DefaultColdStart, "replica launch to ready")
 	util := fs.Float64("utilization", 0, "the mix planner's utilization (headroom), the same for every mix system; 0: calibrated per request trace (calibrateUtilization)")
 	burst := fs.Duration("burst-window", 0, "the mix planner's burst window: it sizes for the highest rate over any such slice of its stable window (0: the window's mean)")
