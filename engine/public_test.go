@@ -27,13 +27,14 @@ import (
 type pubRow struct {
 	source, gpu, model, engine, precision, metric, notes string
 	requestRate                                          string
-	in, out, conc                                        int
+	in, out, conc, tp                                    int
 	value                                                float64
 }
 
-func loadPublic(t testing.TB) []pubRow {
+// loadPublic reads one of engine/public's files (serving_7b.csv, serving_70b.csv).
+func loadPublic(t testing.TB, file string) []pubRow {
 	t.Helper()
-	f, err := os.Open("public/serving_7b.csv")
+	f, err := os.Open("public/" + file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,11 +55,15 @@ func loadPublic(t testing.TB) []pubRow {
 	for _, r := range recs[1:] {
 		v, err := strconv.ParseFloat(r[col["value"]], 64)
 		if err != nil {
-			t.Fatalf("public/serving_7b.csv: value %q: %v", r[col["value"]], err)
+			t.Fatalf("public/%s: value %q: %v", file, r[col["value"]], err)
+		}
+		tp := 1
+		if i, ok := col["tp"]; ok {
+			tp = atoi(r[i])
 		}
 		out = append(out, pubRow{source: r[col["source_id"]], gpu: r[col["gpu"]], model: r[col["model"]], engine: r[col["engine"]],
 			precision: r[col["precision"]], metric: r[col["metric"]], notes: r[col["notes"]], requestRate: r[col["request_rate"]],
-			in: atoi(r[col["input_tokens"]]), out: atoi(r[col["output_tokens"]]), conc: atoi(r[col["concurrency_or_batch"]]), value: v})
+			in: atoi(r[col["input_tokens"]]), out: atoi(r[col["output_tokens"]]), conc: atoi(r[col["concurrency_or_batch"]]), tp: tp, value: v})
 	}
 	return out
 }
@@ -212,7 +217,7 @@ var h100Offline sync.Map
 // (all where nil).
 func publicChecks(t testing.TB, cal Calibration, only map[string]bool) ([]pubCheck, []pubTput) {
 	t.Helper()
-	rows := loadPublic(t)
+	rows := loadPublic(t, "serving_7b.csv")
 	want := func(gpu string) bool { return only == nil || only[gpu] }
 	profile := func(gpu, model string, maxSeqs int) Profile { return modelProfile(t, cal, gpu, model, maxSeqs, 0) }
 	var out []pubCheck

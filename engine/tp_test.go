@@ -1,12 +1,9 @@
 package engine
 
 import (
-	"encoding/csv"
 	"fmt"
 	"math"
-	"os"
 	"slices"
-	"strconv"
 	"testing"
 )
 
@@ -25,29 +22,11 @@ func TestTensorParallelAgainstTensorRTLLM(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays 48 offline batches")
 	}
-	f, err := os.Open("public/serving_70b.csv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	recs, err := csv.NewReader(f).ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
-	col := map[string]int{}
-	for i, h := range recs[0] {
-		col[h] = i
-	}
 	pub := map[string]float64{}
-	for _, r := range recs[1:] {
-		if r[col["source_id"]] != "TRTLLM_PERF_V014" {
-			continue
+	for _, r := range loadPublic(t, "serving_70b.csv") {
+		if r.source == "TRTLLM_PERF_V014" {
+			pub[fmt.Sprintf("%s|%s|%d|%d|%d", r.gpu, r.precision, r.tp, r.in, r.out)] = r.value
 		}
-		v, err := strconv.ParseFloat(r[col["value"]], 64)
-		if err != nil {
-			t.Fatalf("serving_70b.csv: value %q: %v", r[col["value"]], err)
-		}
-		pub[fmt.Sprintf("%s|%s|%s|%s|%s", r[col["gpu"]], r[col["precision"]], r[col["tp"]], r[col["input_tokens"]], r[col["output_tokens"]])] = v
 	}
 	cal, err := bothCards()
 	if err != nil {
