@@ -56,7 +56,7 @@ type Calibration struct {
 	// (RateTFLOPS / the card's rate)^ScoreRateExp. The calibration cards share one rate,
 	// so their rows cannot tell a fixed cost (0) from work at the compute rate (1); the
 	// public measurements of other cards chose it (scoreRateExp, held out per GPU type in
-	// TestLeaveOneGPUOut).
+	// TestModelAgainstPublicMeasurements).
 	ScoreRateExp float64 `json:"score_rate_exp"`
 	// RateTFLOPS is the calibration cards' dense BF16 rate (data sheet).
 	RateTFLOPS float64 `json:"rate_tflops"`
@@ -458,8 +458,8 @@ func CalibrateOn(cards ...string) (Calibration, error) {
 // the card's compute rate, as the prefill's non-matmul work (ActFLOPs) is. Chosen on the
 // public measurements of other cards (engine/public): with a fixed cost instead (0), the
 // L40S is modelled 19–46 % faster relative to the H100 than TensorRT-LLM runs it (median
-// 25 %); with 1, 3–30 % (median 19 %), the L4, A100s and H200 within 21 %.
-// TestLeaveOneGPUOut chooses it again without each GPU type's rows.
+// 25 %); with 1, 9–30 % (median 19 %), the L4, A100s and H200 within 21 %.
+// TestModelAgainstPublicMeasurements chooses it again without each GPU type's rows.
 const scoreRateExp = 1.0
 
 // RowError is one measured row against the profile a calibration generates for its card.

@@ -15,8 +15,9 @@ import (
 	"time"
 )
 
-// The GPU model against measurements of real engines it was not fitted on (issue 48): the
-// rows of public/serving_7b.csv whose GPU, model, shape and load are all stated and that
+// The GPU model against measurements of real engines (issue 48), each GPU type held out of
+// the one parameter they fit (TestModelAgainstPublicMeasurements): the rows of
+// public/serving_7b.csv whose GPU, model, shape and load are all stated and that
 // the engine simulator can replay. Each is replayed on the modelled profile of its GPU and
 // model, with the source's own settings where it states them (max_num_seqs), and the
 // model's figure divided by the published one. Where the published engine is not vLLM, or
@@ -198,16 +199,6 @@ func shapeProfile(t testing.TB, cal Calibration, gpu, model string, edit func(*M
 	return q
 }
 
-// publicProfile is modelProfile with the calibration every generated profile gets.
-func publicProfile(t testing.TB, gpu, model string, maxSeqs, maxTokens int) Profile {
-	t.Helper()
-	cal, err := bothCards()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return modelProfile(t, cal.c, gpu, model, maxSeqs, maxTokens)
-}
-
 // h100Offline memoises the H100's offline throughputs, the reference of every
 // TensorRT-LLM ratio: a calibration fitted on the H100's rows gives it the same profile
 // whatever else it varies (the score cost's exponent scales from the H100's own rate).
@@ -362,7 +353,7 @@ var trtShapes = [][2]int{{128, 128}, {128, 2048}, {128, 4096}, {500, 2000}, {100
 // enough for its batch to reach a steady state, which a replay with fewer never reaches on
 // the long shapes (their batch stays below what the KV cache holds; with 64 to 1,024
 // requests, until 2026-11-29, the L40S was modelled 19–78 % faster against the H100, not
-// 3–30 %).
+// 9–30 %).
 var trtRequests = map[[2]int]int{
 	{128, 128}: 30000, {128, 2048}: 3000, {128, 4096}: 1500, {2048, 128}: 3000, {2048, 2048}: 1500,
 	{5000, 500}: 1500, {1000, 1000}: 3000, {500, 2000}: 3000, {20000, 2000}: 1000,
@@ -436,12 +427,32 @@ func errorsByGPU(checks []pubCheck) map[string][2]float64 {
 }
 
 // heldOut are the GPU types held to issue 48's goal out of the fit: within 20 % median and
-// 35 % worst. Reported, not held: the L40S (2026-11-29, held out: median 20 %, worst 42 %:
-// FP8 on it runs slower than its data sheet's FP8 rate says, in vLLM 0.5.5 (a 9-request/s
-// TPOT 1.28× bf16's where the model says 1.8×) and in TensorRT-LLM), and the A10G, whose
-// only rows are TGI 1.0.3's of 2023 (a batcher far from vLLM's: 0.56 of its latency at 20
+// 35 % worst. Not there yet: the L40S (2026-11-29, held out: median 20 %, worst 42 %: FP8
+// on it runs slower than its data sheet's FP8 rate says, in vLLM 0.5.5 (a 9-request/s TPOT
+// 1.28× bf16's where the model says 1.8×) and in TensorRT-LLM), and the A10G, whose only
+// rows are TGI 1.0.3's of 2023 (a batcher far from vLLM's: 0.56 of its latency at 20
 // clients).
 var heldOut = []string{"a100-80gb", "a100-80gb-pcie", "h200", "l4"}
+
+// heldAt is each GPU type's held-out median and worst error as they stand (2026-11-29),
+// with some room: a change that loses ground on any type fails, goal met or not.
+var heldAt = map[string][2]float64{
+	"l4": {0.10, 0.25}, "a100-80gb": {0.15, 0.25}, "a100-80gb-pcie": {0.15, 0.25}, "h200": {0.05, 0.20},
+	"l40s": {0.25, 0.45}, "a10g": {0.35, 0.50},
+}
+
+// publicRows is how many comparisons each GPU type has: every usable row read.
+var publicRows = map[string]int{"l4": 16, "a100-80gb": 19, "a100-80gb-pcie": 16, "h200": 16, "l40s": 26, "a10g": 4}
+
+// family is the GPUs one chip makes (the A100 SXM and PCIe: one BF16 rate, one source): a
+// type is held out with its family, since the one fitted parameter scales by that rate and
+// would carry from one to the other.
+func family(gpu string) string {
+	if strings.HasPrefix(gpu, "a100") {
+		return "a100"
+	}
+	return gpu
+}
 
 // scoreRateExps are the exponents the fit chooses among (Calibration.ScoreRateExp).
 var scoreRateExps = []float64{0, 0.25, 0.5, 0.75, 1}
@@ -449,9 +460,11 @@ var scoreRateExps = []float64{0, 0.25, 0.5, 0.75, 1}
 // The GPU model against measurements of real engines, every GPU type held out of the fit
 // (issue 48): the one parameter the public rows choose, how eager attention's score cost
 // carries to a card of another compute rate, is chosen on the other types' rows (least
-// squares of the log of model ÷ published over them); the measured H200 rows leave the calibration when the
-// H200 is held out. Then each type's rows are predicted, and its median and worst error
-// held to 20 % and 35 %. Run 2026-11-29: see bench/docs/gpu-model.md.
+// squares of the log of model ÷ published over them); the measured H200 rows leave the
+// calibration when the
+// H200 is held out, and the A100 SXM and PCIe leave together (one chip). Then each type's
+// rows are predicted: every type is held where it stands (heldAt), and the four that meet
+// issue 48's goal to it (median 20 %, worst 35 %). Run 2026-11-29: bench/docs/gpu-model.md.
 func TestModelAgainstPublicMeasurements(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays some dozens of closed loops and offline batches")
@@ -496,18 +509,15 @@ func TestModelAgainstPublicMeasurements(t *testing.T) {
 	if t.Failed() {
 		return
 	}
+	// fit chooses the exponent on every type but skip's family ("": on all).
 	fit := func(skip string) float64 {
 		best, bestScore := 0.0, math.Inf(1)
 		for _, exp := range scoreRateExps {
-			var others []pubCheck
-			for _, c := range byExp[exp] {
-				if c.gpu != skip {
-					others = append(others, c)
-				}
-			}
 			score := 0.0
-			for _, c := range others {
-				score += math.Log(c.ratio) * math.Log(c.ratio)
+			for _, c := range byExp[exp] {
+				if skip == "" || family(c.gpu) != family(skip) {
+					score += math.Log(c.ratio) * math.Log(c.ratio)
+				}
 			}
 			if score < bestScore-1e-9 {
 				best, bestScore = exp, score
@@ -522,11 +532,13 @@ func TestModelAgainstPublicMeasurements(t *testing.T) {
 		t.Logf("%-14s %-52s model ÷ published %.2f", c.gpu, c.what, c.ratio)
 	}
 	fitted := errorsByGPU(byExp[scoreRateExp])
-	for _, gpu := range slices.Sorted(maps.Keys(fitted)) {
+	for _, gpu := range slices.Sorted(maps.Keys(publicRows)) {
 		exp := fit(gpu)
-		checks := byExp[exp]
+		checks, how := byExp[exp], fmt.Sprintf("exponent %g", exp)
 		if gpu == "h200" {
-			checks = h200Held
+			// Its rate is the H100's: the exponent does not reach it; its measured rows leave
+			// the calibration instead.
+			checks, how = h200Held, "calibrated on the H100 alone"
 		}
 		var mine []pubCheck
 		for _, c := range checks {
@@ -534,14 +546,21 @@ func TestModelAgainstPublicMeasurements(t *testing.T) {
 				mine = append(mine, c)
 			}
 		}
+		if len(mine) != publicRows[gpu] {
+			t.Errorf("%s: %d comparisons, want %d: the public rows were not all read", gpu, len(mine), publicRows[gpu])
+			continue
+		}
 		held := errorsByGPU(mine)[gpu]
-		t.Logf("%-14s %2d rows: fitted on all, median error %2.0f %%, worst %2.0f %%; held out (exponent %g), median %2.0f %%, worst %2.0f %%",
-			gpu, len(mine), 100*fitted[gpu][0], 100*fitted[gpu][1], exp, 100*held[0], 100*held[1])
+		t.Logf("%-14s %2d rows: fitted on all, median error %2.0f %%, worst %2.0f %%; held out (%s), median %2.0f %%, worst %2.0f %%",
+			gpu, len(mine), 100*fitted[gpu][0], 100*fitted[gpu][1], how, 100*held[0], 100*held[1])
+		if b := heldAt[gpu]; held[0] > b[0] || held[1] > b[1] {
+			t.Errorf("%s held out: median error %.0f %%, worst %.0f %%; held at %.0f %% and %.0f %%", gpu, 100*held[0], 100*held[1], 100*b[0], 100*b[1])
+		}
 		if slices.Contains(heldOut, gpu) && (held[0] > 0.20 || held[1] > 0.35) {
 			t.Errorf("%s held out: median error %.0f %%, worst %.0f %%; the goal is 20 %% and 35 %%", gpu, 100*held[0], 100*held[1])
 		}
 	}
-	if len(byExp[scoreRateExp]) < 80 {
-		t.Errorf("%d comparisons: the public rows were not all read", len(byExp[scoreRateExp]))
+	if n, want := len(byExp[scoreRateExp]), 97; n != want {
+		t.Errorf("%d comparisons, want %d: the public rows were not all read", n, want)
 	}
 }

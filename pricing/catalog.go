@@ -157,11 +157,14 @@ var Launchable = []string{"aws", "gcp", "azure"}
 
 // Only is the catalog of the named providers alone (aws, gcp, …): the prices a service can
 // launch on where its providers are those. It fails on a provider the catalog prices
-// nothing for, naming those it does.
+// nothing for, naming those it does. The sources and notes stay whole (a note about a
+// provider left out says nothing wrong).
 func (c *Catalog) Only(providers ...string) (*Catalog, error) {
 	keep := map[string]bool{}
 	for _, p := range providers {
-		p = strings.ToLower(strings.TrimSpace(p))
+		if p = strings.ToLower(strings.TrimSpace(p)); p == "" {
+			continue // "aws," names aws
+		}
 		if !slices.Contains(c.providers, p) {
 			return nil, fmt.Errorf("provider %q: the catalogs price %s", p, strings.Join(c.providers, ", "))
 		}
