@@ -18,3 +18,14 @@ func PublicThroughputs(t testing.TB) []PubTput {
 	}
 	return out
 }
+
+// SkipUnderRace skips a test that replays published measurements under the race detector
+// (raceEnabled).
+func SkipUnderRace(t *testing.T) { skipUnderRace(t) }
+
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("replays published measurements on single-threaded engines: the race detector checks nothing there and takes 15× as long; .ci/run runs it without")
+	}
+}

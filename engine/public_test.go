@@ -466,6 +466,7 @@ var scoreRateExps = []float64{0, 0.25, 0.5, 0.75, 1}
 // rows are predicted: every type is held where it stands (heldAt), and the four that meet
 // issue 48's goal to it (median 20 %, worst 35 %). Run 2026-11-29: bench/docs/gpu-model.md.
 func TestModelAgainstPublicMeasurements(t *testing.T) {
+	skipUnderRace(t)
 	if testing.Short() {
 		t.Skip("replays some dozens of closed loops and offline batches")
 	}

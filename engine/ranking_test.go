@@ -22,6 +22,7 @@ import (
 // the sets; the test holds it where it stands. GPUs no catalog prices (the A100 80GB PCIe,
 // the H200 on one GPU) are left out of their sets.
 func TestCheapestGPUAgreesWithPublicData(t *testing.T) {
+	engine.SkipUnderRace(t)
 	if testing.Short() {
 		t.Skip("replays the public measurements")
 	}

@@ -19,6 +19,7 @@ import (
 // median error within 25 % (11–22 %), every row within 50 %; the long answers on 8 GPUs are modelled up
 // to 1.5× fast (allreduce latency is not modelled, and it grows with the GPUs).
 func TestTensorParallelAgainstTensorRTLLM(t *testing.T) {
+	skipUnderRace(t)
 	if testing.Short() {
 		t.Skip("replays 48 offline batches")
 	}
