@@ -679,7 +679,12 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	if kept > 0 {
 		plan.Reason += fmt.Sprintf("; %d ready replicas of the old mix serve until their replacements are ready", kept)
 	}
-	if heldSpot > 0 && alive == len(existing) && len(plan.Drain) == 0 && len(have[fleet.OnDemand]) > base {
+	// Swaps as a rolling update makes them: a stand-in makes room only while the replicas
+	// not ready stay within maxUnavailable of the target (a quarter, at least one, as a
+	// Kubernetes Deployment's default), never short of as many as there are stand-ins (the
+	// simulator's spotserve-g4dn day drained 16 ready stand-ins in 3.5 minutes, one a plan,
+	// and had none ready for the spot replicas' cold start).
+	if heldSpot > 0 && alive == len(existing) && len(plan.Drain) == 0 && len(have[fleet.OnDemand]) > base && ready-1 >= max(target, 0)-maxUnavailable(target) {
 		if r, ok := roomMaker(pl.drainOrder(fleet.OnDemand, have[fleet.OnDemand], spotIn)); ok {
 			plan.Drain = append(plan.Drain, Drain{ID: r.ID, Reason: fmt.Sprintf("max_replicas %d binding: an on-demand stand-in makes room for a spot replica (%s)", p.MaxReplicas, why)})
 		}
@@ -690,6 +695,11 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	}
 	return plan
 }
+
+// maxUnavailable is how many of target replicas may be not ready while stand-ins make room
+// for spot: a quarter, rounded down, at least one (a Kubernetes Deployment's rolling update
+// default, maxUnavailable 25 %).
+func maxUnavailable(target int) int { return max(1, target/4) }
 
 // roomMaker is the on-demand stand-in that leaves to make room for a held spot launch at
 // the max_replicas bound, from the stand-ins in drain order: at the bound they would hold

@@ -1,6 +1,8 @@
 package scaling
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -453,6 +455,15 @@ func TestMaxReplicasBoundsTheWholeFleet(t *testing.T) {
 	}
 	existing = existing[:2] // od2 gone: room for one spot replica
 	eq(t, "after the swap", zones(pl.Plan(p0, 3, existing, offers()).Launch), "spot@us-east-1a")
+	// The next swap waits for that spot replica to be ready: one replica short at a time.
+	existing = append(existing, s("s4", "us-east-1a", false, false))
+	if plan := pl.Plan(p0, 3, existing, offers()); len(plan.Drain) != 0 {
+		t.Fatalf("a second stand-in swapped out while the first swap's spot replica starts: %+v", plan.Drain)
+	}
+	existing[2].Ready = true
+	if plan := pl.Plan(p0, 3, existing, offers()); len(plan.Drain) != 1 || plan.Drain[0].ID != "od1" {
+		t.Fatalf("the next swap once the spot replica is ready: drains %+v, want od1", plan.Drain)
+	}
 	// No swap toward a zone still cooling after a preemption (10 minutes here): the room
 	// would likely go back to on-demand soon, a launch and a cold start for nothing.
 	pl.Preempted("aws", "us-east-1", "us-east-1a", p0)
@@ -467,10 +478,11 @@ func TestMaxReplicasBoundsTheWholeFleet(t *testing.T) {
 	// A stand-in still starting is never the one swapped out: its cold start is paid, and
 	// the spot replica it would make room for may be refused again (issue 47's Karpenter
 	// run: the only replica's on-demand replacement drained 31 s into its cold start).
+	// (roomMaker picks the ready one: TestRoomMakerIsAReadyStandIn.) And while a stand-in
+	// starts the service is a replica short already: no swap makes it two.
 	existing[2].Ready = false
-	plan = pl.Plan(p0.Add(12*time.Minute), 3, existing, offers())
-	if len(plan.Drain) != 1 || plan.Drain[0].ID != "od1" {
-		t.Fatalf("at the bound with a ready and a starting stand-in: drains %+v; want the ready one", plan.Drain)
+	if plan := pl.Plan(p0.Add(12*time.Minute), 3, existing, offers()); len(plan.Drain) != 0 {
+		t.Fatalf("at the bound with a ready and a starting stand-in: drains %+v; want none until it is ready", plan.Drain)
 	}
 	existing[1].Ready = false
 	if plan := pl.Plan(p0.Add(13*time.Minute), 3, existing, offers()); len(plan.Drain) != 0 {
@@ -600,5 +612,40 @@ func TestRoomMakerIsAReadyStandIn(t *testing.T) {
 		if got := map[bool]string{true: r.ID}[ok]; got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+// At max_replicas, on-demand stand-ins make room for spot as a rolling update does: at most
+// a quarter of the target not ready at once (at least one). Before, every plan swapped one
+// more ready stand-in out while the spot replicas that replaced the others still started: the
+// simulator's spotserve-g4dn day drained all 16 in 3.5 minutes and had no replica ready.
+func TestStandInsMakeRoomAsARollingUpdate(t *testing.T) {
+	pl := policy(func(p *PlacementPolicy) {
+		p.DynamicFallback = true
+		p.MaxReplicas = 16
+		p.ZoneRule = ZoneFewestThenCheapest
+	})
+	var existing []Placed
+	for i := range 16 {
+		existing = append(existing, Placed{ID: fmt.Sprintf("od%d", i), Capacity: fleet.OnDemand, Provider: "aws", Region: "us-east-1", Zone: "us-east-1a", Ready: true})
+	}
+	swaps := 0
+	for step := range 20 {
+		plan := pl.Plan(p0.Add(time.Duration(step)*time.Second), 16, existing, offers())
+		if len(plan.Drain) == 0 {
+			break
+		}
+		// The stand-in leaves; its room goes to a spot replica, which starts.
+		gone := plan.Drain[0].ID
+		existing = slices.DeleteFunc(existing, func(r Placed) bool { return r.ID == gone })
+		existing = append(existing, Placed{ID: fmt.Sprintf("s%d", step), Capacity: fleet.Spot, Provider: "aws", Region: "us-east-1", Zone: "us-east-1b"})
+		swaps++
+	}
+	if swaps != 4 {
+		t.Fatalf("%d stand-ins swapped out while their spot replacements start; want 4 (a quarter of 16)", swaps)
+	}
+	existing[len(existing)-1].Ready = true
+	if plan := pl.Plan(p0.Add(time.Minute), 16, existing, offers()); len(plan.Drain) != 1 {
+		t.Fatalf("one spot replacement ready: drains %+v, want the next swap", plan.Drain)
 	}
 }

@@ -594,6 +594,9 @@ func (s *simulation) decide() {
 	for _, dr := range plan.Drain {
 		for _, r := range s.live {
 			if r.id == dr.ID {
+				if s.in.Trace != nil {
+					fmt.Fprintf(s.in.Trace, "%8.0fs drain %s %s (ready %v): %s\n", s.now.Seconds(), r.offer.Capacity, r.id, r.ready, dr.Reason)
+				}
 				s.drain(r)
 				break
 			}
