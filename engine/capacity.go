@@ -72,61 +72,80 @@ func MaxRateInBursts(p Profile, in, out int, tpotMs, ttftMs float64, requests, b
 // p90 TPOT and TTFT (ms) of all but the first 10 %, and whether its queue stayed steady.
 // A run whose backlog outgrows an hour past the last arrival counts as missing both.
 func p90s(p Profile, in, out int, rate float64, n, burst int, seed uint64) (tpot, ttft float64, steady bool, err error) {
-	e, err := New(p)
+	r, ok, err := runPoisson(p, in, out, rate, n, burst, seed)
 	if err != nil {
 		return 0, 0, false, err
 	}
+	if !ok {
+		return math.Inf(1), math.Inf(1), false, nil
+	}
+	var tpots, ttfts []float64
+	for id := n / 10; id < n; id++ {
+		ttfts = append(ttfts, r.first[id]-r.arrive[id])
+		tpots = append(tpots, r.tpot[id])
+	}
+	return p90(tpots), p90(ttfts), steadyQueue(r.arrive, r.first, burst), nil
+}
+
+// poissonRun is one run of runPoisson, by request: when it arrived, when its first token
+// came, and its time per output token (ms).
+type poissonRun struct{ arrive, first, tpot []float64 }
+
+// runPoisson runs n requests of in:out tokens arriving as a Poisson process at rate per
+// second (in groups of burst within a second, see MaxRateInBursts; seed seeds the
+// arrivals) through an engine running p. ok is false where the backlog outgrew an hour
+// past the last arrival: the run stopped there.
+func runPoisson(p Profile, in, out int, rate float64, n, burst int, seed uint64) (r poissonRun, ok bool, err error) {
+	e, err := New(p)
+	if err != nil {
+		return r, false, err
+	}
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
-	arrive := make([]float64, n) // ms
+	r = poissonRun{arrive: make([]float64, n), first: make([]float64, n), tpot: make([]float64, n)}
 	t := 0.0
-	for i := range arrive {
+	for i := range r.arrive {
 		if burst == 1 {
 			t += rng.ExpFloat64() / rate * 1000
-			arrive[i] = t
+			r.arrive[i] = t
 			continue
 		}
 		if i%burst == 0 {
 			t += rng.ExpFloat64() / (rate / float64(burst)) * 1000
 		}
-		arrive[i] = t + rng.Float64()*1000
+		r.arrive[i] = t + rng.Float64()*1000
 	}
 	if burst > 1 {
-		slices.Sort(arrive) // a burst's second can overlap the next burst's
+		slices.Sort(r.arrive) // a burst's second can overlap the next burst's
 	}
-	first := make([]float64, n)
-	var tpots, ttfts []float64
 	now, next, done := 0.0, 0, 0
 	for done < n {
-		for next < n && arrive[next] <= now {
+		for next < n && r.arrive[next] <= now {
 			if err := e.Add(Request{ID: uint64(next), PromptTokens: in, MaxTokens: out}); err != nil {
-				return 0, 0, false, err
+				return r, false, err
 			}
 			next++
 		}
 		if e.Idle() {
-			now = arrive[next]
+			now = r.arrive[next]
 			continue
 		}
-		if now > arrive[n-1]+3.6e6 {
-			return math.Inf(1), math.Inf(1), false, nil
+		if now > r.arrive[n-1]+3.6e6 {
+			return r, false, nil
 		}
 		st := e.Step()
 		now += float64(st.Duration) / float64(time.Millisecond)
 		for _, em := range st.Emits {
 			id := int(em.ID)
 			if em.Index == 0 {
-				first[id] = now
+				r.first[id] = now
 			}
 			if em.Done {
 				done++
-				if id >= n/10 {
-					ttfts = append(ttfts, first[id]-arrive[id])
-					tpots = append(tpots, (now-first[id])/float64(out-1))
-				}
+				r.tpot[id] = (now - r.first[id]) / float64(out-1)
 			}
 		}
 	}
-	return p90(tpots), p90(ttfts), steadyQueue(arrive, first, burst), nil
+	return r, true, nil
 }
 
 // steadyQueue says whether the requests waiting for their first token (arrived, not yet

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
@@ -363,43 +362,14 @@ var trtRequests = map[[2]int]int{
 // per second (seed 1) and returns the median TPOT (ms) of their answers.
 func openLoopTPOT(t testing.TB, p Profile, in, out int, rate float64, n int) float64 {
 	t.Helper()
-	e, err := New(p)
+	r, ok, err := runPoisson(p, in, out, rate, n, 1, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rng := rand.New(rand.NewPCG(1, 0x5eed))
-	arrive := make([]float64, n)
-	at := 0.0
-	for i := range arrive {
-		at += rng.ExpFloat64() / rate * 1000
-		arrive[i] = at
+	if !ok {
+		t.Fatalf("%d:%d tokens at %g requests/s: the queue outgrew an hour past the last arrival", in, out, rate)
 	}
-	first := make([]float64, n)
-	var tpots []float64
-	now, next := 0.0, 0
-	for len(tpots) < n {
-		for next < n && arrive[next] <= now {
-			if err := e.Add(Request{ID: uint64(next), PromptTokens: in, MaxTokens: out}); err != nil {
-				t.Fatal(err)
-			}
-			next++
-		}
-		if e.Idle() {
-			now = arrive[next]
-			continue
-		}
-		st := e.Step()
-		now += float64(st.Duration) / float64(time.Millisecond)
-		for _, em := range st.Emits {
-			if em.Index == 0 {
-				first[em.ID] = now
-			}
-			if em.Done {
-				tpots = append(tpots, (now-first[em.ID])/float64(out-1))
-			}
-		}
-	}
-	slices.Sort(tpots)
+	tpots := slices.Sorted(slices.Values(r.tpot))
 	return tpots[len(tpots)/2]
 }
 
