@@ -170,25 +170,13 @@ func (c *Catalog) Only(providers ...string) (*Catalog, error) {
 		}
 		keep[p] = true
 	}
-	out := &Catalog{byAcc: map[string][]int{}, notes: c.notes, advice: c.advice, sources: c.sources}
+	out := &Catalog{notes: c.notes, advice: c.advice, sources: c.sources}
 	for _, l := range c.lines {
-		if !keep[l.provider] {
-			continue
-		}
-		lower := strings.ToLower(l.accelerator)
-		if _, ok := out.byAcc[lower]; !ok {
-			out.names = append(out.names, l.accelerator)
-		}
-		out.byAcc[lower] = append(out.byAcc[lower], len(out.lines))
-		out.lines = append(out.lines, l)
-		if !slices.Contains(out.providers, l.provider) {
-			out.providers = append(out.providers, l.provider)
+		if keep[l.provider] {
+			out.lines = append(out.lines, l)
 		}
 	}
-	slices.SortFunc(out.names, func(a, b string) int {
-		return cmp.Or(cmp.Compare(strings.ToLower(a), strings.ToLower(b)), cmp.Compare(a, b))
-	})
-	slices.Sort(out.providers)
+	out.index()
 	return out, nil
 }
 
@@ -315,7 +303,6 @@ func (b *builder) note(accelerator, provider, why string) {
 
 func (b *builder) finish() *Catalog {
 	c := &Catalog{
-		byAcc:   map[string][]int{},
 		notes:   b.notes,
 		advice:  b.advice,
 		sources: b.sources,
@@ -325,24 +312,31 @@ func (b *builder) finish() *Catalog {
 		keys = append(keys, k)
 	}
 	slices.SortFunc(keys, compareKeys)
-	providers := map[string]bool{}
 	for _, k := range keys {
-		lower := strings.ToLower(k.accelerator)
-		if _, ok := c.byAcc[lower]; !ok {
-			c.names = append(c.names, k.accelerator)
-		}
-		c.byAcc[lower] = append(c.byAcc[lower], len(c.lines))
 		c.lines = append(c.lines, *b.lines[k])
-		providers[k.provider] = true
+	}
+	c.index()
+	return c
+}
+
+// index fills what Quote and the listings look lines up by: the lines of each accelerator
+// (lower-cased), the accelerator names and the providers, sorted.
+func (c *Catalog) index() {
+	c.byAcc, c.names, c.providers = map[string][]int{}, nil, nil
+	for i, l := range c.lines {
+		lower := strings.ToLower(l.accelerator)
+		if _, ok := c.byAcc[lower]; !ok {
+			c.names = append(c.names, l.accelerator)
+		}
+		c.byAcc[lower] = append(c.byAcc[lower], i)
+		if !slices.Contains(c.providers, l.provider) {
+			c.providers = append(c.providers, l.provider)
+		}
 	}
 	slices.SortFunc(c.names, func(a, b string) int {
 		return cmp.Or(cmp.Compare(strings.ToLower(a), strings.ToLower(b)), cmp.Compare(a, b))
 	})
-	for p := range providers {
-		c.providers = append(c.providers, p)
-	}
 	slices.Sort(c.providers)
-	return c
 }
 
 func compareKeys(a, b lineKey) int {
