@@ -703,8 +703,9 @@ func maxUnavailable(target int) int { return max(1, target/4) }
 
 // roomMaker is the on-demand stand-in that leaves to make room for a held spot launch at
 // the max_replicas bound, from the stand-ins in drain order: at the bound they would hold
-// the room of the spot replicas they stand in for forever, so one at a time one makes room
-// (the service is one replica short for a cold start, which is what max_replicas asks for).
+// the room of the spot replicas they stand in for forever, so one a plan makes room, within
+// maxUnavailable (the service is that many replicas short for a cold start, which is what
+// max_replicas asks for).
 // Only a ready one: a stand-in still starting has its cold start paid, and the spot launch
 // it would make room for may be refused again.
 func roomMaker(order []Placed) (Placed, bool) {
