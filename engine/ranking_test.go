@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/engine"
-	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/pricing"
 )
 
@@ -26,29 +25,28 @@ func TestCheapestGPUAgreesWithPublicData(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays the public measurements")
 	}
-	cat, err := pricing.Embedded()
+	all, err := pricing.Embedded()
 	if err != nil {
 		t.Fatal(err)
 	}
-	at := time.Date(2026, 8, 1, 0, 0, 0, 0, time.UTC)
-	price := map[string]float64{}
-	for _, o := range cat.Offers(at) {
-		if !slices.Contains([]string{"aws", "gcp", "azure"}, o.Provider) || o.Capacity != fleet.OnDemand || o.AcceleratorCount != 1 || o.PricePerHour <= 0 {
-			continue
-		}
-		a := strings.ToLower(o.Accelerator)
-		if p, ok := price[a]; !ok || o.PricePerHour < p {
-			price[a] = o.PricePerHour
-		}
+	cat, err := all.Only(pricing.Launchable...)
+	if err != nil {
+		t.Fatal(err)
 	}
+	offers := cat.Offers(time.Date(2026, 8, 1, 0, 0, 0, 0, time.UTC))
+	price := map[string]float64{} // by GPU profile name; 0: no one-GPU on-demand offer
 	sets := map[string][]engine.PubTput{}
 	var order []string
 	for _, p := range engine.PublicThroughputs(t) {
-		g, err := engine.LookupGPU(p.GPU)
-		if err != nil {
-			t.Fatal(err)
+		if _, ok := price[p.GPU]; !ok {
+			g, err := engine.LookupGPU(p.GPU)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o, _ := pricing.CheapestOnDemand(offers, g.Catalog, 1)
+			price[p.GPU] = o.PricePerHour
 		}
-		if g.Catalog == "" || price[strings.ToLower(g.Catalog)] == 0 {
+		if price[p.GPU] == 0 {
 			continue
 		}
 		if _, ok := sets[p.Set]; !ok {
@@ -65,8 +63,7 @@ func TestCheapestGPUAgreesWithPublicData(t *testing.T) {
 		}
 		var cs []c
 		for _, p := range set {
-			g, _ := engine.LookupGPU(p.GPU)
-			cs = append(cs, c{p.GPU, price[strings.ToLower(g.Catalog)] / tput(p)})
+			cs = append(cs, c{p.GPU, price[p.GPU] / tput(p)})
 		}
 		slices.SortFunc(cs, func(a, b c) int { return cmp.Compare(a.usd, b.usd) })
 		return cs[0].gpu, cs[1].usd/cs[0].usd - 1
@@ -82,8 +79,7 @@ func TestCheapestGPUAgreesWithPublicData(t *testing.T) {
 		published, margin := cheapest(set, func(p engine.PubTput) float64 { return p.Published })
 		var gpus []string
 		for _, p := range set {
-			g, _ := engine.LookupGPU(p.GPU)
-			gpus = append(gpus, fmt.Sprintf("%s $%.2f", p.GPU, price[strings.ToLower(g.Catalog)]))
+			gpus = append(gpus, fmt.Sprintf("%s $%.2f", p.GPU, price[p.GPU]))
 		}
 		mark := "agrees"
 		if model == published {

@@ -180,6 +180,18 @@ func (c *Catalog) Only(providers ...string) (*Catalog, error) {
 	return out, nil
 }
 
+// CheapestOnDemand is the on-demand offer of an instance with gpus × accelerator (as the
+// catalogs name it, case aside) at the lowest $/hour; ok is false where none is priced.
+func CheapestOnDemand(offers []Offer, accelerator string, gpus int) (best Offer, ok bool) {
+	for _, o := range offers {
+		if o.Capacity == fleet.OnDemand && o.AcceleratorCount == gpus && accelerator != "" && strings.EqualFold(o.Accelerator, accelerator) && o.PricePerHour > 0 &&
+			(!ok || o.PricePerHour < best.PricePerHour) {
+			best, ok = o, true
+		}
+	}
+	return best, ok
+}
+
 // Sources lists the files the catalog was loaded from.
 func (c *Catalog) Sources() []string { return slices.Clone(c.sources) }
 

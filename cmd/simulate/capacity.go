@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/engine"
-	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/pricing"
 )
 
@@ -95,7 +94,7 @@ func capacity(args []string, out io.Writer) error {
 			return err
 		}
 		tp := max(1, prof.TensorParallel)
-		offer, ok := cheapestOnDemand(offers, g.Catalog, tp)
+		offer, ok := pricing.CheapestOnDemand(offers, g.Catalog, tp)
 		if !ok {
 			return fmt.Errorf("-gpus %s: the catalogs of %s price no on-demand instance with %d × %s at %s", name, *provs, tp, g.Name, *start)
 		}
@@ -134,18 +133,4 @@ func parseLengths(s string) ([][2]int, error) {
 		out = append(out, [2]int{a, b})
 	}
 	return out, nil
-}
-
-// cheapestOnDemand is the on-demand offer of an instance with gpus × accelerator at the
-// lowest $/hour.
-func cheapestOnDemand(offers []pricing.Offer, accelerator string, gpus int) (pricing.Offer, bool) {
-	var best pricing.Offer
-	ok := false
-	for _, o := range offers {
-		if o.Capacity == fleet.OnDemand && o.AcceleratorCount == gpus && accelerator != "" && strings.EqualFold(o.Accelerator, accelerator) && o.PricePerHour > 0 &&
-			(!ok || o.PricePerHour < best.PricePerHour) {
-			best, ok = o, true
-		}
-	}
-	return best, ok
 }
