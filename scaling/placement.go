@@ -260,6 +260,7 @@ type Placer struct {
 	preempted map[string]time.Time  // provider/region/zone → last preemption or refusal
 	refused   map[refusal]time.Time // last refusal
 	moving    *move                 // the rebalancing move under way, if any
+	market    spotMarket            // spot refusals and the dip under way
 	// zones is each zone's preemption record; observed is when it last counted hours.
 	zones    map[string]*zoneRecord
 	observed time.Time
@@ -390,10 +391,7 @@ func (pl *Placer) preemptionRate(place string) float64 {
 // expectedCost is ZoneExpectedCost's price of an hour of spot capacity from offer o, with
 // odPrice the on-demand price (0: none offered, the spot price stands in).
 func (pl *Placer) expectedCost(o Offer, odPrice float64) float64 {
-	cold := pl.policy.ColdStart
-	if cold <= 0 {
-		cold = DefaultColdStart
-	}
+	cold := pl.coldStart()
 	if odPrice <= 0 {
 		odPrice = o.PricePerHour
 	}
@@ -414,6 +412,7 @@ func (pl *Placer) Refused(o Offer, at time.Time) {
 	pl.refused[refusalOf(o)] = at
 	if o.Capacity == fleet.Spot {
 		pl.preempted[o.place()] = at // cools the zone; a refusal took nothing back
+		pl.market.refused(at)
 		if m := pl.moving; m != nil && m.to.place() == o.place() {
 			pl.moving = nil // the move's replacement was refused
 		}
@@ -477,6 +476,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	}
 	startingSpot := len(have[fleet.Spot]) - readySpot
 	pl.observe(now, have[fleet.Spot])
+	pl.market.see(have[fleet.Spot])
 	reservedCap := 0
 	for _, s := range p.Reserved {
 		reservedCap += s.Count
@@ -642,6 +642,12 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		keep = maps.Clone(want)
 		cover := min(len(have[fleet.OnDemand]), base+notReadySpot, odCap)
 		keep[fleet.OnDemand] = max(want[fleet.OnDemand], cover)
+	}
+	if n, clause := pl.market.keepThroughDip(now, pl.spotSurplus(have[fleet.Spot], want[fleet.Spot], useSpot || holdSpot, spotIn, len(active), odOffer.PricePerHour),
+		odOffer.PricePerHour, pl.coldStart()); n > 0 {
+		keep = maps.Clone(keep)
+		keep[fleet.Spot] += n
+		plan.Reason += clause
 	}
 	// Drains: extra replicas of each kind, not-ready ones first, then the newest; spot from
 	// the most crowded zone so the spread survives; the dearest kind first. A ready replica
