@@ -269,9 +269,15 @@ func (r *rig) do(t testing.TB, c call) outcome {
 		}
 		first.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{picker.SubsetNamespace: st}}
 	}
+	ended := false // the picker ended the stream (an immediate answer): Recv says how
 	send := func(m *extprocv3.ProcessingRequest) {
 		t.Helper()
-		if err := stream.Send(m); err != nil {
+		if ended {
+			return
+		}
+		if err := stream.Send(m); errors.Is(err, io.EOF) {
+			ended = true
+		} else if err != nil {
 			t.Fatalf("send: %v", err)
 		}
 	}

@@ -10,10 +10,13 @@ package picker
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -63,7 +66,40 @@ type Picker struct {
 	// MaxBody bounds a request body the picker holds to pick by (default 8 MiB, the
 	// router's max_request_body_bytes): a larger one is answered 413.
 	MaxBody int
-	Log     *slog.Logger
+	// BodyMode is the gateway's request body mode (its ext_proc processing_mode's
+	// request_body_mode: FULL_DUPLEX_STREAMED, BUFFERED, BUFFERED_PARTIAL, STREAMED or NONE)
+	// for gateways whose messages do not say it (Envoy says it in the first message's
+	// protocol_config; older Envoys and other gateways do not). Default
+	// FULL_DUPLEX_STREAMED, the mode the protocol requires a picker to support.
+	BodyMode string
+	// HeaderWait: where the body mode is FULL_DUPLEX_STREAMED only by default (not said,
+	// not configured) and no body follows the headers within this long, the gateway is
+	// taken to wait for the headers' answer (BUFFERED, STREAMED, NONE) and the request is
+	// picked from its headers alone, with a warning, rather than left to hang until the
+	// gateway's message timeout (Envoy's default: 200 ms). Default 100 ms.
+	HeaderWait time.Duration
+	Log        *slog.Logger
+
+	warned atomic.Bool // the headers-alone fallback was logged at warn level
+}
+
+// ParseBodyMode reads a body mode by its ext_proc name ("" is FULL_DUPLEX_STREAMED).
+func ParseBodyMode(s string) (filterv3.ProcessingMode_BodySendMode, error) {
+	if s == "" {
+		return filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, nil
+	}
+	v, ok := filterv3.ProcessingMode_BodySendMode_value[strings.ToUpper(s)]
+	if !ok {
+		return 0, fmt.Errorf("request body mode %q: want FULL_DUPLEX_STREAMED, BUFFERED, BUFFERED_PARTIAL, STREAMED or NONE", s)
+	}
+	return filterv3.ProcessingMode_BodySendMode(v), nil
+}
+
+func (p *Picker) headerWait() time.Duration {
+	if p.HeaderWait > 0 {
+		return p.HeaderWait
+	}
+	return 100 * time.Millisecond
 }
 
 func (p *Picker) endpoints() int {
@@ -91,28 +127,38 @@ func (p *Picker) log() *slog.Logger {
 type exchange struct {
 	p      *Picker
 	stream extprocv3.ExternalProcessor_ProcessServer
-	// duplex: the gateway streams the request body and waits for the answer to its headers
-	// until the body is whole (FULL_DUPLEX_STREAMED, which the protocol requires a picker
-	// to support); otherwise it wants the headers answered before it sends the body.
-	duplex, respDuplex bool
-	buffered           bool // the request body comes whole, in one message
-	header             map[string]string
-	hinted             bool
-	subset             []string
-	body               []byte
-	h                  *router.Handoff
+	// mode is the gateway's request body mode, said is whether its protocol_config said
+	// it (else the picker's BodyMode). FULL_DUPLEX_STREAMED: the gateway streams the body
+	// and waits for the headers' answer until the body is whole; BUFFERED: it wants the
+	// headers answered, then sends the body whole and routes on the body's answer;
+	// STREAMED and NONE: it routes on the headers' answer, so the pick is made from the
+	// headers alone.
+	mode       filterv3.ProcessingMode_BodySendMode
+	said       bool
+	respDuplex bool
+	// alone: the request was picked from its headers alone; its body passes unchanged.
+	alone  bool
+	header map[string]string
+	hinted bool
+	subset []string
+	body   []byte
+	h      *router.Handoff
 }
 
 // Process implements the ext_proc service: one stream per HTTP request.
 func (p *Picker) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
-	x := &exchange{p: p, stream: stream, duplex: true, respDuplex: true}
+	mode, err := ParseBodyMode(p.BodyMode)
+	if err != nil {
+		return status.Error(codes.FailedPrecondition, err.Error())
+	}
+	x := &exchange{p: p, stream: stream, mode: mode, respDuplex: true}
 	defer func() {
 		if x.h != nil {
 			x.h.Close()
 		}
 	}()
 	for {
-		req, err := stream.Recv()
+		req, err := x.recv()
 		if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
 			return nil
 		}
@@ -120,15 +166,55 @@ func (p *Picker) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			return err
 		}
 		if pc := req.GetProtocolConfig(); pc != nil {
-			x.duplex = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+			x.mode, x.said = pc.GetRequestBodyMode(), true
 			x.respDuplex = pc.GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
-			x.buffered = pc.GetRequestBodyMode() == filterv3.ProcessingMode_BUFFERED
 		}
 		done, err := x.handle(req)
 		if err != nil || done {
 			return err
 		}
 	}
+}
+
+// recv is the gateway's next message. Where the headers came, the body mode is
+// FULL_DUPLEX_STREAMED by default only, and nothing is picked yet, a gateway that waits for
+// the headers' answer would wait forever: after HeaderWait without a message the request
+// is picked from its headers alone, and the message still awaited.
+func (x *exchange) recv() (*extprocv3.ProcessingRequest, error) {
+	if x.header == nil || x.h != nil || x.said || x.alone || x.mode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED || x.p.BodyMode != "" {
+		return x.stream.Recv()
+	}
+	type got struct {
+		req *extprocv3.ProcessingRequest
+		err error
+	}
+	ch := make(chan got, 1)
+	go func() {
+		req, err := x.stream.Recv()
+		ch <- got{req, err}
+	}()
+	t := time.NewTimer(x.p.headerWait())
+	defer t.Stop()
+	select {
+	case g := <-ch:
+		return g.req, g.err
+	case <-t.C:
+	}
+	msg := "the gateway sent no request body within the picker's header wait: it seems to wait for the headers' answer (request body mode BUFFERED, STREAMED or NONE, not said in protocol_config); picking from the headers alone (least loaded replica, no prefix, SLO or token accounting). Set the picker's request body mode to the gateway's (BUFFERED picks by the body)"
+	if x.p.warned.CompareAndSwap(false, true) {
+		x.p.log().Warn(msg, "wait", x.p.headerWait())
+	} else {
+		x.p.log().Debug(msg)
+	}
+	x.alone = true
+	if done, err := x.pick(true); done || err != nil {
+		if err == nil {
+			err = io.EOF // answered at once (a refusal): the exchange is over
+		}
+		return nil, err // the Recv under way ends with the stream
+	}
+	g := <-ch
+	return g.req, g.err
 }
 
 // handle answers one message; done says the exchange is over (an immediate response).
@@ -140,13 +226,26 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) (done bool, err erro
 		if v.RequestHeaders.GetEndOfStream() {
 			return x.pick(true)
 		}
-		if !x.duplex {
+		switch x.mode {
+		case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+			return false, nil // the pick waits for the body
+		case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
+			// The headers' answer lets the body come; the pick rides on the body's answer.
 			return false, x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 				RequestHeaders: &extprocv3.HeadersResponse{}}})
+		default:
+			// STREAMED, NONE: the gateway routes on the headers' answer.
+			x.alone = true
+			x.p.log().Debug("picking from the headers alone: the gateway's request body mode routes before the body", "mode", x.mode.String())
+			return x.pick(true)
 		}
-		return false, nil
 	case *extprocv3.ProcessingRequest_RequestBody:
 		b := v.RequestBody
+		if x.alone {
+			// Picked from the headers: the body passes as it is.
+			return false, x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+				RequestBody: &extprocv3.BodyResponse{}}})
+		}
 		if len(x.body)+len(b.GetBody()) > x.p.maxBody() {
 			return true, x.immediate(&router.Refusal{Status: 413, Reason: "body_too_large",
 				Body: oai.ErrorBody(oai.InvalidRequest, "request body too large: more than the picker's max_request_body_bytes ("+strconv.Itoa(x.p.maxBody())+" bytes)", "")})
@@ -155,16 +254,14 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) (done bool, err erro
 		if b.GetEndOfStream() {
 			return x.pick(false)
 		}
-		if !x.duplex {
-			// STREAMED: each piece passes as it comes; the pick waits for the last (the
-			// gateway has routed by then, so STREAMED is a mode the protocol cannot pick in;
-			// FULL_DUPLEX_STREAMED and BUFFERED can).
+		if x.mode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+			// BUFFERED_PARTIAL's pieces before the last: each passes as it is.
 			return false, x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
 				RequestBody: &extprocv3.BodyResponse{}}})
 		}
 		return false, nil
 	case *extprocv3.ProcessingRequest_RequestTrailers:
-		if x.h == nil && len(x.body) > 0 {
+		if x.h == nil && !x.alone && len(x.body) > 0 {
 			// A body whose end came with its trailers.
 			if done, err := x.pick(false); done || err != nil {
 				return done, err
@@ -207,7 +304,8 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) (done bool, err erro
 // or an immediate response when nothing can serve.
 func (x *exchange) pick(headersOnly bool) (bool, error) {
 	h, f := x.p.Router.Handoff(router.HandoffRequest{
-		Method: x.header[":method"], Path: pathOf(x.header[":path"]), ContentType: x.header["content-type"],
+		HeadersOnly: x.alone,
+		Method:      x.header[":method"], Path: pathOf(x.header[":path"]), ContentType: x.header["content-type"],
 		Header: func(name string) []byte {
 			if v, ok := x.header[strings.ToLower(name)]; ok {
 				return []byte(v)
@@ -231,7 +329,7 @@ func (x *exchange) pick(headersOnly bool) (bool, error) {
 	meta := &structpb.Struct{Fields: map[string]*structpb.Value{
 		LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{DestinationHeader: structpb.NewStringValue(dest)}}),
 	}}
-	if headersOnly || x.duplex {
+	if headersOnly || x.mode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		if err := x.send(&extprocv3.ProcessingResponse{DynamicMetadata: meta, Response: &extprocv3.ProcessingResponse_RequestHeaders{
 			RequestHeaders: &extprocv3.HeadersResponse{Response: common}}}); err != nil || headersOnly {
 			return false, err
@@ -245,8 +343,9 @@ func (x *exchange) pick(headersOnly bool) (bool, error) {
 		return false, x.send(bodyResponse(body, true))
 	}
 	// BUFFERED: the headers were answered; the pick rides on the body's answer, which
-	// carries the whole body.
-	if x.buffered {
+	// carries the whole body (BUFFERED_PARTIAL: the pieces before passed as they were, so
+	// the body is left as it comes).
+	if x.mode == filterv3.ProcessingMode_BUFFERED {
 		common.BodyMutation = bodyMutation(false, body, true)
 	}
 	return false, x.send(&extprocv3.ProcessingResponse{DynamicMetadata: meta, Response: &extprocv3.ProcessingResponse_RequestBody{

@@ -53,7 +53,17 @@ type HandoffRequest struct {
 	// Endpoints is how many endpoints to return, the pick first and then the gateway's
 	// retries in order (0: one).
 	Endpoints int
+	// HeadersOnly: the body exists but the pick cannot wait for it (a gateway in the
+	// STREAMED or NONE body mode routes on the headers' answer). The model comes from
+	// ModelHeader (else any model, as in an InferencePool of one model server); the pick
+	// is that model's least loaded ready replica, and the answer is not accounted.
+	HeadersOnly bool
 }
+
+// ModelHeader is where a gateway puts the model of a request whose body it does not hand
+// over: GKE Inference Gateway's body-based routing sets it from the body's "model"
+// (https://cloud.google.com/kubernetes-engine/docs/how-to/configure-body-based-routing).
+const ModelHeader = "X-Gateway-Model-Name"
 
 // Handoff picks the replicas a request goes to, or returns the answer it gets instead. A
 // Handoff returned must be closed (Close) once its answer ends or is abandoned.
@@ -73,7 +83,17 @@ func (px *Proxy) Handoff(in HandoffRequest) (*Handoff, *Refusal) {
 		return nil, f.export()
 	}
 	if !routed {
-		return px.handoffAny(in)
+		return px.handoffAny(in, "")
+	}
+	if in.HeadersOnly {
+		model := string(header(ModelHeader))
+		if model != "" && !px.pool.HasModel(model) {
+			f := &refusal{status: fasthttp.StatusNotFound, errType: oai.InvalidRequest, reason: "unknown_model", code: "model_not_found",
+				msg: fmt.Sprintf("The model `%s` (the gateway's %s header) does not exist. Served models: %v", model, ModelHeader, px.servedModels())}
+			px.met.fail(f.reason, "")
+			return nil, f.export()
+		}
+		return px.handoffAny(in, model)
 	}
 	if in.Method != fasthttp.MethodPost {
 		return nil, (&refusal{status: fasthttp.StatusMethodNotAllowed, errType: oai.InvalidRequest, msg: "use POST", reason: "bad_request"}).export()
@@ -166,12 +186,15 @@ func (px *Proxy) noReplica(c *call, in HandoffRequest) *refusal {
 		msg: fmt.Sprintf("no ready replica for model %q", c.model)}
 }
 
-// handoffAny sends a request on a path the router does not route to the least loaded
-// ready replica of any model.
-func (px *Proxy) handoffAny(in HandoffRequest) (*Handoff, *Refusal) {
+// handoffAny sends a request on a path the router does not route, or one picked from its
+// headers alone, to the least loaded ready replica of model (any model: "").
+func (px *Proxy) handoffAny(in HandoffRequest, model string) (*Handoff, *Refusal) {
 	req := &Request{Now: px.Now()}
 	var cands []*Replica
 	for _, m := range px.pool.Models() {
+		if model != "" && m != model {
+			continue
+		}
 		for _, r := range px.pool.candidates(m) {
 			if !in.Hinted || slices.Contains(in.Subset, r.Info().Address) {
 				cands = append(cands, r)

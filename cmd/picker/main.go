@@ -40,6 +40,7 @@ func run() error {
 	host, _ := os.Hostname()
 	var (
 		extProc    = flag.String("ext-proc-listen", "0.0.0.0:9002", "the endpoint picker's address: Envoy ext_proc gRPC (GIE's Endpoint Picker Protocol) and gRPC health")
+		bodyMode   = flag.String("ext-proc-body-mode", "", "the gateway's ext_proc request_body_mode where its messages do not say it (protocol_config): FULL_DUPLEX_STREAMED (default), BUFFERED, BUFFERED_PARTIAL, STREAMED or NONE (the last two pick from the headers alone)")
 		listen     = flag.String("listen", "127.0.0.1:0", "the router's own client-facing address (the gateway carries the traffic; loopback by default)")
 		admin      = flag.String("admin", "127.0.0.1:8082", "admin address (/metrics, /health, /replicas)")
 		config     = flag.String("config", "", "router config YAML (defaults if empty)")
@@ -54,6 +55,9 @@ func run() error {
 		model      = flag.String("model", "", "the model the pool's pods serve, as clients name it; a pod annotated "+inferencepool.AnnotationModel+" names its own")
 	)
 	flag.Parse()
+	if _, err := picker.ParseBodyMode(*bodyMode); err != nil {
+		return fmt.Errorf("-ext-proc-body-mode: %w", err)
+	}
 	log, err := httplog.NewLogger(*logLevel)
 	if err != nil {
 		return err
@@ -110,7 +114,7 @@ func run() error {
 			return w.Synced, nil
 		}}
 	o.FrontDoors = append(o.FrontDoors, func(ctx context.Context, px *router.Proxy, synced func() bool) error {
-		p := &picker.Picker{Router: px, Endpoints: cfg.MaxAttempts, MaxBody: cfg.MaxRequestBodyBytes, Log: log}
+		p := &picker.Picker{Router: px, Endpoints: cfg.MaxAttempts, MaxBody: cfg.MaxRequestBodyBytes, BodyMode: *bodyMode, Log: log}
 		return picker.Serve(ctx, ln, p, synced)
 	})
 	return router.Run(ctx, o)

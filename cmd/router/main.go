@@ -40,8 +40,12 @@ func run() error {
 		tlsKey    = flag.String("tls-keyfile", "", "the PEM private key of -tls-certfile; overrides the config's tls_key_file")
 		logLevel  = flag.String("log-level", "info", "debug, info, warn or error")
 		extProc   = flag.String("ext-proc-listen", "", "also serve the endpoint picker for Kubernetes gateways (Gateway API Inference Extension, Envoy ext_proc gRPC, with gRPC health) on this address, e.g. 0.0.0.0:9002; same config, replicas and policy as the router")
+		bodyMode  = flag.String("ext-proc-body-mode", "", "the gateway's ext_proc request_body_mode where its messages do not say it (protocol_config): FULL_DUPLEX_STREAMED (default), BUFFERED, BUFFERED_PARTIAL, STREAMED or NONE (the last two pick from the headers alone)")
 	)
 	flag.Parse()
+	if _, err := picker.ParseBodyMode(*bodyMode); err != nil {
+		return fmt.Errorf("-ext-proc-body-mode: %w", err)
+	}
 	log, err := httplog.NewLogger(*logLevel)
 	if err != nil {
 		return err
@@ -84,7 +88,7 @@ func run() error {
 		}
 		log.Info("endpoint picker serving", "ext_proc", ln.Addr().String())
 		o.FrontDoors = append(o.FrontDoors, func(ctx context.Context, px *router.Proxy, synced func() bool) error {
-			p := &picker.Picker{Router: px, Endpoints: cfg.MaxAttempts, MaxBody: cfg.MaxRequestBodyBytes, Log: log}
+			p := &picker.Picker{Router: px, Endpoints: cfg.MaxAttempts, MaxBody: cfg.MaxRequestBodyBytes, BodyMode: *bodyMode, Log: log}
 			return picker.Serve(ctx, ln, p, synced)
 		})
 	}
