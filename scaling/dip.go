@@ -145,3 +145,18 @@ func (pl *Placer) spotSurplus(spot []Placed, wanted int, spotWanted bool, spotIn
 	ready := slices.DeleteFunc(order, func(r Placed) bool { return !r.Ready })
 	return ready[:max(0, len(ready)-wanted)]
 }
+
+// swapWait is how long after a zone's last refusal or preemption an on-demand stand-in at
+// the max_replicas bound is swapped out for a spot launch there: the ZoneCooldown at most,
+// less the more the stand-ins' premium over spot costs. A swap into a market that still
+// refuses costs one stand-in's relaunch (its cold start at the on-demand price); waiting
+// costs every stand-in's premium. The ski rental again: swap once the premium paid since
+// the refusal equals one failed swap. On spotserve-g4dn's first hour, 12 stand-ins at $11.06/h
+// against spot at $1.58/h waited the 10-minute cooldown where 29 s pays for a failed swap.
+func swapWait(standIns int, spotPrice, odPrice float64, coldStart, cooldown time.Duration) time.Duration {
+	premium := float64(standIns) * (odPrice - spotPrice) // $/h
+	if standIns <= 0 || spotPrice <= 0 || premium <= 0 {
+		return cooldown
+	}
+	return min(time.Duration(odPrice*float64(coldStart)/premium), cooldown)
+}

@@ -1,9 +1,12 @@
 package scaling
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
 )
 
 func TestKeepFor(t *testing.T) {
@@ -113,4 +116,68 @@ func TestSpotKeptThroughADipWhileTheMarketRefuses(t *testing.T) {
 	pl = policy(nil)
 	pl.Plan(p0, 3, fleetOf(), offers())
 	eq(t, "dip in a market that gives spot", drained(pl.Plan(p0.Add(time.Hour), 2, fleetOf(), offers())), "c")
+
+	// SkyServe's baselines (RelaunchCosts off) drain at once, refusals or not.
+	pl = policy(func(p *PlacementPolicy) { p.RelaunchCosts = false; p.RefusalBackoff = 30 * time.Second })
+	pl.Plan(p0, 3, fleetOf(), offers())
+	for _, o := range spotOnly {
+		pl.Refused(o, p0.Add(time.Minute))
+	}
+	eq(t, "RelaunchCosts off", drained(pl.Plan(p0.Add(61*time.Minute), 2, fleetOf(), offers())), "c")
+}
+
+func TestSwapWait(t *testing.T) {
+	cold, cool := DefaultColdStart, 10*time.Minute
+	for _, c := range []struct {
+		name         string
+		standIns     int
+		spot, od     float64
+		want, within time.Duration
+	}{
+		// 11.06 × 294 s / (12 × 9.48) = 28.6 s.
+		{"spotserve-g4dn's first hour: 12 stand-ins", 12, 1.58, 11.06, 28600 * time.Millisecond, 100 * time.Millisecond},
+		// 11.06 × 294 s / 9.48 = 5 m 43 s.
+		{"one stand-in", 1, 1.58, 11.06, 5*time.Minute + 43*time.Second, time.Second},
+		{"a small premium waits the cooldown", 1, 9, 10, cool, 0},
+		{"spot dearer than on-demand: the cooldown", 4, 12, 10, cool, 0},
+		{"no spot price: the cooldown", 4, 0, 10, cool, 0},
+		{"no stand-ins: the cooldown", 0, 1, 10, cool, 0},
+	} {
+		got := swapWait(c.standIns, c.spot, c.od, cold, cool)
+		if d := got - c.want; d > c.within || d < -c.within {
+			t.Errorf("%s: swapWait = %s; want %s ± %s", c.name, got, c.want, c.within)
+		}
+	}
+}
+
+// At max_replicas, a fleet of on-demand stand-ins is swapped for spot as soon as waiting
+// has cost one failed swap, not after the whole zone cooldown: 16 stand-ins at $10/h
+// against spot at $4/h pay a failed swap's $0.82 (294 s at $10/h) in 31 s.
+func TestStandInsSwapOnceWaitingCostsAFailedSwap(t *testing.T) {
+	pl := policy(func(p *PlacementPolicy) {
+		p.DynamicFallback = true
+		p.MaxReplicas = 16
+	})
+	oneZone := offers()[:2] // on-demand and spot in us-east-1a
+	var existing []Placed
+	for i := range 16 {
+		existing = append(existing, Placed{ID: fmt.Sprintf("od%d", i), Capacity: fleet.OnDemand, Provider: "aws", Region: "us-east-1", Zone: "us-east-1a", Ready: true})
+	}
+	pl.Refused(oneZone[1], p0)
+	if plan := pl.Plan(p0.Add(30*time.Second), 16, existing, oneZone); len(plan.Drain) != 0 {
+		t.Fatalf("30 s after the refusal: drained %v; want none before 30.6 s", drained(plan))
+	}
+	plan := pl.Plan(p0.Add(31*time.Second), 16, existing, oneZone)
+	if len(plan.Drain) != 1 || !strings.Contains(plan.Drain[0].Reason, "makes room for a spot replica") {
+		t.Fatalf("31 s after the refusal: drains %+v; want one stand-in making room", plan.Drain)
+	}
+	// RelaunchCosts off: the swap waits for the zone cooldown (10 minutes).
+	pl = policy(func(p *PlacementPolicy) { p.DynamicFallback, p.MaxReplicas, p.RelaunchCosts = true, 16, false })
+	pl.Refused(oneZone[1], p0)
+	if plan := pl.Plan(p0.Add(9*time.Minute), 16, existing, oneZone); len(plan.Drain) != 0 {
+		t.Fatalf("RelaunchCosts off, 9 minutes after the refusal: drained %v", drained(plan))
+	}
+	if plan := pl.Plan(p0.Add(10*time.Minute), 16, existing, oneZone); len(plan.Drain) != 1 {
+		t.Fatalf("RelaunchCosts off, after the cooldown: drains %+v; want one", plan.Drain)
+	}
 }

@@ -54,6 +54,7 @@ func PlacementFromSpec(sp *spec.Service, cooldown time.Duration) PlacementPolicy
 		RefusalBackoff:     DefaultRefusalBackoff,
 		MaxReplicas:        rp.MaxReplicas,
 		SpotMinZones:       sp.Arbiter.SpotPolicy.MinZones,
+		RelaunchCosts:      true,
 	}
 	for _, r := range sp.Arbiter.Reserved {
 		p.Reserved = append(p.Reserved, Slot{Provider: r.Provider, Region: r.Region, Zone: r.Zone, Count: r.Count, PricePerHour: r.PricePerHour})

@@ -175,6 +175,13 @@ type PlacementPolicy struct {
 	// ColdStart is a replica's launch to ready, what ZoneExpectedCost charges per
 	// preemption (0: DefaultColdStart).
 	ColdStart time.Duration
+	// RelaunchCosts weighs drains and swaps against what relaunching would cost in the
+	// market seen (Arbiter's; dip.go): while spot launches are refused, ready spot
+	// replicas stay through a dip until their idle bill equals an on-demand relaunch's, and
+	// at max_replicas an on-demand stand-in makes room for spot once its premium has paid
+	// for a failed swap (swapWait), not only after ZoneCooldown. Off (SkyServe's
+	// baselines): a dip drains at once and a swap waits for the cooldown.
+	RelaunchCosts bool
 	// MaxReplicas bounds the replicas alive at once (max_replicas): those leaving, the
 	// on-demand stand-ins and a rebalance's replacement included. A plan that would pass it
 	// launches what fits, the wanted kinds first (reserved, spot, then on-demand), and says
@@ -623,10 +630,18 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	if room := max(0, p.MaxReplicas-alive); p.MaxReplicas > 0 && len(plan.Launch) > room {
 		plan.Reason += fmt.Sprintf("; max_replicas %d binding: %d alive (%d leaving), %d of %d launches held",
 			p.MaxReplicas, alive, alive-len(existing), len(plan.Launch)-room, len(plan.Launch))
+		standIns := len(have[fleet.OnDemand]) - base
+		wait := func(o Offer) time.Duration {
+			if !p.RelaunchCosts {
+				return p.ZoneCooldown
+			}
+			return swapWait(standIns, o.PricePerHour, odOffer.PricePerHour, pl.coldStart(), p.ZoneCooldown)
+		}
 		for _, l := range plan.Launch[room:] {
-			// Only a zone that has cooled down since its last preemption or refusal is worth a
-			// swap: one still cooling would likely send the room back to on-demand soon.
-			if at, took := pl.preempted[l.Offer.place()]; l.Offer.Capacity == fleet.Spot && (!took || now.Sub(at) >= p.ZoneCooldown) {
+			// Only a zone quiet since its last preemption or refusal for swapWait is worth a
+			// swap: one that just refused would likely send the room back to on-demand.
+			if at, took := pl.preempted[l.Offer.place()]; l.Offer.Capacity == fleet.Spot &&
+				(!took || now.Sub(at) >= wait(l.Offer)) {
 				heldSpot++
 			}
 		}
@@ -643,7 +658,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		cover := min(len(have[fleet.OnDemand]), base+notReadySpot, odCap)
 		keep[fleet.OnDemand] = max(want[fleet.OnDemand], cover)
 	}
-	if n, clause := pl.market.keepThroughDip(now, pl.spotSurplus(have[fleet.Spot], want[fleet.Spot], useSpot || holdSpot, spotIn, len(active), odOffer.PricePerHour),
+	if n, clause := pl.market.keepThroughDip(now, pl.spotSurplus(have[fleet.Spot], want[fleet.Spot], p.RelaunchCosts && (useSpot || holdSpot), spotIn, len(active), odOffer.PricePerHour),
 		odOffer.PricePerHour, pl.coldStart()); n > 0 {
 		keep = maps.Clone(keep)
 		keep[fleet.Spot] += n

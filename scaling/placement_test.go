@@ -23,7 +23,7 @@ func offers() []Offer {
 }
 
 func policy(mod func(*PlacementPolicy)) *Placer {
-	p := PlacementPolicy{UseSpot: true, MaxSpotPriceRatio: 0.6, ZoneCooldown: 10 * time.Minute}
+	p := PlacementPolicy{UseSpot: true, MaxSpotPriceRatio: 0.6, ZoneCooldown: 10 * time.Minute, RelaunchCosts: true}
 	if mod != nil {
 		mod(&p)
 	}
@@ -464,16 +464,18 @@ func TestMaxReplicasBoundsTheWholeFleet(t *testing.T) {
 	if plan := pl.Plan(p0, 3, existing, offers()); len(plan.Drain) != 1 || plan.Drain[0].ID != "od1" {
 		t.Fatalf("the next swap once the spot replica is ready: drains %+v, want od1", plan.Drain)
 	}
-	// No swap toward a zone still cooling after a preemption (10 minutes here): the room
-	// would likely go back to on-demand soon, a launch and a cold start for nothing.
+	// No swap toward a zone that preempted lately: the room would likely go back to
+	// on-demand soon, a launch and a cold start for nothing. Lately is swapWait: here the
+	// two stand-ins' premium over spot ($6–7/h) pays a failed swap's on-demand cold start
+	// ($0.82) in 4.1–4.9 minutes, within the 10-minute cooldown.
 	pl.Preempted("aws", "us-east-1", "us-east-1a", p0)
 	pl.Preempted("aws", "us-east-1", "us-east-1c", p0)
 	existing = []Placed{s("s1", "us-east-1b", true, false), od("od1"), od("od2")}
-	if plan := pl.Plan(p0.Add(5*time.Minute), 3, existing, offers()); len(plan.Drain) != 0 {
-		t.Fatalf("a stand-in swapped out for a zone that preempted 5 minutes ago: %+v", plan.Drain)
+	if plan := pl.Plan(p0.Add(4*time.Minute), 3, existing, offers()); len(plan.Drain) != 0 {
+		t.Fatalf("a stand-in swapped out for a zone that preempted 4 minutes ago: %+v", plan.Drain)
 	}
-	if plan := pl.Plan(p0.Add(11*time.Minute), 3, existing, offers()); len(plan.Drain) != 1 {
-		t.Fatalf("no swap once the zone has cooled: %+v", plan)
+	if plan := pl.Plan(p0.Add(5*time.Minute), 3, existing, offers()); len(plan.Drain) != 1 {
+		t.Fatalf("no swap once waiting has cost a failed swap: %+v", plan)
 	}
 	// A stand-in still starting is never the one swapped out: its cold start is paid, and
 	// the spot replica it would make room for may be refused again (issue 47's Karpenter

@@ -193,6 +193,9 @@ func wire(sys System, in *Inputs) (wiring, error) {
 		w.placement.StandInForStarting = true
 		w.placement.ZoneRule = scaling.ZoneUnusedThenCheapest
 		w.placement.SpotMinZones = 0 // no hedge beyond num_overprovision
+		// SkyServe drains on a scale-down and swaps stand-ins by its own rules, not by
+		// what a relaunch would cost.
+		w.placement.RelaunchCosts = false
 		w.placement.Reserved = nil
 		// A refused launch only cools its zone: SkyServe has no refusal backoff (sky launch
 		// fails over across zones within one launch).
