@@ -26,7 +26,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/arbiter-serve/arbiter/oai"
 	"github.com/arbiter-serve/arbiter/router"
 )
 
@@ -53,6 +52,8 @@ const streamedChunk = 62000
 // Router is what the picker needs of the router: a pick for a request (router.Proxy).
 type Router interface {
 	Handoff(in router.HandoffRequest) (*router.Handoff, *router.Refusal)
+	// BodyTooLarge is the answer to a body past limit bytes, counted as the router's.
+	BodyTooLarge(limit int) *router.Refusal
 }
 
 // Picker serves the ext_proc protocol. Its zero fields take the documented defaults.
@@ -247,8 +248,7 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) (done bool, err erro
 				RequestBody: &extprocv3.BodyResponse{}}})
 		}
 		if len(x.body)+len(b.GetBody()) > x.p.maxBody() {
-			return true, x.immediate(&router.Refusal{Status: 413, Reason: "body_too_large",
-				Body: oai.ErrorBody(oai.InvalidRequest, "request body too large: more than the picker's max_request_body_bytes ("+strconv.Itoa(x.p.maxBody())+" bytes)", "")})
+			return true, x.immediate(x.p.Router.BodyTooLarge(x.p.maxBody()))
 		}
 		x.body = append(x.body, b.GetBody()...)
 		if b.GetEndOfStream() {

@@ -125,6 +125,30 @@ func TestNoReadyEndpoint(t *testing.T) {
 	if out.immediate == nil || out.immediate.GetStatus().GetCode() != 503 {
 		t.Fatalf("want 503, got %v (dest %q)", out.immediate, out.headerDest)
 	}
+	retryAfter := ""
+	for _, h := range out.immediate.GetHeaders().GetSetHeaders() {
+		if h.GetHeader().GetKey() == "retry-after" {
+			retryAfter = string(h.GetHeader().GetRawValue())
+		}
+	}
+	if retryAfter == "" {
+		t.Fatalf("the 503 says no Retry-After: %v", out.immediate.GetHeaders())
+	}
+}
+
+// A path the router does not route is its 404 through the picker too, not a replica's
+// to answer; the paths the router answers itself go to a replica, which answers alike.
+func TestUnknownPathIs404(t *testing.T) {
+	a := startSim(t, true)
+	r := startRig(t, nil, replica("a", a, 1))
+	r.waitReady(t, "a")
+	out := r.do(t, call{path: "/v1/unknown", body: chat(false, "")})
+	if out.immediate == nil || out.immediate.GetStatus().GetCode() != 404 || !bytes.Contains(out.immediate.GetBody(), []byte("Unknown path POST /v1/unknown")) {
+		t.Fatalf("POST /v1/unknown: want the router's 404, got %v (dest %q)", out.immediate, out.headerDest)
+	}
+	if out := r.do(t, call{method: "GET", path: "/v1/models"}); out.immediate != nil || out.status != 200 {
+		t.Fatalf("GET /v1/models: %v %d", out.immediate, out.status)
+	}
 }
 
 // MUST: a request shed (its key over its concurrency limit) is a 429, as through the router.
@@ -193,6 +217,9 @@ func TestBodyLargerThanBuffer(t *testing.T) {
 	out := r.do(t, call{path: "/v1/chat/completions", body: big, chunk: 4 << 10})
 	if out.immediate == nil || out.immediate.GetStatus().GetCode() != 413 {
 		t.Fatalf("want 413, got %v", out.immediate)
+	}
+	if n := r.counter(t, "arbiter_router_errors_total", "reason", "body_too_large"); n != 1 {
+		t.Fatalf("the 413 counted %v times in arbiter_router_errors_total; want 1, as the router counts its own", n)
 	}
 	if out := r.do(t, call{path: "/v1/chat/completions", body: chat(false, "")}); out.immediate != nil || out.status != 200 {
 		t.Fatalf("after a 413: %v %d", out.immediate, out.status)
@@ -268,4 +295,25 @@ func idOf(addr string, a, b *sim) string {
 		return "a"
 	}
 	return "b"
+}
+
+// A replica the gateway's retry passed over is not offered first again: the gateway saw
+// it fail, and the picker ejects it within that one request rather than waiting for the
+// probes (a minute apart here; before, the dead replica stayed first until they noticed).
+func TestFailedPickMarkedAtOnce(t *testing.T) {
+	a, b := startSim(t, true), startSim(t, true)
+	r := startRig(t, func(c *router.Config) { c.Probe.Interval = time.Minute }, replica("a", a, 1), replica("b", b, 2))
+	r.waitReady(t, "a", "b")
+	if out := r.do(t, call{path: "/v1/chat/completions", body: chat(false, "")}); strings.Split(out.headerDest, ",")[0] != a.addr {
+		t.Fatalf("the cheaper replica a should be picked first: %q", out.headerDest)
+	}
+	a.stop()
+	// The gateway tries a, fails, and retries on b.
+	if out := r.do(t, call{path: "/v1/chat/completions", body: chat(false, ""), serveAt: 1}); out.status != 200 || out.served != b.addr {
+		t.Fatalf("retried request: %d served by %q", out.status, out.served)
+	}
+	next := r.do(t, call{path: "/v1/chat/completions", body: chat(false, "")})
+	if first := strings.Split(next.headerDest, ",")[0]; first != b.addr || next.status != 200 {
+		t.Fatalf("after the gateway's retry passed over a: first pick %q (status %d); want b", first, next.status)
+	}
 }

@@ -83,6 +83,13 @@ func (px *Proxy) Handoff(in HandoffRequest) (*Handoff, *Refusal) {
 		return nil, f.export()
 	}
 	if !routed {
+		if !passedThrough(in.Path) {
+			// As the router answers it: a replica would answer its own 404 (or worse, serve
+			// a path Arbiter does not account).
+			px.met.fail("unknown_path", "")
+			return nil, (&refusal{status: fasthttp.StatusNotFound, errType: oai.NotFound, reason: "unknown_path",
+				msg: fmt.Sprintf("Unknown path %s %s: Arbiter's router does not route it. It routes %s.", in.Method, in.Path, routedPaths)}).export()
+		}
 		return px.handoffAny(in, "")
 	}
 	if in.HeadersOnly {
@@ -174,7 +181,7 @@ func (px *Proxy) handoff(in HandoffRequest, kind oai.Kind, header func(string) [
 // messages by a timeout of its own (Envoy's ext_proc message_timeout, 200 ms by default).
 func (px *Proxy) noReplica(c *call, in HandoffRequest) *refusal {
 	if in.Hinted {
-		return &refusal{status: fasthttp.StatusServiceUnavailable, errType: oai.Unavailable, reason: "no_replica", service: c.service,
+		return &refusal{status: fasthttp.StatusServiceUnavailable, errType: oai.Unavailable, reason: "no_replica", service: c.service, retryAfter: noReplicaRetryAfter,
 			msg: fmt.Sprintf("no ready replica for model %q among the %d endpoints the gateway allows", c.model, len(in.Subset))}
 	}
 	if px.ControlPlane != nil && px.ControlPlane.Knows(c.model) {
@@ -182,8 +189,29 @@ func (px *Proxy) noReplica(c *call, in HandoffRequest) *refusal {
 		return &refusal{status: fasthttp.StatusServiceUnavailable, errType: oai.Unavailable, reason: "hold_deadline", retryAfter: holdRetryAfter, service: c.service,
 			msg: fmt.Sprintf("model %q is starting: no replica is ready yet; retry shortly", c.model)}
 	}
-	return &refusal{status: fasthttp.StatusServiceUnavailable, errType: oai.Unavailable, reason: "no_replica", service: c.service,
+	return &refusal{status: fasthttp.StatusServiceUnavailable, errType: oai.Unavailable, reason: "no_replica", service: c.service, retryAfter: noReplicaRetryAfter,
 		msg: fmt.Sprintf("no ready replica for model %q", c.model)}
+}
+
+// passedThrough says whether a path the router does not route goes to a replica through
+// the picker: the ones the router answers itself (the served models, their retrieval, a
+// stored response, health), which a replica answers alike.
+func passedThrough(path string) bool {
+	return path == "/v1/models" || path == "/health" || strings.HasPrefix(path, "/v1/models/") || strings.HasPrefix(path, "/v1/responses/")
+}
+
+// noReplicaRetryAfter is the Retry-After, in seconds, of the picker's 503 when no replica is
+// ready: a replica taken out by its probes or ejected comes back within seconds (the
+// ejection's base backoff, a few probes), one that is starting in 30 s to minutes (the
+// control plane's case, holdRetryAfter).
+const noReplicaRetryAfter = 5
+
+// BodyTooLarge is the answer to a request whose body passed limit bytes before the picker
+// saw its end, counted in the error metrics as the router counts its own.
+func (px *Proxy) BodyTooLarge(limit int) *Refusal {
+	px.met.fail("body_too_large", "")
+	return (&refusal{status: fasthttp.StatusRequestEntityTooLarge, errType: oai.InvalidRequest, reason: "body_too_large",
+		msg: fmt.Sprintf("request body too large: more than max_request_body_bytes (%d bytes)", limit)}).export()
 }
 
 // handoffAny sends a request on a path the router does not route, or one picked from its
@@ -205,7 +233,7 @@ func (px *Proxy) handoffAny(in HandoffRequest, model string) (*Handoff, *Refusal
 	defer px.rngs.Put(rng)
 	r := LeastLoad{}.Pick(req, cands, rng)
 	if r == nil {
-		f := &refusal{status: fasthttp.StatusServiceUnavailable, errType: oai.Unavailable, reason: "no_replica", msg: "no ready replica"}
+		f := &refusal{status: fasthttp.StatusServiceUnavailable, errType: oai.Unavailable, reason: "no_replica", msg: "no ready replica", retryAfter: noReplicaRetryAfter}
 		px.met.fail(f.reason, "")
 		return nil, f.export()
 	}
@@ -242,12 +270,29 @@ func (h *Handoff) Served(addr string) bool {
 	if h.began {
 		// The gateway retried: the replicas before did not take the request.
 		h.r.End(h.pred, px.Now())
-		px.upstreamFailed(h.r, "gateway_retried", nil)
 		h.pred = next.Begin(&h.c.route, 3*px.cfg.ScrapeInterval)
 		px.met.retries.WithLabelValues(h.c.service).Inc()
 	}
+	// Every pick the gateway passed over failed it (refused, reset or 5xx, by its retry
+	// policy): each is ejected at once, as one failure of the router's own would count
+	// toward, so the next pick does not offer it first until its backoff ends; waiting
+	// for the probes offered a dead replica for 2.4 s.
+	for _, r := range h.picks[:i] {
+		if r != next {
+			px.pickFailed(r)
+		}
+	}
 	h.r = next
 	return true
+}
+
+// pickFailed ejects a replica the gateway's retry passed over: the gateway saw it fail.
+func (px *Proxy) pickFailed(r *Replica) {
+	px.met.fail("gateway_retried", r.Info().Service)
+	if r.requestFailed(px.Now(), 1, px.cfg.Ejection.BaseBackoff, px.cfg.Ejection.MaxBackoff) {
+		px.met.ejections.WithLabelValues(r.Info().ID).Inc()
+		px.log.Warn("replica ejected", "replica", r.Info().ID, "reason", "gateway_retried")
+	}
 }
 
 // Replica is the replica the request is on as far as the picker knows.
