@@ -83,4 +83,16 @@ func TestKubernetesGatewayManifests(t *testing.T) {
 			t.Errorf("may the picker %s %s (namespace %q)? got %q, want %q", c.verb, c.resource, c.ns, got, want)
 		}
 	}
+	// -leader-elect's Lease: create, read and renew it in its namespace, nothing more.
+	kubectl("apply", "-f", filepath.Join(gw, "leader-election.yaml"))
+	for _, c := range []struct {
+		verb, ns string
+		want     bool
+	}{{"create", "arbiter", true}, {"update", "arbiter", true}, {"get", "arbiter", true}, {"delete", "arbiter", false}, {"update", "default", false}} {
+		out, _ := k.Kubectl("auth", "can-i", c.verb, "leases.coordination.k8s.io", as, "-n", c.ns)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if got, want := lines[len(lines)-1], map[bool]string{true: "yes", false: "no"}[c.want]; got != want {
+			t.Errorf("may the picker %s leases (namespace %q)? got %q, want %q", c.verb, c.ns, got, want)
+		}
+	}
 }

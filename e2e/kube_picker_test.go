@@ -165,10 +165,56 @@ spec:
 	l4b := addrOf("sim-l4-b")
 	pickUntil(t, pa, "the new L4 spot pod picked", func(dest []string) bool { return dest[0] == l4b })
 	pickUntil(t, pb, "the new L4 spot pod picked by the second picker", func(dest []string) bool { return dest[0] == l4b })
+
+	// Active-passive (-leader-elect): of two pickers on the pool, only the Lease's holder
+	// reports ready; the holder killed (no release: SIGKILL), the other takes over once the
+	// Lease (15 s, client-go's and GIE's default) runs out, and picks as the first did.
+	kubectl("apply", "-f", filepath.Join("..", "deploy", "kubernetes", "gateway", "leader-election.yaml"))
+	pc := startPicker(t, kubeconfig, "-pool-name", "sims", "-model", "sim", "-leader-elect")
+	pd := startPicker(t, kubeconfig, "-pool-name", "sims", "-model", "sim", "-leader-elect")
+	ready := func(p *pickerProc) bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		r, err := p.health.Check(ctx, &healthpb.HealthCheckRequest{Service: picker.ReadinessService})
+		return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING
+	}
+	var holder, standby *pickerProc
+	for deadline := time.Now().Add(time.Minute); holder == nil; time.Sleep(200 * time.Millisecond) {
+		switch rc, rd := ready(pc), ready(pd); {
+		case rc && rd:
+			t.Fatal("both pickers ready under -leader-elect")
+		case rc:
+			holder, standby = pc, pd
+		case rd:
+			holder, standby = pd, pc
+		}
+		if holder == nil && time.Now().After(deadline) {
+			t.Fatal("no picker became the Lease's holder within a minute")
+		}
+	}
+	// The standby stays not ready while the holder renews.
+	for range 10 {
+		if ready(standby) {
+			t.Fatal("the standby picker reported ready while the holder renews")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	pickUntil(t, holder, "the holder picking the L4 spot pod", func(dest []string) bool { return dest[0] == l4b })
+	killed := time.Now()
+	_ = holder.cmd.Process.Kill()
+	for !ready(standby) {
+		if time.Since(killed) > time.Minute {
+			t.Fatal("the standby picker did not take over within a minute of the holder's death")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("takeover %.1f s after the holder was killed (Lease 15 s)", time.Since(killed).Seconds())
+	pickUntil(t, standby, "the new holder picking the L4 spot pod", func(dest []string) bool { return dest[0] == l4b })
 }
 
 // pickerProc is a running cmd/picker and an ext_proc client of it.
 type pickerProc struct {
+	cmd    *exec.Cmd
 	client extprocv3.ExternalProcessorClient
 	health healthpb.HealthClient
 	admin  string // http://host:port of its admin port (/replicas)
@@ -211,6 +257,7 @@ func startPicker(t *testing.T, kubeconfig string, args ...string) *pickerProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	p.cmd = cmd
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"syscall"
 
+	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/arbiter-serve/arbiter/internal/httplog"
 	"github.com/arbiter-serve/arbiter/picker"
 	"github.com/arbiter-serve/arbiter/picker/inferencepool"
+	"github.com/arbiter-serve/arbiter/picker/lease"
 	"github.com/arbiter-serve/arbiter/router"
 )
 
@@ -53,6 +55,9 @@ func run() error {
 		control    = flag.String("control", "", "also take the replicas Arbiter's control plane placed, and report load to it (e.g. http://arbiter-control.arbiter.svc:8081): a pod both name is the control plane's replica")
 		tokenFile  = flag.String("token-file", "", "file holding the control plane's API token (with -control)")
 		model      = flag.String("model", "", "the model the pool's pods serve, as clients name it; a pod annotated "+inferencepool.AnnotationModel+" names its own")
+		elect      = flag.Bool("leader-elect", false, "active-passive: the pickers of this pool campaign for a Kubernetes Lease and only its holder reports ready, so the gateway sends every request to one picker (needs get, create and update on leases.coordination.k8s.io)")
+		leaseName  = flag.String("leader-elect-lease", "", "the Lease's name with -leader-elect (default arbiter-picker-<pool-name>), in the pool's namespace")
+		leaseFor   = flag.Duration("leader-elect-lease-duration", lease.DefaultDuration, "with -leader-elect, how long a holder that stops renewing keeps the Lease: the longest a takeover waits")
 	)
 	flag.Parse()
 	if _, err := picker.ParseBodyMode(*bodyMode); err != nil {
@@ -115,7 +120,24 @@ func run() error {
 		}}
 	o.FrontDoors = append(o.FrontDoors, func(ctx context.Context, px *router.Proxy, synced func() bool) error {
 		p := &picker.Picker{Router: px, Endpoints: cfg.MaxAttempts, MaxBody: cfg.MaxRequestBodyBytes, BodyMode: *bodyMode, Log: log}
-		return picker.Serve(ctx, ln, p, synced)
+		ready := synced
+		if *elect {
+			name := *leaseName
+			if name == "" {
+				name = "arbiter-picker-" + *poolName
+			}
+			lc, err := coordinationv1.NewForConfig(rc)
+			if err != nil {
+				return fmt.Errorf("-leader-elect: %w", err)
+			}
+			held, err := lease.Campaign(ctx, lease.Config{Client: lc, Namespace: *poolNS, Name: name,
+				Holder: fmt.Sprintf("%s_%d", host, os.Getpid()), Duration: *leaseFor, Log: log})
+			if err != nil {
+				return fmt.Errorf("-leader-elect: %w", err)
+			}
+			ready = func() bool { return synced() && held() }
+		}
+		return picker.Serve(ctx, ln, p, ready)
 	})
 	return router.Run(ctx, o)
 }
