@@ -195,7 +195,8 @@ func (c *Controller) placeMix(ctx context.Context, s *service, cur []*replica, o
 		}
 		st := replicas.State(r.row.State)
 		existing[g] = append(existing[g], scaling.Placed{ID: r.row.ID, Capacity: fleet.Capacity(r.row.Capacity), Provider: r.row.Provider,
-			Region: r.row.Region, Zone: r.row.Zone, PricePerHour: r.row.PricePerHour, Ready: st == replicas.Ready, Leaving: st == replicas.Draining})
+			Region: r.row.Region, Zone: r.row.Zone, PricePerHour: r.row.PricePerHour, Ready: st == replicas.Ready, Leaving: st == replicas.Draining,
+			LaunchedAt: r.row.LaunchedAt, ReadyAt: r.row.ReadyAt})
 		if counted && st != replicas.Draining {
 			alive[g]++
 			if st == replicas.Ready {

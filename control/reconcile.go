@@ -426,7 +426,8 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 	placed := func(r *replica) scaling.Placed {
 		st := replicas.State(r.row.State)
 		return scaling.Placed{ID: r.row.ID, Capacity: fleet.Capacity(r.row.Capacity), Provider: r.row.Provider, Region: r.row.Region,
-			Zone: r.row.Zone, PricePerHour: r.row.PricePerHour, Ready: st == replicas.Ready, Leaving: st == replicas.Draining}
+			Zone: r.row.Zone, PricePerHour: r.row.PricePerHour, Ready: st == replicas.Ready, Leaving: st == replicas.Draining,
+			LaunchedAt: r.row.LaunchedAt, ReadyAt: r.row.ReadyAt}
 	}
 	existing := make([]scaling.Placed, 0, len(cur))
 	for _, r := range cur {

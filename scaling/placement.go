@@ -124,6 +124,9 @@ type Placed struct {
 	// Leaving: draining, or reclaimed after a notice; it runs (and counts against
 	// MaxReplicas) but is neither wanted nor drained again.
 	Leaving bool
+	// LaunchedAt and ReadyAt, where known, are its launch and its readiness: the placer
+	// learns each place's cold start from them.
+	LaunchedAt, ReadyAt time.Time
 }
 
 func (p Placed) place() string { return place(p.Provider, p.Region, p.Zone) }
@@ -268,6 +271,7 @@ type Placer struct {
 	refused   map[refusal]time.Time // last refusal
 	moving    *move                 // the rebalancing move under way, if any
 	market    spotMarket            // spot refusals and the dip under way
+	starts    coldStarts            // each place's cold start, from its launches
 	// zones is each zone's preemption record; observed is when it last counted hours.
 	zones    map[string]*zoneRecord
 	observed time.Time
@@ -398,7 +402,7 @@ func (pl *Placer) preemptionRate(place string) float64 {
 // expectedCost is ZoneExpectedCost's price of an hour of spot capacity from offer o, with
 // odPrice the on-demand price (0: none offered, the spot price stands in).
 func (pl *Placer) expectedCost(o Offer, odPrice float64) float64 {
-	cold := pl.coldStart()
+	cold := pl.coldStartAt(Offer{Provider: o.Provider, Region: o.Region, Zone: o.Zone, Capacity: fleet.Spot})
 	if odPrice <= 0 {
 		odPrice = o.PricePerHour
 	}
@@ -484,6 +488,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	startingSpot := len(have[fleet.Spot]) - readySpot
 	pl.observe(now, have[fleet.Spot])
 	pl.market.see(have[fleet.Spot])
+	pl.starts.learn(existing)
 	reservedCap := 0
 	for _, s := range p.Reserved {
 		reservedCap += s.Count
@@ -635,7 +640,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			if !p.RelaunchCosts {
 				return p.ZoneCooldown
 			}
-			return swapWait(standIns, o.PricePerHour, odOffer.PricePerHour, pl.coldStart(), p.ZoneCooldown)
+			return swapWait(standIns, o.PricePerHour, odOffer.PricePerHour, pl.coldStartAt(odOffer), p.ZoneCooldown)
 		}
 		for _, l := range plan.Launch[room:] {
 			// Only a zone quiet since its last preemption or refusal for swapWait is worth a
@@ -659,7 +664,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		keep[fleet.OnDemand] = max(want[fleet.OnDemand], cover)
 	}
 	if n, clause := pl.market.keepThroughDip(now, pl.spotSurplus(have[fleet.Spot], want[fleet.Spot], p.RelaunchCosts && (useSpot || holdSpot), spotIn, len(active), odOffer.PricePerHour),
-		odOffer.PricePerHour, pl.coldStart()); n > 0 {
+		odOffer.PricePerHour, pl.coldStartAt(odOffer)); n > 0 {
 		keep = maps.Clone(keep)
 		keep[fleet.Spot] += n
 		plan.Reason += clause

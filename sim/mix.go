@@ -239,8 +239,7 @@ func (s *simulation) decideMix() {
 				ready[g]++
 			}
 		}
-		placed[g] = append(placed[g], scaling.Placed{ID: r.id, Capacity: r.offer.Capacity, Provider: r.offer.Provider,
-			Region: r.offer.Region, Zone: r.offer.Zone, PricePerHour: r.offer.PricePerHour, Ready: r.ready, Leaving: leaving})
+		placed[g] = append(placed[g], r.placed(s.in.Start, leaving))
 	}
 	want := m.static
 	if s.sys == ArbiterMix && (s.now-m.decidedAt >= mixEvery || s.now == 0 || (len(s.held) > 0 && s.target == 0)) {

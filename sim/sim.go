@@ -34,7 +34,8 @@ type replica struct {
 	id       string
 	offer    scaling.Offer
 	launched time.Duration
-	ready    bool // cold start over
+	readyAt  time.Duration // when its cold start ended (0: not yet, or ready from the start)
+	ready    bool          // cold start over
 	draining bool
 	dead     bool // the VM is gone
 	known    bool // dead, and the control plane knows
@@ -576,8 +577,7 @@ func (s *simulation) decide() {
 		if r.ready && !leaving {
 			ready++
 		}
-		placed = append(placed, scaling.Placed{ID: r.id, Capacity: r.offer.Capacity, Provider: r.offer.Provider,
-			Region: r.offer.Region, Zone: r.offer.Zone, PricePerHour: r.offer.PricePerHour, Ready: r.ready, Leaving: leaving})
+		placed = append(placed, r.placed(s.in.Start, leaving))
 	}
 	d := s.dec.Decide(s.clock(), ready, s.target)
 	if s.in.Trace != nil && d.Target != s.target {
@@ -633,8 +633,20 @@ func (s *simulation) launch(o scaling.Offer) {
 	s.at(s.in.ColdStart, event{kind: evReady, rep: r, gen: r.gen})
 }
 
+// placed is the replica as placement sees it, its launch and readiness on the clock that
+// starts at start.
+func (r *replica) placed(start time.Time, leaving bool) scaling.Placed {
+	p := scaling.Placed{ID: r.id, Capacity: r.offer.Capacity, Provider: r.offer.Provider,
+		Region: r.offer.Region, Zone: r.offer.Zone, PricePerHour: r.offer.PricePerHour, Ready: r.ready, Leaving: leaving,
+		LaunchedAt: start.Add(r.launched)}
+	if r.readyAt > 0 {
+		p.ReadyAt = start.Add(r.readyAt)
+	}
+	return p
+}
+
 func (s *simulation) becameReady(r *replica) {
-	r.ready = true
+	r.ready, r.readyAt = true, s.now
 	r.view.ObserveRTT(rtt)
 	if r.draining {
 		return
