@@ -16,7 +16,6 @@ import (
 	"strings"
 	"syscall"
 
-	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -126,11 +125,7 @@ func run() error {
 			if name == "" {
 				name = "arbiter-picker-" + *poolName
 			}
-			lc, err := coordinationv1.NewForConfig(rc)
-			if err != nil {
-				return fmt.Errorf("-leader-elect: %w", err)
-			}
-			held, err := lease.Campaign(ctx, lease.Config{Client: lc, Namespace: *poolNS, Name: name,
+			held, err := lease.Campaign(ctx, lease.Config{Rest: rc, Namespace: *poolNS, Name: name,
 				Holder: fmt.Sprintf("%s_%d", host, os.Getpid()), Duration: *leaseFor, Log: log})
 			if err != nil {
 				return fmt.Errorf("-leader-elect: %w", err)

@@ -4,6 +4,10 @@
 // leaderelection, and only the holder reports ready, so the gateway sends every request to
 // it, as GIE's own endpoint picker does with --ha-enable-leader-election. The others keep
 // their view of the pool warm and take over when the holder stops renewing.
+//
+// client-go's leaderelection imports the clientset and informers, which register every API
+// group; the picker links them through this package alone (picker/inferencepool's
+// TestPickerBinaryLinksNoControlPlane), as the autoscaler does through control/kubelease.
 package lease
 
 import (
@@ -16,12 +20,15 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
 // Config is one picker's candidacy.
 type Config struct {
+	// Rest reaches the cluster (or Client, if given: a Lease client of its own).
+	Rest            *rest.Config
 	Client          coordinationv1.LeasesGetter
 	Namespace, Name string
 	// Holder names this picker in the Lease (its holderIdentity): unique among the pickers.
@@ -40,8 +47,15 @@ const DefaultDuration = 15 * time.Second
 // Lease now. At ctx's end a holder gives the Lease up at once, so another picker takes over
 // without waiting for it to expire.
 func Campaign(ctx context.Context, cfg Config) (held func() bool, err error) {
+	if cfg.Client == nil && cfg.Rest != nil {
+		c, err := coordinationv1.NewForConfig(cfg.Rest)
+		if err != nil {
+			return nil, fmt.Errorf("picker lease: %w", err)
+		}
+		cfg.Client = c
+	}
 	if cfg.Client == nil || cfg.Namespace == "" || cfg.Name == "" || cfg.Holder == "" {
-		return nil, errors.New("picker lease: client, namespace, name and holder are required")
+		return nil, errors.New("picker lease: a cluster, namespace, name and holder are required")
 	}
 	if cfg.Duration == 0 {
 		cfg.Duration = DefaultDuration
