@@ -171,6 +171,18 @@ func TestStandInsSwapOnceWaitingCostsAFailedSwap(t *testing.T) {
 	if len(plan.Drain) != 1 || !strings.Contains(plan.Drain[0].Reason, "makes room for a spot replica") {
 		t.Fatalf("31 s after the refusal: drains %+v; want one stand-in making room", plan.Drain)
 	}
+	// At max_replicas 1 the swap leaves no replica ready, an outage for a cold start however
+	// it ends: it waits for the zone cooldown (the e2e Karpenter run drained the only,
+	// ready on-demand replacement 161 s after a refusal).
+	pl = policy(func(p *PlacementPolicy) { p.DynamicFallback, p.MaxReplicas = true, 1 })
+	lone := existing[:1]
+	pl.Refused(oneZone[1], p0)
+	if plan := pl.Plan(p0.Add(9*time.Minute), 1, lone, oneZone); len(plan.Drain) != 0 {
+		t.Fatalf("max_replicas 1, 9 minutes after the refusal: drained %v; want the cooldown", drained(plan))
+	}
+	if plan := pl.Plan(p0.Add(10*time.Minute), 1, lone, oneZone); len(plan.Drain) != 1 {
+		t.Fatalf("max_replicas 1, after the cooldown: drains %+v; want the swap", plan.Drain)
+	}
 	// RelaunchCosts off: the swap waits for the zone cooldown (10 minutes).
 	pl = policy(func(p *PlacementPolicy) { p.DynamicFallback, p.MaxReplicas, p.RelaunchCosts = true, 16, false })
 	pl.Refused(oneZone[1], p0)

@@ -637,7 +637,10 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			p.MaxReplicas, alive, alive-len(existing), len(plan.Launch)-room, len(plan.Launch))
 		standIns := len(have[fleet.OnDemand]) - base
 		wait := func(o Offer) time.Duration {
-			if !p.RelaunchCosts {
+			if !p.RelaunchCosts || ready-1 < 1 {
+				// A swap that leaves no replica ready is an outage for the spot replica's
+				// cold start whether or not the launch succeeds: no premium pays for that
+				// sooner than the cooldown (issue 47's Karpenter run at max_replicas 1).
 				return p.ZoneCooldown
 			}
 			return swapWait(standIns, o.PricePerHour, odOffer.PricePerHour, pl.coldStartAt(odOffer), p.ZoneCooldown)
