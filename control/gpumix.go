@@ -194,9 +194,7 @@ func (c *Controller) placeMix(ctx context.Context, s *service, cur []*replica, o
 			return
 		}
 		st := replicas.State(r.row.State)
-		existing[g] = append(existing[g], scaling.Placed{ID: r.row.ID, Capacity: fleet.Capacity(r.row.Capacity), Provider: r.row.Provider,
-			Region: r.row.Region, Zone: r.row.Zone, PricePerHour: r.row.PricePerHour, Ready: st == replicas.Ready, Leaving: st == replicas.Draining,
-			LaunchedAt: r.row.LaunchedAt, ReadyAt: r.row.ReadyAt})
+		existing[g] = append(existing[g], r.placed())
 		if counted && st != replicas.Draining {
 			alive[g]++
 			if st == replicas.Ready {

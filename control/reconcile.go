@@ -401,6 +401,14 @@ func (c *Controller) expandProviders(names []string) []string {
 // plane knows them only by name, so it does not link client-go.
 const kubernetesPrefix = "kubernetes"
 
+// placed is the replica as placement sees it.
+func (r *replica) placed() scaling.Placed {
+	st := replicas.State(r.row.State)
+	return scaling.Placed{ID: r.row.ID, Capacity: fleet.Capacity(r.row.Capacity), Provider: r.row.Provider, Region: r.row.Region,
+		Zone: r.row.Zone, PricePerHour: r.row.PricePerHour, Ready: st == replicas.Ready, Leaving: st == replicas.Draining,
+		LaunchedAt: r.row.LaunchedAt, ReadyAt: r.row.ReadyAt}
+}
+
 // place moves the current version toward its target with the mix and zones the placer
 // chooses from the provider's offers (reserved first, spot by price ratio, SpotHedge
 // fallback and spread), launching and draining what its plan says, each with its rule.
@@ -423,21 +431,15 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 		}
 		s.placer = pl
 	}
-	placed := func(r *replica) scaling.Placed {
-		st := replicas.State(r.row.State)
-		return scaling.Placed{ID: r.row.ID, Capacity: fleet.Capacity(r.row.Capacity), Provider: r.row.Provider, Region: r.row.Region,
-			Zone: r.row.Zone, PricePerHour: r.row.PricePerHour, Ready: st == replicas.Ready, Leaving: st == replicas.Draining,
-			LaunchedAt: r.row.LaunchedAt, ReadyAt: r.row.ReadyAt}
-	}
 	existing := make([]scaling.Placed, 0, len(cur))
 	for _, r := range cur {
-		existing = append(existing, placed(r))
+		existing = append(existing, r.placed())
 	}
 	// Draining replicas of this version still run: they count against max_replicas.
 	// (An update's old version does not: a rolling or blue-green update needs room beside it.)
 	for _, r := range sortedReplicas(s.replicas) {
 		if r.row.Version == s.version && replicas.State(r.row.State) == replicas.Draining {
-			existing = append(existing, placed(r))
+			existing = append(existing, r.placed())
 		}
 	}
 	c.applyPlan(ctx, s, s.placer.Plan(now, s.target, existing, offers), now)

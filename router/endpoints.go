@@ -189,8 +189,19 @@ func vllmErrorBody(status int, typ, msg string) []byte {
 // unknownPath answers a path the router does not route.
 func (px *Proxy) unknownPath(ctx *fasthttp.RequestCtx, path string) {
 	px.met.fail("unknown_path", "")
-	oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound,
-		fmt.Sprintf("Unknown path %s %s: Arbiter's router does not route it. It routes %s.", ctx.Method(), path, routedPaths))
+	oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, unknownPathMsg(string(ctx.Method()), path))
+}
+
+// unknownPathMsg is the 404's message for a path the router does not route, through the
+// router or the picker.
+func unknownPathMsg(method, path string) string {
+	return fmt.Sprintf("Unknown path %s %s: Arbiter's router does not route it. It routes %s.", method, path, routedPaths)
+}
+
+// unknownModelMsg is the 404's message for a model no replica serves (OpenAI's
+// model_not_found); where says where the name came from when not the body's "model".
+func (px *Proxy) unknownModelMsg(name, where string) string {
+	return fmt.Sprintf("The model `%s`%s does not exist. Served models: %v", name, where, px.servedModels())
 }
 
 // model answers GET /v1/models/{model} (OpenAI's retrieve model) from what the endpoint
@@ -218,5 +229,5 @@ func (px *Proxy) model(ctx *fasthttp.RequestCtx, path string) {
 	ctx.Response.Reset()
 	ctx.SetStatusCode(fasthttp.StatusNotFound)
 	ctx.SetContentType("application/json")
-	ctx.SetBody(oai.ErrorBody(oai.InvalidRequest, fmt.Sprintf("The model `%s` does not exist. Served models: %v", name, px.servedModels()), "model_not_found"))
+	ctx.SetBody(oai.ErrorBody(oai.InvalidRequest, px.unknownModelMsg(name, ""), "model_not_found"))
 }

@@ -87,8 +87,7 @@ func (px *Proxy) Handoff(in HandoffRequest) (*Handoff, *Refusal) {
 			// As the router answers it: a replica would answer its own 404 (or worse, serve
 			// a path Arbiter does not account).
 			px.met.fail("unknown_path", "")
-			return nil, (&refusal{status: fasthttp.StatusNotFound, errType: oai.NotFound, reason: "unknown_path",
-				msg: fmt.Sprintf("Unknown path %s %s: Arbiter's router does not route it. It routes %s.", in.Method, in.Path, routedPaths)}).export()
+			return nil, (&refusal{status: fasthttp.StatusNotFound, errType: oai.NotFound, reason: "unknown_path", msg: unknownPathMsg(in.Method, in.Path)}).export()
 		}
 		return px.handoffAny(in, "")
 	}
@@ -96,7 +95,7 @@ func (px *Proxy) Handoff(in HandoffRequest) (*Handoff, *Refusal) {
 		model := string(header(ModelHeader))
 		if model != "" && !px.pool.HasModel(model) {
 			f := &refusal{status: fasthttp.StatusNotFound, errType: oai.InvalidRequest, reason: "unknown_model", code: "model_not_found",
-				msg: fmt.Sprintf("The model `%s` (the gateway's %s header) does not exist. Served models: %v", model, ModelHeader, px.servedModels())}
+				msg: px.unknownModelMsg(model, " (the gateway's "+ModelHeader+" header)")}
 			px.met.fail(f.reason, "")
 			return nil, f.export()
 		}
@@ -276,11 +275,11 @@ func (h *Handoff) Served(addr string) bool {
 	// Every pick the gateway passed over failed it (refused, reset or 5xx, by its retry
 	// policy): each is ejected at once, as one failure of the router's own would count
 	// toward, so the next pick does not offer it first until its backoff ends; waiting
-	// for the probes offered a dead replica for 2.4 s.
-	for _, r := range h.picks[:i] {
-		if r != next {
-			px.pickFailed(r)
-		}
+	// for the probes offered a dead replica for 2.4 s. Those are the picks from the one the
+	// request was on up to the one that served (an earlier retry counted the ones before).
+	from := min(max(slices.Index(h.picks, h.r), 0), i)
+	for _, r := range h.picks[from:i] {
+		px.pickFailed(r)
 	}
 	h.r = next
 	return true

@@ -515,7 +515,7 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 			return nil, &refusal{status: fasthttp.StatusServiceUnavailable, errType: oai.Unavailable, reason: "no_replica", msg: "no replicas are serving yet"}
 		}
 		return nil, &refusal{status: fasthttp.StatusNotFound, errType: oai.InvalidRequest, reason: "unknown_model", code: "model_not_found",
-			msg: fmt.Sprintf("The model `%s` does not exist. Served models: %v", req.Model, px.servedModels())}
+			msg: px.unknownModelMsg(req.Model, "")}
 	}
 	now := px.Now()
 	c := &call{kind: kind, model: req.Model, stream: req.Stream, body: body, start: now, slo: px.cfg.SLOFor(req.Model),
