@@ -21,8 +21,7 @@ const coldStartWeight = 0.25
 // coldStarts is the placer's record of launch-to-ready times.
 type coldStarts struct {
 	byKey  map[coldStartKey]time.Duration
-	pooled time.Duration   // every place's, for a place not seen yet (0: none seen)
-	seen   map[string]bool // replicas already counted, of those present at the last plan
+	pooled time.Duration // every place's, for a place not seen yet (0: none seen)
 }
 
 type coldStartKey struct {
@@ -30,16 +29,11 @@ type coldStartKey struct {
 	capacity fleet.Capacity
 }
 
-// learn counts the cold start of each replica seen ready for the first time whose launch
-// and readiness times are known.
-func (c *coldStarts) learn(rs []Placed) {
-	seen := make(map[string]bool, len(rs))
-	for _, r := range rs {
-		if !r.Ready || r.LaunchedAt.IsZero() || r.ReadyAt.Before(r.LaunchedAt) || r.ReadyAt.IsZero() {
-			continue
-		}
-		seen[r.ID] = true
-		if c.seen[r.ID] {
+// learn counts the cold start of each replica that became ready (fresh: readiness.fresh)
+// whose launch and readiness times are known.
+func (c *coldStarts) learn(fresh []Placed) {
+	for _, r := range fresh {
+		if r.LaunchedAt.IsZero() || r.ReadyAt.Before(r.LaunchedAt) || r.ReadyAt.IsZero() {
 			continue
 		}
 		d := r.ReadyAt.Sub(r.LaunchedAt)
@@ -50,7 +44,6 @@ func (c *coldStarts) learn(rs []Placed) {
 		c.byKey[k] = ewma(c.byKey[k], d)
 		c.pooled = ewma(c.pooled, d)
 	}
-	c.seen = seen
 }
 
 func ewma(old, d time.Duration) time.Duration {

@@ -14,12 +14,17 @@ func launchedFor(id, zone string, capacity fleet.Capacity, cold time.Duration) P
 
 func TestColdStartsLearnedPerPlace(t *testing.T) {
 	var c coldStarts
+	var w readiness
+	learn := func(rs ...Placed) {
+		fresh, _ := w.fresh(rs)
+		c.learn(fresh)
+	}
 	prior := DefaultColdStart
 	if got := c.at("aws/us-east-1/us-east-1a", fleet.Spot, prior); got != prior {
 		t.Fatalf("nothing seen: %s; want the prior %s", got, prior)
 	}
 	a := launchedFor("a", "us-east-1a", fleet.Spot, 78*time.Second)
-	c.learn([]Placed{a, {ID: "starting", Capacity: fleet.Spot, Zone: "us-east-1a", LaunchedAt: p0}, {ID: "no-times", Ready: true}})
+	learn(a, Placed{ID: "starting", Capacity: fleet.Spot, Zone: "us-east-1a", LaunchedAt: p0}, Placed{ID: "no-times", Ready: true})
 	if got := c.at("aws/us-east-1/us-east-1a", fleet.Spot, prior); got != 78*time.Second {
 		t.Fatalf("after one launch of 78 s: %s", got)
 	}
@@ -29,12 +34,12 @@ func TestColdStartsLearnedPerPlace(t *testing.T) {
 	}
 	// The same replica seen again is not counted again; a new one moves the estimate by a
 	// quarter of the difference.
-	c.learn([]Placed{a, launchedFor("b", "us-east-1a", fleet.Spot, 178*time.Second)})
+	learn(a, launchedFor("b", "us-east-1a", fleet.Spot, 178*time.Second))
 	if got := c.at("aws/us-east-1/us-east-1a", fleet.Spot, prior); got != 103*time.Second {
 		t.Fatalf("after 78 s then 178 s: %s; want 103 s (78 + (178 - 78) / 4)", got)
 	}
 	// On-demand in the same zone is its own record.
-	c.learn([]Placed{launchedFor("c", "us-east-1a", fleet.OnDemand, 300*time.Second)})
+	learn(launchedFor("c", "us-east-1a", fleet.OnDemand, 300*time.Second))
 	if got := c.at("aws/us-east-1/us-east-1a", fleet.OnDemand, prior); got != 300*time.Second {
 		t.Fatalf("on-demand: %s", got)
 	}

@@ -33,8 +33,6 @@ type spotMarket struct {
 	// refusingSince is the first spot refusal since a spot replica last became ready (a
 	// launch the market granted); zero: not refusing.
 	refusingSince time.Time
-	// ready is the spot replicas ready at the last plan (nil before the first).
-	ready map[string]bool
 	// dipSince is when ready spot replicas first exceeded those wanted (zero: no dip);
 	// dipRefusing is how long the market had been refusing then.
 	dipSince    time.Time
@@ -48,21 +46,34 @@ func (m *spotMarket) refused(at time.Time) {
 	}
 }
 
-// see notes the spot replicas a plan sees: one ready that was not ready at the last plan
-// was granted by the market, which ends a refusal streak.
-func (m *spotMarket) see(spot []Placed) {
-	ready := make(map[string]bool, len(spot))
-	granted := false
-	for _, r := range spot {
-		if r.Ready {
-			ready[r.ID] = true
-			granted = granted || (m.ready != nil && !m.ready[r.ID])
-		}
-	}
-	if granted {
+// see notes the replicas that became ready since the last plan (fresh; first: there was
+// no plan before, so they were not seen become ready): a spot one was granted by the
+// market, which ends a refusal streak.
+func (m *spotMarket) see(fresh []Placed, first bool) {
+	if !first && slices.ContainsFunc(fresh, func(r Placed) bool { return r.Capacity == fleet.Spot }) {
 		m.refusingSince = time.Time{}
 	}
-	m.ready = ready
+}
+
+// readiness is the replicas ready at the last plan, so that a plan sees which became
+// ready since: the market's grants and the cold starts learned both come from those.
+type readiness map[string]bool
+
+// fresh returns the replicas of rs ready now that were not at the last plan (all the ready
+// ones, with first, at the first plan), and remembers those ready now.
+func (w *readiness) fresh(rs []Placed) (fresh []Placed, first bool) {
+	first = *w == nil
+	now := make(readiness, len(rs))
+	for _, r := range rs {
+		if r.Ready {
+			now[r.ID] = true
+			if !(*w)[r.ID] {
+				fresh = append(fresh, r)
+			}
+		}
+	}
+	*w = now
+	return fresh, first
 }
 
 // maxDipKeep bounds keepFor: a dip longer than a day is a new level of load, not a dip.
@@ -130,19 +141,30 @@ func (pl *Placer) coldStart() time.Duration {
 	return DefaultColdStart
 }
 
-// spotSurplus is the ready spot replicas above the wanted that a scale-down would drain,
-// in drain order; none while spot is neither used nor held (priced out, use_spot off: the
-// old kind leaves as a rolling update) or a rebalancing move is under way (its replica
-// leaves once its replacement is ready).
-func (pl *Placer) spotSurplus(spot []Placed, wanted int, spotWanted bool, spotIn map[string]int, zones int, odPrice float64) []Placed {
-	if !spotWanted || pl.moving != nil {
-		return nil
-	}
+// spotOrder is the order the spot replicas leave in: drainOrder's, then by expected cost
+// under ZoneExpectedCost, within the shares of wanted spot replicas over zones.
+func (pl *Placer) spotOrder(spot []Placed, spotIn map[string]int, wanted, zones int, odPrice float64) []Placed {
 	order := pl.drainOrder(fleet.Spot, spot, spotIn)
 	if pl.policy.ZoneRule == ZoneExpectedCost {
 		order = pl.spotDrainOrder(order, spotIn, pl.zoneShare(wanted, zones), odPrice)
 	}
-	ready := slices.DeleteFunc(order, func(r Placed) bool { return !r.Ready })
+	return order
+}
+
+// spotSurplus is the ready spot replicas above the wanted that a scale-down would drain,
+// from the spot replicas in drain order; none while spot is neither used nor held (priced
+// out, use_spot off: the old kind leaves as a rolling update) or a rebalancing move is under
+// way (its replica leaves once its replacement is ready).
+func (pl *Placer) spotSurplus(order []Placed, wanted int, spotWanted bool) []Placed {
+	if !spotWanted || pl.moving != nil {
+		return nil
+	}
+	var ready []Placed // a copy: order is the drains' too
+	for _, r := range order {
+		if r.Ready {
+			ready = append(ready, r)
+		}
+	}
 	return ready[:max(0, len(ready)-wanted)]
 }
 

@@ -38,25 +38,33 @@ func TestKeepFor(t *testing.T) {
 
 func TestSpotMarketRefusalStreak(t *testing.T) {
 	var m spotMarket
-	m.see([]Placed{spotAt("a", "us-east-1a", true), spotAt("b", "us-east-1b", false)})
+	var w readiness
+	see := func(m *spotMarket, w *readiness, rs ...Placed) { m.see(w.fresh(rs)) }
+	see(&m, &w, spotAt("a", "us-east-1a", true), spotAt("b", "us-east-1b", false))
 	m.refused(p0)
 	m.refused(p0.Add(time.Minute))
 	if !m.refusingSince.Equal(p0) {
 		t.Fatalf("streak since %v; want the first refusal %v", m.refusingSince, p0)
 	}
-	m.see([]Placed{spotAt("a", "us-east-1a", true), spotAt("b", "us-east-1b", false)})
+	see(&m, &w, spotAt("a", "us-east-1a", true), spotAt("b", "us-east-1b", false))
 	if m.refusingSince.IsZero() {
 		t.Fatal("no replica became ready: the streak must go on")
 	}
-	m.see([]Placed{spotAt("a", "us-east-1a", true), spotAt("b", "us-east-1b", true)})
+	// An on-demand replica becoming ready says nothing of the spot market.
+	see(&m, &w, spotAt("a", "us-east-1a", true), spotAt("b", "us-east-1b", false), Placed{ID: "od", Capacity: fleet.OnDemand, Ready: true})
+	if m.refusingSince.IsZero() {
+		t.Fatal("an on-demand replica became ready: the streak must go on")
+	}
+	see(&m, &w, spotAt("a", "us-east-1a", true), spotAt("b", "us-east-1b", true))
 	if !m.refusingSince.IsZero() {
 		t.Fatal("b became ready, a launch the market granted: the streak must end")
 	}
 	// A placer's first plan knows nothing before it: replicas ready then were not granted
 	// since a refusal.
 	var fresh spotMarket
+	var fw readiness
 	fresh.refused(p0)
-	fresh.see([]Placed{spotAt("a", "us-east-1a", true)})
+	see(&fresh, &fw, spotAt("a", "us-east-1a", true))
 	if fresh.refusingSince.IsZero() {
 		t.Fatal("the first plan's ready replicas ended the streak")
 	}

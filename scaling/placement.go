@@ -272,6 +272,7 @@ type Placer struct {
 	moving    *move                 // the rebalancing move under way, if any
 	market    spotMarket            // spot refusals and the dip under way
 	starts    coldStarts            // each place's cold start, from its launches
+	ready     readiness             // the replicas ready at the last plan
 	// zones is each zone's preemption record; observed is when it last counted hours.
 	zones    map[string]*zoneRecord
 	observed time.Time
@@ -487,8 +488,9 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	}
 	startingSpot := len(have[fleet.Spot]) - readySpot
 	pl.observe(now, have[fleet.Spot])
-	pl.market.see(have[fleet.Spot])
-	pl.starts.learn(existing)
+	fresh, first := pl.ready.fresh(existing)
+	pl.market.see(fresh, first)
+	pl.starts.learn(fresh)
 	reservedCap := 0
 	for _, s := range p.Reserved {
 		reservedCap += s.Count
@@ -666,7 +668,8 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		cover := min(len(have[fleet.OnDemand]), base+notReadySpot, odCap)
 		keep[fleet.OnDemand] = max(want[fleet.OnDemand], cover)
 	}
-	if n, clause := pl.market.keepThroughDip(now, pl.spotSurplus(have[fleet.Spot], want[fleet.Spot], p.RelaunchCosts && (useSpot || holdSpot), spotIn, len(active), odOffer.PricePerHour),
+	spotOrder := pl.spotOrder(have[fleet.Spot], spotIn, want[fleet.Spot], len(active), odOffer.PricePerHour)
+	if n, clause := pl.market.keepThroughDip(now, pl.spotSurplus(spotOrder, want[fleet.Spot], p.RelaunchCosts && (useSpot || holdSpot)),
 		odOffer.PricePerHour, pl.coldStartAt(odOffer)); n > 0 {
 		keep = maps.Clone(keep)
 		keep[fleet.Spot] += n
@@ -683,9 +686,9 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		if extra <= 0 {
 			continue
 		}
-		order := pl.drainOrder(kind, have[kind], spotIn)
-		if kind == fleet.Spot && p.ZoneRule == ZoneExpectedCost {
-			order = pl.spotDrainOrder(order, spotIn, pl.zoneShare(want[fleet.Spot], len(active)), odOffer.PricePerHour)
+		order := spotOrder
+		if kind != fleet.Spot {
+			order = pl.drainOrder(kind, have[kind], spotIn)
 		}
 		for _, r := range order[:extra] {
 			if r.Ready {
