@@ -187,6 +187,20 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		DisableHeaderNamesNormalizing: false,
 		NoDefaultDate:                 false,
 		Concurrency:                   1 << 20,
+		// A stopping server says Connection: close on what it still answers.
+		CloseOnShutdown: true,
+	}
+	var mu sync.Mutex
+	conns := map[net.Conn]struct{}{}
+	srv.ConnState = func(c net.Conn, st fasthttp.ConnState) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch st {
+		case fasthttp.StateNew:
+			conns[c] = struct{}{}
+		case fasthttp.StateClosed, fasthttp.StateHijacked:
+			delete(conns, c)
+		}
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
@@ -197,6 +211,18 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.ShutdownWithContext(sctx)
+		// The listener closes here too: a Shutdown that ran before the goroutine above reached
+		// srv.Serve found no listener to close, and the server then served for ever.
+		_ = ln.Close()
+		<-done
+		// Whatever the grace left open closes now, as it would when a process exits: past its
+		// deadline fasthttp leaves open connections served, so a client that kept one (a
+		// router's probes every 50 ms) would find the stopped replica answering for ever.
+		mu.Lock()
+		for c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
 		return nil
 	}
 }

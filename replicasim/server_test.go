@@ -2,6 +2,7 @@ package replicasim
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -199,5 +200,67 @@ func TestHealthIsUnavailableOnceTheEngineIsDead(t *testing.T) {
 	}
 	if code, out := post(t, url+"/v1/completions", `{"model":"m","prompt":"hello","max_tokens":3}`); code != 503 || !strings.Contains(out, "engine is dead") {
 		t.Fatalf("a request to a dead engine: %d %s, want 503 saying so", code, out)
+	}
+}
+
+// A stopped server closes what its grace left open, as a process that exits would: past
+// fasthttp's shutdown deadline a connection still streaming was left served, and kept alive
+// after it (a router's probe connection then found the stopped replica healthy for ever).
+func TestStoppedServerClosesEveryConnection(t *testing.T) {
+	s, ln := newServer(t, false)
+	engineCtx, stopEngine := context.WithCancel(context.Background())
+	t.Cleanup(stopEngine)
+	go s.Run(engineCtx)
+	serveCtx, stopServe := context.WithCancel(context.Background())
+	t.Cleanup(stopServe)
+	served := make(chan struct{})
+	go func() { _ = s.Serve(serveCtx, ln); close(served) }()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// 4,000 tokens stream for some seconds on the H100 profile: longer than the grace.
+	body := `{"model":"m","prompt":"hello","max_tokens":4000,"ignore_eos":true,"stream":true}`
+	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	_ = conn.SetReadDeadline(time.Now().Add(2 * time.Minute))
+	buf := make([]byte, 64<<10)
+	var got strings.Builder
+	for !strings.Contains(got.String(), "data: {") {
+		n, err := conn.Read(buf)
+		if err != nil {
+			t.Fatalf("before the first chunk: %v (%q)", err, got.String())
+		}
+		got.Write(buf[:n])
+	}
+	stopServe()
+	<-served
+	for {
+		n, err := conn.Read(buf)
+		got.Write(buf[:n])
+		if err != nil {
+			break // closed: what a client of an exited process sees
+		}
+	}
+	if strings.Contains(got.String(), "[DONE]") {
+		t.Fatal("the stream ran to its end on a stopped server")
+	}
+}
+
+// A server stopped before it got to serve does not serve afterwards: the stop found no
+// listener registered yet, left it open, and the late goroutine then answered on it for ever
+// (picker's TestNoReadyEndpoint saw a stopped replica healthy for its whole 10 s).
+func TestServerStoppedAtOnceServesNothing(t *testing.T) {
+	for i := range 20 {
+		s, ln := newServer(t, true)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := s.Serve(ctx, ln); err != nil {
+			t.Fatal(err)
+		}
+		if c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second); err == nil {
+			c.Close()
+			t.Fatalf("try %d: a stopped server still accepts connections", i)
+		}
 	}
 }
