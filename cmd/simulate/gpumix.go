@@ -51,17 +51,11 @@ func gpumix(args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	sp, err := spec.Load(*specPath)
 	if err != nil {
 		return err
@@ -495,4 +489,21 @@ func describeHeadroom(h map[string]float64) string {
 		parts[i] = fmt.Sprintf("%s %.3g", n, h[n])
 	}
 	return strings.Join(parts, ", ")
+}
+
+// startCPUProfile writes a CPU profile to path until the returned func is called; an empty
+// path profiles nothing.
+func startCPUProfile(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }

@@ -63,9 +63,15 @@ func run(args []string, out io.Writer) error {
 	isoWithin := fs.Float64("iso-slo-within", 0.005, "how far from Arbiter's SLO attainment counts as equal (a fraction: 0.005 is half a point)")
 	cold0 := fs.Bool("from-zero", false, "start with no replica instead of min_replicas ready")
 	scanAll := fs.Int("scan-all", 0, "slo_cheapest predicts every candidate up to this many, then samples (0: the router's default; a large value compares with a full scan)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile here")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	stopProfile, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	sp, err := spec.Load(*specPath)
 	if err != nil {
 		return err
