@@ -50,6 +50,9 @@ type Options struct {
 	// (package picker) is one. synced says the replica set has been received once. An
 	// error from one ends the router.
 	FrontDoors []func(ctx context.Context, px *Proxy, synced func() bool) error
+	// Peers, if set, shares this router's view of the fleet with other routers serving it
+	// (peers.go): what each sent where, so each routes on the whole load and every prefix.
+	Peers *PeerOptions
 }
 
 // Run serves until ctx ends, then finishes in-flight requests (up to 30 s).
@@ -84,6 +87,19 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 	pool := NewPool(&cfg, log, met, aff)
+	if o.Peers != nil {
+		po := *o.Peers
+		if po.Name == "" {
+			po.Name = o.RouterID
+		}
+		v, stopPeers, err := startPeers(po, pool, reg, log)
+		if err != nil {
+			return err
+		}
+		defer stopPeers()
+		pool.sharePeers(v)
+		log.Info("sharing the view of the fleet with peers", "gossip", v.Addr(), "name", po.Name, "join", po.Join)
+	}
 	px, err := NewProxy(&cfg, pool, met, log)
 	if err != nil {
 		return err

@@ -40,7 +40,37 @@ func (r *Replica) Begin(req *Request, staleAfter time.Duration) Prediction {
 	r.prefixes.add(p.prefix, float64(pred.Uncached+p.out), r.kvCapacity())
 	r.lastSent = req.Now
 	r.inflight.Add(1)
+	if v := r.out.Load(); v != nil {
+		pred.shared = v.begin(r, p, req.Streamed)
+	}
 	return pred
+}
+
+// peerBegin adds a peer's request, sent at now, to the replica's model as Begin does our own.
+func (r *Replica) peerBegin(now time.Time, p shape, streamed bool) *twinSeq {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p = r.withKnownPrefix(p)
+	seq := r.twin.add(now, p, streamed)
+	r.prefixes.add(p.prefix, float64(p.prompt-p.cached+p.out), r.kvCapacity())
+	r.peerInflight.Add(1)
+	return seq
+}
+
+// peerFirst says a peer's request got its first token at now (as far as this router knows:
+// the peer's word comes a packet later, so it does not calibrate the model).
+func (r *Replica) peerFirst(seq *twinSeq, now time.Time) {
+	r.mu.Lock()
+	r.twin.prefilled(seq, r.replicaTime(now), false)
+	r.mu.Unlock()
+}
+
+// peerEnd releases a peer's request.
+func (r *Replica) peerEnd(seq *twinSeq, now time.Time) {
+	r.peerInflight.Add(-1)
+	r.mu.Lock()
+	r.twin.remove(seq, r.replicaTime(now))
+	r.mu.Unlock()
 }
 
 // replicaTime is when something the router saw at now happened on the replica, in its
@@ -55,6 +85,9 @@ func (r *Replica) FirstToken(pred Prediction, now time.Time) {
 	r.mu.Lock()
 	r.twin.prefilled(pred.seq, r.replicaTime(now), true)
 	r.mu.Unlock()
+	if v := r.out.Load(); v != nil {
+		v.first(pred.shared)
+	}
 }
 
 // End releases what Begin took at now: the request is answered, failed or cancelled.
@@ -63,6 +96,9 @@ func (r *Replica) End(pred Prediction, now time.Time) {
 	r.mu.Lock()
 	r.twin.remove(pred.seq, r.replicaTime(now))
 	r.mu.Unlock()
+	if v := r.out.Load(); v != nil {
+		v.end(pred.shared)
+	}
 }
 
 // ObserveEngine records the engine's queue as a /metrics scrape would report it.

@@ -27,6 +27,9 @@ type Pool struct {
 	log *slog.Logger
 	met *Metrics
 	aff *Affinity
+	// peers, when set, shares what this router sends with its peers (peers.go); set before
+	// the first replica is added.
+	peers *peerView
 
 	mu     sync.RWMutex // guards byID, list, models; never held while calling out
 	byID   map[string]*Replica
@@ -87,6 +90,16 @@ func (p *Pool) SetSource(name string, set []fleet.Replica) {
 	p.SetReplicas(union)
 }
 
+// sharePeers shares what this router sends with its peers from now on.
+func (p *Pool) sharePeers(v *peerView) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.peers = v
+	for _, r := range p.byID {
+		r.out.Store(v)
+	}
+}
+
 // NewPool returns an empty pool.
 func NewPool(cfg *Config, log *slog.Logger, met *Metrics, aff *Affinity) *Pool {
 	return &Pool{cfg: cfg, log: log, met: met, aff: aff, byID: map[string]*Replica{}, models: map[string]bool{}, changed: make(chan struct{}), added: make(chan struct{}, 1),
@@ -120,6 +133,7 @@ func (p *Pool) SetReplicas(set []fleet.Replica) {
 				p.retire(r) // same ID, new address: a new process; start fresh
 			}
 			r = newReplica(info, newConnPool(info.Address, p.cfg.ConnectTimeout, p.cfg.UpstreamIdleTimeout, p.cfg.MaxIdleConnsPerReplica), prof)
+			r.out.Store(p.peers)
 			joined = true
 			p.log.Info("replica added", "id", info.ID, "addr", info.Address, "capacity", info.Capacity, "price_per_hour", info.PricePerHour, "profile", prof.Name)
 		} else {

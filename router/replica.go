@@ -18,6 +18,10 @@ type Replica struct {
 	info     atomic.Pointer[fleet.Replica]
 	idHash   uint64 // for rendezvous hashing
 	inflight atomic.Int64
+	// peerInflight counts peers' requests open on the replica (the shared view, peers.go);
+	// out tells the peers about this router's. Both stay zero without peers.
+	peerInflight atomic.Int64
+	out          atomic.Pointer[peerView]
 	// judged and missed: answers judged against the SLO since the last load report, and
 	// those that missed it (judge, takeJudged).
 	judged, missed atomic.Int64
@@ -83,6 +87,10 @@ func (r *Replica) Info() *fleet.Replica { return r.info.Load() }
 // InFlight is the number of requests this router has open on the replica.
 func (r *Replica) InFlight() int64 { return r.inflight.Load() }
 
+// inflightSeen is the requests open on the replica as far as this router knows: its own and
+// its peers'.
+func (r *Replica) inflightSeen() int64 { return r.inflight.Load() + r.peerInflight.Load() }
+
 // Available reports whether the replica may take a new request: ready, not ejected, not
 // draining and still in the set.
 func (r *Replica) Available(now time.Time) bool {
@@ -109,7 +117,7 @@ func (r *Replica) Load(now time.Time, staleAfter time.Duration) float64 {
 }
 
 func (r *Replica) loadLocked(now time.Time, staleAfter time.Duration) float64 {
-	in := float64(r.inflight.Load())
+	in := float64(r.inflightSeen())
 	s := r.scrape
 	if s.at.IsZero() || now.Sub(s.at) > staleAfter {
 		return in
@@ -120,7 +128,7 @@ func (r *Replica) loadLocked(now time.Time, staleAfter time.Duration) float64 {
 
 // observeScrape records a /metrics scrape.
 func (r *Replica) observeScrape(now time.Time, running, waiting, kv float64) {
-	in := r.inflight.Load()
+	in := r.inflightSeen()
 	r.mu.Lock()
 	r.scrape = scrapeState{at: now, running: running, waiting: waiting, inflightAtScrape: in, queuedAtScrape: len(r.twin.queue)}
 	r.twin.scrapedKV, r.twin.scrapedAt = kv, now
@@ -243,6 +251,8 @@ type Prediction struct {
 	TooLong bool
 
 	seq *twinSeq // the request in the model, once Begin sent it
+	// shared is the request's ID among this router's peers (0: none).
+	shared uint64
 }
 
 // Predict runs the replica's model (twin) forward with one more prompt of prompt tokens,
