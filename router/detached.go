@@ -36,7 +36,7 @@ func (r *Replica) Begin(req *Request, staleAfter time.Duration) Prediction {
 		pred = r.predictLocked(req.Now, p, req.OutTokens, staleAfter)
 	}
 	req.picked = nil // a retry's pick is its own
-	pred.seq = r.twin.add(req.Now, p, req.Streamed)
+	pred.seq, pred.shape = r.twin.add(req.Now, p, req.Streamed), p
 	r.prefixes.add(p.prefix, float64(pred.Uncached+p.out), r.kvCapacity())
 	r.lastSent = req.Now
 	r.inflight.Add(1)
@@ -72,6 +72,25 @@ func (r *Replica) peerEnd(seq *twinSeq, now time.Time) {
 	r.twin.remove(seq, r.replicaTime(now))
 	r.mu.Unlock()
 }
+
+// PeerRequest is a peer router's request as another router's view of the replica holds it:
+// the simulator's routers sharing their view (Inputs.SharedView) without a network.
+type PeerRequest struct{ seq *twinSeq }
+
+// PeerBegan applies to r, this router's view of the replica a peer sent a request to, what
+// the peer's begin event says (peers.go): the request as the peer's Begin returned pred for
+// it. aff, this router's affinity table (nil: none), learns its prefix.
+func (r *Replica) PeerBegan(req *Request, pred Prediction, aff *Affinity) PeerRequest {
+	seq := r.peerBegin(req.Now, pred.shape, req.Streamed)
+	aff.record(pred.shape.prefix, r)
+	return PeerRequest{seq}
+}
+
+// PeerFirstToken applies a peer's first-token event.
+func (r *Replica) PeerFirstToken(p PeerRequest, now time.Time) { r.peerFirst(p.seq, now) }
+
+// PeerEnded applies a peer's end event.
+func (r *Replica) PeerEnded(p PeerRequest, now time.Time) { r.peerEnd(p.seq, now) }
 
 // replicaTime is when something the router saw at now happened on the replica, in its
 // model's time (see twin).

@@ -3,12 +3,14 @@ package router
 import (
 	"bytes"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,6 +49,32 @@ type PeerOptions struct {
 	Name string
 	// transport, in tests, stands in for memberlist's network transport (to cut one off).
 	transport memberlist.Transport
+}
+
+// PeerFlags defines -peer-listen, -peer-advertise and -peers on fs (the router's and the
+// picker's); the returned func reads them after parsing: nil options without -peer-listen.
+func PeerFlags(fs *flag.FlagSet) func() (*PeerOptions, error) {
+	listen := fs.String("peer-listen", "", "share this router's view of the fleet (what it sent where: in-flight counts, queued prompts, prefixes) with the other routers or pickers serving it, over gossip (hashicorp/memberlist, TCP and UDP) on this address, e.g. 0.0.0.0:7946; with -peers")
+	adv := fs.String("peer-advertise", "", "the address peers reach -peer-listen on, where it is not the one bound (0.0.0.0, NAT), e.g. $(POD_IP):7946")
+	peers := fs.String("peers", "", "peers to join, comma-separated host:port, or a DNS name resolving to all of them (a headless Service); with -peer-listen")
+	return func() (*PeerOptions, error) {
+		if *listen == "" {
+			if *peers != "" {
+				return nil, errors.New("-peers needs -peer-listen: the address this router's gossip listens on")
+			}
+			return nil, nil
+		}
+		o := &PeerOptions{Listen: *listen, Advertise: *adv}
+		if _, _, err := splitHostPort(*listen); err != nil {
+			return nil, fmt.Errorf("-peer-listen %q: %w", *listen, err)
+		}
+		for _, p := range strings.Split(*peers, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				o.Join = append(o.Join, p)
+			}
+		}
+		return o, nil
+	}
 }
 
 // peerBatchWindow is how long events wait to share a packet: a router's view of its peers'
@@ -191,7 +219,9 @@ func startPeers(o PeerOptions, pool *Pool, reg prometheus.Registerer, logger *sl
 	go func() { defer wg.Done(); v.sendLoop(done) }()
 	go func() { defer wg.Done(); v.rejoinLoop(done) }()
 	v.rejoin()
-	v.noteMembers()
+	if v.alive() == 0 && len(o.Join) > 0 {
+		logger.Info("no peer reachable yet: routing on this router's own view of the fleet until one joins", "join", o.Join)
+	}
 	return v, func() {
 		close(done)
 		wg.Wait()
@@ -620,7 +650,7 @@ func (v *peerView) noteMembers() {
 	n := len(v.members)
 	v.peers.Set(float64(n))
 	v.seen = max(v.seen, n)
-	wasAlone, alone := v.alone, n == 0
+	wasAlone, alone, hadPeers := v.alone, n == 0, v.seen > 0
 	v.alone = alone
 	v.mu.Unlock()
 	if n > 0 {
@@ -628,7 +658,7 @@ func (v *peerView) noteMembers() {
 	} else {
 		v.shared.Set(0)
 	}
-	if alone && !wasAlone && len(v.join) > 0 {
+	if alone && !wasAlone && hadPeers {
 		v.log.Warn("cut off from every peer: routing on this router's own view of the fleet until they are back")
 	}
 }

@@ -251,8 +251,10 @@ type Prediction struct {
 	TooLong bool
 
 	seq *twinSeq // the request in the model, once Begin sent it
-	// shared is the request's ID among this router's peers (0: none).
+	// shared is the request's ID among this router's peers (0: none); shape, what Begin put
+	// in the replica's model, which is what peers are told.
 	shared uint64
+	shape  shape
 }
 
 // Predict runs the replica's model (twin) forward with one more prompt of prompt tokens,

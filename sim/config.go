@@ -75,6 +75,13 @@ type Inputs struct {
 	// ScanAll, when set, is slo_cheapest's ScanAll: how many candidates a pick predicts
 	// every one of before it samples (to compare the sampling pick with a full scan).
 	ScanAll int
+	// Routers is how many routers the requests go through, a balancer taking them in turn
+	// by arrival (0: one). Each has its own view of every replica (its requests, the scrapes
+	// every router takes, its prefix memory and affinity) unless SharedView, where each
+	// also applies what the others sent at once, as peered routers do (router/peers.go)
+	// less the network's milliseconds.
+	Routers    int
+	SharedView bool
 	// Model is the served model's shape (engine.LookupModel: "llama-3.1-8b"): when set,
 	// each replica runs its own GPU's profile (engine.ProfileOn) instead of Profile, so a
 	// spec offering several GPU types runs a mixed fleet. ArbiterMix and MelangeStatic
@@ -109,6 +116,9 @@ func (in *Inputs) validate() error {
 	}
 	if in.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("sim: Duration %v: must be > 0", in.Duration))
+	}
+	if in.Routers < 0 {
+		errs = append(errs, fmt.Errorf("sim: Routers %d: want ≥ 0 (0: one)", in.Routers))
 	}
 	if in.ColdStart < 0 || in.ZoneCooldown < 0 || in.SpotOffset < 0 {
 		errs = append(errs, errors.New("sim: ColdStart, ZoneCooldown and SpotOffset must be ≥ 0"))

@@ -42,7 +42,8 @@ type replica struct {
 	ended    bool // terminated or dead: no longer billed
 	noticed  bool
 	eng      *engine.Engine
-	view     *router.Replica
+	// views are each router's view of the replica (Inputs.Routers), in router order.
+	views    []*router.Replica
 	stepping bool
 	step     engine.StepResult // the pass in progress; applied when it ends
 	reqs     map[uint64]*request
@@ -57,11 +58,15 @@ type replica struct {
 type request struct {
 	// burst: another request reached the same replica in the same instant (the trace's
 	// timestamps coincide).
-	burst    bool
-	id       uint64
-	tr       *traces.Request
-	route    router.Request
-	pred     router.Prediction
+	burst bool
+	id    uint64
+	tr    *traces.Request
+	route router.Request
+	pred  router.Prediction
+	// router is the router the balancer sent the request to; peers, with a shared view,
+	// the request as each other router's view holds it (by router; its own unused).
+	router   int
+	peers    []router.PeerRequest
 	rep      *replica
 	sentAt   time.Duration
 	firstAt  time.Duration
@@ -73,18 +78,18 @@ type request struct {
 }
 
 type simulation struct {
-	sys    System
-	in     *Inputs
-	w      wiring
-	mkt    *market.Market
-	policy router.Policy
-	aff    *router.Affinity
-	dec    *scaling.Decider
-	placer *scaling.Placer
-	rng    *rand.Rand
-	q      queue
-	now    time.Duration
-	end    time.Duration
+	sys System
+	in  *Inputs
+	w   wiring
+	mkt *market.Market
+	// routers are the routers requests go through: one unless Inputs.Routers.
+	routers []simRouter
+	dec     *scaling.Decider
+	placer  *scaling.Placer
+	rng     *rand.Rand
+	q       queue
+	now     time.Duration
+	end     time.Duration
 
 	reqs     []traces.Request
 	next     int
@@ -121,16 +126,12 @@ func Run(sys System, in Inputs) (*Result, error) {
 	if s.mkt, err = market.New(market.Config{Catalog: in.Catalog, Resources: in.Spec.Resources, Start: in.Start, Spot: in.Spot, Offset: in.SpotOffset, Reading: in.Reading}); err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
-	if s.blockTok > 0 {
-		if s.aff, err = router.NewAffinity(router.Defaults().AffinitySize, s.blockTok); err != nil {
+	for range max(in.Routers, 1) {
+		rt, err := newSimRouter(w.routing, s.blockTok, in.ScanAll)
+		if err != nil {
 			return nil, err
 		}
-	}
-	if s.policy, err = router.NewPolicy(w.routing, s.aff, staleAfter); err != nil {
-		return nil, fmt.Errorf("sim: %w", err)
-	}
-	if p, ok := s.policy.(*router.SLOCheapest); ok && in.ScanAll != 0 {
-		p.ScanAll = in.ScanAll
+		s.routers = append(s.routers, rt)
 	}
 	if s.dec, err = scaling.NewDecider(w.scaling, s.clock()); err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
@@ -297,7 +298,7 @@ func (s *simulation) handle(e event) {
 func (s *simulation) arrive(tr *traces.Request) {
 	s.res.Requests++
 	s.arrivals++
-	req := &request{id: uint64(s.next) + 1, tr: tr, heldAt: -1}
+	req := &request{id: uint64(s.next) + 1, tr: tr, heldAt: -1, router: s.next % len(s.routers)}
 	req.route = router.Request{PromptTokens: max(tr.InputTokens, 1), OutTokens: max(tr.OutputTokens, 1), Prefix: tr.PrefixBlocks, BlockTokens: float64(s.blockTok), SLO: s.w.slo, Streamed: true}
 	if s.mix != nil && s.mix.planner != nil {
 		// The routers' accounting of the request mix (issue 36): its prompt and output
@@ -308,7 +309,7 @@ func (s *simulation) arrive(tr *traces.Request) {
 }
 
 func (s *simulation) dispatch(req *request) {
-	cands := s.candidates()
+	cands := s.candidates(req.router)
 	if len(cands) == 0 {
 		if s.w.holdAtZero {
 			s.hold(req)
@@ -318,7 +319,7 @@ func (s *simulation) dispatch(req *request) {
 		return
 	}
 	req.route.Now = s.clock()
-	rep := s.byView[s.policy.Pick(&req.route, cands, s.rng)]
+	rep := s.byView[s.routers[req.router].policy.Pick(&req.route, cands, s.rng)]
 	req.attempts++
 	if rep.dead {
 		// A stale balancer list: the connection is refused, which may be retried.
@@ -336,7 +337,7 @@ func (s *simulation) dispatch(req *request) {
 		s.res.ZeroWaits++
 		s.res.MaxZeroWait = max(s.res.MaxZeroWait, wait)
 	}
-	req.pred = rep.view.Begin(&req.route, staleAfter)
+	s.begin(rep, req)
 	if rep.lastSent != nil && rep.lastSentAt == s.now {
 		rep.lastSent.burst, req.burst = true, true
 	}
@@ -357,27 +358,27 @@ func (s *simulation) enqueue(rep *replica, req *request) {
 		BlockHashes: engineBlocks(req.tr.PrefixBlocks, s.blockTok, rep.eng.Profile().BlockSize, req.route.PromptTokens)})
 	if err != nil {
 		delete(rep.reqs, req.id)
-		rep.view.End(req.pred, s.clock())
+		s.release(rep, req)
 		s.fail("too_long")
 		return
 	}
 	s.kick(rep)
 }
 
-// candidates are the replicas the balancer may pick now.
-func (s *simulation) candidates() []*router.Replica {
+// candidates are the replicas router k's balancer may pick now, as its views.
+func (s *simulation) candidates(k int) []*router.Replica {
 	s.cands = s.cands[:0]
 	if s.w.lbSync > 0 {
 		for _, r := range s.lbList {
-			s.cands = append(s.cands, r.view)
+			s.cands = append(s.cands, r.views[k])
 		}
 		router.SortByCost(s.cands)
 		return s.cands
 	}
 	now := s.clock()
 	for _, r := range s.live {
-		if r.ready && !r.draining && !r.dead && r.view.Available(now) {
-			s.cands = append(s.cands, r.view)
+		if r.ready && !r.draining && !r.dead && r.views[k].Available(now) {
+			s.cands = append(s.cands, r.views[k])
 		}
 	}
 	router.SortByCost(s.cands) // as the router's pool keeps them
@@ -438,7 +439,7 @@ func (s *simulation) stepped(r *replica) {
 		}
 		if em.Index == 0 {
 			req.firstAt = s.now
-			r.view.FirstToken(req.pred, s.clock())
+			s.firstToken(r, req)
 		}
 		if em.Done {
 			s.complete(r, req)
@@ -449,7 +450,7 @@ func (s *simulation) stepped(r *replica) {
 
 func (s *simulation) complete(r *replica, req *request) {
 	delete(r.reqs, req.id)
-	r.view.End(req.pred, s.clock())
+	s.release(r, req)
 	out := req.route.OutTokens
 	ttft := (req.firstAt - req.tr.At).Seconds()
 	e2e := (s.now - req.tr.At).Seconds()
@@ -457,7 +458,7 @@ func (s *simulation) complete(r *replica, req *request) {
 	if out > 1 {
 		tpot = (s.now - req.firstAt).Seconds() / float64(out-1)
 	}
-	r.view.Completed(&req.route, req.pred, (req.firstAt - req.sentAt).Seconds(), (s.now - req.sentAt).Seconds(), out, true)
+	r.views[req.router].Completed(&req.route, req.pred, (req.firstAt - req.sentAt).Seconds(), (s.now - req.sentAt).Seconds(), out, true)
 	res := s.res
 	res.Succeeded++
 	if req.heldFor > res.HoldBound {
@@ -524,7 +525,9 @@ func (s *simulation) scrape() {
 	for _, r := range s.live {
 		if r.ready && !r.dead {
 			st := r.eng.Stats()
-			r.view.ObserveEngine(now, st.Running, st.Waiting, st.KVUsage)
+			for _, v := range r.views {
+				v.ObserveEngine(now, st.Running, st.Waiting, st.KVUsage)
+			}
 		}
 	}
 }
@@ -621,9 +624,12 @@ func (s *simulation) launch(o scaling.Offer) {
 	s.nextID++
 	r := &replica{id: strconv.Itoa(s.nextID), offer: o, launched: s.now, eng: eng, reqs: map[uint64]*request{}}
 	prof := eng.Profile()
-	r.view = router.NewDetachedReplica(fleet.Replica{ID: r.id, Model: "m", Address: "sim:" + r.id, Provider: o.Provider,
-		Region: o.Region, Zone: o.Zone, Capacity: o.Capacity, PricePerHour: o.PricePerHour, Profile: prof.Name, Accelerator: o.Accelerator}, &prof)
-	s.byView[r.view] = r
+	for range s.routers {
+		v := router.NewDetachedReplica(fleet.Replica{ID: r.id, Model: "m", Address: "sim:" + r.id, Provider: o.Provider,
+			Region: o.Region, Zone: o.Zone, Capacity: o.Capacity, PricePerHour: o.PricePerHour, Profile: prof.Name, Accelerator: o.Accelerator}, &prof)
+		r.views = append(r.views, v)
+		s.byView[v] = r
+	}
 	s.live = append(s.live, r)
 	s.res.Launches++
 	s.res.PeakReplicas = max(s.res.PeakReplicas, len(s.live))
@@ -647,7 +653,9 @@ func (r *replica) placed(start time.Time, leaving bool) scaling.Placed {
 
 func (s *simulation) becameReady(r *replica) {
 	r.ready, r.readyAt = true, s.now
-	r.view.ObserveRTT(rtt)
+	for _, v := range r.views {
+		v.ObserveRTT(rtt)
+	}
 	if r.draining {
 		return
 	}
@@ -675,9 +683,11 @@ func (s *simulation) drain(r *replica) {
 // stopRouting marks r draining, in the simulation and in the router's view of it.
 func (s *simulation) stopRouting(r *replica) {
 	r.draining = true
-	info := *r.view.Info()
-	info.Draining = true
-	r.view.SetInfo(info)
+	for _, v := range r.views {
+		info := *v.Info()
+		info.Draining = true
+		v.SetInfo(info)
+	}
 }
 
 // terminate ends a replica on purpose.
@@ -690,7 +700,7 @@ func (s *simulation) terminate(r *replica) {
 func (s *simulation) failOpen(r *replica, why string) {
 	for _, req := range r.reqs {
 		s.fail(why)
-		r.view.End(req.pred, s.clock())
+		s.release(r, req)
 	}
 	clear(r.reqs)
 }
@@ -707,13 +717,15 @@ func (s *simulation) retire(r *replica) {
 func (s *simulation) remove(r *replica) {
 	s.bill(r)
 	s.retire(r)
-	if s.aff != nil {
-		s.aff.Forget(r.view)
+	for k, v := range r.views {
+		if aff := s.routers[k].aff; aff != nil {
+			aff.Forget(v)
+		}
+		delete(s.byView, v)
 	}
 	if i := slices.Index(s.lbList, r); i >= 0 && !r.dead {
 		s.lbList = slices.Delete(s.lbList, i, i+1)
 	}
-	delete(s.byView, r.view)
 }
 
 func (s *simulation) bill(r *replica) {
@@ -806,4 +818,67 @@ func (s *simulation) detected(r *replica) {
 	s.placerFor(r.offer).Preempted(r.offer.Provider, r.offer.Region, r.offer.Zone, s.clock())
 	s.retire(r)
 	// The balancer keeps it until its next sync; byView stays so a pick can still land on it.
+}
+
+// simRouter is one router's policy and prefix affinity table.
+type simRouter struct {
+	policy router.Policy
+	aff    *router.Affinity
+}
+
+func newSimRouter(routing string, blockTok, scanAll int) (simRouter, error) {
+	var rt simRouter
+	var err error
+	if blockTok > 0 {
+		if rt.aff, err = router.NewAffinity(router.Defaults().AffinitySize, blockTok); err != nil {
+			return rt, err
+		}
+	}
+	if rt.policy, err = router.NewPolicy(routing, rt.aff, staleAfter); err != nil {
+		return rt, fmt.Errorf("sim: %w", err)
+	}
+	if p, ok := rt.policy.(*router.SLOCheapest); ok && scanAll != 0 {
+		p.ScanAll = scanAll
+	}
+	return rt, nil
+}
+
+// begin sends req to rep through its router's view; with a shared view every other router's
+// view of rep takes it in too.
+func (s *simulation) begin(rep *replica, req *request) {
+	req.pred = rep.views[req.router].Begin(&req.route, staleAfter)
+	req.peers = req.peers[:0]
+	if !s.in.SharedView {
+		return
+	}
+	for k, v := range rep.views {
+		var p router.PeerRequest
+		if k != req.router {
+			p = v.PeerBegan(&req.route, req.pred, s.routers[k].aff)
+		}
+		req.peers = append(req.peers, p)
+	}
+}
+
+// firstToken says req's first token came, to every view that holds it.
+func (s *simulation) firstToken(rep *replica, req *request) {
+	now := s.clock()
+	rep.views[req.router].FirstToken(req.pred, now)
+	for k, p := range req.peers {
+		if k != req.router {
+			rep.views[k].PeerFirstToken(p, now)
+		}
+	}
+}
+
+// release takes req out of every view that holds it.
+func (s *simulation) release(rep *replica, req *request) {
+	now := s.clock()
+	rep.views[req.router].End(req.pred, now)
+	for k, p := range req.peers {
+		if k != req.router {
+			rep.views[k].PeerEnded(p, now)
+		}
+	}
+	req.peers = req.peers[:0]
 }

@@ -35,6 +35,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -76,6 +77,34 @@ type options struct {
 	// pickers is how many routers serve the picker (-via picker), each with its own view of
 	// the load, the gateway taking them in turn.
 	pickers int
+	// routers is how many routers serve the client port (-via router), a load balancer
+	// taking them in turn, request by request.
+	routers int
+}
+
+// fronts is how many routers the traffic goes through.
+func (o options) fronts() int {
+	if o.via == "picker" {
+		return o.pickers
+	}
+	return o.routers
+}
+
+// parsePolicy splits a -policies entry: a policy, then /no-prefix (prefix affinity off)
+// and /shared (the routers share their view: -peer-listen, -peers), in either order.
+func parsePolicy(pol string) (policy string, noPrefix, shared bool, err error) {
+	parts := strings.Split(pol, "/")
+	for _, m := range parts[1:] {
+		switch m {
+		case "no-prefix":
+			noPrefix = true
+		case "shared":
+			shared = true
+		default:
+			return "", false, false, fmt.Errorf("policy %q: unknown modifier /%s (want /no-prefix or /shared)", pol, m)
+		}
+	}
+	return parts[0], noPrefix, shared, nil
 }
 
 // defaultReplicas: two profiles at two price tiers, prices from the shared catalogs
@@ -90,7 +119,7 @@ func main() {
 	flag.StringVar(&o.bin, "bin", "bin", "folder holding the router and replicasim binaries")
 	flag.StringVar(&o.trace, "trace", "mooncake-conversation-30min", "request trace: "+strings.Join(traces.RequestNames(), ", "))
 	flag.StringVar(&reps, "replicas", defaultReplicas, "replicas as profile@USD-per-hour, comma-separated")
-	flag.StringVar(&pols, "policies", "slo_cheapest,slo_cheapest/no-prefix,least_load,round_robin", "policies to compare; /no-prefix turns prefix affinity off")
+	flag.StringVar(&pols, "policies", "slo_cheapest,slo_cheapest/no-prefix,least_load,round_robin", "policies to compare; /no-prefix turns prefix affinity off, /shared has the routers (or pickers) share their view of the fleet")
 	flag.Float64Var(&o.level, "level", 0.6, "load as a fraction of the pool's capacity for the trace")
 	flag.IntVar(&o.requests, "requests", 300, "requests per policy")
 	flag.DurationVar(&o.maxDuration, "max-duration", 90*time.Second, "bound on each run's arrivals")
@@ -101,6 +130,7 @@ func main() {
 	flag.BoolVar(&o.conversations, "conversations", true, "sample whole conversations (requests grouped by their conversation's prefix block) rather than the trace's first requests, so follow-up turns fall within the run; each turn is sent after the answer to the one before")
 	flag.StringVar(&o.via, "via", "router", "front door: router (its HTTP port) or picker (a gateway stand-in asking the same router's endpoint picker over Envoy ext_proc, as a Kubernetes gateway with GIE does)")
 	flag.IntVar(&o.pickers, "pickers", 1, "with -via picker: how many pickers (routers with -ext-proc-listen, each its own view of the load) the gateway takes in turn")
+	flag.IntVar(&o.routers, "routers", 1, "with -via router: how many routers, a load balancer stand-in taking them in turn request by request")
 	flag.StringVar(&o.dump, "dump", "", "write every request (policy, replica, predicted and observed TTFT, tokens) to this CSV file")
 	flag.Parse()
 	for _, r := range strings.Split(reps, ",") {
@@ -112,11 +142,19 @@ func main() {
 		o.replicas = append(o.replicas, replicaSpec{profile: name, price: p})
 	}
 	o.policies = strings.Split(pols, ",")
+	for _, p := range o.policies {
+		if _, _, _, err := parsePolicy(p); err != nil {
+			fail(err)
+		}
+	}
 	if o.via != "router" && o.via != "picker" {
 		fail(fmt.Errorf("-via %q: want router or picker", o.via))
 	}
 	if o.pickers < 1 || o.pickers > 1 && o.via != "picker" {
 		fail(fmt.Errorf("-pickers %d: want 1, or more with -via picker", o.pickers))
+	}
+	if o.routers < 1 || o.routers > 1 && o.via != "router" {
+		fail(fmt.Errorf("-routers %d: want 1, or more with -via router", o.routers))
 	}
 	if err := run(o); err != nil {
 		fail(err)
@@ -157,9 +195,9 @@ func run(o options) (err error) {
 	}
 	rate := o.level * capacity
 	fmt.Printf("trace %s (conversations: %v), %d requests at %.2f req/s (%.2f of the pool's %.2f req/s), SLO TTFT %v TPOT %v, replicas %v, via the %s\n\n",
-		o.trace, o.conversations, len(reqs), rate, o.level, capacity, o.sloTTFT, o.sloTPOT, describe(o.replicas), o.via+map[bool]string{true: fmt.Sprintf(" (%d pickers)", o.pickers)}[o.pickers > 1])
-	fmt.Println("| policy | prefix affinity | succeeded | SLO attainment | goodput | TTFT p50 / p90 | TPOT p90 | $/M tokens (busy time) | requests per replica |")
-	fmt.Println("|---|---|---:|---:|---:|---|---:|---:|---|")
+		o.trace, o.conversations, len(reqs), rate, o.level, capacity, o.sloTTFT, o.sloTPOT, describe(o.replicas), o.via+map[bool]string{true: fmt.Sprintf(" (%d of them)", o.fronts())}[o.fronts() > 1])
+	fmt.Println("| policy | prefix affinity | view | succeeded | SLO attainment | goodput | TTFT p50 / p90 | TPOT p90 | TTFT MAPE | $/M tokens (busy time) | requests per replica |")
+	fmt.Println("|---|---|---|---:|---:|---:|---|---:|---:|---:|---|")
 	var dump *csv.Writer
 	if o.dump != "" {
 		var done func() error
@@ -254,7 +292,10 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 			return nil, nil, err
 		}
 	}
-	policy, noPrefix := strings.CutSuffix(pol, "/no-prefix")
+	policy, noPrefix, shared, err := parsePolicy(pol)
+	if err != nil {
+		return nil, nil, err
+	}
 	cfg := map[string]any{
 		"policy":          policy,
 		"slos":            map[string]any{model: map[string]float64{"ttft_seconds": o.sloTTFT.Seconds(), "tpot_seconds": o.sloTPOT.Seconds()}},
@@ -272,9 +313,17 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 			return nil, nil, err
 		}
 	}
-	var url string
-	var extProcs []string
-	for i := range o.pickers {
+	var urls, extProcs, gossip []string
+	if shared {
+		for range o.fronts() {
+			addr, err := procs.FreeAddr()
+			if err != nil {
+				return nil, nil, err
+			}
+			gossip = append(gossip, addr)
+		}
+	}
+	for i := range o.fronts() {
 		listen, err := procs.FreeAddr()
 		if err != nil {
 			return nil, nil, err
@@ -285,8 +334,9 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 		}
 		args := []string{"-listen", listen, "-admin", admin, "-config", filepath.Join(dir, "router.yaml"),
 			"-replicas", filepath.Join(dir, "replicas.yaml"), "-log-level", "warn", "-id", fmt.Sprintf("router-%d", i)}
-		if i == 0 {
-			url = "http://" + listen
+		urls = append(urls, "http://"+listen)
+		if shared {
+			args = append(args, "-peer-listen", gossip[i], "-peers", strings.Join(gossip, ","))
 		}
 		if o.via == "picker" {
 			extProc, err := procs.FreeAddr()
@@ -320,9 +370,14 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 		srv := &http.Server{Handler: gw}
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
-		url = "http://" + ln.Addr().String()
+		urls = []string{"http://" + ln.Addr().String()}
 	}
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}, Timeout: 10 * time.Minute}
+	url := urls[0]
+	var rt http.RoundTripper = &http.Transport{MaxIdleConnsPerHost: 1024}
+	if len(urls) > 1 {
+		rt = &roundRobin{next: rt, hosts: hostsOf(urls)}
+	}
+	client := &http.Client{Transport: rt, Timeout: 10 * time.Minute}
 	if o.conversations {
 		return workload.ReplaySessions(client, url, model, reqs, rate, o.maxDuration), set, nil
 	}
@@ -405,15 +460,19 @@ func row(o options, pol string, res []workload.Result, set []fleet.Replica) stri
 		shares = append(shares, fmt.Sprintf("%s %.0f%%", rep.ID, 100*float64(len(perReplica[rep.ID]))/float64(max(ok, 1))))
 	}
 	n := float64(len(res))
-	policy, noPrefix := strings.CutSuffix(pol, "/no-prefix")
+	policy, noPrefix, shared, _ := parsePolicy(pol)
 	prefix := "on"
 	if noPrefix || policy != "slo_cheapest" {
 		prefix = "off"
 	}
-	return fmt.Sprintf("| %s | %s | %.1f %% | %.1f %% | %.2f req/s | %s / %s | %s | %.3f | %s |", policy, prefix,
+	view := "one"
+	if o.fronts() > 1 {
+		view = map[bool]string{true: "shared", false: "each its own"}[shared]
+	}
+	return fmt.Sprintf("| %s | %s | %s | %.1f %% | %.1f %% | %.2f req/s | %s / %s | %s | %s | %.3f | %s |", policy, prefix, view,
 		100*float64(ok)/n, 100*float64(good)/n, float64(good)/last.Sub(first).Seconds(),
 		workload.Ms(workload.Quantile(ttft, 0.5)), workload.Ms(workload.Quantile(ttft, 0.9)), workload.Ms(workload.Quantile(tpot, 0.9)),
-		cost/float64(max(tokens, 1))*1e6, strings.Join(shares, ", "))
+		ttftMAPE(res), cost/float64(max(tokens, 1))*1e6, strings.Join(shares, ", "))
 }
 
 // busy is the length of the union of the requests' [start, end] intervals.
@@ -441,4 +500,43 @@ func busy(rs []workload.Result) time.Duration {
 func jsonDecode(resp *http.Response, v any) error {
 	defer resp.Body.Close()
 	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// ttftMAPE is the mean absolute percentage error of the router's TTFT predictions over the
+// answers that carried one (routing_headers), or "—".
+func ttftMAPE(res []workload.Result) string {
+	sum, n := 0.0, 0
+	for _, r := range res {
+		if r.Err == nil && r.PredTTFT > 0 && r.TTFT > 0 {
+			sum += math.Abs(r.PredTTFT-r.TTFT) / r.TTFT
+			n++
+		}
+	}
+	if n == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.0f %%", 100*sum/float64(n))
+}
+
+// roundRobin is a load balancer stand-in in front of several routers: each request goes to
+// the next, whatever its conversation (an L7 balancer without session affinity).
+type roundRobin struct {
+	next  http.RoundTripper
+	hosts []string
+	n     atomic.Uint64
+}
+
+func (rr *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
+	r := req.Clone(req.Context())
+	r.URL.Host = rr.hosts[(rr.n.Add(1)-1)%uint64(len(rr.hosts))]
+	r.Host = r.URL.Host
+	return rr.next.RoundTrip(r)
+}
+
+func hostsOf(urls []string) []string {
+	var hs []string
+	for _, u := range urls {
+		hs = append(hs, strings.TrimPrefix(u, "http://"))
+	}
+	return hs
 }

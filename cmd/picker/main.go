@@ -58,6 +58,7 @@ func run() error {
 		leaseName  = flag.String("leader-elect-lease", "", "the Lease's name with -leader-elect (default arbiter-picker-<pool-name>), in the pool's namespace")
 		leaseFor   = flag.Duration("leader-elect-lease-duration", lease.DefaultDuration, "with -leader-elect, how long a holder that stops renewing keeps the Lease: the longest a takeover waits")
 	)
+	peerOpts := router.PeerFlags(flag.CommandLine)
 	flag.Parse()
 	if _, err := picker.ParseBodyMode(*bodyMode); err != nil {
 		return fmt.Errorf("-ext-proc-body-mode: %w", err)
@@ -117,6 +118,9 @@ func run() error {
 			}
 			return w.Synced, nil
 		}}
+	if o.Peers, err = peerOpts(); err != nil {
+		return err
+	}
 	o.FrontDoors = append(o.FrontDoors, func(ctx context.Context, px *router.Proxy, synced func() bool) error {
 		p := &picker.Picker{Router: px, Endpoints: cfg.MaxAttempts, MaxBody: cfg.MaxRequestBodyBytes, BodyMode: *bodyMode, Log: log}
 		ready := synced

@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -28,24 +27,22 @@ func main() {
 func run() error {
 	host, _ := os.Hostname()
 	var (
-		listen     = flag.String("listen", "127.0.0.1:8080", "client-facing address")
-		admin      = flag.String("admin", "127.0.0.1:8082", "admin address (/metrics, /health, /replicas; not 9090, which is Prometheus' own)")
-		config     = flag.String("config", "", "router config YAML (defaults if empty)")
-		replicas   = flag.String("replicas", "", "replica list YAML, reloaded when it changes")
-		control    = flag.String("control", "", "control plane URL (e.g. http://127.0.0.1:8081), or several control planes sharing one store, comma-separated (the router talks to the one that leads); instead of -replicas")
-		tokenFile  = flag.String("token-file", "", "file holding the control plane's API token")
-		id         = flag.String("id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this router's name in load reports")
-		policy     = flag.String("policy", "", "override the config's routing policy")
-		apiKeys    = flag.String("api-keys", "", "client API keys file (overrides the config's api_keys_file; also $"+router.KeysEnv+")")
-		tlsCert    = flag.String("tls-certfile", "", "serve HTTPS with this PEM certificate (chain); with -tls-keyfile; overrides the config's tls_cert_file. Reloaded when it changes, or on SIGHUP")
-		tlsKey     = flag.String("tls-keyfile", "", "the PEM private key of -tls-certfile; overrides the config's tls_key_file")
-		logLevel   = flag.String("log-level", "info", "debug, info, warn or error")
-		extProc    = flag.String("ext-proc-listen", "", "also serve the endpoint picker for Kubernetes gateways (Gateway API Inference Extension, Envoy ext_proc gRPC, with gRPC health) on this address, e.g. 0.0.0.0:9002; same config, replicas and policy as the router")
-		peerListen = flag.String("peer-listen", "", "share this router's view of the fleet (what it sent where: in-flight counts, queued prompts, prefixes) with the other routers or pickers serving it, over gossip (hashicorp/memberlist, TCP and UDP) on this address, e.g. 0.0.0.0:7946; with -peers")
-		peerAdv    = flag.String("peer-advertise", "", "the address peers reach -peer-listen on, where it is not the one bound (0.0.0.0, NAT), e.g. $(POD_IP):7946")
-		peers      = flag.String("peers", "", "peers to join, comma-separated host:port, or a DNS name resolving to all of them (a headless Service); with -peer-listen")
-		bodyMode   = flag.String("ext-proc-body-mode", "", "the gateway's ext_proc request_body_mode where its messages do not say it (protocol_config): FULL_DUPLEX_STREAMED (default), BUFFERED, BUFFERED_PARTIAL, STREAMED or NONE (the last two pick from the headers alone)")
+		listen    = flag.String("listen", "127.0.0.1:8080", "client-facing address")
+		admin     = flag.String("admin", "127.0.0.1:8082", "admin address (/metrics, /health, /replicas; not 9090, which is Prometheus' own)")
+		config    = flag.String("config", "", "router config YAML (defaults if empty)")
+		replicas  = flag.String("replicas", "", "replica list YAML, reloaded when it changes")
+		control   = flag.String("control", "", "control plane URL (e.g. http://127.0.0.1:8081), or several control planes sharing one store, comma-separated (the router talks to the one that leads); instead of -replicas")
+		tokenFile = flag.String("token-file", "", "file holding the control plane's API token")
+		id        = flag.String("id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this router's name in load reports")
+		policy    = flag.String("policy", "", "override the config's routing policy")
+		apiKeys   = flag.String("api-keys", "", "client API keys file (overrides the config's api_keys_file; also $"+router.KeysEnv+")")
+		tlsCert   = flag.String("tls-certfile", "", "serve HTTPS with this PEM certificate (chain); with -tls-keyfile; overrides the config's tls_cert_file. Reloaded when it changes, or on SIGHUP")
+		tlsKey    = flag.String("tls-keyfile", "", "the PEM private key of -tls-certfile; overrides the config's tls_key_file")
+		logLevel  = flag.String("log-level", "info", "debug, info, warn or error")
+		extProc   = flag.String("ext-proc-listen", "", "also serve the endpoint picker for Kubernetes gateways (Gateway API Inference Extension, Envoy ext_proc gRPC, with gRPC health) on this address, e.g. 0.0.0.0:9002; same config, replicas and policy as the router")
+		bodyMode  = flag.String("ext-proc-body-mode", "", "the gateway's ext_proc request_body_mode where its messages do not say it (protocol_config): FULL_DUPLEX_STREAMED (default), BUFFERED, BUFFERED_PARTIAL, STREAMED or NONE (the last two pick from the headers alone)")
 	)
+	peerOpts := router.PeerFlags(flag.CommandLine)
 	flag.Parse()
 	if _, err := picker.ParseBodyMode(*bodyMode); err != nil {
 		return fmt.Errorf("-ext-proc-body-mode: %w", err)
@@ -85,15 +82,8 @@ func run() error {
 	defer stop()
 	o := router.Options{Listen: *listen, Admin: *admin, Config: cfg, ReplicaFile: *replicas,
 		ControlURL: strings.TrimSuffix(*control, "/"), Token: token, RouterID: *id, Log: log, Reload: router.ReloadOnSIGHUP(ctx)}
-	if *peerListen != "" {
-		o.Peers = &router.PeerOptions{Listen: *peerListen, Advertise: *peerAdv}
-		for _, p := range strings.Split(*peers, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				o.Peers.Join = append(o.Peers.Join, p)
-			}
-		}
-	} else if *peers != "" {
-		return errors.New("-peers needs -peer-listen: the address this router's gossip listens on")
+	if o.Peers, err = peerOpts(); err != nil {
+		return err
 	}
 	if *extProc != "" {
 		ln, err := net.Listen("tcp", *extProc)

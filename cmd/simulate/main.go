@@ -38,6 +38,9 @@ func run(args []string, out io.Writer) error {
 	if len(args) > 0 && args[0] == "capacity" {
 		return capacity(args[1:], out)
 	}
+	if len(args) > 0 && args[0] == "routers" {
+		return routersCmd(args[1:], out)
+	}
 	if len(args) > 0 && args[0] == "gpumix" {
 		return gpumix(args[1:], out)
 	}
