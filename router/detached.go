@@ -41,12 +41,14 @@ func (r *Replica) Begin(req *Request, staleAfter time.Duration) Prediction {
 	r.lastSent = req.Now
 	r.inflight.Add(1)
 	if v := r.out.Load(); v != nil {
-		pred.shared = v.begin(r, p, req.Streamed)
+		pred.shared = v.begin(r, p, req.Streamed, req.Now)
 	}
 	return pred
 }
 
 // peerBegin adds a peer's request, sent at now, to the replica's model as Begin does our own.
+// The replica counts as sent to: a peer's requests re-sample it for every router, since
+// their first tokens calibrate every router's model of it (peerFirst).
 func (r *Replica) peerBegin(now time.Time, p shape, streamed bool) *twinSeq {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -54,14 +56,18 @@ func (r *Replica) peerBegin(now time.Time, p shape, streamed bool) *twinSeq {
 	seq := r.twin.add(now, p, streamed)
 	r.prefixes.add(p.prefix, float64(p.prompt-p.cached+p.out), r.kvCapacity())
 	r.peerInflight.Add(1)
+	if now.After(r.lastSent) {
+		r.lastSent = now
+	}
 	return seq
 }
 
-// peerFirst says a peer's request got its first token at now (as far as this router knows:
-// the peer's word comes a packet later, so it does not calibrate the model).
+// peerFirst says a peer's request got its first token at now, in the peer's clock: it
+// calibrates this router's model as our own first tokens do. Without it each of N routers
+// learned a replica's speed from a Nth of its answers, and re-sampled it N times as often.
 func (r *Replica) peerFirst(seq *twinSeq, now time.Time) {
 	r.mu.Lock()
-	r.twin.prefilled(seq, r.replicaTime(now), false)
+	r.twin.prefilled(seq, r.replicaTime(now), true)
 	r.mu.Unlock()
 }
 
@@ -105,7 +111,7 @@ func (r *Replica) FirstToken(pred Prediction, now time.Time) {
 	r.twin.prefilled(pred.seq, r.replicaTime(now), true)
 	r.mu.Unlock()
 	if v := r.out.Load(); v != nil {
-		v.first(pred.shared)
+		v.first(pred.shared, now)
 	}
 }
 
@@ -116,7 +122,7 @@ func (r *Replica) End(pred Prediction, now time.Time) {
 	r.twin.remove(pred.seq, r.replicaTime(now))
 	r.mu.Unlock()
 	if v := r.out.Load(); v != nil {
-		v.end(pred.shared)
+		v.end(pred.shared, now)
 	}
 }
 

@@ -104,6 +104,8 @@ type peerEvent struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	Kind     uint8
 	ID       uint64
+	// At is when it happened, in the sender's clock (Unix nanoseconds).
+	At       int64
 	Replica  string
 	Prompt   int
 	Cached   int
@@ -254,9 +256,9 @@ func splitHostPort(hp string) (string, int, error) {
 // --- what this router sent ---
 
 // begin tells peers that r took a request of shape p; it returns the request's ID.
-func (v *peerView) begin(r *Replica, p shape, streamed bool) uint64 {
+func (v *peerView) begin(r *Replica, p shape, streamed bool, at time.Time) uint64 {
 	id := v.nextID.Add(1)
-	ev := peerEvent{Kind: peerBegin, ID: id, Replica: r.Info().ID, Prompt: p.prompt, Cached: p.cached, Out: p.out, Streamed: streamed,
+	ev := peerEvent{Kind: peerBegin, ID: id, At: at.UnixNano(), Replica: r.Info().ID, Prompt: p.prompt, Cached: p.cached, Out: p.out, Streamed: streamed,
 		Blocks: len(p.prefix), BlockTokens: p.blockTokens}
 	for k := 1; k <= len(p.prefix); k++ {
 		if checkpoint(k) {
@@ -270,24 +272,24 @@ func (v *peerView) begin(r *Replica, p shape, streamed bool) uint64 {
 	return id
 }
 
-// first tells peers that request id's first token came.
-func (v *peerView) first(id uint64) {
+// first tells peers that request id's first token came at at.
+func (v *peerView) first(id uint64, at time.Time) {
 	if id == 0 {
 		return
 	}
 	v.mu.Lock()
-	v.queueLocked(peerEvent{Kind: peerFirst, ID: id})
+	v.queueLocked(peerEvent{Kind: peerFirst, ID: id, At: at.UnixNano()})
 	v.mu.Unlock()
 }
 
-// end tells peers that request id ended.
-func (v *peerView) end(id uint64) {
+// end tells peers that request id ended at at.
+func (v *peerView) end(id uint64, at time.Time) {
 	if id == 0 {
 		return
 	}
 	v.mu.Lock()
 	delete(v.open, id)
-	v.queueLocked(peerEvent{Kind: peerEnd, ID: id})
+	v.queueLocked(peerEvent{Kind: peerEnd, ID: id, At: at.UnixNano()})
 	v.mu.Unlock()
 }
 
@@ -389,6 +391,7 @@ func (v *peerView) NotifyMsg(b []byte) {
 // apply applies one peer's event to this router's view; it says why not, if not.
 func (v *peerView) apply(node string, ev peerEvent, now time.Time) string {
 	key := peerKey{node, ev.ID}
+	at := eventTime(ev.At, now)
 	switch ev.Kind {
 	case peerBegin:
 		prefix, ok := expandCheckpoints(ev.Blocks, ev.Checkpoints)
@@ -406,7 +409,7 @@ func (v *peerView) apply(node string, ev peerEvent, now time.Time) string {
 			return "duplicate" // a peer's IDs are unique: a second begin is not its own
 		}
 		p := shape{prompt: max(ev.Prompt, 1), cached: min(ev.Cached, max(ev.Prompt-1, 0)), out: ev.Out, prefix: prefix, blockTokens: ev.BlockTokens}
-		seq := r.peerBegin(now, p, ev.Streamed)
+		seq := r.peerBegin(at, p, ev.Streamed)
 		v.pool.aff.record(prefix, r)
 		v.mu.Lock()
 		v.theirs[key] = peerReq{r: r, seq: seq, at: now}
@@ -424,9 +427,9 @@ func (v *peerView) apply(node string, ev peerEvent, now time.Time) string {
 			return "unknown_request"
 		}
 		if ev.Kind == peerFirst {
-			pr.r.peerFirst(pr.seq, now)
+			pr.r.peerFirst(pr.seq, at)
 		} else {
-			pr.r.peerEnd(pr.seq, now)
+			pr.r.peerEnd(pr.seq, at)
 		}
 	default:
 		return "malformed"
@@ -468,7 +471,7 @@ func decodePacket(b []byte) (peerPacket, error) {
 }
 
 // peerEventFields is how many fields a peerEvent encodes.
-const peerEventFields = 10
+const peerEventFields = 11
 
 func decodeEvent(d *msgpack.Decoder, ev *peerEvent, size int) error {
 	if n, err := d.DecodeArrayLen(); err != nil || n != peerEventFields {
@@ -477,12 +480,13 @@ func decodeEvent(d *msgpack.Decoder, ev *peerEvent, size int) error {
 	var errs [peerEventFields]error
 	ev.Kind, errs[0] = d.DecodeUint8()
 	ev.ID, errs[1] = d.DecodeUint64()
-	ev.Replica, errs[2] = d.DecodeString()
-	ev.Prompt, errs[3] = d.DecodeInt()
-	ev.Cached, errs[4] = d.DecodeInt()
-	ev.Out, errs[5] = d.DecodeInt()
-	ev.Streamed, errs[6] = d.DecodeBool()
-	ev.Blocks, errs[7] = d.DecodeInt()
+	ev.At, errs[2] = d.DecodeInt64()
+	ev.Replica, errs[3] = d.DecodeString()
+	ev.Prompt, errs[4] = d.DecodeInt()
+	ev.Cached, errs[5] = d.DecodeInt()
+	ev.Out, errs[6] = d.DecodeInt()
+	ev.Streamed, errs[7] = d.DecodeBool()
+	ev.Blocks, errs[8] = d.DecodeInt()
 	n, err := d.DecodeArrayLen()
 	if err != nil || n > size || n > maxPrefixBlocks {
 		return errPeerPacket
@@ -495,7 +499,7 @@ func decodeEvent(d *msgpack.Decoder, ev *peerEvent, size int) error {
 			}
 		}
 	}
-	ev.BlockTokens, errs[9] = d.DecodeFloat64()
+	ev.BlockTokens, errs[10] = d.DecodeFloat64()
 	if errors.Join(errs[:]...) != nil {
 		return errPeerPacket
 	}
@@ -525,6 +529,21 @@ func decodeState(b []byte) (peerState, error) {
 		}
 	}
 	return st, nil
+}
+
+// peerClockSkew bounds how far in the past a peer's event time is believed: beyond it (a
+// clock off, a packet held up) the event happened when it arrived, as far as this router knows.
+const peerClockSkew = time.Second
+
+// eventTime is when a peer's event happened in this router's clock: the peer's own time
+// (its first tokens then calibrate this router's model of the replica as its own do), unless
+// that is in the future or more than peerClockSkew ago.
+func eventTime(at int64, now time.Time) time.Time {
+	t := time.Unix(0, at)
+	if at <= 0 || t.After(now) || now.Sub(t) > peerClockSkew {
+		return now
+	}
+	return t
 }
 
 // expandCheckpoints rebuilds a prefix of blocks blocks from its checkpoint hashes (the

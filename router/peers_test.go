@@ -233,7 +233,7 @@ func TestPackEvents(t *testing.T) {
 		full[i] = ^uint64(i) // 9 bytes each in msgpack
 	}
 	v := &peerView{name: "router-with-a-long-name-0123456789", open: map[uint64]struct{}{}, flush: make(chan struct{}, 1)}
-	v.begin(NewDetachedReplica(fleet.Replica{ID: "replica-with-a-long-id-0123456789abcdef"}, nil), shape{prompt: 32768, cached: 1, out: 4096, prefix: full, blockTokens: 64}, true)
+	v.begin(NewDetachedReplica(fleet.Replica{ID: "replica-with-a-long-id-0123456789abcdef"}, nil), shape{prompt: 32768, cached: 1, out: 4096, prefix: full, blockTokens: 64}, true, time.Now())
 	if _, dropped := packEvents(v.name, v.pending); dropped != 0 {
 		t.Fatal("a begin with the longest prefix does not fit a packet")
 	}
