@@ -73,6 +73,9 @@ func (c *cutTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn
 	return c.Transport.DialTimeout(addr, timeout)
 }
 
+// gossipWait bounds what gossip's failure detection takes: seconds, not milliseconds.
+const gossipWait = 60 * time.Second
+
 // peered is a router's pool, proxy and shared view, as Run wires them.
 type peered struct {
 	*rig
@@ -151,7 +154,7 @@ func TestPeerCutOffKeepsServingAndRejoins(t *testing.T) {
 	waitFor(t, "c sees a's request", func() bool { return cx.inflightSeen() == 1 })
 
 	c.tr.cut.Store(true)
-	waitFor60(t, "c finds itself alone", func() bool { return c.view.alive() == 0 })
+	waitWithin(t, gossipWait, "c finds itself alone", func() bool { return c.view.alive() == 0 })
 	if c.gauge(c.view.shared) != 0 || c.gauge(c.view.peers) != 0 {
 		t.Fatalf("cut off: arbiter_router_shared_view %v, arbiter_router_peers %v; want 0, 0", c.gauge(c.view.shared), c.gauge(c.view.peers))
 	}
@@ -167,7 +170,7 @@ func TestPeerCutOffKeepsServingAndRejoins(t *testing.T) {
 
 	c.tr.cut.Store(false)
 	for _, p := range []*peered{a, b, c} {
-		waitFor60(t, p.view.name+" sees two peers again", func() bool { return p.view.alive() == 2 })
+		waitWithin(t, gossipWait, p.view.name+" sees two peers again", func() bool { return p.view.alive() == 2 })
 	}
 	if c.gauge(c.view.shared) != 1 {
 		t.Fatal("rejoined, but arbiter_router_shared_view is not 1")
@@ -176,18 +179,6 @@ func TestPeerCutOffKeepsServingAndRejoins(t *testing.T) {
 	waitFor(t, "c sees a's next request", func() bool { return cx.inflightSeen() == 1 })
 	ax.End(pred, time.Now())
 	waitFor(t, "c sees it end", func() bool { return cx.inflightSeen() == 0 })
-}
-
-// waitFor60 waits for what gossip's failure detection takes: seconds, not milliseconds.
-func waitFor60(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 60 s waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // Events too big for a packet are dropped and counted, the rest packed in order within it.

@@ -82,6 +82,9 @@ type Inputs struct {
 	// less the network's milliseconds.
 	Routers    int
 	SharedView bool
+	// PeerDelay is how much later than the sender each other router applies a shared
+	// view's event (the gossip's batch window and the network's trip); 0: at once.
+	PeerDelay time.Duration
 	// Model is the served model's shape (engine.LookupModel: "llama-3.1-8b"): when set,
 	// each replica runs its own GPU's profile (engine.ProfileOn) instead of Profile, so a
 	// spec offering several GPU types runs a mixed fleet. ArbiterMix and MelangeStatic

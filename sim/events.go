@@ -18,6 +18,7 @@ const (
 	evSync                       // a polling balancer refreshes its ready list
 	evWake                       // a held request wakes the control plane (one decision)
 	evEnqueue                    // a request reaches a replica's engine, its prompt prepared
+	evPeer                       // a router applies what a peer told it (Inputs.PeerDelay)
 )
 
 type event struct {
@@ -28,6 +29,7 @@ type event struct {
 	req  *request
 	gen  uint32 // a replica event is stale when the replica's gen moved on
 	idx  int    // evDrop: index into the drop list
+	fn   func() // evPeer: what the router applies
 }
 
 // queue is a binary min-heap of events by (at, seq).

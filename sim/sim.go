@@ -64,9 +64,10 @@ type request struct {
 	route router.Request
 	pred  router.Prediction
 	// router is the router the balancer sent the request to; peers, with a shared view,
-	// the request as each other router's view holds it (by router; its own unused).
+	// the request as each other router's view holds it (by router; its own unused), once
+	// the peers have applied its begin (Inputs.PeerDelay later).
 	router   int
-	peers    []router.PeerRequest
+	peers    *peerHandles
 	rep      *replica
 	sentAt   time.Duration
 	firstAt  time.Duration
@@ -290,6 +291,8 @@ func (s *simulation) handle(e event) {
 	case evSync:
 		s.sync()
 		s.at(s.w.lbSync, event{kind: evSync})
+	case evPeer:
+		e.fn()
 	}
 }
 
@@ -843,31 +846,46 @@ func newSimRouter(routing string, blockTok, scanAll int) (simRouter, error) {
 	return rt, nil
 }
 
+// peerHandles are one attempt of a request as the other routers' views hold it.
+type peerHandles struct{ h []router.PeerRequest }
+
+// toPeers runs fn for every router but req's, at once or Inputs.PeerDelay later (the
+// network's delay between routers: peers learn of a request after the sender picked).
+func (s *simulation) toPeers(rep *replica, req *request, fn func(k int, v *router.Replica)) {
+	apply := func() {
+		for k, v := range rep.views {
+			if k != req.router {
+				fn(k, v)
+			}
+		}
+	}
+	if s.in.PeerDelay <= 0 {
+		apply()
+		return
+	}
+	s.at(s.in.PeerDelay, event{kind: evPeer, fn: apply})
+}
+
 // begin sends req to rep through its router's view; with a shared view every other router's
 // view of rep takes it in too.
 func (s *simulation) begin(rep *replica, req *request) {
 	req.pred = rep.views[req.router].Begin(&req.route, staleAfter)
-	req.peers = req.peers[:0]
+	req.peers = nil
 	if !s.in.SharedView {
 		return
 	}
-	for k, v := range rep.views {
-		var p router.PeerRequest
-		if k != req.router {
-			p = v.PeerBegan(&req.route, req.pred, s.routers[k].aff)
-		}
-		req.peers = append(req.peers, p)
-	}
+	ph := &peerHandles{h: make([]router.PeerRequest, len(rep.views))}
+	route, pred := req.route, req.pred
+	req.peers = ph
+	s.toPeers(rep, req, func(k int, v *router.Replica) { ph.h[k] = v.PeerBegan(&route, pred, s.routers[k].aff) })
 }
 
 // firstToken says req's first token came, to every view that holds it.
 func (s *simulation) firstToken(rep *replica, req *request) {
 	now := s.clock()
 	rep.views[req.router].FirstToken(req.pred, now)
-	for k, p := range req.peers {
-		if k != req.router {
-			rep.views[k].PeerFirstToken(p, now)
-		}
+	if ph := req.peers; ph != nil {
+		s.toPeers(rep, req, func(k int, v *router.Replica) { v.PeerFirstToken(ph.h[k], now) })
 	}
 }
 
@@ -875,10 +893,8 @@ func (s *simulation) firstToken(rep *replica, req *request) {
 func (s *simulation) release(rep *replica, req *request) {
 	now := s.clock()
 	rep.views[req.router].End(req.pred, now)
-	for k, p := range req.peers {
-		if k != req.router {
-			rep.views[k].PeerEnded(p, now)
-		}
+	if ph := req.peers; ph != nil {
+		s.toPeers(rep, req, func(k int, v *router.Replica) { v.PeerEnded(ph.h[k], now) })
 	}
-	req.peers = req.peers[:0]
+	req.peers = nil
 }

@@ -80,6 +80,12 @@ type options struct {
 	// routers is how many routers serve the client port (-via router), a load balancer
 	// taking them in turn, request by request.
 	routers int
+	// balanceFirst sends every request to the first router: the others run (probing,
+	// scraping, gossiping) but route nothing, which tells what N routers cost the machine
+	// from what splitting the traffic costs.
+	balanceFirst bool
+	// peerBatch is the routers' -peer-batch-window with /shared ("": theirs by default).
+	peerBatch string
 }
 
 // fronts is how many routers the traffic goes through.
@@ -130,6 +136,8 @@ func main() {
 	flag.BoolVar(&o.conversations, "conversations", true, "sample whole conversations (requests grouped by their conversation's prefix block) rather than the trace's first requests, so follow-up turns fall within the run; each turn is sent after the answer to the one before")
 	flag.StringVar(&o.via, "via", "router", "front door: router (its HTTP port) or picker (a gateway stand-in asking the same router's endpoint picker over Envoy ext_proc, as a Kubernetes gateway with GIE does)")
 	flag.IntVar(&o.pickers, "pickers", 1, "with -via picker: how many pickers (routers with -ext-proc-listen, each its own view of the load) the gateway takes in turn")
+	flag.StringVar(&o.peerBatch, "peer-batch-window", "", "with /shared: the routers' -peer-batch-window (default: theirs)")
+	flag.BoolVar(&o.balanceFirst, "balance-first", false, "with -routers N: the balancer sends everything to the first router, the others idle (a control: what N routers cost the machine, apart from splitting the traffic)")
 	flag.IntVar(&o.routers, "routers", 1, "with -via router: how many routers, a load balancer stand-in taking them in turn request by request")
 	flag.StringVar(&o.dump, "dump", "", "write every request (policy, replica, predicted and observed TTFT, tokens) to this CSV file")
 	flag.Parse()
@@ -195,7 +203,7 @@ func run(o options) (err error) {
 	}
 	rate := o.level * capacity
 	fmt.Printf("trace %s (conversations: %v), %d requests at %.2f req/s (%.2f of the pool's %.2f req/s), SLO TTFT %v TPOT %v, replicas %v, via the %s\n\n",
-		o.trace, o.conversations, len(reqs), rate, o.level, capacity, o.sloTTFT, o.sloTPOT, describe(o.replicas), o.via+map[bool]string{true: fmt.Sprintf(" (%d of them)", o.fronts())}[o.fronts() > 1])
+		o.trace, o.conversations, len(reqs), rate, o.level, capacity, o.sloTTFT, o.sloTPOT, describe(o.replicas), o.via+map[bool]string{true: fmt.Sprintf(" (%d of them%s)", o.fronts(), map[bool]string{true: ", all traffic to the first"}[o.balanceFirst])}[o.fronts() > 1])
 	fmt.Println("| policy | prefix affinity | view | succeeded | SLO attainment | goodput | TTFT p50 / p90 | TPOT p90 | TTFT MAPE | $/M tokens (busy time) | requests per replica |")
 	fmt.Println("|---|---|---|---:|---:|---:|---|---:|---:|---:|---|")
 	var dump *csv.Writer
@@ -337,6 +345,9 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 		urls = append(urls, "http://"+listen)
 		if shared {
 			args = append(args, "-peer-listen", gossip[i], "-peers", strings.Join(gossip, ","))
+			if o.peerBatch != "" {
+				args = append(args, "-peer-batch-window", o.peerBatch)
+			}
 		}
 		if o.via == "picker" {
 			extProc, err := procs.FreeAddr()
@@ -374,7 +385,7 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 	}
 	url := urls[0]
 	var rt http.RoundTripper = &http.Transport{MaxIdleConnsPerHost: 1024}
-	if len(urls) > 1 {
+	if len(urls) > 1 && !o.balanceFirst {
 		rt = &roundRobin{next: rt, hosts: hostsOf(urls)}
 	}
 	client := &http.Client{Transport: rt, Timeout: 10 * time.Minute}

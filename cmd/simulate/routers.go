@@ -38,8 +38,17 @@ func routersCmd(args []string, out io.Writer) error {
 	spotName := fs.String("spot", "skypilot-preemption-aws-04-22-2023-v100_1", "spot trace")
 	specPath := fs.String("spec", "bench/sim/h100-gcp.yaml", "service.yaml")
 	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "runs at once")
+	delays := fs.String("peer-delay", "0s", "with a shared view, how much later the other routers apply each event (the gossip's batch window and the network's trip), comma-separated: a shared row per delay")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	var pds []time.Duration
+	for _, d := range strings.Split(*delays, ",") {
+		pd, err := time.ParseDuration(strings.TrimSpace(d))
+		if err != nil || pd < 0 {
+			return fmt.Errorf("-peer-delay %q: want durations ≥ 0, comma-separated", *delays)
+		}
+		pds = append(pds, pd)
 	}
 	var ns []int
 	for _, c := range strings.Split(*counts, ",") {
@@ -72,6 +81,7 @@ func routersCmd(args []string, out io.Writer) error {
 		trace  string
 		n      int
 		shared bool
+		delay  time.Duration
 		res    *sim.Result
 		err    error
 	}
@@ -99,7 +109,9 @@ func routersCmd(args []string, out io.Writer) error {
 		for _, n := range ns {
 			cells = append(cells, &cell{trace: name, n: n})
 			if n > 1 {
-				cells = append(cells, &cell{trace: name, n: n, shared: true})
+				for _, pd := range pds {
+					cells = append(cells, &cell{trace: name, n: n, shared: true, delay: pd})
+				}
 			}
 		}
 	}
@@ -107,7 +119,7 @@ func routersCmd(args []string, out io.Writer) error {
 	var wg sync.WaitGroup
 	for _, c := range cells {
 		in := base[c.trace]
-		in.Routers, in.SharedView = c.n, c.shared
+		in.Routers, in.SharedView, in.PeerDelay = c.n, c.shared, c.delay
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -124,8 +136,11 @@ func routersCmd(args []string, out io.Writer) error {
 			return fmt.Errorf("%s, %d routers: %w", c.trace, c.n, c.err)
 		}
 		view := "one"
-		if c.n > 1 {
-			view = map[bool]string{true: "shared", false: "own"}[c.shared]
+		switch {
+		case c.shared:
+			view = fmt.Sprintf("shared, %v late", c.delay)
+		case c.n > 1:
+			view = "own"
 		}
 		mape, p90, _, _ := c.res.PredictionError()
 		lone, _, _, _ := c.res.LoneArrivalPredictionError()
