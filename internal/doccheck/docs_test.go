@@ -23,7 +23,7 @@ import (
 // Shell blocks (```sh, bash, shell): each simple command is checked by its first word.
 //   - bin/serve, serve: the subcommands and flags against the built binary's -h output,
 //     level by level (serve keys new).
-//   - bin/router, bin/replicasim, bin/simulate (and `simulate capacity`): the flags against
+//   - bin/router, bin/replicasim, bin/simulate (and its subcommands): the flags against
 //     the built binary's -h output.
 //   - go build / go test / go run: the ./ package paths exist.
 //   - bash FILE: the script exists.
@@ -289,7 +289,7 @@ func (h *helpCache) get(bin string, path ...string) (*flagSet, error) {
 
 // goFlagSubcommands are the subcommands of the flag-package binaries, whose -h does not
 // list them: `simulate capacity` has flags of its own.
-var goFlagSubcommands = map[string][]string{"simulate": {"capacity"}}
+var goFlagSubcommands = map[string][]string{"simulate": {"capacity", "gpumix", "routers"}}
 
 // checkArgs checks words (after the binary) against bin's flags; cobra says whether
 // the binary has subcommands to descend into.
