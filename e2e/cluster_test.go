@@ -70,13 +70,29 @@ type cluster struct {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	handedOut.mu.Lock()
+	defer handedOut.mu.Unlock()
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		// The kernel may give a port just closed again: TestHAWalkthrough got one port for
+		// a control plane's API and a router, which then could not bind it.
+		if !handedOut.addrs[addr] {
+			handedOut.addrs[addr] = true
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
+
+// handedOut are the addresses freeAddr gave in this test process, none given twice.
+var handedOut = struct {
+	mu    sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
 
 func newCluster(t *testing.T) *cluster {
 	c := &cluster{t: t, home: t.TempDir(), api: freeAddr(t), listen: freeAddr(t), admin: freeAddr(t)}
