@@ -471,26 +471,44 @@ var errPeerPacket = errors.New("malformed peer packet")
 // decodePacket reads what packEvents wrote.
 func decodePacket(b []byte) (peerPacket, error) {
 	d := msgpack.NewDecoder(bytes.NewReader(b))
-	var pk peerPacket
-	if n, err := d.DecodeArrayLen(); err != nil || n != 2 {
-		return pk, errPeerPacket
+	node, n, err := decodeHead(d, len(b))
+	if err != nil {
+		return peerPacket{}, err
 	}
-	node, err := d.DecodeString()
-	if err != nil || node == "" {
-		return pk, errPeerPacket
-	}
-	pk.Node = node
-	n, err := d.DecodeArrayLen()
-	if err != nil || n < 0 || n > len(b) {
-		return pk, errPeerPacket
-	}
-	pk.Events = make([]peerEvent, n)
+	pk := peerPacket{Node: node, Events: make([]peerEvent, n)}
 	for i := range pk.Events {
 		if err := decodeEvent(d, &pk.Events[i], len(b)); err != nil {
 			return pk, err
 		}
 	}
 	return pk, nil
+}
+
+// decodeHead reads what a packet and a push/pull state start with: a two-field array of
+// the sender's name and the length of what follows, at most size (the bytes that carry it).
+func decodeHead(d *msgpack.Decoder, size int) (node string, n int, err error) {
+	if fields, err := d.DecodeArrayLen(); err != nil || fields != 2 {
+		return "", 0, errPeerPacket
+	}
+	if node, err = d.DecodeString(); err != nil || node == "" {
+		return "", 0, errPeerPacket
+	}
+	if n, err = d.DecodeArrayLen(); err != nil || n < 0 || n > size {
+		return "", 0, errPeerPacket
+	}
+	return node, n, nil
+}
+
+// decodeUint64s reads n unsigned integers.
+func decodeUint64s(d *msgpack.Decoder, n int) ([]uint64, error) {
+	out := make([]uint64, n)
+	for i := range out {
+		var err error
+		if out[i], err = d.DecodeUint64(); err != nil {
+			return nil, errPeerPacket
+		}
+	}
+	return out, nil
 }
 
 // peerEventFields is how many fields a peerEvent encodes.
@@ -515,11 +533,8 @@ func decodeEvent(d *msgpack.Decoder, ev *peerEvent, size int) error {
 		return errPeerPacket
 	}
 	if n > 0 {
-		ev.Checkpoints = make([]uint64, n)
-		for i := range ev.Checkpoints {
-			if ev.Checkpoints[i], err = d.DecodeUint64(); err != nil {
-				return errPeerPacket
-			}
+		if ev.Checkpoints, err = decodeUint64s(d, n); err != nil {
+			return err
 		}
 	}
 	ev.BlockTokens, errs[10] = d.DecodeFloat64()
@@ -532,26 +547,15 @@ func decodeEvent(d *msgpack.Decoder, ev *peerEvent, size int) error {
 // decodeState reads what LocalState wrote.
 func decodeState(b []byte) (peerState, error) {
 	d := msgpack.NewDecoder(bytes.NewReader(b))
-	var st peerState
-	if n, err := d.DecodeArrayLen(); err != nil || n != 2 {
-		return st, errPeerPacket
+	node, n, err := decodeHead(d, len(b))
+	if err != nil {
+		return peerState{}, err
 	}
-	node, err := d.DecodeString()
-	if err != nil || node == "" {
-		return st, errPeerPacket
+	open, err := decodeUint64s(d, n)
+	if err != nil {
+		return peerState{}, err
 	}
-	st.Node = node
-	n, err := d.DecodeArrayLen()
-	if err != nil || n < 0 || n > len(b) {
-		return st, errPeerPacket
-	}
-	st.Open = make([]uint64, n)
-	for i := range st.Open {
-		if st.Open[i], err = d.DecodeUint64(); err != nil {
-			return st, errPeerPacket
-		}
-	}
-	return st, nil
+	return peerState{Node: node, Open: open}, nil
 }
 
 // peerClockSkew bounds how far in the past a peer's event time is believed: beyond it (a

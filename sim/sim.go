@@ -67,7 +67,7 @@ type request struct {
 	// the request as each other router's view holds it (by router; its own unused), once
 	// the peers have applied its begin (Inputs.PeerDelay later).
 	router   int
-	peers    *peerHandles
+	peers    []router.PeerRequest
 	rep      *replica
 	sentAt   time.Duration
 	firstAt  time.Duration
@@ -846,9 +846,6 @@ func newSimRouter(routing string, blockTok, scanAll int) (simRouter, error) {
 	return rt, nil
 }
 
-// peerHandles are one attempt of a request as the other routers' views hold it.
-type peerHandles struct{ h []router.PeerRequest }
-
 // toPeers runs fn for every router but req's, at once or Inputs.PeerDelay later (the
 // network's delay between routers: peers learn of a request after the sender picked).
 func (s *simulation) toPeers(rep *replica, req *request, fn func(k int, v *router.Replica)) {
@@ -874,10 +871,10 @@ func (s *simulation) begin(rep *replica, req *request) {
 	if !s.in.SharedView {
 		return
 	}
-	ph := &peerHandles{h: make([]router.PeerRequest, len(rep.views))}
+	ph := make([]router.PeerRequest, len(rep.views)) // filled when the peers apply the begin
 	route, pred := req.route, req.pred
 	req.peers = ph
-	s.toPeers(rep, req, func(k int, v *router.Replica) { ph.h[k] = v.PeerBegan(&route, pred, s.routers[k].aff) })
+	s.toPeers(rep, req, func(k int, v *router.Replica) { ph[k] = v.PeerBegan(&route, pred, s.routers[k].aff) })
 }
 
 // firstToken says req's first token came, to every view that holds it.
@@ -885,7 +882,7 @@ func (s *simulation) firstToken(rep *replica, req *request) {
 	now := s.clock()
 	rep.views[req.router].FirstToken(req.pred, now)
 	if ph := req.peers; ph != nil {
-		s.toPeers(rep, req, func(k int, v *router.Replica) { v.PeerFirstToken(ph.h[k], now) })
+		s.toPeers(rep, req, func(k int, v *router.Replica) { v.PeerFirstToken(ph[k], now) })
 	}
 }
 
@@ -894,7 +891,7 @@ func (s *simulation) release(rep *replica, req *request) {
 	now := s.clock()
 	rep.views[req.router].End(req.pred, now)
 	if ph := req.peers; ph != nil {
-		s.toPeers(rep, req, func(k int, v *router.Replica) { v.PeerEnded(ph.h[k], now) })
+		s.toPeers(rep, req, func(k int, v *router.Replica) { v.PeerEnded(ph[k], now) })
 	}
 	req.peers = nil
 }
