@@ -11,6 +11,7 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -27,6 +28,12 @@ type Request struct {
 	// vllm/v1/core/single_type_kv_cache_manager.py cache_blocks, called by
 	// KVCacheManager.allocate_slots for every full block). nil disables prefix caching.
 	BlockHashes []uint64
+	// Adapter is the LoRA adapter the request runs with (vLLM's lora_int_id; 0: the base
+	// model). Needs SetLoRA.
+	Adapter uint32
+	// AdapterLoad is how long reading Adapter from disk takes, paid by the step that needs it
+	// when it is not in CPU memory.
+	AdapterLoad time.Duration
 }
 
 // Emit is one token produced by a step.
@@ -81,7 +88,8 @@ type Engine struct {
 	stats      Stats
 	emits      []Emit
 	scheduled  []uint64
-	hitIDs     []int32 // admit's scratch: the cached blocks of the prompt it admits
+	hitIDs     []int32    // admit's scratch: the cached blocks of the prompt it admits
+	lora       *loraState // nil: no adapters (SetLoRA)
 }
 
 // New returns an engine for the profile.
@@ -101,6 +109,9 @@ func (e *Engine) Profile() Profile { return e.p }
 func (e *Engine) Add(r Request) error {
 	r.MaxTokens = max(r.MaxTokens, 1)
 	r.PromptTokens = max(r.PromptTokens, 1)
+	if r.Adapter != 0 && e.lora == nil {
+		return errNoLoRA
+	}
 	if r.MaxTokens > e.MaxContext()-r.PromptTokens {
 		return fmt.Errorf("prompt (%d tokens) plus max_tokens (%d) exceeds the context (%d tokens)",
 			r.PromptTokens, r.MaxTokens, e.MaxContext())
@@ -167,7 +178,7 @@ func (e *Engine) Step() StepResult {
 
 	// Decode first (vLLM's scheduler serves running requests before new ones); each decoding
 	// sequence needs a slot for its next token, and preempts the newest if memory is short.
-	var decodeB, decodeCtx int
+	var decodeB, decodeCtx, decodeAdapters int
 	for i := 0; i < len(e.running); i++ {
 		s := e.running[i]
 		if s.generated == 0 || s.total()-s.computed != 1 {
@@ -190,6 +201,9 @@ func (e *Engine) Step() StepResult {
 		}
 		decodeB++
 		decodeCtx += s.total()
+		if s.req.Adapter != 0 {
+			decodeAdapters++
+		}
 		s.computed++
 		budget--
 		e.publish(s)
@@ -201,18 +215,32 @@ func (e *Engine) Step() StepResult {
 		pending += s.total() - s.computed
 	}
 	admit := budget - pending
-	for len(e.waiting) > 0 && len(e.running) < e.p.MaxBatch && admit > 0 {
-		s := e.waiting[0]
+	if e.lora != nil {
+		e.lora.batchAdapters(e.running)
+	}
+	for i := 0; i < len(e.waiting) && len(e.running) < e.p.MaxBatch && admit > 0; {
+		s := e.waiting[i]
+		if e.lora != nil && e.lora.skip(s) {
+			i++ // no GPU slot for its adapter: later requests may go past it, as in vLLM
+			continue
+		}
 		if !e.admit(s, admit) {
 			break
 		}
-		e.waiting = e.waiting[1:]
+		if i == 0 {
+			e.waiting = e.waiting[1:]
+		} else {
+			e.waiting = slices.Delete(e.waiting, i, i+1)
+		}
 		e.running = append(e.running, s)
 		admit -= s.total() - s.computed
+		if e.lora != nil {
+			e.lora.join(s)
+		}
 	}
 
 	// One prefill chunk per sequence not yet fully computed, within the token budget.
-	var prefT, prefQuad, prefCached, prefRead float64
+	var prefT, prefQuad, prefCached, prefRead, adapterTokens float64
 	cachedSeqs := 0
 	for _, s := range e.running {
 		if s.computed >= s.total() || budget <= 0 {
@@ -224,6 +252,9 @@ func (e *Engine) Step() StepResult {
 		}
 		budget -= n
 		N := float64(n)
+		if s.req.Adapter != 0 {
+			adapterTokens += N
+		}
 		prefT += N
 		prefQuad += N * N
 		prefCached += N * float64(s.computed)
@@ -247,6 +278,9 @@ func (e *Engine) Step() StepResult {
 		DecodeBatch: decodeB, DecodeCtx: float64(decodeCtx)})
 	ms := pf + df
 	res.Duration = time.Duration(ms * float64(time.Millisecond))
+	if e.lora != nil {
+		res.Duration += e.lora.stepCost(e.running, ms, adapterTokens+float64(decodeAdapters), prefT+float64(decodeB))
+	}
 
 	// Every sequence whose cache is now complete samples a token.
 	kept := e.running[:0]
