@@ -25,6 +25,12 @@ type driver struct {
 	// slowdown multiplies step times (the "slow tokens" fault); read under mu.
 	slowdown float64
 	met      *metrics
+	// busyUntil is when the engine is done loading adapters it was asked to preload (a
+	// load runs between steps); guarded by mu.
+	busyUntil time.Time
+	// adapters, if set, is told each step's running and waiting adapters (vLLM's
+	// vllm:lora_requests_info is set every step).
+	adapters func(running, waiting []uint32)
 }
 
 // errEngineDead refuses a request once the engine loop has stopped.
@@ -94,6 +100,24 @@ func (d *driver) stats() engine.Stats {
 	return d.eng.Stats()
 }
 
+// preload puts an adapter in the engine's CPU memory; the engine is busy loading it for
+// load, from now or from the end of the loads before it.
+func (d *driver) preload(adapter uint32, load time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if read, err := d.eng.Preload(adapter, 0); err != nil || !read {
+		return
+	}
+	d.busyUntil = later(time.Now(), d.busyUntil).Add(load)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 func (d *driver) setSlowdown(f float64) {
 	d.mu.Lock()
 	d.slowdown = max(f, 1)
@@ -121,8 +145,24 @@ func (d *driver) run(ctx context.Context) {
 			next = time.Now()
 			continue
 		}
+		if wait := time.Until(d.busyUntil); wait > 0 {
+			// Loading adapters: the step starts when the loads end.
+			d.mu.Unlock()
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			}
+			next = time.Now()
+			continue
+		}
 		stepStart := time.Now()
 		st := d.eng.Step()
+		var running, waiting []uint32
+		if d.adapters != nil {
+			running, waiting = d.eng.Adapters(nil, nil)
+		}
 		dur := time.Duration(float64(st.Duration) * d.slowdown)
 		emits := append([]engine.Emit(nil), st.Emits...)
 		for _, id := range st.Scheduled {
@@ -131,6 +171,9 @@ func (d *driver) run(ctx context.Context) {
 			}
 		}
 		d.mu.Unlock()
+		if d.adapters != nil {
+			d.adapters(running, waiting)
+		}
 
 		next = next.Add(dur)
 		if wait := time.Until(next); wait > 0 {

@@ -143,6 +143,12 @@ func vllmError(ctx *fasthttp.RequestCtx, status int, message string) {
 	case fasthttp.StatusNotFound:
 		typ = "NotFoundError"
 	}
+	vllmTypedError(ctx, status, typ, message)
+}
+
+// vllmTypedError is vLLM's error with a type of its own (InvalidUserInput for a LoRA load's
+// bad input, serving_models.py).
+func vllmTypedError(ctx *fasthttp.RequestCtx, status int, typ, message string) {
 	b := oai.ErrorBody(typ, message, "")
 	b = append(b[:len(b)-len(`null}}`)], strconv.Itoa(status)...)
 	b = append(b, "}}"...)

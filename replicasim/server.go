@@ -63,7 +63,10 @@ type Config struct {
 	EmbeddingDim int
 	// Task is what the model serves, as vLLM's --task (TaskNames; default generate): the
 	// endpoints of other tasks answer vLLM's 400 "The model does not support … API".
-	Task   string
+	Task string
+	// LoRA serves adapters on the model, as vLLM's --enable-lora; nil: none (a request
+	// naming an adapter is then a 404, the load endpoints too).
+	LoRA   *LoRAConfig
 	Logger *slog.Logger
 	// Exit ends the process for the crash fault and preemption (default os.Exit).
 	Exit func(code int)
@@ -84,6 +87,7 @@ type Server struct {
 	responses responseStore
 	// wordIDs are the simulated output's tokens (words), as the tokenizer numbers them.
 	wordIDs [len(words)]int
+	lora    *loras // nil without Config.LoRA
 
 	mu        sync.Mutex // guards unhealthy, preemptAt, readyAt
 	unhealthy bool
@@ -110,6 +114,11 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Task != "" && !slices.Contains(TaskNames, cfg.Task) {
 		return nil, fmt.Errorf("task %q: want one of %v", cfg.Task, TaskNames)
+	}
+	if cfg.LoRA != nil {
+		if err := cfg.LoRA.validate(); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -147,6 +156,11 @@ func New(cfg Config) (*Server, error) {
 	s.met = newMetrics(s.reg, cfg.Model, maxLen, cacheInfo(prof), s.engineStats)
 	if eng != nil {
 		s.drv = newDriver(eng, s.met)
+	}
+	if cfg.LoRA != nil {
+		if err := s.startLoRA(eng); err != nil {
+			return nil, err
+		}
 	}
 	s.metricsH = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	return s, nil
@@ -274,6 +288,15 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		s.transcribe(ctx, true)
 	case "/admin/fault", "/admin/health", "/admin/preempt", "/admin/preemption":
 		s.admin(ctx, path)
+	case "/v1/load_lora_adapter", "/v1/unload_lora_adapter":
+		if s.lora == nil || !s.lora.cfg.RuntimeUpdates {
+			// vLLM registers them only with VLLM_ALLOW_RUNTIME_LORA_UPDATING.
+			oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, "Not Found")
+		} else if path == "/v1/load_lora_adapter" {
+			s.loadAdapterHTTP(ctx)
+		} else {
+			s.unloadAdapterHTTP(ctx)
+		}
 	default:
 		if strings.HasPrefix(path, "/v1/responses/") {
 			s.storedResponseGet(ctx, path)
@@ -300,8 +323,17 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 		maxLen = s.drv.eng.MaxContext()
 	}
 	ctx.SetContentType("application/json")
-	fmt.Fprintf(ctx, `{"object":"list","data":[{"id":%q,"object":"model","created":%d,"owned_by":"vllm","root":%q,"parent":null,"max_model_len":%d}]}`,
+	fmt.Fprintf(ctx, `{"object":"list","data":[{"id":%q,"object":"model","created":%d,"owned_by":"vllm","root":%q,"parent":null,"max_model_len":%d}`,
 		s.cfg.Model, s.created, s.cfg.Model, maxLen)
+	if s.lora != nil {
+		// vLLM's cards for adapters, in load order (serving_models.py show_available_models):
+		// root the path it was loaded from, parent the base, no max_model_len.
+		now := time.Now().Unix()
+		for _, a := range s.lora.list() {
+			fmt.Fprintf(ctx, `,{"id":%q,"object":"model","created":%d,"owned_by":"vllm","root":%q,"parent":%q,"max_model_len":null}`, a.name, now, a.path, a.parent)
+		}
+	}
+	ctx.WriteString("]}")
 }
 
 // Llama 3's special tokens, as its tokenizer numbers them.
@@ -520,7 +552,7 @@ func (s *Server) request(ctx *fasthttp.RequestCtx, v *fastjson.Value, kind oai.K
 		// (vllm/entrypoints/openai/serving_engine.py _is_model_supported, 0.11.0).
 		req.Model = s.cfg.Model
 	}
-	if req.Model != s.cfg.Model {
+	if req.Model != s.cfg.Model && (s.lora == nil || s.lora.get(req.Model) == nil) {
 		vllmError(ctx, fasthttp.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
 		return req, false
 	}
@@ -603,8 +635,22 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 	s.met.paramsN.Observe(float64(sp.n))
 	if s.drv != nil {
 		hashes := s.blockHashes(ids, maxTokens)
+		er := engine.Request{PromptTokens: promptN, MaxTokens: maxTokens, BlockHashes: hashes}
+		if req.Model != s.cfg.Model {
+			a := s.lora.get(req.Model)
+			if a == nil { // unloaded since the check
+				vllmError(ctx, fasthttp.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+				return
+			}
+			er.Adapter, er.AdapterLoad = a.id, a.load
+			// The adapter's KV is its own: vLLM's block hashes carry the LoRA's id
+			// (kv_cache_utils.py _gen_lora_extra_hash_keys).
+			for i := range hashes {
+				hashes[i] ^= uint64(a.id) * 0x9E3779B97F4A7C15
+			}
+		}
 		for range sp.n {
-			id, p, err := s.drv.submit(engine.Request{PromptTokens: promptN, MaxTokens: maxTokens, BlockHashes: hashes})
+			id, p, err := s.drv.submit(er)
 			if err != nil {
 				g.abandon()
 				status := fasthttp.StatusBadRequest

@@ -51,11 +51,19 @@ func run() error {
 		faultStatus = flag.Int("fault-status", 503, "status for the status fault")
 		slowdown    = flag.Float64("fault-slowdown", 4, "step-time multiplier for the slow fault")
 		logLevel    = flag.String("log-level", "info", "debug, info, warn or error")
+		enableLoRA  = flag.Bool("enable-lora", false, "serve LoRA adapters on the model, as vLLM's --enable-lora (the run-time load and unload endpoints with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true, as in vLLM)")
+		maxLoRAs    = flag.Int("max-loras", 1, "with -enable-lora: the most distinct adapters in one batch (GPU slots), as vLLM's --max-loras")
+		maxLoRARank = flag.Int("max-lora-rank", 16, "with -enable-lora: the largest adapter rank, as vLLM's --max-lora-rank")
+		maxCPULoRAs = flag.Int("max-cpu-loras", 0, "with -enable-lora: adapters kept in CPU memory (default -max-loras), as vLLM's --max-cpu-loras")
+		loraModules loraFlag
 	)
+	flag.Var(&loraModules, "lora-modules", "with -enable-lora: adapters loaded at start, as vLLM's --lora-modules: name=path or JSON {\"name\",\"path\",\"base_model_name\"}; several after one flag, as vLLM takes them, or the flag repeated")
 	var stopAfter int
 	flag.IntVar(&stopAfter, "stop-after", 64, "output tokens before the simulated model stops when a request sets no max_tokens")
 	flag.IntVar(&stopAfter, "default-max-tokens", 64, "the old name of -stop-after")
-	flag.Parse()
+	if err := flag.CommandLine.Parse(replicasim.ExpandNargs(os.Args[1:], "lora-modules")); err != nil {
+		return err
+	}
 	log, err := httplog.NewLogger(*logLevel)
 	if err != nil {
 		return err
@@ -70,6 +78,12 @@ func run() error {
 		addr = net.JoinHostPort(host, port)
 	}
 	cfg := replicasim.Config{Model: *model, Echo: *echo, EchoTokenInterval: *echoEvery, StopAfter: stopAfter, Logger: log, PromptTokensDetails: *details, StoreResponses: *store, Task: *task}
+	if *enableLoRA {
+		cfg.LoRA = &replicasim.LoRAConfig{MaxLoRAs: *maxLoRAs, MaxLoRARank: *maxLoRARank, MaxCPULoRAs: *maxCPULoRAs, Modules: loraModules,
+			RuntimeUpdates: replicasim.RuntimeLoRAUpdates(os.Getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING")), LoadGiBPerSecond: *loadRate}
+	} else if len(loraModules) > 0 {
+		return errors.New("-lora-modules needs -enable-lora, as in vLLM")
+	}
 	if *gpu != "" {
 		name, err := engine.ProfileOn(*gpu, *model)
 		if err != nil {
@@ -162,4 +176,18 @@ func envOr(key, def string) string {
 		return v
 	}
 	return def
+}
+
+// loraFlag collects --lora-modules entries.
+type loraFlag []replicasim.LoRAModule
+
+func (f *loraFlag) String() string { return fmt.Sprint(len(*f), " modules") }
+
+func (f *loraFlag) Set(v string) error {
+	m, err := replicasim.ParseLoRAModule(v)
+	if err != nil {
+		return err
+	}
+	*f = append(*f, m)
+	return nil
 }
