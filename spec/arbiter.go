@@ -17,7 +17,7 @@ var (
 	arbiterKeys = []string{
 		"model", "models", "routing_policy", "slo", "spot_policy", "reserved", "providers",
 		"scale_to_zero_after_seconds", "autoscaling", "readiness", "local", "sim", "profile", "tasks",
-		"workload",
+		"workload", "adapters",
 	}
 	workloadKeys    = []string{"prompt_tokens", "output_tokens"}
 	sloKeys         = []string{"ttft_seconds", "tpot_seconds", "e2e_seconds", "percentile"}
@@ -72,6 +72,7 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 		return
 	}
 	d.models(b, a)
+	d.adapters(b, a)
 	d.tasks(b, a)
 	b.enum("routing_policy", routingPolicies, &a.RoutingPolicy)
 	if n := b.get("profile"); n != nil {

@@ -38,8 +38,10 @@ type decoder struct {
 	// mountAt and volumeAt are where each entry of Service.FileMounts and Volumes is
 	// written; configAt where each config key is; warns the warnings (Service.Warnings).
 	mountAt, volumeAt []*yaml.Node
-	configAt          map[string]*yaml.Node
-	warns             ErrorList
+	// adapterAt is where each arbiter.adapters entry is written.
+	adapterAt []*yaml.Node
+	configAt  map[string]*yaml.Node
+	warns     ErrorList
 }
 
 func newDecoder(file string) *decoder {

@@ -304,6 +304,24 @@ func arbiterNode(a *Arbiter) *yaml.Node {
 	if len(a.Models) > 0 {
 		put(m, "models", strList(a.Models))
 	}
+	// The run: command's --lora-modules are read from it again; the declared ones are kept
+	// as written, where the replicas read them being settled from the file again.
+	var ads []*yaml.Node
+	for _, ad := range a.Adapters {
+		if ad.Static {
+			continue
+		}
+		e := mapping()
+		put(e, "name", str(ad.Name))
+		put(e, "source", str(ad.Source))
+		if ad.Parent != "" {
+			put(e, "parent", str(ad.Parent))
+		}
+		ads = append(ads, e)
+	}
+	if len(ads) > 0 {
+		put(m, "adapters", &yaml.Node{Kind: yaml.SequenceNode, Content: ads})
+	}
 	put(m, "routing_policy", str(a.RoutingPolicy))
 	if a.Profile != "" {
 		put(m, "profile", str(a.Profile))

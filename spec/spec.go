@@ -139,7 +139,12 @@ type Accelerator struct {
 // Arbiter holds Arbiter's own keys, kept under arbiter: so that a file stays a valid
 // SkyServe file and SkyServe's keys keep their meaning.
 type Arbiter struct {
-	Models        []string // names clients send in "model"; empty means any
+	Models []string // names clients send in "model"; empty means any
+	// Adapters are the LoRA adapters served on the model: the run: command's
+	// --lora-modules, then arbiter.adapters (with Path where the replicas read each).
+	Adapters []Adapter
+	// LoRA is what the run: command tells vLLM about adapters.
+	LoRA          LoRA
 	RoutingPolicy string
 	// Profile is the replicas' performance profile (engine.ProfileNames, or a GPU-MODEL
 	// pair engine.LoadProfile generates, such as l4-llama-3.1-8b) that routers
@@ -387,6 +392,7 @@ func (d *decoder) service(root *yaml.Node, o Overrides) *Service {
 	}
 	d.crossCheck(s)
 	d.checkMounts(s)
+	d.checkAdapters(s, vars)
 	if len(d.warns) > 0 {
 		s.warnings = d.warns
 	}

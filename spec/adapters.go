@@ -1,0 +1,310 @@
+package spec
+
+import (
+	"fmt"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+	"mvdan.cc/sh/v3/expand"
+	"mvdan.cc/sh/v3/syntax"
+)
+
+// Adapter is a LoRA adapter the service serves on its base model (issue 51): named by the
+// run: command's --lora-modules (vLLM loads it at start), or by arbiter.adapters (loaded at
+// run time through vLLM's /v1/load_lora_adapter, so that serve update adds and removes one
+// without restarting a replica).
+type Adapter struct {
+	// Name is what clients send as "model".
+	Name string
+	// Path is where the replica's vLLM reads it (its lora_path): a path on the replica, or
+	// a Hugging Face id, which vLLM downloads.
+	Path string
+	// Source is arbiter.adapters' source as written; empty for a --lora-modules one.
+	Source string
+	// Parent is the base model it runs on (vLLM's /v1/models parent); empty: the service's
+	// model.
+	Parent string
+	// Static: named by --lora-modules, loaded by vLLM before it serves.
+	Static bool
+}
+
+// LoRA is what the run: command tells of the engine's adapters.
+type LoRA struct {
+	// Enabled: the command starts vLLM (or replicasim) with --enable-lora.
+	Enabled bool
+	// MaxLoRAs is its --max-loras, the adapters one batch may mix (vLLM's default, 1).
+	MaxLoRAs int
+	// RuntimeUpdates: VLLM_ALLOW_RUNTIME_LORA_UPDATING is true in the replicas'
+	// environment, as arbiter.adapters needs; Arbiter sets it when the file leaves it out.
+	RuntimeUpdates bool
+}
+
+// RuntimeLoRAEnv is the environment variable without which vLLM has no load endpoints.
+const RuntimeLoRAEnv = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+var adapterKeys = []string{"name", "source", "parent"}
+
+// adapters reads arbiter.adapters: a list of {name, source, parent}.
+func (d *decoder) adapters(b *block, a *Arbiter) {
+	n := b.get("adapters")
+	if n == nil {
+		return
+	}
+	const at = "arbiter.adapters"
+	if n.Kind != yaml.SequenceNode {
+		d.errorf(n, "%s: want a list of adapters, each {name, source}, got %s", at, describe(n))
+		return
+	}
+	for i, it := range n.Content {
+		p := fmt.Sprintf("%s[%d]", at, i)
+		ab := d.block(p, it, it, adapterKeys)
+		if ab == nil {
+			continue
+		}
+		var ad Adapter
+		ab.str("name", &ad.Name)
+		ab.str("source", &ad.Source)
+		ab.str("parent", &ad.Parent)
+		switch {
+		case !ab.has("name") || strings.TrimSpace(ad.Name) == "":
+			d.errorf(it, "%s: name missing: the model name clients send for this adapter", p)
+			continue
+		case !ab.has("source") || strings.TrimSpace(ad.Source) == "":
+			d.errorf(it, "%s: source missing: a folder on the replicas (/adapters/sql), a bucket mounted by file_mounts (s3://bucket/sql), or a Hugging Face id (hf://org/name)", p)
+			continue
+		}
+		if !d.adapterName(ab.get("name"), p+".name", ad.Name) {
+			continue
+		}
+		ad.Path, _ = adapterPath(ad.Source)
+		a.Adapters = append(a.Adapters, ad)
+		d.adapterAt = append(d.adapterAt, it)
+	}
+}
+
+// adapterName checks a name clients will send: vLLM's vllm:lora_requests_info joins
+// adapter names with commas, so a name with one would read as two.
+func (d *decoder) adapterName(at *yaml.Node, where, name string) bool {
+	if strings.ContainsAny(name, ", \t\n") {
+		d.errorf(at, "%s: %s has a comma or a space; vLLM's metrics list adapters comma-joined, so routers could not tell it apart", where, quote(name))
+		return false
+	}
+	return true
+}
+
+// adapterPath is the lora_path a source gives vLLM before file_mounts are considered.
+func adapterPath(src string) (string, bool) {
+	if id, ok := strings.CutPrefix(src, "hf://"); ok {
+		return id, true
+	}
+	return src, false
+}
+
+// runLoRA reads what the run: command tells vLLM about adapters: --enable-lora,
+// --max-loras and --lora-modules (name=path or vLLM's JSON form; several after one flag),
+// with $VARS from vars filled in as the replica's shell would. A module whose name or path
+// uses a variable without a value is an error: the name is what clients will send.
+func runLoRA(run string, vars map[string]string) (LoRA, []Adapter, error) {
+	var l LoRA
+	var mods []Adapter
+	f, err := syntax.NewParser().Parse(strings.NewReader(run), "run")
+	if err != nil {
+		return l, nil, nil // not a script this can read; the shell will say
+	}
+	pairs := make([]string, 0, len(vars))
+	for k, v := range vars {
+		pairs = append(pairs, k+"="+v)
+	}
+	cfg := &expand.Config{Env: expand.ListEnviron(pairs...), NoUnset: true}
+	var firstErr error
+	fail := func(format string, args ...any) {
+		if firstErr == nil {
+			firstErr = fmt.Errorf(format, args...)
+		}
+	}
+	word := func(w *syntax.Word) (string, bool) {
+		s, err := expand.Literal(cfg, w)
+		if err != nil {
+			fail("run: %s: %v; give it a value in envs (or --env) so that the adapter's name is known", printWord(w), err)
+			return "", false
+		}
+		return s, true
+	}
+	syntax.Walk(f, func(n syntax.Node) bool {
+		call, ok := n.(*syntax.CallExpr)
+		if !ok {
+			return true
+		}
+		args := call.Args
+		for i := 0; i < len(args); i++ {
+			lit := strings.TrimLeft(args[i].Lit(), "-")
+			if !strings.HasPrefix(args[i].Lit(), "-") {
+				continue
+			}
+			name, val, hasVal := strings.Cut(lit, "=")
+			switch name {
+			case "enable-lora":
+				l.Enabled = true
+			case "max-loras":
+				v := val
+				if !hasVal && i+1 < len(args) {
+					i++
+					v, _ = word(args[i])
+				}
+				if n, err := strconv.Atoi(v); err == nil && n >= 1 {
+					l.MaxLoRAs = n
+				} else {
+					fail("run: --max-loras %q: want a number of adapters ≥ 1", v)
+				}
+			case "lora-modules":
+				var vals []string
+				if hasVal {
+					vals = append(vals, val)
+				}
+				for !hasVal && i+1 < len(args) && !strings.HasPrefix(args[i+1].Lit(), "-") {
+					i++
+					if v, ok := word(args[i]); ok {
+						vals = append(vals, v)
+					}
+				}
+				for _, v := range vals {
+					m, err := parseLoRAModule(v)
+					if err != nil {
+						fail("run: %v", err)
+						continue
+					}
+					mods = append(mods, m)
+				}
+			}
+		}
+		return true
+	})
+	return l, mods, firstErr
+}
+
+func printWord(w *syntax.Word) string {
+	var b strings.Builder
+	_ = syntax.NewPrinter().Print(&b, w)
+	return b.String()
+}
+
+// parseLoRAModule reads one --lora-modules value as vLLM does: name=path, or a JSON object
+// {"name", "path", "base_model_name"} (replicasim.ParseLoRAModule is the replica's side).
+func parseLoRAModule(v string) (Adapter, error) {
+	if strings.HasPrefix(strings.TrimSpace(v), "{") {
+		var m struct {
+			Name string `yaml:"name"`
+			Path string `yaml:"path"`
+			Base string `yaml:"base_model_name"`
+		}
+		if err := yaml.Unmarshal([]byte(v), &m); err != nil || m.Name == "" || m.Path == "" {
+			return Adapter{}, fmt.Errorf("--lora-modules %s: the JSON form needs name and path", v)
+		}
+		return Adapter{Name: m.Name, Path: m.Path, Parent: m.Base, Static: true}, nil
+	}
+	name, p, ok := strings.Cut(v, "=")
+	if !ok || name == "" || p == "" {
+		return Adapter{}, fmt.Errorf("--lora-modules %q: want name=path or a JSON object", v)
+	}
+	return Adapter{Name: name, Path: p, Static: true}, nil
+}
+
+// checkAdapters settles the service's adapters against its run: command, models,
+// file_mounts and providers: what validates is what the replicas can load.
+func (d *decoder) checkAdapters(s *Service, vars map[string]string) {
+	a := &s.Arbiter
+	l, static, err := runLoRA(s.Run, vars)
+	if err != nil {
+		d.errorAt("run", "%v", err)
+	}
+	if l.Enabled && l.MaxLoRAs == 0 {
+		l.MaxLoRAs = 1
+	}
+	declared := a.Adapters
+	a.LoRA, a.Adapters = l, nil
+	for _, m := range static {
+		if strings.ContainsAny(m.Name, ", \t\n") {
+			d.errorAt("run", "run: --lora-modules %s: the name has a comma or a space; vLLM's metrics list adapters comma-joined, so routers could not tell it apart", quote(m.Name))
+			continue
+		}
+		a.Adapters = append(a.Adapters, m)
+	}
+	if len(declared) > 0 && !l.Enabled {
+		d.errorAt("arbiter.adapters", "arbiter.adapters: the run: command does not start vLLM with --enable-lora, without which it serves no adapter")
+	}
+	if len(declared) > 0 {
+		v, set := s.Envs[RuntimeLoRAEnv]
+		if sv, ok := s.Secrets[RuntimeLoRAEnv]; ok {
+			v, set = sv, true
+		}
+		if set && !truthy(v) {
+			d.errorAt("arbiter.adapters", "arbiter.adapters are loaded at run time, which vLLM allows only with %s=true; envs sets it to %q", RuntimeLoRAEnv, v)
+		}
+		a.LoRA.RuntimeUpdates = true
+	}
+	remote := slices.ContainsFunc(a.Providers, func(p string) bool { return p != "local" && p != "sim" })
+	for i, ad := range declared {
+		if p, ok := d.adapterOnReplica(s, ad.Source, remote, d.adapterAt[i], fmt.Sprintf("arbiter.adapters[%d]", i)); ok {
+			ad.Path = p
+			a.Adapters = append(a.Adapters, ad)
+		}
+	}
+	seen := map[string]bool{}
+	for _, m := range a.Models {
+		seen[m] = true
+	}
+	for _, ad := range a.Adapters {
+		if seen[ad.Name] {
+			d.errorAt("arbiter.adapters", "adapter %s: the name is taken by a model or another adapter of the service (a --lora-modules name counts)", quote(ad.Name))
+		}
+		seen[ad.Name] = true
+	}
+}
+
+func truthy(v string) bool {
+	v = strings.ToLower(strings.TrimSpace(v))
+	return v == "1" || v == "true"
+}
+
+// adapterOnReplica is where a replica's vLLM reads an adapter from its source: a Hugging
+// Face id as it is; a bucket URL inside a file_mounts bucket the replicas mount (not COPY:
+// an adapter added later by serve update would not be in the copy); a local path as it is
+// on the local and sim providers (the replicas run on this machine), elsewhere inside a
+// local folder that file_mounts puts on the replicas.
+func (d *decoder) adapterOnReplica(s *Service, src string, remote bool, at *yaml.Node, where string) (string, bool) {
+	if id, hf := adapterPath(src); hf {
+		if strings.Count(id, "/") != 1 || strings.HasPrefix(id, "/") || strings.HasSuffix(id, "/") {
+			d.errorf(at, "%s.source: %s: want hf://ORG/NAME, a Hugging Face model id", where, quote(src))
+			return "", false
+		}
+		return id, true
+	}
+	bucket := strings.Contains(src, "://")
+	if !bucket && !path.IsAbs(src) && !strings.HasPrefix(src, "~") {
+		d.errorf(at, "%s.source: %s: want an absolute folder, ~/…, a bucket URL (s3://…) or hf://ORG/NAME", where, quote(src))
+		return "", false
+	}
+	if !bucket && !remote {
+		return src, true
+	}
+	for _, m := range s.FileMounts {
+		rest, ok := strings.CutPrefix(src, strings.TrimSuffix(m.Source, "/"))
+		if !ok || (rest != "" && !strings.HasPrefix(rest, "/")) {
+			continue
+		}
+		if bucket && strings.EqualFold(m.Mode, "copy") {
+			d.errorf(at, "%s.source: %s is in file_mounts %s, copied once at launch (mode COPY): an adapter added later would not be there; mount it (mode: MOUNT)", where, quote(src), m.Path)
+			return "", false
+		}
+		return strings.TrimSuffix(m.Path, "/") + rest, true
+	}
+	what := "the bucket"
+	if !bucket {
+		what = "this machine's folder"
+	}
+	d.errorf(at, "%s.source: %s: nothing puts it on the replicas; mount %s with file_mounts and name the adapter inside it", where, quote(src), what)
+	return "", false
+}
