@@ -10,6 +10,7 @@
 package control
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -371,6 +372,7 @@ func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
 			a := sp.Arbiter
 			svc.Policy = a.RoutingPolicy
 			svc.SLO = &fleet.SLO{TTFTSeconds: a.SLO.TTFTSeconds, TPOTSeconds: a.SLO.TPOTSeconds, E2ESeconds: a.SLO.E2ESeconds, Percentile: a.SLO.Percentile}
+			svc.Adapters, svc.MaxLoRAs = s.adapters()
 		}
 		// A failed service's ready replicas keep serving what they served: nothing probes
 		// them now, but the routers' own health checks still do.
@@ -429,7 +431,8 @@ func (s *service) withholdsNewVersion() bool {
 // models is what the service serves: its spec's names, then what replicas reported.
 func (s *service) models() []string {
 	var out []string
-	if sp := s.spec(); sp != nil {
+	sp := s.spec()
+	if sp != nil {
 		out = slices.Clone(sp.Arbiter.Models)
 	}
 	for _, m := range s.learned {
@@ -437,7 +440,39 @@ func (s *service) models() []string {
 			out = append(out, m)
 		}
 	}
+	if sp != nil {
+		for _, a := range sp.Arbiter.Adapters {
+			if !slices.Contains(out, a.Name) {
+				out = append(out, a.Name)
+			}
+		}
+	}
 	return out
+}
+
+// adapters is what routers need of the service's LoRA adapters: each with the model its
+// replicas are routed for (the spec's first, else the first a replica listed that is no
+// adapter's name).
+func (s *service) adapters() ([]fleet.Adapter, int) {
+	sp := s.spec()
+	if sp == nil || len(sp.Arbiter.Adapters) == 0 {
+		return nil, 0
+	}
+	isAdapter := func(m string) bool {
+		return slices.ContainsFunc(sp.Arbiter.Adapters, func(a spec.Adapter) bool { return a.Name == m })
+	}
+	base := ""
+	for _, m := range append(slices.Clone(sp.Arbiter.Models), s.learned...) {
+		if !isAdapter(m) {
+			base = m
+			break
+		}
+	}
+	out := make([]fleet.Adapter, len(sp.Arbiter.Adapters))
+	for i, a := range sp.Arbiter.Adapters {
+		out[i] = fleet.Adapter{Name: a.Name, Base: base, Path: a.Path, Parent: cmp.Or(a.Parent, base), Static: a.Static}
+	}
+	return out, sp.Arbiter.LoRA.MaxLoRAs
 }
 
 func sortedServices(m map[string]*service) []*service {

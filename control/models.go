@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/spec"
 )
 
 // Models are owned. A service owns the models its spec declares (arbiter.model; Create and
@@ -45,7 +46,11 @@ func (c *Controller) modelOwner(s *service, model string) *service {
 // holds c.mu.
 func (c *Controller) learnModels(ctx context.Context, s *service, r *replica, models []string) {
 	var own, taken []string
+	adapters := s.spec().Arbiter.Adapters
 	for _, m := range models {
+		if slices.ContainsFunc(adapters, func(a spec.Adapter) bool { return a.Name == m }) {
+			continue // an adapter the spec names: routed for by its base model
+		}
 		if o := c.modelOwner(s, m); o != nil {
 			taken = append(taken, fmt.Sprintf("model %q of service %q", m, o.name))
 			c.event(ctx, o.name, "", "model_conflict", fmt.Sprintf("replica %s of service %q lists model %q, which this service owns; it is not routed to for it", r.row.ID, s.name, m))

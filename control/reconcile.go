@@ -523,6 +523,13 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 		}
 		maps.Copy(envs, sp.Secrets)
 	}
+	if _, set := envs[spec.RuntimeLoRAEnv]; sp.Arbiter.LoRA.RuntimeUpdates && !set {
+		// arbiter.adapters are loaded at run time: vLLM has the endpoints only with it.
+		if envs == nil {
+			envs = map[string]string{}
+		}
+		envs[spec.RuntimeLoRAEnv] = "true"
+	}
 	ls := replicas.LaunchSpec{ReplicaID: row.ID, Service: s.name, Version: version, Run: sp.Run, Setup: sp.Setup, Workdir: sp.Workdir, Envs: envs,
 		Image: strings.TrimPrefix(sp.Resources.ImageID, "docker:"), Capacity: fleet.Capacity(row.Capacity), Region: row.Region, Zone: row.Zone,
 		PricePerHour: &price, Port: sp.Service.Port, DiskGiB: sp.Resources.DiskSize,

@@ -155,6 +155,36 @@ type Service struct {
 	Policy string `json:"policy,omitempty"`
 	// SLO is the service's latency objective; nil leaves the router's configured one.
 	SLO *SLO `json:"slo,omitempty"`
+	// Adapters are the LoRA adapters the service serves on its replicas' model (each also
+	// in Models); MaxLoRAs is how many one replica's batch may mix (vLLM's --max-loras).
+	Adapters []Adapter `json:"adapters,omitempty"`
+	MaxLoRAs int       `json:"max_loras,omitempty"`
+}
+
+// Adapter is one LoRA adapter of a service, as routers need it: the name clients send, the
+// model of the replicas that serve it, and where those replicas' vLLM loads it from.
+type Adapter struct {
+	Name string `json:"name"`
+	// Base is the model its replicas serve (their Replica.Model): routers pick among them.
+	Base string `json:"base"`
+	// Path is vLLM's lora_path for /v1/load_lora_adapter.
+	Path string `json:"path"`
+	// Parent is what /v1/models lists as its parent (vLLM's base_model_name; default Base).
+	Parent string `json:"parent,omitempty"`
+	// Static: the replicas' vLLM loads it at start (--lora-modules); routers never load it.
+	Static bool `json:"static,omitempty"`
+}
+
+// AdapterOf returns the adapter a model name is in services, and whether it is one.
+func AdapterOf(services []Service, model string) (Adapter, *Service, bool) {
+	for i := range services {
+		for _, a := range services[i].Adapters {
+			if a.Name == model {
+				return a, &services[i], true
+			}
+		}
+	}
+	return Adapter{}, nil, false
 }
 
 // SLO is a latency objective in seconds (0 = no target) met by a share of requests.

@@ -34,6 +34,23 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		}
 	}()
 
+	if c.adapter != nil {
+		if err := px.ensureAdapter(r, *c.adapter, c.deadline); err != nil {
+			var refused *errAdapterLoad
+			if errors.As(err, &refused) {
+				// The replica refused the adapter's files: the other replicas read the same.
+				px.met.fail("adapter_load", c.service)
+				px.log.Warn("LoRA adapter failed to load", "adapter", c.adapter.Name, "replica", r.Info().ID, "err", err)
+				ctx.Response.Reset()
+				ctx.SetStatusCode(fasthttp.StatusBadGateway)
+				ctx.SetContentType("application/json")
+				ctx.SetBody(oai.ErrorBody(oai.ServerError, err.Error(), "adapter_load_failed"))
+				return true
+			}
+			px.upstreamFailed(r, "adapter_load", err)
+			return false
+		}
+	}
 	c.firstByte = px.firstByteTimeout(c, pred)
 	uc, sentAt, err := px.send(ctx, c, r)
 	if err != nil {

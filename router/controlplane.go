@@ -209,6 +209,18 @@ func (cp *ControlPlane) Routing(model string) (service, policy string, slo SLO, 
 	return s.Name, s.Policy, slo, true
 }
 
+// Adapter returns the LoRA adapter a model name is on the control plane's services, with
+// its service's --max-loras.
+func (cp *ControlPlane) Adapter(model string) (fleet.Adapter, int, bool) {
+	cp.mu.RLock()
+	defer cp.mu.RUnlock()
+	a, s, ok := fleet.AdapterOf(cp.services, model)
+	if !ok {
+		return a, 0, false
+	}
+	return a, s.MaxLoRAs, true
+}
+
 // Revision is the last ready-set revision applied (0 before the first).
 func (cp *ControlPlane) Revision() uint64 { return cp.revision.Load() }
 

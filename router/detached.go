@@ -43,6 +43,9 @@ func (r *Replica) Begin(req *Request, staleAfter time.Duration) Prediction {
 	if v := r.out.Load(); v != nil {
 		pred.shared = v.begin(r, p, req.Streamed, req.Now)
 	}
+	if pred.adapter = req.Adapter; pred.adapter != "" {
+		r.adapterBegan(pred.adapter)
+	}
 	return pred
 }
 
@@ -126,6 +129,9 @@ func (r *Replica) End(pred Prediction, now time.Time) {
 	if v := r.out.Load(); v != nil {
 		v.end(pred.shared, now)
 	}
+	if pred.adapter != "" {
+		r.adapterEnded(pred.adapter)
+	}
 }
 
 // ObserveEngine records the engine's queue as a /metrics scrape would report it.
@@ -148,8 +154,9 @@ func (r *Replica) Completed(req *Request, pred Prediction, ttft, e2e float64, ou
 		r.twin.prefilled(pred.seq, end, false)
 		return
 	}
-	if pred.TTFT > 0 && ttft > 0 {
-		r.spread.observe(ttft/pred.TTFT, req.SLO.Percentile)
+	if base := pred.TTFT - pred.adapterLoad; base > 0 && ttft > 0 {
+		// The adapter's load or slot wait came before the replica had the request.
+		r.spread.observe(ttft/base, req.SLO.Percentile)
 	}
 	if outTokens > 1 {
 		tpot := (e2e - ttft) / float64(outTokens-1)

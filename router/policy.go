@@ -50,6 +50,13 @@ type Request struct {
 	Now         time.Time
 	// Streamed says the router will see the request's first token (a stream).
 	Streamed bool
+	// Adapter is the LoRA adapter the request runs with ("": the base model), and
+	// AdapterStatic that its replicas load it at start. MaxLoRAs is the service's
+	// --max-loras and AdapterLoad the load expected (seconds), for adapterDelay.
+	Adapter       string
+	AdapterStatic bool
+	MaxLoRAs      int
+	AdapterLoad   float64
 
 	// Tried are replicas this request already failed on: a retry skips them.
 	Tried []*Replica
@@ -206,6 +213,9 @@ type scored struct {
 	r    *Replica
 	p    Prediction
 	cost float64
+	// adapter is what the request's LoRA adapter adds to its TTFT there: its load and the
+	// wait for a GPU slot (adapterDelay).
+	adapter float64
 }
 
 // Pick implements Policy.
@@ -264,7 +274,15 @@ func holding(all []scored) []scored {
 }
 
 func (p *SLOCheapest) score(req *Request, r *Replica) scored {
-	return scored{r: r, p: r.predict(req.Now, req.shapeOn(r), req.OutTokens, p.StaleAfter), cost: r.MarginalCost()}
+	s := scored{r: r, p: r.predict(req.Now, req.shapeOn(r), req.OutTokens, p.StaleAfter), cost: r.MarginalCost()}
+	if req.Adapter != "" {
+		load, wait := r.adapterDelay(req.Adapter, req.AdapterStatic, req.MaxLoRAs, s.p.E2E-s.p.TTFT, req.AdapterLoad, req.Now)
+		s.p.TTFT += load + wait
+		s.p.E2E += load + wait
+		s.p.Wait += load + wait
+		s.p.adapterLoad, s.adapter = load, load+wait
+	}
+	return s
 }
 
 func (p *SLOCheapest) tolerance() float64 {
@@ -457,6 +475,9 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 				tier = append(tier, s)
 			}
 		}
+		if req.Adapter != "" {
+			tier = adapterReady(tier)
+		}
 		if len(req.Prefix) > 0 {
 			cheapest = rendezvous(req.Prefix[0], tier)
 		} else {
@@ -483,6 +504,24 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 		}
 	}
 	return cheapest, reason
+}
+
+// adapterReady keeps, of a tier, the replicas where the request's adapter costs nothing
+// (loaded and in a GPU slot, or with one free), if there are any: the Gateway API
+// Inference Extension's LoRA affinity. A replica that would load the adapter, or queue for
+// a slot, is chosen only where none is ready; loading it on every idle replica would spend
+// their slots and CPU caches on one adapter.
+func adapterReady(tier []scored) []scored {
+	n := 0
+	for _, s := range tier {
+		if s.adapter == 0 {
+			n++
+		}
+	}
+	if n == 0 || n == len(tier) {
+		return tier
+	}
+	return slices.DeleteFunc(tier, func(s scored) bool { return s.adapter > 0 })
 }
 
 // startsNow reports whether a replica would start the request's prefill with no prompt

@@ -391,4 +391,7 @@ func (p *Pool) scrape(_ context.Context, r *Replica, c *fasthttp.Client) {
 	if g.TokensFound {
 		r.observeTokens(now, g.Tokens)
 	}
+	if g.LoRA != nil {
+		r.observeLoRA(now, g.LoRA)
+	}
 }

@@ -7,6 +7,7 @@
 package router
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -26,6 +27,7 @@ import (
 	"github.com/valyala/fastjson"
 	"golang.org/x/sync/semaphore"
 
+	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/internal/conn/connwatch"
 	"github.com/arbiter-serve/arbiter/internal/text/tokens"
 	"github.com/arbiter-serve/arbiter/oai"
@@ -66,6 +68,10 @@ type Proxy struct {
 	// bodyBufs holds buffers for bodies that came whole with their headers.
 	bodyBufs sync.Pool
 	rngs     sync.Pool
+	// adminClient calls replicas' management endpoints (vLLM's /v1/load_lora_adapter);
+	// adapterLoads learns how long a load takes.
+	adminClient  *fasthttp.Client
+	adapterLoads loadTimes
 }
 
 // NewProxy wires a proxy over a pool.
@@ -75,7 +81,8 @@ func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, 
 		return nil, err
 	}
 	px := &Proxy{cfg: cfg, pool: pool, met: met, log: log, counter: counter, Now: time.Now, policies: map[string]Policy{}, Load: &LoadTracker{},
-		largeBudget: parseBudget(cfg), responses: newResponseOwners()}
+		largeBudget: parseBudget(cfg), responses: newResponseOwners(),
+		adminClient: &fasthttp.Client{NoDefaultUserAgentHeader: true, MaxResponseBodySize: 1 << 20}}
 	px.largeBodies = semaphore.NewWeighted(px.largeBudget)
 	px.bodies = semaphore.NewWeighted(int64(cfg.MaxBodyBufferBytes))
 	for _, h := range []string{"Authorization", "Proxy-Authorization", "Cookie"} {
@@ -209,7 +216,15 @@ func (px *Proxy) models(ctx *fasthttp.RequestCtx) {
 		}
 		b = append(b, `{"id":`...)
 		b = strconv.AppendQuote(b, m)
-		b = append(b, `,"object":"model","owned_by":"arbiter"}`...)
+		b = append(b, `,"object":"model","owned_by":"arbiter"`...)
+		if px.ControlPlane != nil {
+			if a, _, ok := px.ControlPlane.Adapter(m); ok {
+				// As vLLM lists an adapter: its base model as parent.
+				b = append(b, `,"parent":`...)
+				b = strconv.AppendQuote(b, cmp.Or(a.Parent, a.Base))
+			}
+		}
+		b = append(b, '}')
 	}
 	b = append(b, "]}"...)
 	ctx.SetContentType("application/json")
@@ -219,8 +234,12 @@ func (px *Proxy) models(ctx *fasthttp.RequestCtx) {
 // call is one client request's state across attempts. It outlives the handler when the
 // response streams, so it holds copies, never the RequestCtx.
 type call struct {
-	kind       oai.Kind
-	model      string
+	kind  oai.Kind
+	model string
+	// pick is the model whose replicas may take the request: model, or an adapter's base.
+	pick string
+	// adapter is the LoRA adapter model names (nil: none).
+	adapter    *fleet.Adapter
 	stream     bool
 	stripUsage bool // we added include_usage; the client must not see the usage chunk
 	body       []byte
@@ -313,13 +332,16 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 			break
 		}
 		c.route.Now, c.route.Tried = now, c.tried
-		cands := px.pool.candidates(c.model)
+		cands := px.pool.candidates(c.pick)
 		if len(c.tried) == 0 && !anyUsable(&c.route, cands) && px.ControlPlane != nil && px.ControlPlane.Knows(c.model) {
 			if !px.hold(ctx, c, load) {
 				return
 			}
 			c.route.Now = px.Now()
-			cands = px.pool.candidates(c.model)
+			cands = px.pool.candidates(c.pick)
+		}
+		if c.adapter != nil {
+			c.route.AdapterLoad = px.adapterLoads.expect()
 		}
 		all := cands
 		if cands = servingCandidates(cands, c.api, &c.servingBuf); len(cands) == 0 && len(all) > 0 {
@@ -350,12 +372,12 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 	}
 	if !c.notServed && c.api != "" && len(c.tried) > 0 {
 		// The replicas tried may have refused the API: none left that serves it.
-		all := px.pool.candidates(c.model)
+		all := px.pool.candidates(c.pick)
 		c.notServed = len(all) > 0 && len(servingCandidates(all, c.api, &c.servingBuf)) == 0
 	}
 	switch {
 	case c.notServed:
-		px.notServed(ctx, c, len(px.pool.candidates(c.model)))
+		px.notServed(ctx, c, len(px.pool.candidates(c.pick)))
 	case c.lastUpstream != 0:
 		// The replica's own 502/503 is already in the response: pass it through.
 		px.met.request(c.model, c.tried[len(c.tried)-1], c.lastUpstream)
@@ -420,7 +442,7 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 		px.ControlPlane.Wake(c.model)
 		changed := px.pool.Changed()
 		now := px.Now()
-		if anyUsable(&Request{Now: now}, px.pool.candidates(c.model)) {
+		if anyUsable(&Request{Now: now}, px.pool.candidates(c.pick)) {
 			return true
 		}
 		if !px.ControlPlane.Knows(c.model) {
@@ -579,6 +601,13 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 	}
 	c.route = Request{Model: req.Model, PromptTokens: prompt,
 		OutTokens: out, Prefix: prefixBlocks(key), SLO: c.slo, Streamed: req.Stream}
+	c.pick = req.Model
+	if px.ControlPlane != nil && !px.pool.HasModel(req.Model) {
+		if a, maxLoRAs, ok := px.ControlPlane.Adapter(req.Model); ok && a.Base != "" {
+			c.adapter, c.pick = &a, a.Base
+			c.route.Adapter, c.route.AdapterStatic, c.route.MaxLoRAs = a.Name, a.Static, maxLoRAs
+		}
+	}
 	if len(key) > 0 {
 		// How many tokens a matched block stands for in this prompt: a cache hit is worth
 		// its tokens, and bytes per token vary with the text (and are 4 for token ids).

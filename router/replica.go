@@ -65,6 +65,11 @@ type Replica struct {
 	// lastSent is when this router last sent the replica a request (or claimed one to
 	// re-sample it).
 	lastSent time.Time
+
+	// lora is the replica's LoRA adapters as this router knows them (lora.go), made on
+	// first use: a fleet without adapters never makes one.
+	lora     *loraState
+	loraOnce sync.Once
 }
 
 type scrapeState struct {
@@ -255,6 +260,10 @@ type Prediction struct {
 	// in the replica's model, which is what peers are told.
 	shared uint64
 	shape  shape
+	// adapter is the request's LoRA adapter ("": the base model), and adapterLoad the load
+	// predicted before the replica has the request, which the replica's TTFT does not show.
+	adapter     string
+	adapterLoad float64
 }
 
 // Predict runs the replica's model (twin) forward with one more prompt of prompt tokens,

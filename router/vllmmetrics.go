@@ -19,6 +19,8 @@ type EngineGauges struct {
 	TokensFound bool
 	// Found is false when none of the gauges was present (not a vLLM, or still loading).
 	Found bool
+	// LoRA is the newest vllm:lora_requests_info (nil: none, a server without adapters).
+	LoRA *LoRAInfo
 	// Invalid, when not empty, is why the scrape cannot be trusted (the reason label of
 	// arbiter_router_replica_reports_rejected_total), and Detail which sample said what:
 	// the gauges are then zero and not Found.
@@ -69,6 +71,12 @@ func ParseEngineGauges(text []byte) EngineGauges {
 		}
 		name, raw, ok := splitSample(line)
 		if !ok {
+			continue
+		}
+		if bytes.Equal(name, mLoRAInfo) {
+			if reason, detail := parseLoRAInfo(line, &g); reason != "" {
+				return EngineGauges{Invalid: reason, Detail: detail}
+			}
 			continue
 		}
 		isCount := bytes.Equal(name, mRunning) || bytes.Equal(name, mWaiting)

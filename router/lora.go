@@ -1,0 +1,339 @@
+package router
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+// LoRA adapters (issue 51). A request whose model is one of a service's adapters is routed
+// among the replicas of the adapter's base model, with what the adapter would add to its
+// first token on each (adapterDelay) in the prediction: nothing where the adapter is
+// active; where a GPU slot is free, its load if this router has not loaded it there; else
+// the wait for a slot. So a busy adapter stays on the replicas that run it and spreads,
+// loading itself, where queueing for them would cost more: the Gateway API Inference
+// Extension's LoRA affinity (active 1.0, free slot 0.8, waiting 0.6) as times, weighed with
+// the rest of the prediction against the SLO.
+//
+// A replica's adapters are what this router sends it (its own requests in flight, by
+// adapter) and what its vLLM says in vllm:lora_requests_info (the newest series: running
+// and waiting adapters, max_lora); an adapter is loaded on a replica through vLLM's
+// /v1/load_lora_adapter the first time this router sends it there, and counted loaded on an
+// answer of 200 or "has already been loaded" (another router was first).
+
+// maxAdapterNames bounds the adapters one vllm:lora_requests_info series may list, and
+// maxAdapterName a name's bytes: a replica that says more is not believed (ReplicaReports).
+const (
+	maxAdapterNames = 1024
+	maxAdapterName  = 256
+)
+
+// LoRAInfo is vLLM's vllm:lora_requests_info: the newest series (the largest value, the
+// time vLLM set it, as the Gateway API Inference Extension reads it).
+type LoRAInfo struct {
+	Running, Waiting []string
+	MaxLoRA          int
+	// At is when the engine last set it (unix seconds): an idle engine sets nothing, so an
+	// old reading means its adapters have finished.
+	At float64
+}
+
+var mLoRAInfo = []byte("vllm:lora_requests_info")
+
+// parseLoRAInfo reads one vllm:lora_requests_info sample's labels and value into g, keeping
+// the newest; it reports why it cannot be believed, or "".
+func parseLoRAInfo(line []byte, g *EngineGauges) (reason, detail string) {
+	open, close := bytes.IndexByte(line, '{'), bytes.LastIndexByte(line, '}')
+	if open < 0 || close < open {
+		return "", "" // no labels: not vLLM's shape; skipped as any unknown line
+	}
+	v, err := strconv.ParseFloat(string(bytes.TrimSpace(bytes.Fields(line[close+1:])[0])), 64)
+	if err != nil || v < 0 {
+		return "not_a_number", fmt.Sprintf("vllm:lora_requests_info value %q", line[close+1:])
+	}
+	if g.LoRA != nil && v <= g.LoRA.At {
+		return "", ""
+	}
+	info := LoRAInfo{At: v}
+	labels := line[open+1 : close]
+	for len(labels) > 0 {
+		eq := bytes.IndexByte(labels, '=')
+		if eq < 0 || eq+1 >= len(labels) || labels[eq+1] != '"' {
+			return "bad_labels", "vllm:lora_requests_info labels " + string(line[open:close+1])
+		}
+		key := string(bytes.TrimSpace(labels[:eq]))
+		end := eq + 2
+		for end < len(labels) && labels[end] != '"' {
+			if labels[end] == '\\' {
+				end++
+			}
+			end++
+		}
+		if end >= len(labels) {
+			return "bad_labels", "vllm:lora_requests_info labels " + string(line[open:close+1])
+		}
+		val, err := strconv.Unquote(string(labels[eq+1 : end+1]))
+		if err != nil {
+			return "bad_labels", "vllm:lora_requests_info label " + key
+		}
+		labels = bytes.TrimLeft(labels[end+1:], ", ")
+		switch key {
+		case "max_lora":
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 0 || n > maxAdapterNames {
+				return "bad_labels", fmt.Sprintf("vllm:lora_requests_info max_lora %q", val)
+			}
+			info.MaxLoRA = n
+		case "running_lora_adapters", "waiting_lora_adapters":
+			var names []string
+			if val != "" {
+				names = strings.Split(val, ",") // no spaces, as vLLM joins them
+			}
+			if len(names) > maxAdapterNames || slices.ContainsFunc(names, func(n string) bool { return n == "" || len(n) > maxAdapterName }) {
+				return "too_large", fmt.Sprintf("vllm:lora_requests_info %s lists %d names (at most %d, each 1 to %d bytes)", key, len(names), maxAdapterNames, maxAdapterName)
+			}
+			if key == "running_lora_adapters" {
+				info.Running = names
+			} else {
+				info.Waiting = names
+			}
+		}
+	}
+	g.LoRA = &info
+	return "", ""
+}
+
+// loraState is one replica's adapters as this router knows them. Guarded by its mu.
+type loraState struct {
+	mu sync.Mutex
+	// inflight counts this router's requests on the replica by adapter.
+	inflight map[string]int
+	// loaded are the adapters known loaded (this router's loads, or another's it found).
+	loaded map[string]bool
+	// loading is a load in progress by adapter: its waiters share its result.
+	loading map[string]*adapterLoad
+	// scraped is the replica's newest vllm:lora_requests_info, and when it was read.
+	scraped   *LoRAInfo
+	scrapedAt time.Time
+}
+
+type adapterLoad struct {
+	done chan struct{}
+	err  error
+}
+
+func (r *Replica) loraState() *loraState {
+	r.loraOnce.Do(func() {
+		r.lora = &loraState{inflight: map[string]int{}, loaded: map[string]bool{}, loading: map[string]*adapterLoad{}}
+	})
+	return r.lora
+}
+
+// observeLoRA records a scrape's vllm:lora_requests_info.
+func (r *Replica) observeLoRA(now time.Time, info *LoRAInfo) {
+	l := r.loraState()
+	l.mu.Lock()
+	l.scraped, l.scrapedAt = info, now
+	l.mu.Unlock()
+}
+
+// adapterBegan and adapterEnded count this router's requests by adapter.
+func (r *Replica) adapterBegan(name string) {
+	l := r.loraState()
+	l.mu.Lock()
+	l.inflight[name]++
+	l.mu.Unlock()
+}
+
+func (r *Replica) adapterEnded(name string) {
+	l := r.loraState()
+	l.mu.Lock()
+	if l.inflight[name]--; l.inflight[name] <= 0 {
+		delete(l.inflight, name)
+	}
+	l.mu.Unlock()
+}
+
+// loraFresh is how old a replica's vllm:lora_requests_info may be and still tell what runs:
+// vLLM sets it every engine step, so an older one is an idle engine's last step.
+const loraFresh = 2 * time.Second
+
+// adapterDelay is what serving adapter a adds to a request's first token on r (seconds):
+// the load, if it is not known loaded there (load, the time expected); and the wait for a
+// GPU slot: none where it is active (this router's requests for it, or the replica's
+// running list) or where a slot is free (fewer adapters running and waiting than
+// max_loras), else half a request's decode (decode: the mean rest of the requests holding
+// the slots). maxLoRAs is the service's --max-loras; the replica's max_lora label wins.
+func (r *Replica) adapterDelay(a string, static bool, maxLoRAs int, decode, load float64, now time.Time) (loadS, waitS float64) {
+	l := r.loraState()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if static || l.loaded[a] {
+		load = 0
+	}
+	if l.inflight[a] > 0 {
+		return load, 0
+	}
+	slots := maxLoRAs
+	active := len(l.inflight)
+	var waiting []string
+	if s := l.scraped; s != nil && now.Sub(time.Unix(0, int64(s.At*1e9))) < loraFresh && now.Sub(l.scrapedAt) < loraFresh {
+		if slices.Contains(s.Running, a) {
+			return load, 0
+		}
+		if s.MaxLoRA > 0 {
+			slots = s.MaxLoRA
+		}
+		for _, n := range s.Running {
+			if l.inflight[n] == 0 {
+				active++
+			}
+		}
+		waiting = s.Waiting
+	}
+	used := active + len(waiting)
+	if slices.Contains(waiting, a) {
+		used-- // it waits already: a slot freed is as likely its as another's
+	}
+	if used < max(slots, 1) {
+		return load, 0
+	}
+	return load, decode / 2
+}
+
+// errAdapterLoad is a load the replica refused: the adapter cannot be served from there,
+// and likely not from its other replicas either (the same path).
+type errAdapterLoad struct {
+	adapter, replica string
+	status           int
+	msg              string
+}
+
+func (e *errAdapterLoad) Error() string {
+	return fmt.Sprintf("The adapter `%s` could not be loaded on replica %s: %s (vLLM's answer to /v1/load_lora_adapter, HTTP %d)", e.adapter, e.replica, e.msg, e.status)
+}
+
+// ensureAdapter loads adapter a on r unless it is known loaded; concurrent requests for the
+// same load wait for the first one's. It returns an *errAdapterLoad where the replica
+// refused, another error where it could not be asked (the replica's fault: try another).
+func (px *Proxy) ensureAdapter(r *Replica, a fleet.Adapter, deadline time.Time) error {
+	if a.Static {
+		return nil
+	}
+	l := r.loraState()
+	l.mu.Lock()
+	if l.loaded[a.Name] {
+		l.mu.Unlock()
+		return nil
+	}
+	if ld := l.loading[a.Name]; ld != nil {
+		l.mu.Unlock()
+		select {
+		case <-ld.done:
+			return ld.err
+		case <-time.After(time.Until(deadline)):
+			return fmt.Errorf("waiting for adapter %s to load on %s: deadline", a.Name, r.Info().ID)
+		}
+	}
+	ld := &adapterLoad{done: make(chan struct{})}
+	l.loading[a.Name] = ld
+	l.mu.Unlock()
+
+	start := time.Now()
+	ld.err = px.loadAdapter(r, a, deadline)
+	if ld.err == nil {
+		px.adapterLoads.observe(time.Since(start).Seconds())
+	}
+	l.mu.Lock()
+	delete(l.loading, a.Name)
+	if ld.err == nil {
+		l.loaded[a.Name] = true
+	}
+	l.mu.Unlock()
+	close(ld.done)
+	return ld.err
+}
+
+// loadAdapter asks r's vLLM to load a (vllm/entrypoints/openai/api_server.py, 0.10–0.11):
+// 200 with a plain-text success; 400 InvalidUserInput "… has already been loaded." is a
+// success too; a 404 without vLLM's error body is a server without the endpoint (started
+// without VLLM_ALLOW_RUNTIME_LORA_UPDATING); other answers are the replica's refusal.
+func (px *Proxy) loadAdapter(r *Replica, a fleet.Adapter, deadline time.Time) error {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + r.Info().Address + "/v1/load_lora_adapter")
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	body, _ := json.Marshal(struct {
+		Name string `json:"lora_name"`
+		Path string `json:"lora_path"`
+	}{a.Name, a.Path})
+	req.SetBody(body)
+	if err := px.adminClient.DoDeadline(req, resp, deadline); err != nil {
+		return fmt.Errorf("load adapter %s on %s: %w", a.Name, r.Info().ID, err)
+	}
+	status := resp.StatusCode()
+	if status == fasthttp.StatusOK {
+		px.log.Info("loaded LoRA adapter", "adapter", a.Name, "replica", r.Info().ID, "path", a.Path)
+		return nil
+	}
+	msg := vllmErrorMessage(resp.Body())
+	switch {
+	case status == fasthttp.StatusBadRequest && strings.HasSuffix(msg, "has already been loaded.") || strings.Contains(msg, "has already been loaded."):
+		return nil
+	case status == fasthttp.StatusNotFound && msg == "":
+		msg = "the replica has no /v1/load_lora_adapter: its vLLM was started without VLLM_ALLOW_RUNTIME_LORA_UPDATING=true"
+	case msg == "":
+		msg = fmt.Sprintf("%.200q", resp.Body())
+	}
+	return &errAdapterLoad{adapter: a.Name, replica: r.Info().ID, status: status, msg: msg}
+}
+
+// vllmErrorMessage is the message of vLLM's error body, nested (0.10.1 on) or flat.
+func vllmErrorMessage(b []byte) string {
+	v, err := fastjson.ParseBytes(b)
+	if err != nil {
+		return ""
+	}
+	if m := v.GetStringBytes("error", "message"); m != nil {
+		return string(m)
+	}
+	return string(v.GetStringBytes("message"))
+}
+
+// loadTimes learns how long adapter loads take (seconds), for adapterDelay.
+type loadTimes struct {
+	mu sync.Mutex
+	e  ewma
+}
+
+// defaultAdapterLoad is the load expected before any was seen: LoRAX measured 0.5 to over
+// 1 s an adapter (predibase/lorax#433); vLLM publishes no figure.
+const defaultAdapterLoad = 1.0
+
+func (l *loadTimes) observe(s float64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.e.alpha = 0.2
+	l.e.observe(s)
+}
+
+func (l *loadTimes) expect() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.e.n == 0 {
+		return defaultAdapterLoad
+	}
+	return l.e.v
+}

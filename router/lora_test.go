@@ -1,0 +1,186 @@
+package router
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/replicasim"
+)
+
+// loraSim is a replicasim serving testModel with adapters loadable at run time, as vLLM
+// with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=true.
+func loraSim(t *testing.T, maxLoRAs int) *sim {
+	t.Helper()
+	p, err := engine.LoadProfile("h100-llama-3.1-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := replicasim.New(replicasim.Config{Model: testModel, Profile: p, Logger: slog.New(slog.DiscardHandler), Exit: func(int) {},
+		LoRA: &replicasim.LoRAConfig{MaxLoRAs: maxLoRAs, RuntimeUpdates: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go srv.Run(ctx)
+	go func() { _ = srv.Serve(ctx, ln) }()
+	t.Cleanup(cancel)
+	return &sim{srv: srv, addr: ln.Addr().String(), cancel: cancel}
+}
+
+// peftFolder is a LoRA adapter as PEFT saves one (adapter_config.json with its rank r, and
+// the weights: here a sparse file).
+func peftFolder(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "adapter_config.json"), []byte(`{"peft_type":"LORA","r":8,"lora_alpha":16,"target_modules":["q_proj","v_proj"]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(dir, "adapter_model.safetensors"), 0); err != nil {
+		f, err := os.Create(filepath.Join(dir, "adapter_model.safetensors"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = f.Truncate(8 << 20)
+		_ = f.Close()
+	}
+	return dir
+}
+
+// Requests for adapters go to the base model's replicas, which the router loads them on as
+// it first sends them there; an adapter's later requests stay where it is active, and
+// another adapter, with that replica's one GPU slot taken, goes where a slot is free. An
+// adapter that fails to load, an unknown one, and one removed while its request streams
+// each get a clear answer; nothing else fails.
+func TestAdaptersRoutedByAffinityAndLoadedOnDemand(t *testing.T) {
+	s1, s2 := loraSim(t, 1), loraSim(t, 1)
+	fin, sql := peftFolder(t), peftFolder(t)
+	services := func(adapters ...fleet.Adapter) []fleet.Service {
+		models := []string{testModel}
+		for _, a := range adapters {
+			models = append(models, a.Name)
+		}
+		return []fleet.Service{{Name: "svc", Models: models, Adapters: adapters, MaxLoRAs: 1}}
+	}
+	all := []fleet.Adapter{{Name: "fin", Base: testModel, Path: fin}, {Name: "sql", Base: testModel, Path: sql},
+		{Name: "broken", Base: testModel, Path: filepath.Join(t.TempDir(), "missing")}}
+	reps := []fleet.Replica{replica("r1", s1, fleet.OnDemand, 1), replica("r2", s2, fleet.OnDemand, 1)}
+	fake := &fakeControlPlane{changed: make(chan struct{})}
+	fake.publish(services(all...), reps)
+	cps := httptest.NewServer(fake)
+	defer cps.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var cp *ControlPlane
+	rig := startRouterWith(t, func(c *Config) { c.RoutingHeaders = true }, func(px *Proxy, pool *Pool) {
+		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
+		px.ControlPlane = cp
+	}, reps...)
+	go cp.Run(ctx)
+	waitFor(t, "the first ready set", func() bool { return cp.Revision() >= 1 })
+
+	resp, body := get(t, rig.url+"/v1/models")
+	if !strings.Contains(body, `"id":"fin"`) || !strings.Contains(body, `"parent":"`+testModel+`"`) {
+		t.Errorf("/v1/models: %s; want the adapters with their parent", body)
+	}
+
+	// A long stream for fin: loaded on the replica it goes to, and running there.
+	stream := func(model string) (*http.Response, string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rig.url+"/v1/completions",
+			strings.NewReader(`{"model":"`+model+`","prompt":"hi","max_tokens":600,"stream":true}`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 200 {
+			b, _ := io.ReadAll(resp.Body)
+			t.Fatalf("%s: %d %s", model, resp.StatusCode, b)
+		}
+		return resp, resp.Header.Get("X-Arbiter-Replica")
+	}
+	first, finOn := stream("fin")
+	defer first.Body.Close()
+	// fin's next request stays where fin runs (the other replica is idle and as cheap).
+	for range 3 {
+		resp, body = post(t, rig.url+"/v1/completions", `{"model":"fin","prompt":"hi","max_tokens":2}`)
+		if resp.StatusCode != 200 || !strings.Contains(body, `"model":"fin"`) {
+			t.Fatalf("fin: %d %s", resp.StatusCode, body)
+		}
+		if on := resp.Header.Get("X-Arbiter-Replica"); on != finOn {
+			t.Errorf("fin's request went to %s; fin is active on %s", on, finOn)
+		}
+	}
+	// sql: the replica running fin has no free slot (--max-loras 1); the other has.
+	second, sqlOn := stream("sql")
+	defer second.Body.Close()
+	if sqlOn == finOn {
+		t.Errorf("sql went to %s, whose one slot fin holds, with the other replica free", sqlOn)
+	}
+
+	resp, body = post(t, rig.url+"/v1/completions", `{"model":"broken","prompt":"hi","max_tokens":2}`)
+	if resp.StatusCode != 502 || !strings.Contains(body, "adapter_load_failed") || !strings.Contains(body, "No adapter found for") {
+		t.Errorf("an adapter whose files are missing: %d %s; want 502 adapter_load_failed with vLLM's message", resp.StatusCode, body)
+	}
+	resp, body = post(t, rig.url+"/v1/completions", `{"model":"nope","prompt":"hi","max_tokens":2}`)
+	if resp.StatusCode != 404 || !strings.Contains(body, "model_not_found") {
+		t.Errorf("unknown adapter: %d %s", resp.StatusCode, body)
+	}
+
+	// fin removed (serve update) while its stream runs: the stream ends whole, new requests
+	// for fin are 404s, sql and the base model still serve.
+	fake.publish(services(all[1]), reps)
+	waitFor(t, "the set without fin", func() bool { _, _, ok := cp.Adapter("fin"); return !ok })
+	resp, body = post(t, rig.url+"/v1/completions", `{"model":"fin","prompt":"hi","max_tokens":2}`)
+	if resp.StatusCode != 404 {
+		t.Errorf("fin after its removal: %d %s", resp.StatusCode, body)
+	}
+	for _, m := range []string{"sql", testModel} {
+		if resp, body := post(t, rig.url+"/v1/completions", `{"model":"`+m+`","prompt":"hi","max_tokens":2}`); resp.StatusCode != 200 {
+			t.Errorf("%s after fin's removal: %d %s", m, resp.StatusCode, body)
+		}
+	}
+	rest, _ := io.ReadAll(first.Body)
+	if !strings.Contains(string(rest), "[DONE]") {
+		t.Errorf("fin's stream, its adapter removed meanwhile, did not end whole: %q", string(rest)[max(0, len(rest)-200):])
+	}
+	waitWithin(t, 30*time.Second, "in-flight counts back to zero", func() bool { return rig.inflight("r1")+rig.inflight("r2") <= 1 })
+}
+
+func TestParseLoRAInfo(t *testing.T) {
+	text := `# HELP vllm:lora_requests_info Running stats on lora requests.
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.79e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="a,b",waiting_lora_adapters="c"} 1.7900000005e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="a",waiting_lora_adapters=""} 1.7900000001e+09
+vllm:num_requests_running{engine="0",model_name="m"} 2
+`
+	g := ParseEngineGauges([]byte(text))
+	if g.Invalid != "" || g.LoRA == nil || strings.Join(g.LoRA.Running, "|") != "a|b" || strings.Join(g.LoRA.Waiting, "|") != "c" || g.LoRA.MaxLoRA != 2 || g.Running != 2 {
+		t.Fatalf("parsed %+v %+v; want the newest series: a,b running, c waiting", g, g.LoRA)
+	}
+	for _, bad := range []string{
+		`vllm:lora_requests_info{max_lora="x",running_lora_adapters="",waiting_lora_adapters=""} 1`,
+		`vllm:lora_requests_info{max_lora="1",running_lora_adapters="a,,b",waiting_lora_adapters=""} 1`,
+		`vllm:lora_requests_info{max_lora="1",running_lora_adapters="` + strings.Repeat("x,", 2000) + `x",waiting_lora_adapters=""} 1`,
+		`vllm:lora_requests_info{max_lora="1"} NaNx`,
+	} {
+		if g := ParseEngineGauges([]byte(bad)); g.Invalid == "" {
+			t.Errorf("%.80s: believed (%+v)", bad, g.LoRA)
+		}
+	}
+}
