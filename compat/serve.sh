@@ -5,7 +5,8 @@
 # services at zero: a second generation model (the OpenAI SDK's responses.create first), a
 # reranker and a Whisper model (replicasim -task score / transcription, arbiter.tasks
 # declared) for rerank, score, tokenize and an audio transcription; then `serve down --all`,
-# checking that no replica process is left.
+# then a service of LoRA adapters at zero (lora.test.mjs); checking that no replica process
+# is left.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p bin
@@ -55,6 +56,35 @@ svc compat-rerank compat-reranker score
 svc compat-whisper compat-whisper transcription
 (cd compat && ARBITER_MODEL=compat-responses node --test responses.test.mjs && ARBITER_MODEL=compat-responses node --test aisdk.test.mjs &&
   RERANK_MODEL=compat-reranker WHISPER_MODEL=compat-whisper TOKENIZE_MODEL="$model" node --test pooling.test.mjs)
+
+# LoRA adapters (issue 51): one from the run: command's --lora-modules, as SkyPilot's
+# fine-tuning example writes it, and two in arbiter.adapters, loaded by the routers at run
+# time; the service starts at zero. Each adapter is a folder as PEFT saves one.
+for a in fin sql chat; do
+  mkdir -p "$ARBITER_HOME/adapters/$a"
+  echo '{"peft_type":"LORA","r":8,"lora_alpha":16,"target_modules":["q_proj","v_proj"]}' > "$ARBITER_HOME/adapters/$a/adapter_config.json"
+  truncate -s 16M "$ARBITER_HOME/adapters/$a/adapter_model.safetensors"
+done
+cat > "$ARBITER_HOME/compat-lora.yaml" <<EOF
+name: compat-lora
+envs:
+  LORA_NAME: compat-fin
+run: exec replicasim -listen 127.0.0.1:\$PORT -model compat-lora-base -profile h100-llama-3.2-1b --enable-lora --max-loras 2 --lora-modules \$LORA_NAME=$ARBITER_HOME/adapters/fin
+service:
+  readiness_probe: /health
+  replica_policy: {min_replicas: 0, max_replicas: 1}
+arbiter:
+  model: compat-lora-base
+  adapters:
+    - {name: compat-sql, source: $ARBITER_HOME/adapters/sql}
+    - {name: compat-chat, source: $ARBITER_HOME/adapters/chat}
+  autoscaling: {signal: concurrency, target_concurrency_per_replica: 4}
+  readiness: {probe_interval_seconds: 1}
+  local: {capacity: reserved, price_per_hour: 0}
+EOF
+bin/serve up -d "$ARBITER_HOME/compat-lora.yaml" >/dev/null
+for _ in $(seq 100); do curl -sf "$ARBITER_URL/models/compat-sql" >/dev/null && break; sleep 0.1; done
+(cd compat && LORA_BASE=compat-lora-base LORA_ADAPTERS=compat-fin,compat-sql,compat-chat node --test lora.test.mjs)
 bin/serve status
 # Replicas carry ARBITER_OWNER=arbiter-<first 12 hex of sha256(home)> (control.Owner).
 owner="arbiter-$(printf %s "$ARBITER_HOME" | sha256sum | cut -c1-12)"
