@@ -316,6 +316,7 @@ func (c *Controller) UpdateWith(ctx context.Context, key, name, text string, var
 	if holder, model := c.modelHolder(name, sp); holder != "" {
 		return 0, false, modelTaken(name, holder, model)
 	}
+	inPlace := s.adaptersOnly(sp) && mode != ModeBlueGreen
 	cfg := scaling.ConfigFromSpec(sp)
 	// The new version is recorded first: a write that fails changes nothing, here either.
 	v, err := c.store.PutServiceOnce(ctx, key, name, text, versionJSON(vars, mode), c.cfg.Now())
@@ -347,9 +348,46 @@ func (c *Controller) UpdateWith(ctx context.Context, key, name, text string, var
 	}
 	s.placement = ""
 	s.gmix = nil // rebuilt from the new spec (and what runs) at the next placement
+	if inPlace {
+		c.adoptReplicas(ctx, s, v)
+	}
 	c.publish()
 	c.kickNow()
 	return v, true, nil
+}
+
+// adaptersOnly reports whether sp differs from the service's current version only in its
+// arbiter.adapters, which routers load and drop at run time on the replicas that run: the
+// new version needs no replica of its own (its replicas already allow run-time loads).
+func (s *service) adaptersOnly(sp *spec.Service) bool {
+	cur := s.specs[s.version]
+	if s.decider == nil || cur == nil || !cur.Arbiter.LoRA.RuntimeUpdates || !sp.Arbiter.LoRA.RuntimeUpdates {
+		return false
+	}
+	same := *sp
+	same.Arbiter.Adapters = cur.Arbiter.Adapters
+	return reflect.DeepEqual(&same, cur)
+}
+
+// adoptReplicas makes the live replicas of the service version v's own, in memory and in the
+// state: an update that changed only adapters rolls no replica. A replica whose row cannot be
+// written stays of its version and is rolled as usual. Caller holds c.mu.
+func (c *Controller) adoptReplicas(ctx context.Context, s *service, v int) {
+	n := 0
+	for _, r := range sortedReplicas(s.replicas) {
+		if !live(replicas.State(r.row.State)) || r.row.Version == v {
+			continue
+		}
+		row := r.row
+		row.Version = v
+		if err := c.store.SaveReplica(ctx, row, row.State, c.cfg.Now()); err != nil {
+			c.log.Error("cannot move a replica to the new version; it is rolled instead", "service", s.name, "replica", row.ID, "err", err)
+			continue
+		}
+		r.row.Version = v
+		n++
+	}
+	c.event(ctx, s.name, "", "update", fmt.Sprintf("version %d changes only arbiter.adapters: its %d replicas keep running, and routers load the adapters added on them as requests come", v, n))
 }
 
 // runs reports whether the service's current version is sp: the same service, comments

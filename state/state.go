@@ -676,8 +676,8 @@ func (s *Store) saveReplica(ctx context.Context, r Replica, prevState string, no
 	defer tx.Rollback()
 	r.UpdatedAt = now
 	res, err := tx.ExecContext(ctx, s.q(`UPDATE replicas SET handle = ?, address = ?, model = ?, state = ?, reason = ?, capacity = ?, region = ?, zone = ?,
-		price_per_hour = ?, price_source = ?, ready_at = ?, updated_at = ?, ended_at = ? WHERE id = ?`),
-		r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, r.PriceSource, ms(r.ReadyAt), ms(now), ms(r.EndedAt), r.ID)
+		price_per_hour = ?, price_source = ?, ready_at = ?, updated_at = ?, ended_at = ?, version = ? WHERE id = ?`),
+		r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, r.PriceSource, ms(r.ReadyAt), ms(now), ms(r.EndedAt), r.Version, r.ID)
 	if err != nil {
 		return fmt.Errorf("save replica %s: %w", r.ID, err)
 	}

@@ -1,0 +1,127 @@
+package control
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/replicas"
+	"github.com/arbiter-serve/arbiter/state"
+)
+
+const loraSpec = `service:
+  readiness_probe: /health
+  replicas: 1
+run: vllm serve m --enable-lora --max-loras 4
+arbiter:
+  model: m
+  adapters:
+    - {name: fin, source: /srv/adapters/fin}
+`
+
+// An update that adds or removes an adapter rolls no replica: the replica that runs takes
+// the new version, in memory and in the state, and routers get the adapters with the set.
+// Any other change still rolls.
+func TestAdapterUpdateRollsNoReplica(t *testing.T) {
+	ctx := context.Background()
+	clock := &testClock{t: time.UnixMilli(1_800_000_000_000)}
+	p := &launchLog{coldProvider: &coldProvider{memProvider: memProvider{running: map[string]replicas.Instance{}}, clock: clock, coldStart: 45 * time.Second, reclaim: map[string]time.Time{}}}
+	t.Cleanup(func() {
+		for _, s := range p.servers {
+			s.Close()
+		}
+	})
+	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"local": p}, Now: clock.Now,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.Create(ctx, "svc", loraSpec, nil); err != nil {
+		t.Fatal(err)
+	}
+	step := func() {
+		c.tick(ctx)
+		c.wg.Wait()
+		clock.Add(time.Second)
+	}
+	var first string
+	for i := 0; first == ""; i++ {
+		if set, _ := c.ReadySet(); len(set.Replicas) == 1 {
+			first = set.Replicas[0].ID
+		}
+		if i > 120 {
+			t.Fatal("the first replica is not ready after 120 s")
+		}
+		step()
+	}
+	if envs := p.first().Envs; envs["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] != "true" {
+		t.Errorf("replica envs %v: arbiter.adapters need VLLM_ALLOW_RUNTIME_LORA_UPDATING=true", envs)
+	}
+
+	added := strings.Replace(loraSpec, "    - {name: fin", "    - {name: sql, source: /srv/adapters/sql}\n    - {name: fin", 1)
+	v, changed, err := c.Update(ctx, "svc", added, nil)
+	if err != nil || !changed || v != 2 {
+		t.Fatalf("update: v%d changed %v err %v", v, changed, err)
+	}
+	for range 120 {
+		step()
+	}
+	set, _ := c.ReadySet()
+	if len(set.Replicas) != 1 || set.Replicas[0].ID != first || set.Replicas[0].Version != 2 || p.count() != 1 {
+		t.Fatalf("after an adapters-only update: replicas %+v, %d launched; want %s alone, at version 2, no launch", set.Replicas, p.count(), first)
+	}
+	if ads := set.Services[0].Adapters; len(ads) != 2 || ads[0].Name != "sql" || ads[0].Base != "m" || ads[0].Path != "/srv/adapters/sql" || set.Services[0].MaxLoRAs != 4 {
+		t.Errorf("ready set adapters %+v max_loras %d", ads, set.Services[0].MaxLoRAs)
+	}
+	rows, err := st.Replicas(ctx, "svc", false)
+	if err != nil || len(rows) != 1 || rows[0].Version != 2 {
+		t.Errorf("state rows %+v (%v): want the replica at version 2, so a restart does not roll it", rows, err)
+	}
+
+	// A change beyond adapters rolls.
+	if _, _, err := c.Update(ctx, "svc", strings.Replace(added, "--max-loras 4", "--max-loras 8", 1), nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; p.count() < 2; i++ {
+		if i > 120 {
+			t.Fatal("a change of --max-loras launched no replica of the new version")
+		}
+		step()
+	}
+}
+
+// launchLog records what a coldProvider was asked to launch.
+type launchLog struct {
+	*coldProvider
+	lmu      sync.Mutex
+	launched []replicas.LaunchSpec
+}
+
+func (p *launchLog) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas.Instance, error) {
+	p.lmu.Lock()
+	p.launched = append(p.launched, ls)
+	p.lmu.Unlock()
+	return p.coldProvider.Launch(ctx, ls)
+}
+
+func (p *launchLog) count() int {
+	p.lmu.Lock()
+	defer p.lmu.Unlock()
+	return len(p.launched)
+}
+
+func (p *launchLog) first() replicas.LaunchSpec {
+	p.lmu.Lock()
+	defer p.lmu.Unlock()
+	return p.launched[0]
+}
