@@ -164,15 +164,15 @@ type Service struct {
 // Adapter is one LoRA adapter of a service, as routers need it: the name clients send, the
 // model of the replicas that serve it, and where those replicas' vLLM loads it from.
 type Adapter struct {
-	Name string `json:"name"`
+	Name string `json:"name" yaml:"name"`
 	// Base is the model its replicas serve (their Replica.Model): routers pick among them.
-	Base string `json:"base"`
+	Base string `json:"base" yaml:"base"`
 	// Path is vLLM's lora_path for /v1/load_lora_adapter.
-	Path string `json:"path"`
+	Path string `json:"path" yaml:"path"`
 	// Parent is what /v1/models lists as its parent (vLLM's base_model_name; default Base).
-	Parent string `json:"parent,omitempty"`
+	Parent string `json:"parent,omitempty" yaml:"parent,omitempty"`
 	// Static: the replicas' vLLM loads it at start (--lora-modules); routers never load it.
-	Static bool `json:"static,omitempty"`
+	Static bool `json:"static,omitempty" yaml:"static,omitempty"`
 }
 
 // AdapterOf returns the adapter a model name is in services, and whether it is one.

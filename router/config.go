@@ -7,9 +7,12 @@ import (
 	"io"
 	"math"
 	"os"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/arbiter-serve/arbiter/fleet"
 )
 
 // Config is the router's configuration. Zero values take the defaults in Defaults.
@@ -92,6 +95,13 @@ type Config struct {
 	// checking predictions against what clients see. Off by default: it tells clients
 	// which replica served them.
 	RoutingHeaders bool `yaml:"routing_headers"`
+	// Adapters are LoRA adapters the replicas' vLLM serves on their models, for a router
+	// without a control plane (which otherwise publishes its services' own): each by name,
+	// the model of the replicas that serve it (base) and its lora_path, loaded through
+	// /v1/load_lora_adapter on a replica the first time a request goes there (unless
+	// static: given to vLLM's --lora-modules). MaxLoRAs is the replicas' --max-loras.
+	Adapters []fleet.Adapter `yaml:"adapters"`
+	MaxLoRAs int             `yaml:"max_loras"`
 	// APIKeysFile lists client API keys (see KeySpec), reloaded when it changes. With
 	// neither it nor ARBITER_API_KEYS, the router takes requests without a key.
 	APIKeysFile string `yaml:"api_keys_file"`
@@ -200,6 +210,21 @@ func (c *Config) Validate() error {
 	}
 	if _, err := NewPolicy(c.Policy, nil, 0); err != nil {
 		return fmt.Errorf("policy: %w", err)
+	}
+	names := map[string]bool{}
+	for i, a := range c.Adapters {
+		switch {
+		case a.Name == "" || a.Base == "" || (a.Path == "" && !a.Static):
+			return fmt.Errorf("adapters[%d]: give name, base (the replicas' model) and path (vLLM's lora_path)", i)
+		case strings.ContainsAny(a.Name, ", "):
+			return fmt.Errorf("adapters[%d]: %q has a comma or a space; vLLM's metrics list adapters comma-joined", i, a.Name)
+		case names[a.Name]:
+			return fmt.Errorf("adapters[%d]: %q is listed twice", i, a.Name)
+		}
+		names[a.Name] = true
+	}
+	if c.MaxLoRAs < 0 {
+		return fmt.Errorf("max_loras %d: want the replicas' --max-loras (vLLM's default 1)", c.MaxLoRAs)
 	}
 	for m, s := range c.SLOs {
 		if s.TTFT < 0 || s.TPOT < 0 || s.E2E < 0 {

@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -211,6 +212,22 @@ func (r *Replica) adapterDelay(a string, static bool, maxLoRAs int, decode, load
 	return load, decode / 2
 }
 
+// adapterFor returns the adapter a model name is: on the control plane's services, else in
+// the router's config; with the replicas' --max-loras.
+func (px *Proxy) adapterFor(model string) (fleet.Adapter, int, bool) {
+	if px.ControlPlane != nil {
+		if a, n, ok := px.ControlPlane.Adapter(model); ok {
+			return a, n, true
+		}
+	}
+	for _, a := range px.cfg.Adapters {
+		if a.Name == model {
+			return a, px.cfg.MaxLoRAs, true
+		}
+	}
+	return fleet.Adapter{}, 0, false
+}
+
 // errAdapterLoad is a load the replica refused: the adapter cannot be served from there,
 // and likely not from its other replicas either (the same path).
 type errAdapterLoad struct {
@@ -251,9 +268,17 @@ func (px *Proxy) ensureAdapter(r *Replica, a fleet.Adapter, deadline time.Time) 
 
 	start := time.Now()
 	ld.err = px.loadAdapter(r, a, deadline)
-	if ld.err == nil {
+	result := "loaded"
+	var refused *errAdapterLoad
+	switch {
+	case ld.err == nil:
 		px.adapterLoads.observe(time.Since(start).Seconds())
+	case errors.As(ld.err, &refused):
+		result = "refused"
+	default:
+		result = "failed"
 	}
+	px.met.adapterLoads.WithLabelValues(r.Info().Service, result).Inc()
 	l.mu.Lock()
 	delete(l.loading, a.Name)
 	if ld.err == nil {

@@ -184,3 +184,33 @@ vllm:num_requests_running{engine="0",model_name="m"} 2
 		}
 	}
 }
+
+// A router without a control plane serves the adapters its config names.
+func TestAdaptersFromTheRoutersConfig(t *testing.T) {
+	s := loraSim(t, 2)
+	dir := peftFolder(t)
+	rig := startRouter(t, func(c *Config) {
+		c.Adapters, c.MaxLoRAs = []fleet.Adapter{{Name: "fin", Base: testModel, Path: dir}}, 2
+	}, replica("r1", s, fleet.OnDemand, 1))
+	resp, body := post(t, rig.url+"/v1/chat/completions", `{"model":"fin","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`)
+	if resp.StatusCode != 200 || !strings.Contains(body, `"model":"fin"`) {
+		t.Fatalf("fin: %d %s", resp.StatusCode, body)
+	}
+	if got := rig.counter(t, "arbiter_router_adapter_loads_total", "result", "loaded"); got != 1 {
+		t.Errorf("adapter loads %v, want 1", got)
+	}
+	if _, body := get(t, rig.url+"/v1/models"); !strings.Contains(body, `"id":"fin","object":"model","owned_by":"arbiter","parent":"`+testModel+`"`) {
+		t.Errorf("/v1/models: %s", body)
+	}
+	for _, bad := range []Config{
+		{Adapters: []fleet.Adapter{{Name: "a", Base: testModel}}},
+		{Adapters: []fleet.Adapter{{Name: "a,b", Base: testModel, Path: "/x"}}},
+		{Adapters: []fleet.Adapter{{Name: "a", Base: testModel, Path: "/x"}, {Name: "a", Base: testModel, Path: "/y"}}},
+	} {
+		c := Defaults()
+		c.Adapters = bad.Adapters
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "adapters[") {
+			t.Errorf("%+v: %v", bad.Adapters, err)
+		}
+	}
+}

@@ -29,6 +29,7 @@ type Metrics struct {
 	predicted         *prometheus.HistogramVec // model: predicted TTFT
 	predErr           *prometheus.HistogramVec // model: measured − predicted TTFT
 	picks             *prometheus.CounterVec   // model, reason
+	adapterLoads      *prometheus.CounterVec   // service, result
 	keyRequests       *prometheus.CounterVec   // key, service, code
 	keyTokens         *prometheus.CounterVec   // key, service, type
 	held              *prometheus.GaugeVec     // service
@@ -72,6 +73,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ttft:         hv("time_to_first_token_seconds", "Time to first token as the router saw it.", latencyBuckets, "model", "service"),
 		itl:          hv("inter_token_latency_seconds", "Mean gap between streamed tokens of a request.", latencyBuckets, "model", "service"),
 		e2e:          hv("e2e_request_latency_seconds", "Request latency as the router saw it.", latencyBuckets, "model", "service"),
+		adapterLoads: cv("adapter_loads_total", "LoRA adapters this router asked replicas to load (vLLM's /v1/load_lora_adapter) by result: loaded (or found loaded), refused (the replica's error: the adapter's files), failed (the replica could not be asked).", "service", "result"),
 		picks:        cv("picks_total", "slo_cheapest's picks by reason: cheapest (predicted to meet the SLO and to start the request at once), queued (every replica predicted to meet it has prompts queued: the least loaded), prefix_holder (its cache saves more than it costs over the cheapest), prefix_holder_only (only the prefix holder, with its cache, is predicted to meet it), fastest (none predicted to meet it), resample (a cheaper replica predicted to miss, tried again).", "model", "reason"),
 		predicted:    hv("predicted_ttft_seconds", "TTFT predicted for streamed requests, on the replica that served them (compare with ttft_seconds).", latencyBuckets, "model", "service"),
 		predErr: hv("ttft_prediction_error_seconds", "Measured minus predicted TTFT of streamed requests.",

@@ -197,6 +197,11 @@ func ErrorHandler(ctx *fasthttp.RequestCtx, err error) {
 // model: a request for it is held while a replica starts).
 func (px *Proxy) servedModels() []string {
 	models := px.pool.Models()
+	for _, a := range px.cfg.Adapters {
+		if slices.Contains(models, a.Base) && !slices.Contains(models, a.Name) {
+			models = append(models, a.Name)
+		}
+	}
 	if px.ControlPlane != nil {
 		for _, m := range px.ControlPlane.Models() {
 			if !slices.Contains(models, m) {
@@ -217,12 +222,10 @@ func (px *Proxy) models(ctx *fasthttp.RequestCtx) {
 		b = append(b, `{"id":`...)
 		b = strconv.AppendQuote(b, m)
 		b = append(b, `,"object":"model","owned_by":"arbiter"`...)
-		if px.ControlPlane != nil {
-			if a, _, ok := px.ControlPlane.Adapter(m); ok {
-				// As vLLM lists an adapter: its base model as parent.
-				b = append(b, `,"parent":`...)
-				b = strconv.AppendQuote(b, cmp.Or(a.Parent, a.Base))
-			}
+		if a, _, ok := px.adapterFor(m); ok {
+			// As vLLM lists an adapter: its base model as parent.
+			b = append(b, `,"parent":`...)
+			b = strconv.AppendQuote(b, cmp.Or(a.Parent, a.Base))
 		}
 		b = append(b, '}')
 	}
@@ -530,7 +533,7 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 		}
 		req.Model = models[0]
 	}
-	if !px.pool.HasModel(req.Model) && (px.ControlPlane == nil || !px.ControlPlane.Knows(req.Model)) {
+	if _, _, adapter := px.adapterFor(req.Model); !adapter && !px.pool.HasModel(req.Model) && (px.ControlPlane == nil || !px.ControlPlane.Knows(req.Model)) {
 		// Without replicas a standalone router cannot tell an unknown model from one whose
 		// replicas are not up yet; with a control plane it can, once it has its services.
 		if len(px.pool.Models()) == 0 && (px.ControlPlane == nil || px.ControlPlane.Revision() == 0) {
@@ -602,8 +605,8 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 	c.route = Request{Model: req.Model, PromptTokens: prompt,
 		OutTokens: out, Prefix: prefixBlocks(key), SLO: c.slo, Streamed: req.Stream}
 	c.pick = req.Model
-	if px.ControlPlane != nil && !px.pool.HasModel(req.Model) {
-		if a, maxLoRAs, ok := px.ControlPlane.Adapter(req.Model); ok && a.Base != "" {
+	if !px.pool.HasModel(req.Model) {
+		if a, maxLoRAs, ok := px.adapterFor(req.Model); ok && a.Base != "" {
 			c.adapter, c.pick = &a, a.Base
 			c.route.Adapter, c.route.AdapterStatic, c.route.MaxLoRAs = a.Name, a.Static, maxLoRAs
 		}
