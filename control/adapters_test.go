@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
 	"github.com/arbiter-serve/arbiter/state"
 )
@@ -124,4 +125,33 @@ func (p *launchLog) first() replicas.LaunchSpec {
 	p.lmu.Lock()
 	defer p.lmu.Unlock()
 	return p.launched[0]
+}
+
+// Routers' reports of adapters' requests and tokens make each declared adapter's use and
+// cost in the service's status; a name the spec does not declare makes no entry.
+func TestAdapterUseInStatus(t *testing.T) {
+	c := newTestController(t)
+	ctx := context.Background()
+	spec := strings.Replace(zeroSpec, "run: exec replicasim -listen 127.0.0.1:$PORT", "run: exec replicasim -listen 127.0.0.1:$PORT -enable-lora", 1) +
+		"  adapters: [{name: fin, source: /srv/fin}, {name: sql, source: /srv/sql}]\n"
+	if _, _, err := c.Create(ctx, "svc", spec, nil); err != nil {
+		t.Fatal(err)
+	}
+	c.Report(fleet.LoadReport{Router: "r1", Models: []fleet.ModelLoad{
+		{Model: "fin", Requests: 3, Tokens: 3000}, {Model: "m1", Requests: 1, Tokens: 1000}, {Model: "nope", Requests: 5, Tokens: 5},
+	}})
+	st, err := c.Status(ctx, "svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ads := st[0].Adapters
+	if len(ads) != 2 || ads[0].Name != "fin" || ads[0].Requests != 3 || ads[0].Tokens != 3000 || ads[1].Name != "sql" || ads[1].Tokens != 0 {
+		t.Fatalf("adapters %+v; want fin with 3 requests and 3,000 tokens, sql with none", ads)
+	}
+	if want := 3000 * st[0].DollarsPerMillionTokens / 1e6; ads[0].Dollars != want {
+		t.Errorf("fin's $ %v, want its tokens at the service's $ per token (%v)", ads[0].Dollars, want)
+	}
+	if st[0].Tokens != 4000 {
+		t.Errorf("service tokens %v: the adapter's count toward its service's", st[0].Tokens)
+	}
 }

@@ -145,8 +145,10 @@ type service struct {
 	// of it are ready as the target, when traffic switches at once (switched).
 	blueGreen, switched bool
 	learned             []string // model names replicas reported
-	replicas            map[string]*replica
-	setup               map[int]*sync.Mutex // per version: setup runs once, launches wait for it
+	// adapters is each declared LoRA adapter's use as routers reported it (countAdapter).
+	adapterCounts map[string]*adapterCount
+	replicas      map[string]*replica
+	setup         map[int]*sync.Mutex // per version: setup runs once, launches wait for it
 
 	// Replicas that failed before ever getting ready, in a row: a broken run: or setup must
 	// not relaunch every tick, so launches back off until one gets ready.

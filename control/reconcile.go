@@ -134,6 +134,7 @@ func (c *Controller) Report(rep fleet.LoadReport) {
 			s.requests += m.Requests
 			s.tokens += m.Tokens
 			s.served += m.Tokens
+			s.countAdapter(m, c.cfg.Now())
 			s.mix.add(c.cfg.Now(), m.Mix)
 			if m.Requests > 0 || m.InFlight > 0 || m.Held > 0 {
 				s.lastRequest = c.cfg.Now()

@@ -673,6 +673,10 @@ type ServiceStatus struct {
 	// ModelConflicts names each live replica that lists a model another service owns, and
 	// says it is not routed to for it (a replica may serve only its own service's models).
 	ModelConflicts []string `json:"model_conflicts,omitempty"`
+	// Adapters is the use of each LoRA adapter the spec declares, since this control plane
+	// took the service (in memory: a restart starts them again), with its share of the
+	// service's cost: its tokens at the service's $ per token.
+	Adapters []AdapterUse `json:"adapters,omitempty"`
 	// PerToken is each live replica's predicted cost per token at the service's SLO, by
 	// replica ID: its $/hour over what its GPU's profile sustains for the service's request
 	// mix. A replica whose GPU or model has no profile is not in it.
@@ -793,6 +797,7 @@ func (c *Controller) statusLocked(rows []state.Service, all []state.Replica, nam
 			}
 		}
 		bill(&st, mine, now)
+		st.Adapters = s.adapterUse(st.DollarsPerMillionTokens)
 		for _, r := range sortedReplicas(s.replicas) {
 			st.Replicas = append(st.Replicas, r.row)
 			if r.conflict != "" && live(replicas.State(r.row.State)) {

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/oai"
@@ -38,19 +39,29 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	case code < 500:
 		r.requestSucceeded()
 	}
-	px.met.request(c.model, r, code)
+	// Replicas' series are by the model they serve (an adapter's base): an adapter's own
+	// are per service and adapter only, so hundreds of adapters cost hundreds of series,
+	// not hundreds per replica.
+	px.met.request(c.pick, r, code)
+	if c.adapter != nil {
+		px.met.adapterRequests.WithLabelValues(c.service, c.adapter.Name, strconv.Itoa(code)).Inc()
+		if res.usage.Prompt > 0 || res.usage.Completion > 0 {
+			px.met.adapterTokens.WithLabelValues(c.service, c.adapter.Name, "prompt").Add(float64(res.usage.Prompt))
+			px.met.adapterTokens.WithLabelValues(c.service, c.adapter.Name, "completion").Add(float64(res.usage.Completion))
+		}
+	}
 	if res.usage.Prompt > 0 || res.usage.Completion > 0 {
 		c.load.tokens.Add(int64(res.usage.Prompt + res.usage.Completion))
 		if c.kind.Generates() && code == 200 && res.failed == "" && !res.clientGone {
 			// The request mix the control plane sizes GPUs by: what was asked and answered.
 			c.load.served(res.usage.Prompt, res.usage.Completion)
 		}
-		if rs := px.met.replica(r); rs.info.Model == c.model {
+		if rs := px.met.replica(r); rs.info.Model == c.pick {
 			rs.prompt.Add(float64(res.usage.Prompt))
 			rs.completion.Add(float64(res.usage.Completion))
 		} else {
-			px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), info.Accelerator, "prompt").Add(float64(res.usage.Prompt))
-			px.met.tokens.WithLabelValues(c.model, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), info.Accelerator, "completion").Add(float64(res.usage.Completion))
+			px.met.tokens.WithLabelValues(c.pick, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), info.Accelerator, "prompt").Add(float64(res.usage.Prompt))
+			px.met.tokens.WithLabelValues(c.pick, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), info.Accelerator, "completion").Add(float64(res.usage.Completion))
 		}
 		if c.key != nil {
 			px.met.keyTokens.WithLabelValues(c.key.Name, c.service, "prompt").Add(float64(res.usage.Prompt))
@@ -63,7 +74,7 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	if code != 200 || res.clientGone || res.failed != "" {
 		return
 	}
-	ms := px.met.model(c.model, info.Service)
+	ms := px.met.model(c.pick, info.Service)
 	e2e := res.endAt.Sub(res.sentAt).Seconds()
 	ms.e2e.Observe(e2e)
 	ttft := e2e

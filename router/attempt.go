@@ -295,6 +295,11 @@ func (px *Proxy) firstByteTimeout(c *call, pred Prediction) time.Duration {
 	switch {
 	case k <= 0:
 		return limit
+	case c.adapter != nil:
+		// A LoRA adapter's request waits in vLLM's queue until its adapter gets a GPU slot,
+		// which the requests of the adapters holding them decide: a replica that keeps it
+		// waiting is serving, not failing.
+		return limit
 	case c.stream:
 		expect = max(c.slo.TTFT, pred.TTFT)
 	case c.outBounded:

@@ -267,7 +267,10 @@ func (px *Proxy) ensureAdapter(r *Replica, a fleet.Adapter, deadline time.Time) 
 	l.mu.Unlock()
 
 	start := time.Now()
+	expect := int64(px.adapterLoads.expect() * 1e9)
+	r.loadingNanos.Add(expect)
 	ld.err = px.loadAdapter(r, a, deadline)
+	r.loadingNanos.Add(-expect)
 	result := "loaded"
 	var refused *errAdapterLoad
 	switch {

@@ -199,6 +199,12 @@ func TestAdaptersFromTheRoutersConfig(t *testing.T) {
 	if got := rig.counter(t, "arbiter_router_adapter_loads_total", "result", "loaded"); got != 1 {
 		t.Errorf("adapter loads %v, want 1", got)
 	}
+	if got := rig.counter(t, "arbiter_router_adapter_tokens_total", "adapter", "fin", "type", "completion"); got != 3 {
+		t.Errorf("fin's completion tokens %v, want 3", got)
+	}
+	if got := rig.counter(t, "arbiter_router_requests_total", "model", "fin"); got > 0 {
+		t.Errorf("a replica series by adapter (%v): replicas' series are by their base model", got)
+	}
 	if _, body := get(t, rig.url+"/v1/models"); !strings.Contains(body, `"id":"fin","object":"model","owned_by":"arbiter","parent":"`+testModel+`"`) {
 		t.Errorf("/v1/models: %s", body)
 	}

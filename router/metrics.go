@@ -30,6 +30,8 @@ type Metrics struct {
 	predErr           *prometheus.HistogramVec // model: measured − predicted TTFT
 	picks             *prometheus.CounterVec   // model, reason
 	adapterLoads      *prometheus.CounterVec   // service, result
+	adapterRequests   *prometheus.CounterVec   // service, adapter, code
+	adapterTokens     *prometheus.CounterVec   // service, adapter, type
 	keyRequests       *prometheus.CounterVec   // key, service, code
 	keyTokens         *prometheus.CounterVec   // key, service, type
 	held              *prometheus.GaugeVec     // service
@@ -66,16 +68,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"replica", "source", "reason"),
 		tokens: cv("tokens_total", "Tokens served, from each response's usage; accelerator is the replica's GPU type (its placement, or its replicas-file label; one per replica).",
 			"model", "service", "replica", "provider", "region", "capacity", "accelerator", "type"),
-		audioSeconds: cv("audio_seconds_total", "Seconds of audio transcribed or translated, from each response's usage (vLLM's TranscriptionUsageAudio, which counts no tokens).", "model", "service", "replica"),
-		keyRequests:  cv("key_requests_total", "Requests per client API key (its name, never the key), by service and HTTP status code.", "key", "service", "code"),
-		keyTokens:    cv("key_tokens_total", "Tokens served per client API key and service, from each response's usage.", "key", "service", "type"),
-		slo:          cv("slo_requests_total", "Requests by whether they met their model's latency SLO.", "model", "service", "result"),
-		ttft:         hv("time_to_first_token_seconds", "Time to first token as the router saw it.", latencyBuckets, "model", "service"),
-		itl:          hv("inter_token_latency_seconds", "Mean gap between streamed tokens of a request.", latencyBuckets, "model", "service"),
-		e2e:          hv("e2e_request_latency_seconds", "Request latency as the router saw it.", latencyBuckets, "model", "service"),
-		adapterLoads: cv("adapter_loads_total", "LoRA adapters this router asked replicas to load (vLLM's /v1/load_lora_adapter) by result: loaded (or found loaded), refused (the replica's error: the adapter's files), failed (the replica could not be asked).", "service", "result"),
-		picks:        cv("picks_total", "slo_cheapest's picks by reason: cheapest (predicted to meet the SLO and to start the request at once), queued (every replica predicted to meet it has prompts queued: the least loaded), prefix_holder (its cache saves more than it costs over the cheapest), prefix_holder_only (only the prefix holder, with its cache, is predicted to meet it), fastest (none predicted to meet it), resample (a cheaper replica predicted to miss, tried again).", "model", "reason"),
-		predicted:    hv("predicted_ttft_seconds", "TTFT predicted for streamed requests, on the replica that served them (compare with ttft_seconds).", latencyBuckets, "model", "service"),
+		audioSeconds:    cv("audio_seconds_total", "Seconds of audio transcribed or translated, from each response's usage (vLLM's TranscriptionUsageAudio, which counts no tokens).", "model", "service", "replica"),
+		keyRequests:     cv("key_requests_total", "Requests per client API key (its name, never the key), by service and HTTP status code.", "key", "service", "code"),
+		keyTokens:       cv("key_tokens_total", "Tokens served per client API key and service, from each response's usage.", "key", "service", "type"),
+		slo:             cv("slo_requests_total", "Requests by whether they met their model's latency SLO.", "model", "service", "result"),
+		ttft:            hv("time_to_first_token_seconds", "Time to first token as the router saw it.", latencyBuckets, "model", "service"),
+		itl:             hv("inter_token_latency_seconds", "Mean gap between streamed tokens of a request.", latencyBuckets, "model", "service"),
+		e2e:             hv("e2e_request_latency_seconds", "Request latency as the router saw it.", latencyBuckets, "model", "service"),
+		adapterRequests: cv("adapter_requests_total", "Requests answered per LoRA adapter (its service's declared adapters only: the series are bounded by the spec), by HTTP status code.", "service", "adapter", "code"),
+		adapterTokens:   cv("adapter_tokens_total", "Tokens served per LoRA adapter, from each response's usage: with the service's spend, the chargeback per fine-tune (arbiter:adapter_dollars).", "service", "adapter", "type"),
+		adapterLoads:    cv("adapter_loads_total", "LoRA adapters this router asked replicas to load (vLLM's /v1/load_lora_adapter) by result: loaded (or found loaded), refused (the replica's error: the adapter's files), failed (the replica could not be asked).", "service", "result"),
+		picks:           cv("picks_total", "slo_cheapest's picks by reason: cheapest (predicted to meet the SLO and to start the request at once), queued (every replica predicted to meet it has prompts queued: the least loaded), prefix_holder (its cache saves more than it costs over the cheapest), prefix_holder_only (only the prefix holder, with its cache, is predicted to meet it), fastest (none predicted to meet it), resample (a cheaper replica predicted to miss, tried again).", "model", "reason"),
+		predicted:       hv("predicted_ttft_seconds", "TTFT predicted for streamed requests, on the replica that served them (compare with ttft_seconds).", latencyBuckets, "model", "service"),
 		predErr: hv("ttft_prediction_error_seconds", "Measured minus predicted TTFT of streamed requests.",
 			[]float64{-5, -1, -0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 5}, "model", "service"),
 	}

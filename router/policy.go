@@ -506,22 +506,28 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 	return cheapest, reason
 }
 
-// adapterReady keeps, of a tier, the replicas where the request's adapter costs nothing
-// (loaded and in a GPU slot, or with one free), if there are any: the Gateway API
-// Inference Extension's LoRA affinity. A replica that would load the adapter, or queue for
-// a slot, is chosen only where none is ready; loading it on every idle replica would spend
-// their slots and CPU caches on one adapter.
+// adapterReady keeps, of a tier (replicas predicted to meet the SLO), those that serve the
+// request's adapter best: where it costs nothing (loaded, and active or with a GPU slot
+// free), else where it is loaded and waits for a slot, else any, which must load it: the
+// Gateway API Inference Extension's LoRA affinity (active, then a free slot, then
+// waiting). A load stalls the whole replica's engine while it runs (vLLM loads between
+// steps), so a request that can wait for a slot within the SLO waits rather than load its
+// adapter on one more replica.
 func adapterReady(tier []scored) []scored {
-	n := 0
-	for _, s := range tier {
-		if s.adapter == 0 {
-			n++
+	rank := func(s scored) int {
+		switch {
+		case s.adapter == 0:
+			return 0
+		case s.p.adapterLoad == 0:
+			return 1
 		}
+		return 2
 	}
-	if n == 0 || n == len(tier) {
-		return tier
+	best := 2
+	for _, s := range tier {
+		best = min(best, rank(s))
 	}
-	return slices.DeleteFunc(tier, func(s scored) bool { return s.adapter > 0 })
+	return slices.DeleteFunc(tier, func(s scored) bool { return rank(s) > best })
 }
 
 // startsNow reports whether a replica would start the request's prefill with no prompt

@@ -383,7 +383,7 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 		px.notServed(ctx, c, len(px.pool.candidates(c.pick)))
 	case c.lastUpstream != 0:
 		// The replica's own 502/503 is already in the response: pass it through.
-		px.met.request(c.model, c.tried[len(c.tried)-1], c.lastUpstream)
+		px.met.request(c.pick, c.tried[len(c.tried)-1], c.lastUpstream)
 	case !px.Now().Before(c.deadline):
 		px.met.fail("deadline", c.service)
 		oai.WriteError(ctx, fasthttp.StatusGatewayTimeout, oai.Timeout, "request deadline exceeded before a replica answered")
@@ -439,7 +439,7 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 		px.held.Add(-1)
 		load.held.Add(-1)
 		px.met.held.WithLabelValues(c.service).Dec()
-		px.met.holdWait.WithLabelValues(c.model, c.service).Observe(px.Now().Sub(start).Seconds())
+		px.met.holdWait.WithLabelValues(c.pick, c.service).Observe(px.Now().Sub(start).Seconds())
 	}()
 	for {
 		px.ControlPlane.Wake(c.model)

@@ -70,6 +70,8 @@ type Replica struct {
 	// first use: a fleet without adapters never makes one.
 	lora     *loraState
 	loraOnce sync.Once
+	// loadingNanos is the load time of the adapters this router is having it load now.
+	loadingNanos atomic.Int64
 }
 
 type scrapeState struct {
@@ -298,7 +300,14 @@ func (r *Replica) predictLocked(now time.Time, p shape, outTokens int, staleAfte
 			ahead++
 		}
 	}
-	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, Wait: max(res.start.Sub(now).Seconds(), 0),
+	wait := max(res.start.Sub(now).Seconds(), 0)
+	if n := r.loadingNanos.Load(); n > 0 {
+		// Adapters this router asked the replica to load: its engine loads them between
+		// steps, and serves nothing meanwhile.
+		ttft += float64(n) / 1e9
+		wait += float64(n) / 1e9
+	}
+	return Prediction{TTFT: ttft, TPOT: tpot, E2E: ttft + float64(max(outTokens-1, 0))*tpot, Wait: wait,
 		Ahead: ahead, Load: r.loadLocked(now, staleAfter), Uncached: uncached, Spread: r.spread.factor(), TPOTSpread: r.tpotSpread.factor(),
 		TooLong: w.prof != nil && w.prof.MaxModelLen > 0 && prompt+max(outTokens, 1) > w.prof.MaxModelLen}
 }

@@ -103,7 +103,13 @@ type Result struct {
 // trace's own arrival pattern, time-scaled to rate requests per second, arrivals bounded by
 // maxDuration. It returns one result per request sent, failures included.
 func Replay(client *http.Client, url, model string, reqs []traces.Request, rate float64, maxDuration time.Duration) []Result {
-	return replay(client, url, model, reqs, rate, maxDuration, func(_ traces.Request, i int) uint64 { return uint64(i) })
+	return replay(client, url, func(int) string { return model }, reqs, rate, maxDuration, func(_ traces.Request, i int) uint64 { return uint64(i) })
+}
+
+// ReplayModels is Replay with each request's own model: models[i] is reqs[i]'s (a LoRA
+// adapter's name, say).
+func ReplayModels(client *http.Client, url string, models []string, reqs []traces.Request, rate float64, maxDuration time.Duration) []Result {
+	return replay(client, url, func(i int) string { return models[i] }, reqs, rate, maxDuration, func(_ traces.Request, i int) uint64 { return uint64(i) })
 }
 
 // timeScale is the factor that turns the requests' trace times into times at which they
@@ -121,22 +127,22 @@ func timeScale(reqs []traces.Request, rate float64) float64 {
 // it, at its time-scaled trace time or, if the previous answer came later, right then, as a
 // user does. First turns follow the trace's pattern scaled to rate, as Replay's do.
 func ReplaySessions(client *http.Client, url, model string, reqs []traces.Request, rate float64, maxDuration time.Duration) []Result {
-	return replay(client, url, model, reqs, rate, maxDuration, conversationKey)
+	return replay(client, url, func(int) string { return model }, reqs, rate, maxDuration, conversationKey)
 }
 
 // replay sends the requests at their time-scaled trace times, those with the same key one
 // after the other (each after the answer to the one before it, never before its time).
-func replay(client *http.Client, url, model string, reqs []traces.Request, rate float64, maxDuration time.Duration,
+func replay(client *http.Client, url string, modelOf func(i int) string, reqs []traces.Request, rate float64, maxDuration time.Duration,
 	key func(r traces.Request, i int) uint64) []Result {
 	scale := timeScale(reqs, rate)
-	sessions := map[uint64][]traces.Request{}
+	sessions := map[uint64][]int{}
 	var order []uint64
 	for i, r := range reqs {
 		k := key(r, i)
 		if _, ok := sessions[k]; !ok {
 			order = append(order, k)
 		}
-		sessions[k] = append(sessions[k], r)
+		sessions[k] = append(sessions[k], i)
 	}
 	var (
 		mu  sync.Mutex
@@ -149,13 +155,14 @@ func replay(client *http.Client, url, model string, reqs []traces.Request, rate 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for _, r := range turns {
+			for _, i := range turns {
+				r := reqs[i]
 				at := time.Duration(float64(r.At-reqs[0].At) * scale)
 				if at > maxDuration {
 					return
 				}
 				time.Sleep(time.Until(start.Add(at)))
-				res := Stream(client, url, model, r)
+				res := Stream(client, url, modelOf(i), r)
 				mu.Lock()
 				out = append(out, res)
 				mu.Unlock()
