@@ -211,13 +211,25 @@ func TestPrometheusDashboardAndCostAgree(t *testing.T) {
 	c.extraDaemonFlags = []string{"--api-keys", keysFile}
 	p := startPrometheus(t, c.admin)
 	const price = 7.2 // $/h: $0.002 a second, so seconds of replica time are visible
+	// One worker calls a LoRA adapter of the model (its chargeback panels), a PEFT folder.
+	adapter := filepath.Join(c.home, "adapters", "paid-fin")
+	if err := os.MkdirAll(adapter, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(adapter, "adapter_config.json"), []byte(`{"peft_type":"LORA","r":8,"lora_alpha":16}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(adapter, "adapter_model.safetensors"), make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	c.up("paid", `service:
   readiness_probe: {path: /health, initial_delay_seconds: 30, timeout_seconds: 2}
   replica_policy: {min_replicas: 0, max_replicas: 2}
 envs: {MODEL: paid-model}
-run: exec replicasim -listen 127.0.0.1:$PORT -model $MODEL -profile h100-llama-3.1-8b -log-level warn
+run: exec replicasim -listen 127.0.0.1:$PORT -model $MODEL -profile h100-llama-3.1-8b -log-level warn -enable-lora -max-loras 2
 arbiter:
   model: paid-model
+  adapters: [{name: paid-fin, source: `+adapter+`}]
   scale_to_zero_after_seconds: 4
   autoscaling: {signal: concurrency, target_concurrency_per_replica: 2, stable_window_seconds: 3, panic_window_seconds: 1}
   readiness: {probe_interval_seconds: 0.3, failure_threshold: 2}
@@ -257,8 +269,12 @@ arbiter:
 		go func() {
 			defer wg.Done()
 			stream := w%2 == 0
-			body := fmt.Sprintf(`{"model":"paid-model","messages":[{"role":"user","content":"Price a GPU hour, worker %d."}],"max_tokens":24,"stream":%v%s}`,
-				w, stream, map[bool]string{true: `,"stream_options":{"include_usage":true}`}[stream])
+			model := "paid-model"
+			if w == 3 {
+				model = "paid-fin"
+			}
+			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"Price a GPU hour, worker %d."}],"max_tokens":24,"stream":%v%s}`,
+				model, w, stream, map[bool]string{true: `,"stream_options":{"include_usage":true}`}[stream])
 			for n := 0; n < 2000 && time.Now().Before(deadline); n++ {
 				select {
 				case <-stop:
