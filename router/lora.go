@@ -308,7 +308,13 @@ func (px *Proxy) loadAdapter(r *Replica, a fleet.Adapter, deadline time.Time) er
 		Path string `json:"lora_path"`
 	}{a.Name, a.Path})
 	req.SetBody(body)
-	if err := px.adminClient.DoDeadline(req, resp, deadline); err != nil {
+	err := px.adminClient.DoDeadline(req, resp, deadline)
+	if err != nil && (staleConnError(err) || errors.Is(err, fasthttp.ErrConnectionClosed)) {
+		// A pooled connection the replica closed as the request went: the load was not
+		// read (a load asked twice is answered "already loaded", a success, anyway).
+		err = px.adminClient.DoDeadline(req, resp, deadline)
+	}
+	if err != nil {
 		return fmt.Errorf("load adapter %s on %s: %w", a.Name, r.Info().ID, err)
 	}
 	status := resp.StatusCode()

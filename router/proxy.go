@@ -82,7 +82,8 @@ func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, 
 	}
 	px := &Proxy{cfg: cfg, pool: pool, met: met, log: log, counter: counter, Now: time.Now, policies: map[string]Policy{}, Load: &LoadTracker{},
 		largeBudget: parseBudget(cfg), responses: newResponseOwners(),
-		adminClient: &fasthttp.Client{NoDefaultUserAgentHeader: true, MaxResponseBodySize: 1 << 20}}
+		// Idle connections go before a replica's own keep-alive closes them (vLLM's 5 s).
+		adminClient: &fasthttp.Client{NoDefaultUserAgentHeader: true, MaxResponseBodySize: 1 << 20, MaxIdleConnDuration: cfg.UpstreamIdleTimeout}}
 	px.largeBodies = semaphore.NewWeighted(px.largeBudget)
 	px.bodies = semaphore.NewWeighted(int64(cfg.MaxBodyBufferBytes))
 	for _, h := range []string{"Authorization", "Proxy-Authorization", "Cookie"} {

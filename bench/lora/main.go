@@ -256,6 +256,9 @@ func runPolicy(o options, pol string, reqs []traces.Request, models []string, ad
 	if err != nil {
 		return "", err
 	}
+	if errs, err := samples(admin, "arbiter_router_errors_total"); err == nil && errs != "" {
+		fmt.Fprintf(os.Stderr, "%s: the router's errors:\n%s", pol, errs)
+	}
 	return row(o, pol, res, set, loads), nil
 }
 
@@ -328,4 +331,24 @@ func row(o options, pol string, res []workload.Result, set []fleet.Replica, load
 	return fmt.Sprintf("| %s | %.1f %% | %.1f %% | %s / %s | %s | %.0f (%.1f) | %s |", pol, 100*float64(ok)/n, 100*float64(good)/n,
 		workload.Ms(workload.Quantile(ttft, 0.5)), workload.Ms(workload.Quantile(ttft, 0.9)), workload.Ms(workload.Quantile(tpot, 0.9)),
 		loads, loads/max(minutes, 1e-9), strings.Join(shares, ", "))
+}
+
+// samples returns a family's non-zero samples on the router's admin /metrics, a line each.
+func samples(admin, name string) (string, error) {
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	var out strings.Builder
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, name+"{") && !strings.HasSuffix(line, " 0") {
+			out.WriteString("  " + line + "\n")
+		}
+	}
+	return out.String(), nil
 }
