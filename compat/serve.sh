@@ -58,8 +58,9 @@ svc compat-whisper compat-whisper transcription
   RERANK_MODEL=compat-reranker WHISPER_MODEL=compat-whisper TOKENIZE_MODEL="$model" node --test pooling.test.mjs)
 
 # LoRA adapters (issue 51): one from the run: command's --lora-modules, as SkyPilot's
-# fine-tuning example writes it, and two in arbiter.adapters, loaded by the routers at run
-# time; the service starts at zero. Each adapter is a folder as PEFT saves one.
+# fine-tuning example writes it (vllm serve: replicasim stands in for the vllm this machine
+# lacks), and two in arbiter.adapters, loaded by the routers at run time; the service starts
+# at zero. Each adapter is a folder as PEFT saves one.
 for a in fin sql chat; do
   mkdir -p "$ARBITER_HOME/adapters/$a"
   echo '{"peft_type":"LORA","r":8,"lora_alpha":16,"target_modules":["q_proj","v_proj"]}' > "$ARBITER_HOME/adapters/$a/adapter_config.json"
@@ -69,7 +70,9 @@ cat > "$ARBITER_HOME/compat-lora.yaml" <<EOF
 name: compat-lora
 envs:
   LORA_NAME: compat-fin
-run: exec replicasim -listen 127.0.0.1:\$PORT -model compat-lora-base -profile h100-llama-3.2-1b --enable-lora --max-loras 2 --lora-modules \$LORA_NAME=$ARBITER_HOME/adapters/fin
+run: |
+  vllm serve compat-lora-base --tensor-parallel-size \$SKYPILOT_NUM_GPUS_PER_NODE \\
+    --enable-lora --max-loras 2 --lora-modules \$LORA_NAME=$ARBITER_HOME/adapters/fin --port 8000
 service:
   readiness_probe: /health
   replica_policy: {min_replicas: 0, max_replicas: 1}
@@ -85,6 +88,10 @@ EOF
 bin/serve up -d "$ARBITER_HOME/compat-lora.yaml" >/dev/null
 for _ in $(seq 100); do curl -sf "$ARBITER_URL/models/compat-sql" >/dev/null && break; sleep 0.1; done
 (cd compat && LORA_BASE=compat-lora-base LORA_ADAPTERS=compat-fin,compat-sql,compat-chat node --test lora.test.mjs)
+# serve status counts each adapter's requests and tokens (the routers report every second).
+adapters_counted() { bin/serve status | grep -Eq '^compat-lora +compat-sql +[1-9][0-9]* +[1-9]'; }
+for _ in $(seq 100); do adapters_counted && break; sleep 0.1; done
+adapters_counted || { bin/serve status; echo "serve status does not count compat-sql's requests and tokens" >&2; exit 1; }
 bin/serve status
 # Replicas carry ARBITER_OWNER=arbiter-<first 12 hex of sha256(home)> (control.Owner).
 owner="arbiter-$(printf %s "$ARBITER_HOME" | sha256sum | cut -c1-12)"

@@ -185,7 +185,8 @@ func Serve(ctx context.Context, o DaemonOptions) error {
 		return err
 	}
 	procs := replicas.LocalConfig{Owner: localOwner, LogDir: filepath.Join(o.Home, "logs"), ExtraPath: o.BinDir,
-		Capacity: fleet.Reserved, Region: "local", Zone: "local", Grace: o.LocalGrace, Log: o.Log, MaxReplicas: o.LocalMaxReplicas}
+		Capacity: fleet.Reserved, Region: "local", Zone: "local", Grace: o.LocalGrace, Log: o.Log, MaxReplicas: o.LocalMaxReplicas,
+		FallbackPath: vllmStandIn(o.Home, o.BinDir, o.Log)}
 	local, err := replicas.NewLocal(procs)
 	if err != nil {
 		return err
@@ -319,4 +320,32 @@ func advertised(given string, bound net.Addr) (string, error) {
 		}
 	}
 	return "http://" + net.JoinHostPort(host, port), nil
+}
+
+// vllmStandIn makes a folder holding a vllm that is replicasim, for the end of the local and
+// sim replicas' PATH: a SkyServe run: line (vllm serve MODEL …) then runs on a machine with
+// no vLLM, simulated, and a machine with one runs its own. "" where replicasim is not beside
+// the daemon.
+func vllmStandIn(home, binDir string, log *slog.Logger) string {
+	sim := filepath.Join(binDir, "replicasim")
+	if binDir == "" {
+		return ""
+	}
+	if _, err := os.Stat(sim); err != nil {
+		return ""
+	}
+	dir := filepath.Join(home, "vllm-stand-in")
+	link := filepath.Join(dir, "vllm")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		log.Warn("no vllm stand-in for replicas", "err", err)
+		return ""
+	}
+	if cur, err := os.Readlink(link); err != nil || cur != sim {
+		_ = os.Remove(link)
+		if err := os.Symlink(sim, link); err != nil {
+			log.Warn("no vllm stand-in for replicas", "err", err)
+			return ""
+		}
+	}
+	return dir
 }

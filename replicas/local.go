@@ -53,7 +53,10 @@ type LocalConfig struct {
 	LogDir string
 	// ExtraPath is prepended to PATH for setup and run (the directory of Arbiter's own
 	// binaries, so a run: of "replicasim" finds the simulator).
-	ExtraPath    string
+	ExtraPath string
+	// FallbackPath is appended to PATH: commands found there only when the machine has
+	// none of its own (a vllm that replicasim stands in for, where no vLLM is installed).
+	FallbackPath string
 	Capacity     fleet.Capacity
 	PricePerHour float64
 	Region, Zone string
@@ -113,8 +116,15 @@ func (l *Local) LogPath(replicaID string) string {
 
 func (l *Local) env(envs map[string]string, extra ...string) []string {
 	env := os.Environ()
-	if l.cfg.ExtraPath != "" {
-		env = append(env, "PATH="+l.cfg.ExtraPath+string(os.PathListSeparator)+os.Getenv("PATH"))
+	if l.cfg.ExtraPath != "" || l.cfg.FallbackPath != "" {
+		path := os.Getenv("PATH")
+		if l.cfg.ExtraPath != "" {
+			path = l.cfg.ExtraPath + string(os.PathListSeparator) + path
+		}
+		if l.cfg.FallbackPath != "" {
+			path += string(os.PathListSeparator) + l.cfg.FallbackPath
+		}
+		env = append(env, "PATH="+path)
 	}
 	keys := make([]string, 0, len(envs))
 	for k := range envs {

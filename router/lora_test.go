@@ -2,14 +2,18 @@ package router
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -218,5 +222,55 @@ func TestAdaptersFromTheRoutersConfig(t *testing.T) {
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "adapters[") {
 			t.Errorf("%+v: %v", bad.Adapters, err)
 		}
+	}
+}
+
+// 50 adapters on 3 replicas with 4 GPU slots each, the adapters' popularity skewed (Zipf):
+// every request is answered, whatever adapter it names and however long it waits for a slot.
+func TestFiftyAdaptersOnThreeReplicasAllAnswered(t *testing.T) {
+	const adapters, requests = 50, 120
+	sims := []*sim{loraSim(t, 4), loraSim(t, 4), loraSim(t, 4)}
+	var list []fleet.Adapter
+	for k := range adapters {
+		list = append(list, fleet.Adapter{Name: fmt.Sprintf("tune-%02d", k), Base: testModel, Path: peftFolder(t)})
+	}
+	var reps []fleet.Replica
+	for i, s := range sims {
+		reps = append(reps, replica(fmt.Sprintf("r%d", i), s, fleet.OnDemand, 1))
+	}
+	rig := startRouter(t, func(c *Config) { c.Adapters, c.MaxLoRAs = list, 4 }, reps...)
+	z := rand.NewZipf(rand.New(rand.NewPCG(51, 1)), 1.1, 1, adapters-1)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	var first atomic.Value
+	tick := time.NewTicker(50 * time.Millisecond) // 20 requests a second
+	defer tick.Stop()
+	for range requests {
+		<-tick.C
+		name := list[z.Uint64()].Name
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Post(rig.url+"/v1/completions", "application/json",
+				strings.NewReader(`{"model":"`+name+`","prompt":"Summarise the ledger.","max_tokens":24,"stream":true}`))
+			if err != nil {
+				failed.Add(1)
+				first.CompareAndSwap(nil, err.Error())
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 200 || !strings.Contains(string(b), "[DONE]") {
+				failed.Add(1)
+				first.CompareAndSwap(nil, fmt.Sprintf("%s: %d %.300s", name, resp.StatusCode, b))
+			}
+		}()
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d of %d requests failed; the first: %v", n, requests, first.Load())
+	}
+	if got := rig.counter(t, "arbiter_router_adapter_requests_total", "code", "200"); got != requests {
+		t.Errorf("adapter requests counted %v, want %d", got, requests)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -61,12 +63,27 @@ func run() error {
 	var stopAfter int
 	flag.IntVar(&stopAfter, "stop-after", 64, "output tokens before the simulated model stops when a request sets no max_tokens")
 	flag.IntVar(&stopAfter, "default-max-tokens", 64, "the old name of -stop-after")
-	if err := flag.CommandLine.Parse(replicasim.ExpandNargs(os.Args[1:], "lora-modules")); err != nil {
+	args := os.Args[1:]
+	var ignored []string
+	asVLLM := filepath.Base(os.Args[0]) == "vllm" || (len(args) > 0 && args[0] == "serve")
+	if asVLLM {
+		var err error
+		if args, ignored, err = vllmServeArgs(args, os.Getenv("ARBITER_ACCELERATOR")); err != nil {
+			return err
+		}
+	}
+	if err := flag.CommandLine.Parse(replicasim.ExpandNargs(args, "lora-modules")); err != nil {
 		return err
 	}
 	log, err := httplog.NewLogger(*logLevel)
 	if err != nil {
 		return err
+	}
+	if asVLLM {
+		log.Warn("replicasim stands in for vllm (none on this machine's PATH): the replica is simulated", "model", *model)
+	}
+	if len(ignored) > 0 {
+		log.Warn("replicasim simulating `vllm serve`: these flags change nothing in a simulator and are ignored", "flags", strings.Join(ignored, " "), "as", strings.Join(args, " "))
 	}
 
 	addr := *listen

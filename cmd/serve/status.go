@@ -65,6 +65,7 @@ func statusCmd(g *globals) *cobra.Command {
 					spotShare(s), s.DollarsPerHour, s.Dollars, s.Tokens, perM, s.Endpoint)
 			}
 			tw.Flush()
+			printAdapters(out, svcs)
 			for _, s := range svcs {
 				if s.Failed != "" {
 					fmt.Fprintf(out, "  %s: failed: %s (fix it with `serve update %s FILE`, or remove it with `serve down %s`)\n", s.Name, s.Failed, s.Name, s.Name)
@@ -367,4 +368,24 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-time.After(d):
 		return true
 	}
+}
+
+// printAdapters lists each service's LoRA adapters with their use and cost, if any has one.
+func printAdapters(out io.Writer, svcs []control.ServiceStatus) {
+	n := 0
+	for _, s := range svcs {
+		n += len(s.Adapters)
+	}
+	if n == 0 {
+		return
+	}
+	fmt.Fprintln(out, "\nAdapters (since the control plane took the service; $ at the service's $ per token)")
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tADAPTER\tREQUESTS\tTOKENS\t$ SO FAR")
+	for _, s := range svcs {
+		for _, a := range s.Adapters {
+			fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%.4f\n", s.Name, a.Name, a.Requests, a.Tokens, a.Dollars)
+		}
+	}
+	tw.Flush()
 }

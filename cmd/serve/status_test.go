@@ -44,3 +44,17 @@ func TestReplicaTableShowsDollarsPerTokenAtTheSLO(t *testing.T) {
 		}
 	}
 }
+
+// The adapters table lists each declared LoRA adapter's use and cost; no table without any.
+func TestAdaptersTable(t *testing.T) {
+	var out bytes.Buffer
+	printAdapters(&out, []control.ServiceStatus{{Name: "llm"}})
+	if out.Len() != 0 {
+		t.Fatalf("a service without adapters printed %q", out.String())
+	}
+	printAdapters(&out, []control.ServiceStatus{{Name: "llm", Adapters: []control.AdapterUse{{Name: "fin", Requests: 12, Tokens: 3400, Dollars: 0.0125}, {Name: "sql"}}}})
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 4 || strings.Join(strings.Fields(lines[2]), " ") != "llm fin 12 3400 0.0125" || !strings.HasPrefix(lines[3], "llm") {
+		t.Errorf("adapters table:\n%s", out.String())
+	}
+}
