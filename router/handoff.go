@@ -93,6 +93,11 @@ func (px *Proxy) Handoff(in HandoffRequest) (*Handoff, *Refusal) {
 	}
 	if in.HeadersOnly {
 		model := string(header(ModelHeader))
+		if a, _, ok := px.adapterFor(model); ok && a.Base != "" {
+			// An adapter's replicas are its base model's. Without the body the pick is not
+			// accounted, and nothing loads a run-time adapter first (docs/lora.md).
+			model = a.Base
+		}
 		if model != "" && !px.pool.HasModel(model) {
 			f := &refusal{status: fasthttp.StatusNotFound, errType: oai.InvalidRequest, reason: "unknown_model", code: "model_not_found",
 				msg: px.unknownModelMsg(model, " (the gateway's "+ModelHeader+" header)")}
@@ -157,6 +162,9 @@ func (px *Proxy) handoff(in HandoffRequest, kind oai.Kind, header func(string) [
 	r := policy.Pick(&c.route, cands, rng)
 	if r == nil {
 		return nil, px.noReplica(c, in)
+	}
+	if f := px.adapterNotLoaded(c, r); f != nil {
+		return nil, f
 	}
 	h := &Handoff{px: px, c: c, r: r, picks: []*Replica{r}, body: c.body}
 	h.pred, h.began = r.Begin(&c.route, 3*px.cfg.ScrapeInterval), true

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/valyala/fastjson"
 
 	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/oai"
 )
 
 // LoRA adapters (issue 51). A request whose model is one of a service's adapters is routed
@@ -226,6 +228,35 @@ func (px *Proxy) adapterFor(model string) (fleet.Adapter, int, bool) {
 		}
 	}
 	return fleet.Adapter{}, 0, false
+}
+
+// adapterNotLoaded is the picker's answer to a pick on a replica that has not loaded the
+// request's adapter: the gateway sends the request on, so the adapter must be there first,
+// and a load (about a second) outlasts the gateway's wait for a pick (Envoy's ext_proc
+// message_timeout, 200 ms by default). The load starts now, in the background, and the
+// client is told to retry when it should be done; the retry's pick finds it loaded. nil
+// where nothing is to load.
+func (px *Proxy) adapterNotLoaded(c *call, r *Replica) *refusal {
+	if c.adapter == nil || c.adapter.Static || r.adapterLoaded(c.adapter.Name) {
+		return nil
+	}
+	a := *c.adapter
+	go func() {
+		if err := px.ensureAdapter(r, a, time.Now().Add(5*time.Minute)); err != nil {
+			px.log.Warn("LoRA adapter failed to load", "adapter", a.Name, "replica", r.Info().ID, "err", err)
+		}
+	}()
+	return &refusal{status: fasthttp.StatusServiceUnavailable, errType: oai.Unavailable, reason: "adapter_loading", service: c.service,
+		retryAfter: max(1, int(math.Ceil(px.adapterLoads.expect()))),
+		msg:        fmt.Sprintf("adapter %q is being loaded on replica %s; retry shortly", a.Name, r.Info().ID)}
+}
+
+// adapterLoaded reports whether this router knows adapter a loaded on r.
+func (r *Replica) adapterLoaded(a string) bool {
+	l := r.loraState()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.loaded[a]
 }
 
 // errAdapterLoad is a load the replica refused: the adapter cannot be served from there,

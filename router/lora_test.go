@@ -281,3 +281,36 @@ func TestFiftyAdaptersOnThreeReplicasAllAnswered(t *testing.T) {
 		t.Errorf("adapter requests counted %v, want %d", got, requests)
 	}
 }
+
+// Through the endpoint picker, a pick on a replica without the adapter starts its load and
+// answers 503 with Retry-After, as for a model starting (the gateway sends the request on,
+// and waits 200 ms for a pick); the retry after the load is picked there.
+func TestPickerLoadsAnAdapterThenPicks(t *testing.T) {
+	s := loraSim(t, 2)
+	dir := peftFolder(t)
+	rig := startRouter(t, func(c *Config) {
+		c.Adapters, c.MaxLoRAs = []fleet.Adapter{{Name: "fin", Base: testModel, Path: dir}}, 2
+	}, replica("r1", s, fleet.OnDemand, 1))
+	in := HandoffRequest{Method: http.MethodPost, Path: "/v1/completions", ContentType: "application/json",
+		Body: []byte(`{"model":"fin","prompt":"hi","max_tokens":2}`)}
+	h, f := rig.px.Handoff(in)
+	if h != nil || f == nil || f.Status != 503 || f.Reason != "adapter_loading" || f.Headers["Retry-After"] == "" {
+		t.Fatalf("first pick: %v %+v; want 503 adapter_loading with Retry-After", h, f)
+	}
+	var picked *Handoff
+	waitWithin(t, 30*time.Second, "a pick once fin is loaded", func() bool {
+		h, f := rig.px.Handoff(in)
+		if f != nil {
+			return false
+		}
+		picked = h
+		return true
+	})
+	defer picked.Close()
+	if eps := picked.Endpoints(); len(eps) == 0 || eps[0] != s.addr {
+		t.Errorf("picked %v, want %s", eps, s.addr)
+	}
+	if _, body := get(t, "http://"+s.addr+"/v1/models"); !strings.Contains(body, `"id":"fin"`) {
+		t.Errorf("the replica's models: %s; want fin loaded", body)
+	}
+}
