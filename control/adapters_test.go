@@ -31,22 +31,8 @@ arbiter:
 func TestAdapterUpdateRollsNoReplica(t *testing.T) {
 	ctx := context.Background()
 	clock := &testClock{t: time.UnixMilli(1_800_000_000_000)}
-	p := &launchLog{coldProvider: &coldProvider{memProvider: memProvider{running: map[string]replicas.Instance{}}, clock: clock, coldStart: 45 * time.Second, reclaim: map[string]time.Time{}}}
-	t.Cleanup(func() {
-		for _, s := range p.servers {
-			s.Close()
-		}
-	})
-	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"local": p}, Now: clock.Now,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := &launchLog{coldProvider: newColdProvider(t, clock)}
+	c, st := coldController(t, clock, p, nil)
 	if _, _, err := c.Create(ctx, "svc", loraSpec, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -154,4 +140,36 @@ func TestAdapterUseInStatus(t *testing.T) {
 	if st[0].Tokens != 4000 {
 		t.Errorf("service tokens %v: the adapter's count toward its service's", st[0].Tokens)
 	}
+}
+
+// newColdProvider is a coldProvider whose replicas are ready 45 s after their launch.
+func newColdProvider(t *testing.T, clock *testClock) *coldProvider {
+	t.Helper()
+	p := &coldProvider{memProvider: memProvider{running: map[string]replicas.Instance{}}, clock: clock, coldStart: 45 * time.Second, reclaim: map[string]time.Time{}}
+	t.Cleanup(func() {
+		for _, s := range p.servers {
+			s.Close()
+		}
+	})
+	return p
+}
+
+// coldController is a controller on a state file of its own, its provider p as "local", on
+// clock; mod adjusts its config.
+func coldController(t *testing.T, clock *testClock, p replicas.Provider, mod func(*Config)) (*Controller, *state.Store) {
+	t.Helper()
+	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	cfg := Config{Store: st, Providers: map[string]replicas.Provider{"local": p}, Now: clock.Now, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if mod != nil {
+		mod(&cfg)
+	}
+	c, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, st
 }

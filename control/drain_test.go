@@ -2,16 +2,12 @@ package control
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicas"
-	"github.com/arbiter-serve/arbiter/state"
 )
 
 // A rolling update drains the old replica while a 20-minute answer still streams from it.
@@ -21,22 +17,8 @@ import (
 func TestDrainWaitsForARequestThatProgresses(t *testing.T) {
 	ctx := context.Background()
 	clock := &testClock{t: time.UnixMilli(1_800_000_000_000)}
-	p := &coldProvider{memProvider: memProvider{running: map[string]replicas.Instance{}}, clock: clock, coldStart: 45 * time.Second, reclaim: map[string]time.Time{}}
-	t.Cleanup(func() {
-		for _, s := range p.servers {
-			s.Close()
-		}
-	})
-	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	c, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"local": p}, Now: clock.Now, DrainTimeout: 2 * time.Minute,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := newColdProvider(t, clock)
+	c, st := coldController(t, clock, p, func(cfg *Config) { cfg.DrainTimeout = 2 * time.Minute })
 	if _, _, err := c.Create(ctx, "svc", loneSpec, nil); err != nil {
 		t.Fatal(err)
 	}

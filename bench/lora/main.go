@@ -215,7 +215,7 @@ func runPolicy(o options, pol string, reqs []traces.Request, models []string, ad
 		set = append(set, fleet.Replica{ID: fmt.Sprintf("r%d", i), Address: addr, Model: model, Capacity: fleet.OnDemand, PricePerHour: 1, Profile: o.profile})
 	}
 	for _, rep := range set {
-		if err := waitHealthy(rep.Address); err != nil {
+		if err := procs.WaitHealthy(rep.Address); err != nil {
 			return "", err
 		}
 	}
@@ -247,7 +247,7 @@ func runPolicy(o options, pol string, reqs []traces.Request, models []string, ad
 		"-replicas", filepath.Join(dir, "replicas.yaml"), "-log-level", "warn"); err != nil {
 		return "", err
 	}
-	if err := waitHealthy(listen); err != nil {
+	if err := procs.WaitHealthy(listen); err != nil {
 		return "", err
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}, Timeout: 10 * time.Minute}
@@ -260,21 +260,6 @@ func runPolicy(o options, pol string, reqs []traces.Request, models []string, ad
 		fmt.Fprintf(os.Stderr, "%s: the router's errors:\n%s", pol, errs)
 	}
 	return row(o, pol, res, set, loads), nil
-}
-
-// waitHealthy waits until a server answers /health with 200.
-func waitHealthy(addr string) error {
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get("http://" + addr + "/health"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return fmt.Errorf("%s not healthy within 60 s", addr)
 }
 
 // counter sums a counter's series on the router's admin /metrics.

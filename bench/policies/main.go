@@ -296,7 +296,7 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 	// The router counts a listed replica available before its first probe, so start it
 	// only once every replica answers /health (replicasim loads its vocabulary first).
 	for _, rep := range set {
-		if err := waitHealthy(rep.Address); err != nil {
+		if err := procs.WaitHealthy(rep.Address); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -393,21 +393,6 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 		return workload.ReplaySessions(client, url, model, reqs, rate, o.maxDuration), set, nil
 	}
 	return workload.Replay(client, url, model, reqs, rate, o.maxDuration), set, nil
-}
-
-// waitHealthy waits until a replica answers /health with 200.
-func waitHealthy(addr string) error {
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get("http://" + addr + "/health"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return fmt.Errorf("replica %s not healthy within 60 s", addr)
 }
 
 // waitReady waits until the router's admin view shows every replica available.

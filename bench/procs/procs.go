@@ -5,9 +5,11 @@ package procs
 import (
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // FreeAddr returns a loopback address no one listens on right now.
@@ -71,4 +73,19 @@ func MustFreeAddr() string {
 		panic(err)
 	}
 	return addr
+}
+
+// WaitHealthy waits until a server at addr answers /health with 200, for at most 60 s.
+func WaitHealthy(addr string) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get("http://" + addr + "/health"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("%s not healthy within 60 s", addr)
 }
