@@ -140,6 +140,27 @@ func TestAdapterUseInStatus(t *testing.T) {
 	if st[0].Tokens != 4000 {
 		t.Errorf("service tokens %v: the adapter's count toward its service's", st[0].Tokens)
 	}
+
+	// A tick writes the counts to the state, where a restarted control plane finds them;
+	// what comes after adds to them.
+	c.tick(ctx)
+	c.wg.Wait()
+	stored, err := c.store.AdapterUses(ctx)
+	if err != nil || stored["svc"]["fin"].Requests != 3 || stored["svc"]["fin"].Tokens != 3000 || len(stored["svc"]) != 1 {
+		t.Fatalf("stored adapter use %+v (%v): want fin's 3 requests and 3,000 tokens", stored, err)
+	}
+	c.Report(fleet.LoadReport{Router: "r1", Models: []fleet.ModelLoad{{Model: "fin", Requests: 1, Tokens: 500}}})
+	if st, _ := c.Status(ctx, "svc"); st[0].Adapters[0].Tokens != 3500 || st[0].Adapters[0].Since.IsZero() {
+		t.Errorf("after the write and one more report: %+v; want 3,500 tokens since the first write", st[0].Adapters[0])
+	}
+	c.tick(ctx)
+	c.wg.Wait()
+	if stored, _ := c.store.AdapterUses(ctx); stored["svc"]["fin"].Tokens != 3500 {
+		t.Errorf("stored after the second tick: %+v", stored["svc"]["fin"])
+	}
+	if err := c.store.AddAdapterUse(ctx, "svc", []state.AdapterUse{{Adapter: "fin", Tokens: -1}}, time.Now()); err == nil {
+		t.Error("a negative count was stored")
+	}
 }
 
 // newColdProvider is a coldProvider whose replicas are ready 45 s after their launch.

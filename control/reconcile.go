@@ -57,6 +57,7 @@ func (c *Controller) tick(ctx context.Context) {
 			}
 		}
 		s.requests, s.tokens, s.woken = 0, tokens, false
+		c.flushAdapterUse(ctx, s, now)
 		s.decider.Record(smp)
 		d := s.decider.Decide(now, s.count(s.version, replicas.Ready), s.target)
 		s.waiting = smp.Waiting
@@ -134,7 +135,7 @@ func (c *Controller) Report(rep fleet.LoadReport) {
 			s.requests += m.Requests
 			s.tokens += m.Tokens
 			s.served += m.Tokens
-			s.countAdapter(m, c.cfg.Now())
+			s.countAdapter(m)
 			s.mix.add(c.cfg.Now(), m.Mix)
 			if m.Requests > 0 || m.InFlight > 0 || m.Held > 0 {
 				s.lastRequest = c.cfg.Now()

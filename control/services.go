@@ -673,9 +673,9 @@ type ServiceStatus struct {
 	// ModelConflicts names each live replica that lists a model another service owns, and
 	// says it is not routed to for it (a replica may serve only its own service's models).
 	ModelConflicts []string `json:"model_conflicts,omitempty"`
-	// Adapters is the use of each LoRA adapter the spec declares, since this control plane
-	// took the service (in memory: a restart starts them again), with its share of the
-	// service's cost: its tokens at the service's $ per token.
+	// Adapters is the use of each LoRA adapter the spec declares, as the state and the
+	// routers' reports since the last tick count it, with its share of the service's cost:
+	// its tokens at the service's $ per token.
 	Adapters []AdapterUse `json:"adapters,omitempty"`
 	// PerToken is each live replica's predicted cost per token at the service's SLO, by
 	// replica ID: its $/hour over what its GPU's profile sustains for the service's request
@@ -762,12 +762,16 @@ func (c *Controller) status(ctx context.Context, name string, withEnded bool) ([
 	if err != nil {
 		return nil, err
 	}
+	uses, err := c.store.AdapterUses(ctx)
+	if err != nil {
+		return nil, err
+	}
 	now := c.cfg.Now()
 	var jobs []perTokenJob
 	out, err := func() ([]ServiceStatus, error) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.statusLocked(rows, all, name, now, withEnded, &jobs)
+		return c.statusLocked(rows, all, uses, name, now, withEnded, &jobs)
 	}()
 	if err != nil {
 		return nil, err
@@ -778,7 +782,7 @@ func (c *Controller) status(ctx context.Context, name string, withEnded bool) ([
 
 // statusLocked builds status from the stored rows, and lists the live replicas whose cost
 // per token is to be predicted. Caller holds c.mu.
-func (c *Controller) statusLocked(rows []state.Service, all []state.Replica, name string, now time.Time, withEnded bool, jobs *[]perTokenJob) ([]ServiceStatus, error) {
+func (c *Controller) statusLocked(rows []state.Service, all []state.Replica, uses map[string]map[string]state.AdapterUse, name string, now time.Time, withEnded bool, jobs *[]perTokenJob) ([]ServiceStatus, error) {
 	var out []ServiceStatus
 	for _, row := range rows {
 		if name != "" && row.Name != name {
@@ -797,7 +801,7 @@ func (c *Controller) statusLocked(rows []state.Service, all []state.Replica, nam
 			}
 		}
 		bill(&st, mine, now)
-		st.Adapters = s.adapterUse(st.DollarsPerMillionTokens)
+		st.Adapters = s.adapterUse(uses[s.name], st.DollarsPerMillionTokens)
 		for _, r := range sortedReplicas(s.replicas) {
 			st.Replicas = append(st.Replicas, r.row)
 			if r.conflict != "" && live(replicas.State(r.row.State)) {

@@ -8,7 +8,7 @@ import (
 
 // CopyCounts is what Copy wrote.
 type CopyCounts struct {
-	Services, Versions, Replicas, Events int
+	Services, Versions, Replicas, Events, AdapterUses int
 }
 
 // copyTables are the tables Copy moves, parents first, with their columns.
@@ -17,11 +17,13 @@ var copyTables = []struct{ name, cols string }{
 	{"versions", "service, version, spec, envs, setup_done, created_at"},
 	{"replicas", replicaCols},
 	{"events", "id, at, service, replica, kind, message"},
+	{"adapter_use", "service, adapter, requests, tokens, since"},
 }
 
 // Copy writes everything in src into dst, which must hold nothing yet: services with their
 // replica sequence numbers and token totals, versions, replicas with their provider handles
-// (so the control plane that opens dst adopts what runs), and the event log with its IDs.
+// (so the control plane that opens dst adopts what runs), the event log with its IDs, and
+// each LoRA adapter's use.
 // src is read in one transaction and dst written in one, so dst gets all of it or none.
 // Nothing may write src meanwhile: stop the control plane that owns it first.
 func Copy(ctx context.Context, dst, src *Store) (CopyCounts, error) {
@@ -45,7 +47,7 @@ func Copy(ctx context.Context, dst, src *Store) (CopyCounts, error) {
 		return n, fmt.Errorf("copy: write the destination: %w", err)
 	}
 	defer wtx.Rollback()
-	counts := []*int{&n.Services, &n.Versions, &n.Replicas, &n.Events}
+	counts := []*int{&n.Services, &n.Versions, &n.Replicas, &n.Events, &n.AdapterUses}
 	for i, t := range copyTables {
 		c, err := copyTable(ctx, dst, wtx, rtx, t.name, t.cols)
 		if err != nil {

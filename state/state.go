@@ -530,7 +530,7 @@ func (s *Store) deleteService(ctx context.Context, name string, now time.Time) e
 	if live > 0 {
 		return fmt.Errorf("delete service %s: %d replicas not terminated yet", name, live)
 	}
-	for _, q := range []string{`DELETE FROM replicas WHERE service = ?`, `DELETE FROM versions WHERE service = ?`, `DELETE FROM services WHERE name = ?`} {
+	for _, q := range []string{`DELETE FROM replicas WHERE service = ?`, `DELETE FROM versions WHERE service = ?`, `DELETE FROM adapter_use WHERE service = ?`, `DELETE FROM services WHERE name = ?`} {
 		if _, err := tx.ExecContext(ctx, s.q(q), name); err != nil {
 			return fmt.Errorf("delete service %s: %w", name, err)
 		}
@@ -811,6 +811,74 @@ func (s *Store) Events(ctx context.Context, service, replica string, after int64
 		}
 		e.At = fromMS(at)
 		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// AdapterUse is what one LoRA adapter of a service served since Since: requests and tokens
+// as the routers reported them.
+type AdapterUse struct {
+	Adapter          string
+	Requests, Tokens float64
+	Since            time.Time
+}
+
+// AddAdapterUse adds requests and tokens to adapters' totals, in one transaction; an adapter
+// without a row gets one, counted from now.
+func (s *Store) AddAdapterUse(ctx context.Context, service string, add []AdapterUse, now time.Time) error {
+	for _, a := range add {
+		for _, v := range []float64{a.Requests, a.Tokens} {
+			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+				return fmt.Errorf("service %s adapter %s use: %v is not a count", service, a.Adapter, v)
+			}
+		}
+	}
+	if err := s.writable(); err != nil {
+		return err
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.wrote(ctx, s.addAdapterUse(ctx, service, add, now))
+}
+
+func (s *Store) addAdapterUse(ctx context.Context, service string, add []AdapterUse, now time.Time) error {
+	tx, err := s.begin(ctx)
+	if err != nil {
+		return fmt.Errorf("service %s adapter use: %w", service, err)
+	}
+	defer tx.Rollback()
+	for _, a := range add {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO adapter_use (service, adapter, requests, tokens, since) VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT (service, adapter) DO UPDATE SET requests = adapter_use.requests + excluded.requests, tokens = adapter_use.tokens + excluded.tokens`),
+			service, a.Adapter, a.Requests, a.Tokens, ms(now)); err != nil {
+			return fmt.Errorf("service %s adapter %s use: %w", service, a.Adapter, err)
+		}
+	}
+	return commit(tx, "service "+service+" adapter use")
+}
+
+// AdapterUses returns every service's adapters' totals, by service and adapter name.
+func (s *Store) AdapterUses(ctx context.Context) (map[string]map[string]AdapterUse, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	rows, err := s.db.QueryContext(ctx, `SELECT service, adapter, requests, tokens, since FROM adapter_use`)
+	if err != nil {
+		return nil, fmt.Errorf("adapter use: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]map[string]AdapterUse{}
+	for rows.Next() {
+		var a AdapterUse
+		var service string
+		var since int64
+		if err := rows.Scan(&service, &a.Adapter, &a.Requests, &a.Tokens, &since); err != nil {
+			return nil, fmt.Errorf("adapter use: %w", err)
+		}
+		a.Since = fromMS(since)
+		if out[service] == nil {
+			out[service] = map[string]AdapterUse{}
+		}
+		out[service][a.Adapter] = a
 	}
 	return out, rows.Err()
 }

@@ -379,7 +379,7 @@ func printAdapters(out io.Writer, svcs []control.ServiceStatus) {
 	if n == 0 {
 		return
 	}
-	fmt.Fprintln(out, "\nAdapters (since the control plane took the service; $ at the service's $ per token)")
+	fmt.Fprintln(out, "\nAdapters ($ at the service's $ per token)")
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tADAPTER\tREQUESTS\tTOKENS\t$ SO FAR")
 	for _, s := range svcs {
