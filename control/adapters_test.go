@@ -75,12 +75,45 @@ func TestAdapterUpdateRollsNoReplica(t *testing.T) {
 		t.Errorf("state rows %+v (%v): want the replica at version 2, so a restart does not roll it", rows, err)
 	}
 
-	// A change beyond adapters rolls.
-	if _, _, err := c.Update(ctx, "svc", strings.Replace(added, "--max-loras 4", "--max-loras 8", 1), nil); err != nil {
+	// A retrained fin at a new path rolls: the running replica keeps the old files under
+	// that name.
+	moved := strings.Replace(added, "/srv/adapters/fin", "/srv/adapters/fin-v2", 1)
+	if _, _, err := c.Update(ctx, "svc", moved, nil); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; p.count() < 2; i++ {
 		if i > 120 {
+			t.Fatal("a new path for fin launched no replica of the new version")
+		}
+		step()
+	}
+	// Mid-roll, an update adding an adapter adopts the new version's replica only: the one
+	// of version 2 still reads fin's old path, and goes as the roll goes on.
+	v, _, err = c.Update(ctx, "svc", strings.Replace(moved, "    - {name: sql", "    - {name: chat, source: /srv/adapters/chat}\n    - {name: sql", 1), nil)
+	if err != nil || v != 4 {
+		t.Fatalf("update mid-roll: v%d %v", v, err)
+	}
+	versions := map[string]int{}
+	for _, r := range c.services["svc"].replicas {
+		if live(replicas.State(r.row.State)) {
+			versions[r.row.ID] = r.row.Version
+		}
+	}
+	if versions[first] != 2 || len(versions) != 2 {
+		t.Errorf("replica versions after the mid-roll update %v: want %s at 2, the new one at 4", versions, first)
+	}
+	for id, ver := range versions {
+		if id != first && ver != 4 {
+			t.Errorf("the new replica %s is at version %d, want 4", id, ver)
+		}
+	}
+
+	// A change beyond adapters rolls.
+	if _, _, err := c.Update(ctx, "svc", strings.Replace(moved, "--max-loras 4", "--max-loras 8", 1), nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; p.count() < 3; i++ {
+		if i > 240 {
 			t.Fatal("a change of --max-loras launched no replica of the new version")
 		}
 		step()

@@ -559,6 +559,7 @@ func (c *Controller) serviceFor(model string) *service {
 	views := make([]fleet.Service, len(sorted))
 	for i, s := range sorted {
 		views[i] = fleet.Service{Name: s.name, Models: s.models()}
+		views[i].Adapters, _ = s.adapters()
 	}
 	if i := fleet.ServiceFor(views, model); i >= 0 {
 		return sorted[i]

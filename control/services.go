@@ -33,7 +33,12 @@ func (c *Controller) modelHolder(name string, sp *spec.Service) (holder, model s
 		if other == name || s.deleting {
 			continue
 		}
-		for _, m := range sp.Arbiter.Models {
+		// An adapter's name is a model name clients send, as the models are.
+		names := slices.Clone(sp.Arbiter.Models)
+		for _, a := range sp.Arbiter.Adapters {
+			names = append(names, a.Name)
+		}
+		for _, m := range names {
 			if slices.Contains(s.models(), m) {
 				return other, m
 			}
@@ -360,34 +365,45 @@ func (c *Controller) UpdateWith(ctx context.Context, key, name, text string, var
 // arbiter.adapters, which routers load and drop at run time on the replicas that run: the
 // new version needs no replica of its own (its replicas already allow run-time loads).
 func (s *service) adaptersOnly(sp *spec.Service) bool {
-	cur := s.specs[s.version]
-	if s.decider == nil || cur == nil || !cur.Arbiter.LoRA.RuntimeUpdates || !sp.Arbiter.LoRA.RuntimeUpdates {
-		return false
-	}
-	same := *sp
-	same.Arbiter.Adapters = cur.Arbiter.Adapters
-	return reflect.DeepEqual(&same, cur)
+	return s.decider != nil && sameButAdapters(s.specs[s.version], sp)
 }
 
-// adoptReplicas makes the live replicas of the service version v's own, in memory and in the
-// state: an update that changed only adapters rolls no replica. A replica whose row cannot be
-// written stays of its version and is rolled as usual. Caller holds c.mu.
+// sameButAdapters reports whether a replica started for spec old can serve spec sp: the two
+// differ in arbiter.adapters alone, both load adapters at run time, and no adapter kept
+// under its name reads other files (a retrained checkpoint at a new path needs replicas
+// that load it: the ones running keep the old one under that name).
+func sameButAdapters(old, sp *spec.Service) bool {
+	if old == nil || sp == nil || !old.Arbiter.LoRA.RuntimeUpdates || !sp.Arbiter.LoRA.RuntimeUpdates {
+		return false
+	}
+	for _, a := range sp.Arbiter.Adapters {
+		for _, b := range old.Arbiter.Adapters {
+			if a.Name == b.Name && a.Path != b.Path {
+				return false
+			}
+		}
+	}
+	same := *sp
+	same.Arbiter.Adapters = old.Arbiter.Adapters
+	return reflect.DeepEqual(&same, old)
+}
+
+// adoptReplicas makes version v's own the live replicas whose version's spec differs from
+// v's only in its adapters, in memory and in the state (queued behind any write still
+// waiting, as every replica write is): an update that changed only adapters rolls no
+// replica. A replica of a version still being rolled out stays of it, and is rolled. Caller
+// holds c.mu.
 func (c *Controller) adoptReplicas(ctx context.Context, s *service, v int) {
 	n := 0
 	for _, r := range sortedReplicas(s.replicas) {
-		if !live(replicas.State(r.row.State)) || r.row.Version == v {
-			continue
-		}
-		row := r.row
-		row.Version = v
-		if err := c.store.SaveReplica(ctx, row, row.State, c.cfg.Now()); err != nil {
-			c.log.Error("cannot move a replica to the new version; it is rolled instead", "service", s.name, "replica", row.ID, "err", err)
+		if !live(replicas.State(r.row.State)) || r.row.Version == v || !sameButAdapters(s.specs[r.row.Version], s.specs[v]) {
 			continue
 		}
 		r.row.Version = v
+		c.saveReplica(ctx, r.row, r.row.State, c.cfg.Now())
 		n++
 	}
-	c.event(ctx, s.name, "", "update", fmt.Sprintf("version %d changes only arbiter.adapters: its %d replicas keep running, and routers load the adapters added on them as requests come", v, n))
+	c.event(ctx, s.name, "", "update", fmt.Sprintf("version %d changes only arbiter.adapters: %d replicas keep running as its own, and routers load the adapters added on them as requests come", v, n))
 }
 
 // runs reports whether the service's current version is sp: the same service, comments

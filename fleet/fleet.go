@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 )
 
@@ -405,10 +406,21 @@ func ServiceFor(services []Service, model string) int {
 			}
 		}
 	}
-	if len(services) == 1 && len(services[0].Models) == 0 {
+	if len(services) == 1 && !services[0].namesModels() {
 		return 0
 	}
 	return -1
+}
+
+// namesModels reports whether the service says which models it serves: names in Models
+// beyond its adapters' (an adapter's name says nothing of its base model's).
+func (s Service) namesModels() bool {
+	for _, m := range s.Models {
+		if !slices.ContainsFunc(s.Adapters, func(a Adapter) bool { return a.Name == m }) {
+			return true
+		}
+	}
+	return false
 }
 
 // The tasks a replica's model serves, by vLLM's names for them (its --task, now --runner

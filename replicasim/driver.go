@@ -101,14 +101,15 @@ func (d *driver) stats() engine.Stats {
 }
 
 // preload puts an adapter in the engine's CPU memory; the engine is busy loading it for
-// load, from now or from the end of the loads before it.
-func (d *driver) preload(adapter uint32, load time.Duration) {
+// load, from now or from the end of the loads before it. It returns when the load ends.
+func (d *driver) preload(adapter uint32, load time.Duration) time.Time {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if read, err := d.eng.Preload(adapter, 0); err != nil || !read {
-		return
+		return time.Now()
 	}
 	d.busyUntil = later(time.Now(), d.busyUntil).Add(load)
+	return d.busyUntil
 }
 
 func later(a, b time.Time) time.Time {

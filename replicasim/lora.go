@@ -298,8 +298,7 @@ func (s *Server) loadAdapterHTTP(ctx *fasthttp.RequestCtx) {
 	// add_lora preloads it: the answer comes once it is read, and the engine, which runs the
 	// load between its steps, is busy for as long.
 	if s.drv != nil {
-		s.drv.preload(a.id, a.load)
-		time.Sleep(a.load)
+		time.Sleep(time.Until(s.drv.preload(a.id, a.load))) // after the loads queued before it
 	}
 	s.logLoaded(a)
 	ctx.SetStatusCode(fasthttp.StatusOK)

@@ -290,8 +290,10 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		s.admin(ctx, path)
 	case "/v1/load_lora_adapter", "/v1/unload_lora_adapter":
 		if s.lora == nil || !s.lora.cfg.RuntimeUpdates {
-			// vLLM registers them only with VLLM_ALLOW_RUNTIME_LORA_UPDATING.
-			oai.WriteError(ctx, fasthttp.StatusNotFound, oai.NotFound, "Not Found")
+			// vLLM registers them only with VLLM_ALLOW_RUNTIME_LORA_UPDATING: FastAPI's 404.
+			ctx.SetStatusCode(fasthttp.StatusNotFound)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"detail":"Not Found"}`)
 		} else if path == "/v1/load_lora_adapter" {
 			s.loadAdapterHTTP(ctx)
 		} else {

@@ -47,6 +47,10 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 				ctx.SetBody(oai.ErrorBody(oai.ServerError, err.Error(), "adapter_load_failed"))
 				return true
 			}
+			if errors.Is(err, errAdapterWait) {
+				// The deadline ends the attempts: the caller answers 504.
+				return false
+			}
 			px.upstreamFailed(r, "adapter_load", err)
 			return false
 		}

@@ -170,11 +170,16 @@ func (px *Proxy) handoff(in HandoffRequest, kind oai.Kind, header func(string) [
 	h.pred, h.began = r.Begin(&c.route, 3*px.cfg.ScrapeInterval), true
 	// The gateway's retries, in the order the router would retry in.
 	c.route.fallback = true
+	var unloaded []*Replica // without the request's adapter: a retry there would be a 404
 	for len(h.picks) < endpoints {
-		c.route.Tried = h.picks
+		c.route.Tried = append(slices.Clip(h.picks), unloaded...)
 		next := policy.Pick(&c.route, cands, rng)
 		if next == nil {
 			break
+		}
+		if c.adapter != nil && !c.adapter.Static && !next.adapterLoaded(c.adapter.Name) {
+			unloaded = append(unloaded, next)
+			continue
 		}
 		h.picks = append(h.picks, next)
 	}

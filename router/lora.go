@@ -125,6 +125,9 @@ type loraState struct {
 	loaded map[string]bool
 	// loading is a load in progress by adapter: its waiters share its result.
 	loading map[string]*adapterLoad
+	// refused is the replica's last refusal to load an adapter: for refusalMemory, its
+	// requests get that answer at once rather than ask again (the files are what they are).
+	refused map[string]loadRefusal
 	// scraped is the replica's newest vllm:lora_requests_info, and when it was read.
 	scraped   *LoRAInfo
 	scrapedAt time.Time
@@ -135,9 +138,29 @@ type adapterLoad struct {
 	err  error
 }
 
+type loadRefusal struct {
+	err *errAdapterLoad
+	at  time.Time
+}
+
+// refusalMemory is how long a replica's refusal of an adapter answers its requests; a fixed
+// bucket or path is tried again after it.
+const refusalMemory = 30 * time.Second
+
+// recentRefusal is r's refusal of adapter a within refusalMemory, or nil.
+func (r *Replica) recentRefusal(a string, now time.Time) *errAdapterLoad {
+	l := r.loraState()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if f, ok := l.refused[a]; ok && now.Sub(f.at) < refusalMemory {
+		return f.err
+	}
+	return nil
+}
+
 func (r *Replica) loraState() *loraState {
 	r.loraOnce.Do(func() {
-		r.lora = &loraState{inflight: map[string]int{}, loaded: map[string]bool{}, loading: map[string]*adapterLoad{}}
+		r.lora = &loraState{inflight: map[string]int{}, loaded: map[string]bool{}, loading: map[string]*adapterLoad{}, refused: map[string]loadRefusal{}}
 	})
 	return r.lora
 }
@@ -240,9 +263,12 @@ func (px *Proxy) adapterNotLoaded(c *call, r *Replica) *refusal {
 	if c.adapter == nil || c.adapter.Static || r.adapterLoaded(c.adapter.Name) {
 		return nil
 	}
+	if f := r.recentRefusal(c.adapter.Name, time.Now()); f != nil {
+		return &refusal{status: fasthttp.StatusBadGateway, errType: oai.ServerError, reason: "adapter_load", service: c.service, code: "adapter_load_failed", msg: f.Error()}
+	}
 	a := *c.adapter
 	go func() {
-		if err := px.ensureAdapter(r, a, time.Now().Add(5*time.Minute)); err != nil {
+		if err := px.ensureAdapter(r, a, time.Now().Add(adapterLoadTimeout)); err != nil {
 			px.log.Warn("LoRA adapter failed to load", "adapter", a.Name, "replica", r.Info().ID, "err", err)
 		}
 	}()
@@ -259,6 +285,26 @@ func (r *Replica) adapterLoaded(a string) bool {
 	return l.loaded[a]
 }
 
+// resolveAdapter settles which replicas may take an adapter's request: its base model's.
+// A service that names no model learns it from its first replica, so until one is ready
+// the adapter's base is unknown and its request is held under the adapter's own name (no
+// replica serves it: it waits, and wakes the service); once the control plane publishes
+// the base, the request goes to its replicas.
+func (px *Proxy) resolveAdapter(c *call) {
+	c.pick = c.model
+	if c.adapter == nil {
+		return
+	}
+	if c.adapter.Base == "" {
+		if a, n, ok := px.adapterFor(c.model); ok {
+			c.adapter, c.route.MaxLoRAs = &a, n
+		}
+	}
+	if c.adapter.Base != "" {
+		c.pick = c.adapter.Base
+	}
+}
+
 // errAdapterLoad is a load the replica refused: the adapter cannot be served from there,
 // and likely not from its other replicas either (the same path).
 type errAdapterLoad struct {
@@ -271,12 +317,26 @@ func (e *errAdapterLoad) Error() string {
 	return fmt.Sprintf("The adapter `%s` could not be loaded on replica %s: %s (vLLM's answer to /v1/load_lora_adapter, HTTP %d)", e.adapter, e.replica, e.msg, e.status)
 }
 
-// ensureAdapter loads adapter a on r unless it is known loaded; concurrent requests for the
-// same load wait for the first one's. It returns an *errAdapterLoad where the replica
-// refused, another error where it could not be asked (the replica's fault: try another).
+// adapterLoadTimeout bounds one load: vLLM reads the adapter, from a Hugging Face download
+// at worst, before it answers.
+const adapterLoadTimeout = 5 * time.Minute
+
+// errAdapterWait is a request that gave up waiting for its adapter's load at its own
+// deadline: no fault of the replica's, whose load goes on for the requests after it.
+var errAdapterWait = errors.New("the request's deadline passed while its adapter loaded")
+
+// ensureAdapter loads adapter a on r unless it is known loaded, and waits for the load until
+// the request's deadline; concurrent requests share one load. The load runs on its own
+// deadline, not the first request's: a client's short deadline must not fail it for the
+// others. It returns an *errAdapterLoad where the replica refused, errAdapterWait where the
+// request's deadline came first, another error where the replica could not be asked (its
+// fault: try another).
 func (px *Proxy) ensureAdapter(r *Replica, a fleet.Adapter, deadline time.Time) error {
 	if a.Static {
 		return nil
+	}
+	if f := r.recentRefusal(a.Name, time.Now()); f != nil {
+		return f
 	}
 	l := r.loraState()
 	l.mu.Lock()
@@ -284,23 +344,30 @@ func (px *Proxy) ensureAdapter(r *Replica, a fleet.Adapter, deadline time.Time) 
 		l.mu.Unlock()
 		return nil
 	}
-	if ld := l.loading[a.Name]; ld != nil {
-		l.mu.Unlock()
-		select {
-		case <-ld.done:
-			return ld.err
-		case <-time.After(time.Until(deadline)):
-			return fmt.Errorf("waiting for adapter %s to load on %s: deadline", a.Name, r.Info().ID)
-		}
+	ld := l.loading[a.Name]
+	if ld == nil {
+		ld = &adapterLoad{done: make(chan struct{})}
+		l.loading[a.Name] = ld
+		go px.runAdapterLoad(r, a, ld)
 	}
-	ld := &adapterLoad{done: make(chan struct{})}
-	l.loading[a.Name] = ld
 	l.mu.Unlock()
+	wait := time.NewTimer(time.Until(deadline))
+	defer wait.Stop()
+	select {
+	case <-ld.done:
+		return ld.err
+	case <-wait.C:
+		return errAdapterWait
+	}
+}
 
+// runAdapterLoad makes one load of a on r and tells its waiters.
+func (px *Proxy) runAdapterLoad(r *Replica, a fleet.Adapter, ld *adapterLoad) {
+	l := r.loraState()
 	start := time.Now()
 	expect := int64(px.adapterLoads.expect() * 1e9)
 	r.loadingNanos.Add(expect)
-	ld.err = px.loadAdapter(r, a, deadline)
+	ld.err = px.loadAdapter(r, a, start.Add(adapterLoadTimeout))
 	r.loadingNanos.Add(-expect)
 	result := "loaded"
 	var refused *errAdapterLoad
@@ -315,12 +382,15 @@ func (px *Proxy) ensureAdapter(r *Replica, a fleet.Adapter, deadline time.Time) 
 	px.met.adapterLoads.WithLabelValues(r.Info().Service, result).Inc()
 	l.mu.Lock()
 	delete(l.loading, a.Name)
-	if ld.err == nil {
+	switch {
+	case ld.err == nil:
 		l.loaded[a.Name] = true
+		delete(l.refused, a.Name)
+	case refused != nil:
+		l.refused[a.Name] = loadRefusal{err: refused, at: time.Now()}
 	}
 	l.mu.Unlock()
 	close(ld.done)
-	return ld.err
 }
 
 // loadAdapter asks r's vLLM to load a (vllm/entrypoints/openai/api_server.py, 0.10–0.11):
@@ -355,8 +425,8 @@ func (px *Proxy) loadAdapter(r *Replica, a fleet.Adapter, deadline time.Time) er
 	}
 	msg := vllmErrorMessage(resp.Body())
 	switch {
-	case status == fasthttp.StatusBadRequest && strings.HasSuffix(msg, "has already been loaded.") || strings.Contains(msg, "has already been loaded."):
-		return nil
+	case status == fasthttp.StatusBadRequest && strings.Contains(msg, "has already been loaded."):
+		return nil // another router loaded it (later vLLMs add a sentence after it)
 	case status == fasthttp.StatusNotFound && msg == "":
 		msg = "the replica has no /v1/load_lora_adapter: its vLLM was started without VLLM_ALLOW_RUNTIME_LORA_UPDATING=true"
 	case msg == "":

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -188,8 +189,8 @@ vllm:num_requests_running{engine="0",model_name="m"} 2
 		`vllm:lora_requests_info{max_lora="1",running_lora_adapters="` + strings.Repeat("x,", 2000) + `x",waiting_lora_adapters=""} 1`,
 		`vllm:lora_requests_info{max_lora="1"} NaNx`,
 	} {
-		if g := ParseEngineGauges([]byte(bad)); g.Invalid == "" {
-			t.Errorf("%.80s: believed (%+v)", bad, g.LoRA)
+		if g := ParseEngineGauges([]byte(bad + "\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 2\n")); g.LoRAInvalid == "" || g.LoRA != nil || g.Invalid != "" || g.Running != 2 {
+			t.Errorf("%.80s: believed (%+v), or it cost the other gauges (%+v)", bad, g.LoRA, g)
 		}
 	}
 }
@@ -312,5 +313,50 @@ func TestPickerLoadsAnAdapterThenPicks(t *testing.T) {
 	}
 	if _, body := get(t, "http://"+s.addr+"/v1/models"); !strings.Contains(body, `"id":"fin"`) {
 		t.Errorf("the replica's models: %s; want fin loaded", body)
+	}
+}
+
+// A service that names no model (SkyPilot's fine-tuning example has no arbiter: section)
+// learns its base from its first replica: an adapter's request at zero replicas is held,
+// wakes the service, and goes to the base's replica once the control plane publishes it.
+func TestAdapterHeldUntilItsBaseIsKnown(t *testing.T) {
+	t.Parallel()
+	s := loraSim(t, 2)
+	dir := peftFolder(t)
+	fake := &fakeControlPlane{changed: make(chan struct{})}
+	fake.publish([]fleet.Service{{Name: "svc", Models: []string{"fin"}, Adapters: []fleet.Adapter{{Name: "fin", Path: dir}}, MaxLoRAs: 2}}, nil)
+	cps := httptest.NewServer(fake)
+	defer cps.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var cp *ControlPlane
+	rig := startRouterWith(t, nil, func(px *Proxy, pool *Pool) {
+		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
+		px.ControlPlane = cp
+	})
+	go cp.Run(ctx)
+	waitFor(t, "the first ready set", func() bool { return cp.Revision() >= 1 })
+	if !cp.Knows(testModel) {
+		t.Error("the service, which names no model of its own (only an adapter), no longer takes any model")
+	}
+	done := make(chan string, 1)
+	go func() {
+		resp, body := post(t, rig.url+"/v1/completions", `{"model":"fin","prompt":"hi","max_tokens":2}`)
+		done <- fmt.Sprint(resp.StatusCode, " ", body)
+	}()
+	waitFor(t, "a wake for fin", func() bool {
+		fake.mu.Lock()
+		defer fake.mu.Unlock()
+		return slices.Contains(fake.wakes, "fin")
+	})
+	fake.publish([]fleet.Service{{Name: "svc", Models: []string{testModel, "fin"}, Adapters: []fleet.Adapter{{Name: "fin", Base: testModel, Path: dir}}, MaxLoRAs: 2}},
+		[]fleet.Replica{replica("r1", s, fleet.OnDemand, 1)})
+	select {
+	case got := <-done:
+		if !strings.HasPrefix(got, "200 ") || !strings.Contains(got, `"model":"fin"`) {
+			t.Errorf("held adapter request: %s", got)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the held adapter request was not answered once its base's replica was published")
 	}
 }

@@ -394,4 +394,7 @@ func (p *Pool) scrape(_ context.Context, r *Replica, c *fasthttp.Client) {
 	if g.LoRA != nil {
 		r.observeLoRA(now, g.LoRA)
 	}
+	if g.LoRAInvalid != "" {
+		rejectReport(p.met, p.log, r, sourceMetrics, g.LoRAInvalid, g.LoRADetail+" (that series skipped)", now)
+	}
 }

@@ -336,6 +336,7 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 			break
 		}
 		c.route.Now, c.route.Tried = now, c.tried
+		px.resolveAdapter(c)
 		cands := px.pool.candidates(c.pick)
 		if len(c.tried) == 0 && !anyUsable(&c.route, cands) && px.ControlPlane != nil && px.ControlPlane.Knows(c.model) {
 			if !px.hold(ctx, c, load) {
@@ -446,6 +447,7 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 		px.ControlPlane.Wake(c.model)
 		changed := px.pool.Changed()
 		now := px.Now()
+		px.resolveAdapter(c)
 		if anyUsable(&Request{Now: now}, px.pool.candidates(c.pick)) {
 			return true
 		}
@@ -607,9 +609,10 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 		OutTokens: out, Prefix: prefixBlocks(key), SLO: c.slo, Streamed: req.Stream}
 	c.pick = req.Model
 	if !px.pool.HasModel(req.Model) {
-		if a, maxLoRAs, ok := px.adapterFor(req.Model); ok && a.Base != "" {
-			c.adapter, c.pick = &a, a.Base
+		if a, maxLoRAs, ok := px.adapterFor(req.Model); ok {
+			c.adapter = &a
 			c.route.Adapter, c.route.AdapterStatic, c.route.MaxLoRAs = a.Name, a.Static, maxLoRAs
+			px.resolveAdapter(c)
 		}
 	}
 	if len(key) > 0 {

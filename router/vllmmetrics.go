@@ -20,7 +20,11 @@ type EngineGauges struct {
 	// Found is false when none of the gauges was present (not a vLLM, or still loading).
 	Found bool
 	// LoRA is the newest vllm:lora_requests_info (nil: none, a server without adapters).
-	LoRA *LoRAInfo
+	// A series that cannot be believed is skipped, with why in LoRAInvalid and LoRADetail:
+	// vLLM keeps every series it ever set, so one bad one must not cost the replica its
+	// other gauges for good.
+	LoRA                    *LoRAInfo
+	LoRAInvalid, LoRADetail string
 	// Invalid, when not empty, is why the scrape cannot be trusted (the reason label of
 	// arbiter_router_replica_reports_rejected_total), and Detail which sample said what:
 	// the gauges are then zero and not Found.
@@ -74,8 +78,8 @@ func ParseEngineGauges(text []byte) EngineGauges {
 			continue
 		}
 		if bytes.Equal(name, mLoRAInfo) {
-			if reason, detail := parseLoRAInfo(line, &g); reason != "" {
-				return EngineGauges{Invalid: reason, Detail: detail}
+			if reason, detail := parseLoRAInfo(line, &g); reason != "" && g.LoRAInvalid == "" {
+				g.LoRAInvalid, g.LoRADetail = reason, detail
 			}
 			continue
 		}

@@ -45,6 +45,10 @@ type LoRA struct {
 // RuntimeLoRAEnv is the environment variable without which vLLM has no load endpoints.
 const RuntimeLoRAEnv = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
+// maxAdapterName is the longest adapter name, as routers bound the names they read from a
+// replica's vllm:lora_requests_info (router/lora.go).
+const maxAdapterName = 256
+
 var adapterKeys = []string{"name", "source", "parent"}
 
 // adapters reads arbiter.adapters: a list of {name, source, parent}.
@@ -92,6 +96,10 @@ func (d *decoder) adapterName(at *yaml.Node, where, name string) bool {
 		d.errorf(at, "%s: %s has a comma or a space; vLLM's metrics list adapters comma-joined, so routers could not tell it apart", where, quote(name))
 		return false
 	}
+	if len(name) > maxAdapterName {
+		d.errorf(at, "%s: a name of %d bytes; at most %d, which routers believe of a replica's metrics", where, len(name), maxAdapterName)
+		return false
+	}
 	return true
 }
 
@@ -114,24 +122,30 @@ func runLoRA(run string, vars map[string]string) (LoRA, []Adapter, error) {
 	if err != nil {
 		return l, nil, nil // not a script this can read; the shell will say
 	}
-	pairs := make([]string, 0, len(vars))
-	for k, v := range vars {
-		pairs = append(pairs, k+"="+v)
-	}
-	cfg := &expand.Config{Env: expand.ListEnviron(pairs...), NoUnset: true}
 	var firstErr error
 	fail := func(format string, args ...any) {
 		if firstErr == nil {
 			firstErr = fmt.Errorf(format, args...)
 		}
 	}
-	word := func(w *syntax.Word) (string, bool) {
+	// A word as the replica's shell would make it. A variable the file gives no value (the
+	// replica's own $HOME, SkyPilot's $SKYPILOT_*) is left as ${NAME}; expanding twice with
+	// two stand-ins tells the parts that depend on one.
+	expandWith := func(w *syntax.Word, mark string) string {
+		cfg := &expand.Config{Env: expand.FuncEnviron(func(name string) string {
+			if v, ok := vars[name]; ok {
+				return v
+			}
+			return "${" + name + "}" + mark
+		})}
 		s, err := expand.Literal(cfg, w)
 		if err != nil {
-			fail("run: %s: %v; give it a value in envs (or --env) so that the adapter's name is known", printWord(w), err)
-			return "", false
+			return printWord(w)
 		}
-		return s, true
+		return s
+	}
+	word := func(w *syntax.Word) string {
+		return strings.ReplaceAll(expandWith(w, ""), "\x00", "")
 	}
 	syntax.Walk(f, func(n syntax.Node) bool {
 		call, ok := n.(*syntax.CallExpr)
@@ -140,11 +154,11 @@ func runLoRA(run string, vars map[string]string) (LoRA, []Adapter, error) {
 		}
 		args := call.Args
 		for i := 0; i < len(args); i++ {
-			lit := strings.TrimLeft(args[i].Lit(), "-")
-			if !strings.HasPrefix(args[i].Lit(), "-") {
+			text := word(args[i])
+			if !strings.HasPrefix(text, "-") {
 				continue
 			}
-			name, val, hasVal := strings.Cut(lit, "=")
+			name, val, hasVal := strings.Cut(strings.TrimLeft(text, "-"), "=")
 			switch name {
 			case "enable-lora":
 				l.Enabled = true
@@ -152,7 +166,7 @@ func runLoRA(run string, vars map[string]string) (LoRA, []Adapter, error) {
 				v := val
 				if !hasVal && i+1 < len(args) {
 					i++
-					v, _ = word(args[i])
+					v = word(args[i])
 				}
 				if n, err := strconv.Atoi(v); err == nil && n >= 1 {
 					l.MaxLoRAs = n
@@ -160,20 +174,28 @@ func runLoRA(run string, vars map[string]string) (LoRA, []Adapter, error) {
 					fail("run: --max-loras %q: want a number of adapters ≥ 1", v)
 				}
 			case "lora-modules":
-				var vals []string
+				// Each value with the flag's own word (--lora-modules=VALUE) or after it.
+				var ws []*syntax.Word
 				if hasVal {
-					vals = append(vals, val)
+					ws = append(ws, args[i])
 				}
-				for !hasVal && i+1 < len(args) && !strings.HasPrefix(args[i+1].Lit(), "-") {
+				for !hasVal && i+1 < len(args) && !strings.HasPrefix(word(args[i+1]), "-") {
 					i++
-					if v, ok := word(args[i]); ok {
-						vals = append(vals, v)
-					}
+					ws = append(ws, args[i])
 				}
-				for _, v := range vals {
-					m, err := parseLoRAModule(v)
+				for _, w := range ws {
+					a, b := expandWith(w, "\x00a"), expandWith(w, "\x00b")
+					if hasVal {
+						_, a, _ = strings.Cut(a, "=")
+						_, b, _ = strings.Cut(b, "=")
+					}
+					m, err := parseLoRAModule(strings.ReplaceAll(a, "\x00a", ""))
 					if err != nil {
 						fail("run: %v", err)
+						continue
+					}
+					if other, err := parseLoRAModule(strings.ReplaceAll(b, "\x00b", "\x00")); err != nil || other.Name != m.Name {
+						fail("run: --lora-modules %s: the adapter's name comes from a variable the file gives no value; give it one in envs (or --env): the name is what clients send", printWord(w))
 						continue
 					}
 					mods = append(mods, m)
@@ -226,8 +248,8 @@ func (d *decoder) checkAdapters(s *Service, vars map[string]string) {
 	declared := a.Adapters
 	a.LoRA, a.Adapters = l, nil
 	for _, m := range static {
-		if strings.ContainsAny(m.Name, ", \t\n") {
-			d.errorAt("run", "run: --lora-modules %s: the name has a comma or a space; vLLM's metrics list adapters comma-joined, so routers could not tell it apart", quote(m.Name))
+		if strings.ContainsAny(m.Name, ", \t\n") || len(m.Name) > maxAdapterName {
+			d.errorAt("run", "run: --lora-modules %s: the name has a comma or a space, or more than %d bytes; vLLM's metrics list adapters comma-joined, so routers could not tell it apart", quote(m.Name), maxAdapterName)
 			continue
 		}
 		a.Adapters = append(a.Adapters, m)

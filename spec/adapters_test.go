@@ -53,6 +53,20 @@ func TestAdaptersFromTheRunCommand(t *testing.T) {
 	}
 }
 
+// Attached values (--flag=VALUE, quoted JSON), a count from envs, and a path from the
+// replica's own environment ($HOME, which the file does not give) read as the shell would.
+func TestAdaptersFromAttachedFlags(t *testing.T) {
+	run := `vllm serve m --enable-lora --max-loras=$SLOTS --lora-modules='{"name": "fin", "path": "/a/fin"}' --lora-modules sql=$HOME/ckpt/sql`
+	s, err := Parse("s.yaml", []byte("envs: {SLOTS: 6}\nrun: "+quoteYAML(run)+"\nservice: {replicas: 1}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Adapter{{Name: "fin", Path: "/a/fin", Static: true}, {Name: "sql", Path: "${HOME}/ckpt/sql", Static: true}}
+	if !reflect.DeepEqual(s.Arbiter.Adapters, want) || s.Arbiter.LoRA.MaxLoRAs != 6 {
+		t.Errorf("adapters %+v max_loras %d; want %+v and 6", s.Arbiter.Adapters, s.Arbiter.LoRA.MaxLoRAs, want)
+	}
+}
+
 func quoteYAML(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 func TestDeclaredAdapters(t *testing.T) {
@@ -98,7 +112,7 @@ arbiter:
 		{"unmounted bucket", run + "service: {replicas: 1}\narbiter: {providers: [aws], adapters: [{name: a, source: s3://b/a}]}\n", "nothing puts it on the replicas"},
 		{"copied bucket", run + "service: {replicas: 1}\nfile_mounts: {/adapters: {source: s3://b, mode: COPY}}\narbiter: {providers: [aws], adapters: [{name: a, source: s3://b/a}]}\n", "mode COPY"},
 		{"local folder, remote replicas", run + "service: {replicas: 1}\narbiter: {providers: [aws], adapters: [{name: a, source: /srv/a}]}\n", "mount this machine's folder"},
-		{"module name unknown", "run: vllm serve m --enable-lora --lora-modules $NAME=/x\nservice: {replicas: 1}\n", "NAME: unbound variable"},
+		{"module name unknown", "run: vllm serve m --enable-lora --lora-modules $NAME=/x\nservice: {replicas: 1}\n", "the adapter's name comes from a variable the file gives no value"},
 		{"module form", "run: vllm serve m --enable-lora --lora-modules /x\nservice: {replicas: 1}\n", "want name=path"},
 		{"max_loras", "run: vllm serve m --enable-lora --max-loras 0\nservice: {replicas: 1}\n", "--max-loras \"0\""},
 	} {

@@ -50,8 +50,17 @@ func vllmServeArgs(args []string, accelerator string) (out, ignored []string, er
 	host, port, served := "127.0.0.1", "8000", ""
 	for i := 0; i < len(args); i++ {
 		a := args[i]
-		if !strings.HasPrefix(a, "--") {
+		if !strings.HasPrefix(a, "-") {
 			return nil, nil, fmt.Errorf("vllm serve: unexpected argument %q", a)
+		}
+		if !strings.HasPrefix(a, "--") {
+			// A short form (-tp 2, -O3): nothing a simulator models.
+			if i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") && !strings.Contains(a, "=") {
+				i++
+				a += " " + args[i]
+			}
+			ignored = append(ignored, a)
+			continue
 		}
 		name, val, hasVal := strings.Cut(strings.TrimPrefix(a, "--"), "=")
 		name = strings.ReplaceAll(name, "_", "-") // vLLM takes --max_model_len too
