@@ -227,3 +227,20 @@ func coldController(t *testing.T, clock *testClock, p replicas.Provider, mod fun
 	}
 	return c, st
 }
+
+// An adapter's name is a model name: a second service may not take one another's adapter
+// has, as it may not take its model.
+func TestAdapterNameTakenAcrossServices(t *testing.T) {
+	c := newTestController(t)
+	ctx := context.Background()
+	withAdapter := func(model string) string {
+		return strings.Replace(strings.Replace(zeroSpec, "run: exec replicasim -listen 127.0.0.1:$PORT", "run: exec replicasim -listen 127.0.0.1:$PORT -enable-lora", 1), "model: m1", "model: "+model, 1) +
+			"  adapters: [{name: fin, source: /srv/fin}]\n"
+	}
+	if _, _, err := c.Create(ctx, "a", withAdapter("m1"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.Create(ctx, "b", withAdapter("m2"), nil); err == nil || !strings.Contains(err.Error(), `model "fin" is served by service "a"`) {
+		t.Errorf("a second service declaring adapter fin: %v", err)
+	}
+}
