@@ -322,30 +322,34 @@ func advertised(given string, bound net.Addr) (string, error) {
 	return "http://" + net.JoinHostPort(host, port), nil
 }
 
-// vllmStandIn makes a folder holding a vllm that is replicasim, for the end of the local and
-// sim replicas' PATH: a SkyServe run: line (vllm serve MODEL …) then runs on a machine with
-// no vLLM, simulated, and a machine with one runs its own. "" where replicasim is not beside
-// the daemon.
+// vllmStandIn makes a folder holding a vllm that runs replicasim, for the end of the local
+// and sim replicas' PATH: a SkyServe run: line (vllm serve MODEL …) then runs on a machine
+// with no vLLM, simulated, and a machine with one runs its own. The stand-in is a script
+// readable by its owner only, as every file in the home is. "" where replicasim is not
+// beside the daemon.
 func vllmStandIn(home, binDir string, log *slog.Logger) string {
-	sim := filepath.Join(binDir, "replicasim")
 	if binDir == "" {
 		return ""
 	}
+	sim := filepath.Join(binDir, "replicasim")
 	if _, err := os.Stat(sim); err != nil {
 		return ""
 	}
 	dir := filepath.Join(home, "vllm-stand-in")
-	link := filepath.Join(dir, "vllm")
+	script := "#!/bin/sh\n# replicasim standing in for vllm: `vllm serve MODEL ...` runs simulated (docs/lora.md).\nexec " +
+		shellQuote(sim) + " \"$@\"\n"
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		log.Warn("no vllm stand-in for replicas", "err", err)
 		return ""
 	}
-	if cur, err := os.Readlink(link); err != nil || cur != sim {
-		_ = os.Remove(link)
-		if err := os.Symlink(sim, link); err != nil {
-			log.Warn("no vllm stand-in for replicas", "err", err)
-			return ""
-		}
+	path := filepath.Join(dir, "vllm")
+	_ = os.Remove(path) // never write through what is there (a link would lead elsewhere)
+	if err := os.WriteFile(path, []byte(script), 0o700); err != nil {
+		log.Warn("no vllm stand-in for replicas", "err", err)
+		return ""
 	}
 	return dir
 }
+
+// shellQuote quotes s for a POSIX shell.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
