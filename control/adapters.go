@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
-	"github.com/arbiter-serve/arbiter/spec"
 	"github.com/arbiter-serve/arbiter/state"
 )
 
@@ -33,7 +32,7 @@ type adapterCount struct {
 func (s *service) countAdapter(m fleet.ModelLoad) {
 	sp := s.spec()
 	if sp == nil || (m.Requests == 0 && m.Tokens == 0) ||
-		!slices.ContainsFunc(sp.Arbiter.Adapters, func(a spec.Adapter) bool { return a.Name == m.Model }) {
+		!sp.Arbiter.HasAdapter(m.Model) {
 		return
 	}
 	if s.adapterCounts == nil {

@@ -460,12 +460,9 @@ func (s *service) adapters() ([]fleet.Adapter, int) {
 	if sp == nil || len(sp.Arbiter.Adapters) == 0 {
 		return nil, 0
 	}
-	isAdapter := func(m string) bool {
-		return slices.ContainsFunc(sp.Arbiter.Adapters, func(a spec.Adapter) bool { return a.Name == m })
-	}
 	base := ""
 	for _, m := range append(slices.Clone(sp.Arbiter.Models), s.learned...) {
-		if !isAdapter(m) {
+		if !sp.Arbiter.HasAdapter(m) {
 			base = m
 			break
 		}

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/arbiter-serve/arbiter/replicas"
-	"github.com/arbiter-serve/arbiter/spec"
 )
 
 // Models are owned. A service owns the models its spec declares (arbiter.model; Create and
@@ -46,9 +45,9 @@ func (c *Controller) modelOwner(s *service, model string) *service {
 // holds c.mu.
 func (c *Controller) learnModels(ctx context.Context, s *service, r *replica, models []string) {
 	var own, taken []string
-	adapters := s.spec().Arbiter.Adapters
+	sp := s.spec()
 	for _, m := range models {
-		if slices.ContainsFunc(adapters, func(a spec.Adapter) bool { return a.Name == m }) {
+		if sp.Arbiter.HasAdapter(m) {
 			continue // an adapter the spec names: routed for by its base model
 		}
 		if o := c.modelOwner(s, m); o != nil {
@@ -61,7 +60,7 @@ func (c *Controller) learnModels(ctx context.Context, s *service, r *replica, mo
 			s.learned = append(s.learned, m)
 		}
 	}
-	declared := s.spec().Arbiter.Models
+	declared := sp.Arbiter.Models
 	r.row.Model = ""
 	for _, m := range declared {
 		if slices.Contains(own, m) {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // Capacity is how a replica's GPU is bought. It decides the marginal cost of a token:
@@ -174,6 +175,23 @@ type Adapter struct {
 	Parent string `json:"parent,omitempty" yaml:"parent,omitempty"`
 	// Static: the replicas' vLLM loads it at start (--lora-modules); routers never load it.
 	Static bool `json:"static,omitempty" yaml:"static,omitempty"`
+}
+
+// MaxAdapterName is the longest adapter name: what routers believe of the names in a
+// replica's vllm:lora_requests_info.
+const MaxAdapterName = 256
+
+// CheckAdapterName says what is wrong with an adapter name clients would send, or nil:
+// vLLM's vllm:lora_requests_info joins adapter names with commas, so a name with one (or a
+// space) would read as two, and routers believe no longer name than MaxAdapterName.
+func CheckAdapterName(name string) error {
+	if strings.ContainsAny(name, ", \t\n") {
+		return fmt.Errorf("%q has a comma or a space; vLLM's metrics list adapters comma-joined, so routers could not tell it apart", name)
+	}
+	if len(name) > MaxAdapterName {
+		return fmt.Errorf("a name of %d bytes; at most %d, which routers believe of a replica's metrics", len(name), MaxAdapterName)
+	}
+	return nil
 }
 
 // AdapterOf returns the adapter a model name is in services, and whether it is one.

@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fastjson"
 
 	"github.com/arbiter-serve/arbiter/engine"
+	"github.com/arbiter-serve/arbiter/internal/loramodule"
 )
 
 // LoRAConfig serves LoRA adapters on the base model, as vLLM's --enable-lora (0.10–0.11).
@@ -35,36 +36,12 @@ type LoRAConfig struct {
 	LoadGiBPerSecond float64
 }
 
-// LoRAModule is one --lora-modules entry: name=path, or vLLM's JSON form with a parent.
-type LoRAModule struct {
-	Name string `json:"name"`
-	Path string `json:"path"`
-	// Base is the JSON form's base_model_name, /v1/models' parent (default: the served model).
-	Base string `json:"base_model_name,omitempty"`
-}
+// LoRAModule is one --lora-modules entry: name=path, or vLLM's JSON form with a parent
+// (Base: base_model_name, /v1/models' parent; default: the served model).
+type LoRAModule = loramodule.Module
 
-// ParseLoRAModule reads one --lora-modules value as vLLM's LoRAParserAction does
-// (vllm/entrypoints/openai/cli_args.py): name=path, or a JSON object with name, path and
-// optionally base_model_name.
-func ParseLoRAModule(v string) (LoRAModule, error) {
-	if strings.HasPrefix(strings.TrimSpace(v), "{") {
-		var m LoRAModule
-		dec := json.NewDecoder(strings.NewReader(v))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&m); err != nil {
-			return m, fmt.Errorf("--lora-modules %s: not a LoRA module's JSON (name, path, base_model_name): %v", v, err)
-		}
-		if m.Name == "" || m.Path == "" {
-			return m, fmt.Errorf("--lora-modules %s: the JSON form needs name and path", v)
-		}
-		return m, nil
-	}
-	name, path, ok := strings.Cut(v, "=")
-	if !ok || name == "" || path == "" {
-		return LoRAModule{}, fmt.Errorf("--lora-modules %q: want name=path or a JSON object", v)
-	}
-	return LoRAModule{Name: name, Path: path}, nil
-}
+// ParseLoRAModule reads one --lora-modules value as vLLM does (loramodule.Parse).
+func ParseLoRAModule(v string) (LoRAModule, error) { return loramodule.Parse(v) }
 
 // loraLayerCopy is the copy of one layer of an adapter into GPU memory, as LoRAX measured it
 // (about 20 ms a layer, 500 ms to over 1 s an adapter: predibase/lorax#433; vLLM publishes no

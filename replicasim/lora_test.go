@@ -220,7 +220,7 @@ func TestParseLoRAModulesAsVLLMTakesThem(t *testing.T) {
 		err  string
 	}{
 		{in: "sql=/adapters/sql", want: LoRAModule{Name: "sql", Path: "/adapters/sql"}},
-		{in: `{"name":"sql","path":"yard1/llama-2-7b-sql-lora-test","base_model_name":"meta-llama/Llama-2-7b-hf"}`, want: LoRAModule{"sql", "yard1/llama-2-7b-sql-lora-test", "meta-llama/Llama-2-7b-hf"}},
+		{in: `{"name":"sql","path":"yard1/llama-2-7b-sql-lora-test","base_model_name":"meta-llama/Llama-2-7b-hf"}`, want: LoRAModule{Name: "sql", Path: "yard1/llama-2-7b-sql-lora-test", Base: "meta-llama/Llama-2-7b-hf"}},
 		{in: "sql", err: "want name=path"},
 		{in: "=x", err: "want name=path"},
 		{in: `{"name":"x"}`, err: "needs name and path"},

@@ -42,7 +42,7 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	// Replicas' series are by the model they serve (an adapter's base): an adapter's own
 	// are per service and adapter only, so hundreds of adapters cost hundreds of series,
 	// not hundreds per replica.
-	px.met.request(c.pick, r, code)
+	px.met.request(c.pickModel(), r, code)
 	if c.adapter != nil {
 		px.met.adapterRequests.WithLabelValues(c.service, c.adapter.Name, strconv.Itoa(code)).Inc()
 		if res.usage.Prompt > 0 || res.usage.Completion > 0 {
@@ -56,12 +56,12 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 			// The request mix the control plane sizes GPUs by: what was asked and answered.
 			c.load.served(res.usage.Prompt, res.usage.Completion)
 		}
-		if rs := px.met.replica(r); rs.info.Model == c.pick {
+		if rs := px.met.replica(r); rs.info.Model == c.pickModel() {
 			rs.prompt.Add(float64(res.usage.Prompt))
 			rs.completion.Add(float64(res.usage.Completion))
 		} else {
-			px.met.tokens.WithLabelValues(c.pick, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), info.Accelerator, "prompt").Add(float64(res.usage.Prompt))
-			px.met.tokens.WithLabelValues(c.pick, info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), info.Accelerator, "completion").Add(float64(res.usage.Completion))
+			px.met.tokens.WithLabelValues(c.pickModel(), info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), info.Accelerator, "prompt").Add(float64(res.usage.Prompt))
+			px.met.tokens.WithLabelValues(c.pickModel(), info.Service, info.ID, info.Provider, info.Region, string(info.Capacity), info.Accelerator, "completion").Add(float64(res.usage.Completion))
 		}
 		if c.key != nil {
 			px.met.keyTokens.WithLabelValues(c.key.Name, c.service, "prompt").Add(float64(res.usage.Prompt))
@@ -74,7 +74,7 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	if code != 200 || res.clientGone || res.failed != "" {
 		return
 	}
-	ms := px.met.model(c.pick, info.Service)
+	ms := px.met.model(c.pickModel(), info.Service)
 	e2e := res.endAt.Sub(res.sentAt).Seconds()
 	ms.e2e.Observe(e2e)
 	ttft := e2e

@@ -40,7 +40,6 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 			if errors.As(err, &refused) {
 				// The replica refused the adapter's files: the other replicas read the same.
 				px.met.fail("adapter_load", c.service)
-				px.log.Warn("LoRA adapter failed to load", "adapter", c.adapter.Name, "replica", r.Info().ID, "err", err)
 				ctx.Response.Reset()
 				ctx.SetStatusCode(fasthttp.StatusBadGateway)
 				ctx.SetContentType("application/json")

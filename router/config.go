@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -216,8 +215,8 @@ func (c *Config) Validate() error {
 		switch {
 		case a.Name == "" || a.Base == "" || (a.Path == "" && !a.Static):
 			return fmt.Errorf("adapters[%d]: give name, base (the replicas' model) and path (vLLM's lora_path)", i)
-		case strings.ContainsAny(a.Name, ", ") || len(a.Name) > maxAdapterName:
-			return fmt.Errorf("adapters[%d]: %q has a comma or a space, or more than %d bytes; vLLM's metrics list adapters comma-joined", i, a.Name, maxAdapterName)
+		case fleet.CheckAdapterName(a.Name) != nil:
+			return fmt.Errorf("adapters[%d]: %w", i, fleet.CheckAdapterName(a.Name))
 		case names[a.Name]:
 			return fmt.Errorf("adapters[%d]: %q is listed twice", i, a.Name)
 		}

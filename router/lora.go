@@ -35,11 +35,9 @@ import (
 // answer of 200 or "has already been loaded" (another router was first).
 
 // maxAdapterNames bounds the adapters one vllm:lora_requests_info series may list, and
-// maxAdapterName a name's bytes: a replica that says more is not believed (ReplicaReports).
-const (
-	maxAdapterNames = 1024
-	maxAdapterName  = 256
-)
+// fleet.MaxAdapterName a name's bytes: a replica that says more is not believed
+// (ReplicaReports).
+const maxAdapterNames = 1024
 
 // LoRAInfo is vLLM's vllm:lora_requests_info: the newest series (the largest value, the
 // time vLLM set it, as the Gateway API Inference Extension reads it).
@@ -53,16 +51,17 @@ type LoRAInfo struct {
 
 var mLoRAInfo = []byte("vllm:lora_requests_info")
 
-// parseLoRAInfo reads one vllm:lora_requests_info sample's labels and value into g, keeping
-// the newest; it reports why it cannot be believed, or "".
-func parseLoRAInfo(line []byte, g *EngineGauges) (reason, detail string) {
+// parseLoRAInfo reads one vllm:lora_requests_info sample (its line, and its value as
+// splitSample found it) into g, keeping the newest; it reports why it cannot be believed,
+// or "".
+func parseLoRAInfo(line, raw []byte, g *EngineGauges) (reason, detail string) {
 	open, close := bytes.IndexByte(line, '{'), bytes.LastIndexByte(line, '}')
 	if open < 0 || close < open {
 		return "", "" // no labels: not vLLM's shape; skipped as any unknown line
 	}
-	v, err := strconv.ParseFloat(string(bytes.TrimSpace(bytes.Fields(line[close+1:])[0])), 64)
+	v, err := strconv.ParseFloat(string(raw), 64)
 	if err != nil || v < 0 {
-		return "not_a_number", fmt.Sprintf("vllm:lora_requests_info value %q", line[close+1:])
+		return "not_a_number", fmt.Sprintf("vllm:lora_requests_info value %q", raw)
 	}
 	if g.LoRA != nil && v <= g.LoRA.At {
 		return "", ""
@@ -102,8 +101,8 @@ func parseLoRAInfo(line []byte, g *EngineGauges) (reason, detail string) {
 			if val != "" {
 				names = strings.Split(val, ",") // no spaces, as vLLM joins them
 			}
-			if len(names) > maxAdapterNames || slices.ContainsFunc(names, func(n string) bool { return n == "" || len(n) > maxAdapterName }) {
-				return "too_large", fmt.Sprintf("vllm:lora_requests_info %s lists %d names (at most %d, each 1 to %d bytes)", key, len(names), maxAdapterNames, maxAdapterName)
+			if len(names) > maxAdapterNames || slices.ContainsFunc(names, func(n string) bool { return n == "" || len(n) > fleet.MaxAdapterName }) {
+				return "too_large", fmt.Sprintf("vllm:lora_requests_info %s lists %d names (at most %d, each 1 to %d bytes)", key, len(names), maxAdapterNames, fleet.MaxAdapterName)
 			}
 			if key == "running_lora_adapters" {
 				info.Running = names
@@ -267,11 +266,7 @@ func (px *Proxy) adapterNotLoaded(c *call, r *Replica) *refusal {
 		return &refusal{status: fasthttp.StatusBadGateway, errType: oai.ServerError, reason: "adapter_load", service: c.service, code: "adapter_load_failed", msg: f.Error()}
 	}
 	a := *c.adapter
-	go func() {
-		if err := px.ensureAdapter(r, a, time.Now().Add(adapterLoadTimeout)); err != nil {
-			px.log.Warn("LoRA adapter failed to load", "adapter", a.Name, "replica", r.Info().ID, "err", err)
-		}
-	}()
+	px.startAdapterLoad(r, a)
 	return &refusal{status: fasthttp.StatusServiceUnavailable, errType: oai.Unavailable, reason: "adapter_loading", service: c.service,
 		retryAfter: max(1, int(math.Ceil(px.adapterLoads.expect()))),
 		msg:        fmt.Sprintf("adapter %q is being loaded on replica %s; retry shortly", a.Name, r.Info().ID)}
@@ -285,23 +280,25 @@ func (r *Replica) adapterLoaded(a string) bool {
 	return l.loaded[a]
 }
 
-// resolveAdapter settles which replicas may take an adapter's request: its base model's.
-// A service that names no model learns it from its first replica, so until one is ready
-// the adapter's base is unknown and its request is held under the adapter's own name (no
-// replica serves it: it waits, and wakes the service); once the control plane publishes
-// the base, the request goes to its replicas.
+// pickModel is the model whose replicas may take the request: its own, or its adapter's
+// base once known.
+func (c *call) pickModel() string {
+	if c.adapter != nil && c.adapter.Base != "" {
+		return c.adapter.Base
+	}
+	return c.model
+}
+
+// resolveAdapter looks again for the base of an adapter whose base was not known. A service
+// that names no model learns it from its first replica, so until one is ready the request
+// is held under the adapter's own name (no replica serves it: it waits, and wakes the
+// service); once the control plane publishes the base, the request goes to its replicas.
 func (px *Proxy) resolveAdapter(c *call) {
-	c.pick = c.model
-	if c.adapter == nil {
+	if c.adapter == nil || c.adapter.Base != "" {
 		return
 	}
-	if c.adapter.Base == "" {
-		if a, n, ok := px.adapterFor(c.model); ok {
-			c.adapter, c.route.MaxLoRAs = &a, n
-		}
-	}
-	if c.adapter.Base != "" {
-		c.pick = c.adapter.Base
+	if a, n, ok := px.adapterFor(c.model); ok {
+		c.adapter, c.route.MaxLoRAs = &a, n
 	}
 }
 
@@ -338,19 +335,10 @@ func (px *Proxy) ensureAdapter(r *Replica, a fleet.Adapter, deadline time.Time) 
 	if f := r.recentRefusal(a.Name, time.Now()); f != nil {
 		return f
 	}
-	l := r.loraState()
-	l.mu.Lock()
-	if l.loaded[a.Name] {
-		l.mu.Unlock()
+	ld := px.startAdapterLoad(r, a)
+	if ld == nil {
 		return nil
 	}
-	ld := l.loading[a.Name]
-	if ld == nil {
-		ld = &adapterLoad{done: make(chan struct{})}
-		l.loading[a.Name] = ld
-		go px.runAdapterLoad(r, a, ld)
-	}
-	l.mu.Unlock()
 	wait := time.NewTimer(time.Until(deadline))
 	defer wait.Stop()
 	select {
@@ -361,7 +349,25 @@ func (px *Proxy) ensureAdapter(r *Replica, a fleet.Adapter, deadline time.Time) 
 	}
 }
 
-// runAdapterLoad makes one load of a on r and tells its waiters.
+// startAdapterLoad starts loading a on r unless it is loaded (nil) or loading already (that
+// load), and returns the load to wait for.
+func (px *Proxy) startAdapterLoad(r *Replica, a fleet.Adapter) *adapterLoad {
+	l := r.loraState()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.loaded[a.Name] {
+		return nil
+	}
+	ld := l.loading[a.Name]
+	if ld == nil {
+		ld = &adapterLoad{done: make(chan struct{})}
+		l.loading[a.Name] = ld
+		go px.runAdapterLoad(r, a, ld)
+	}
+	return ld
+}
+
+// runAdapterLoad makes one load of a on r, tells its waiters, and logs a failure once.
 func (px *Proxy) runAdapterLoad(r *Replica, a fleet.Adapter, ld *adapterLoad) {
 	l := r.loraState()
 	start := time.Now()
@@ -380,6 +386,9 @@ func (px *Proxy) runAdapterLoad(r *Replica, a fleet.Adapter, ld *adapterLoad) {
 		result = "failed"
 	}
 	px.met.adapterLoads.WithLabelValues(r.Info().Service, result).Inc()
+	if ld.err != nil {
+		px.log.Warn("LoRA adapter failed to load", "adapter", a.Name, "replica", r.Info().ID, "err", ld.err)
+	}
 	l.mu.Lock()
 	delete(l.loading, a.Name)
 	switch {

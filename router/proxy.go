@@ -240,8 +240,6 @@ func (px *Proxy) models(ctx *fasthttp.RequestCtx) {
 type call struct {
 	kind  oai.Kind
 	model string
-	// pick is the model whose replicas may take the request: model, or an adapter's base.
-	pick string
 	// adapter is the LoRA adapter model names (nil: none).
 	adapter    *fleet.Adapter
 	stream     bool
@@ -337,13 +335,13 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 		}
 		c.route.Now, c.route.Tried = now, c.tried
 		px.resolveAdapter(c)
-		cands := px.pool.candidates(c.pick)
+		cands := px.pool.candidates(c.pickModel())
 		if len(c.tried) == 0 && !anyUsable(&c.route, cands) && px.ControlPlane != nil && px.ControlPlane.Knows(c.model) {
 			if !px.hold(ctx, c, load) {
 				return
 			}
 			c.route.Now = px.Now()
-			cands = px.pool.candidates(c.pick)
+			cands = px.pool.candidates(c.pickModel())
 		}
 		if c.adapter != nil {
 			c.route.AdapterLoad = px.adapterLoads.expect()
@@ -377,15 +375,15 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 	}
 	if !c.notServed && c.api != "" && len(c.tried) > 0 {
 		// The replicas tried may have refused the API: none left that serves it.
-		all := px.pool.candidates(c.pick)
+		all := px.pool.candidates(c.pickModel())
 		c.notServed = len(all) > 0 && len(servingCandidates(all, c.api, &c.servingBuf)) == 0
 	}
 	switch {
 	case c.notServed:
-		px.notServed(ctx, c, len(px.pool.candidates(c.pick)))
+		px.notServed(ctx, c, len(px.pool.candidates(c.pickModel())))
 	case c.lastUpstream != 0:
 		// The replica's own 502/503 is already in the response: pass it through.
-		px.met.request(c.pick, c.tried[len(c.tried)-1], c.lastUpstream)
+		px.met.request(c.pickModel(), c.tried[len(c.tried)-1], c.lastUpstream)
 	case !px.Now().Before(c.deadline):
 		px.met.fail("deadline", c.service)
 		oai.WriteError(ctx, fasthttp.StatusGatewayTimeout, oai.Timeout, "request deadline exceeded before a replica answered")
@@ -441,14 +439,14 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 		px.held.Add(-1)
 		load.held.Add(-1)
 		px.met.held.WithLabelValues(c.service).Dec()
-		px.met.holdWait.WithLabelValues(c.pick, c.service).Observe(px.Now().Sub(start).Seconds())
+		px.met.holdWait.WithLabelValues(c.pickModel(), c.service).Observe(px.Now().Sub(start).Seconds())
 	}()
 	for {
 		px.ControlPlane.Wake(c.model)
 		changed := px.pool.Changed()
 		now := px.Now()
 		px.resolveAdapter(c)
-		if anyUsable(&Request{Now: now}, px.pool.candidates(c.pick)) {
+		if anyUsable(&Request{Now: now}, px.pool.candidates(c.pickModel())) {
 			return true
 		}
 		if !px.ControlPlane.Knows(c.model) {
@@ -536,7 +534,9 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 		}
 		req.Model = models[0]
 	}
-	if _, _, adapter := px.adapterFor(req.Model); !adapter && !px.pool.HasModel(req.Model) && (px.ControlPlane == nil || !px.ControlPlane.Knows(req.Model)) {
+	adapter, maxLoRAs, isAdapter := px.adapterFor(req.Model)
+	isAdapter = isAdapter && !px.pool.HasModel(req.Model) // a model its replicas serve is no adapter
+	if !isAdapter && !px.pool.HasModel(req.Model) && (px.ControlPlane == nil || !px.ControlPlane.Knows(req.Model)) {
 		// Without replicas a standalone router cannot tell an unknown model from one whose
 		// replicas are not up yet; with a control plane it can, once it has its services.
 		if len(px.pool.Models()) == 0 && (px.ControlPlane == nil || px.ControlPlane.Revision() == 0) {
@@ -607,13 +607,9 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 	}
 	c.route = Request{Model: req.Model, PromptTokens: prompt,
 		OutTokens: out, Prefix: prefixBlocks(key), SLO: c.slo, Streamed: req.Stream}
-	c.pick = req.Model
-	if !px.pool.HasModel(req.Model) {
-		if a, maxLoRAs, ok := px.adapterFor(req.Model); ok {
-			c.adapter = &a
-			c.route.Adapter, c.route.AdapterStatic, c.route.MaxLoRAs = a.Name, a.Static, maxLoRAs
-			px.resolveAdapter(c)
-		}
+	if isAdapter {
+		c.adapter = &adapter
+		c.route.Adapter, c.route.AdapterStatic, c.route.MaxLoRAs = adapter.Name, adapter.Static, maxLoRAs
 	}
 	if len(key) > 0 {
 		// How many tokens a matched block stands for in this prompt: a cache hit is worth

@@ -78,7 +78,7 @@ func ParseEngineGauges(text []byte) EngineGauges {
 			continue
 		}
 		if bytes.Equal(name, mLoRAInfo) {
-			if reason, detail := parseLoRAInfo(line, &g); reason != "" && g.LoRAInvalid == "" {
+			if reason, detail := parseLoRAInfo(line, raw, &g); reason != "" && g.LoRAInvalid == "" {
 				g.LoRAInvalid, g.LoRADetail = reason, detail
 			}
 			continue

@@ -10,6 +10,9 @@ import (
 	"gopkg.in/yaml.v3"
 	"mvdan.cc/sh/v3/expand"
 	"mvdan.cc/sh/v3/syntax"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/internal/loramodule"
 )
 
 // Adapter is a LoRA adapter the service serves on its base model (issue 51): named by the
@@ -31,6 +34,11 @@ type Adapter struct {
 	Static bool
 }
 
+// HasAdapter reports whether the service serves an adapter of that name.
+func (a *Arbiter) HasAdapter(name string) bool {
+	return slices.ContainsFunc(a.Adapters, func(ad Adapter) bool { return ad.Name == name })
+}
+
 // LoRA is what the run: command tells of the engine's adapters.
 type LoRA struct {
 	// Enabled: the command starts vLLM (or replicasim) with --enable-lora.
@@ -44,10 +52,6 @@ type LoRA struct {
 
 // RuntimeLoRAEnv is the environment variable without which vLLM has no load endpoints.
 const RuntimeLoRAEnv = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
-
-// maxAdapterName is the longest adapter name, as routers bound the names they read from a
-// replica's vllm:lora_requests_info (router/lora.go).
-const maxAdapterName = 256
 
 var adapterKeys = []string{"name", "source", "parent"}
 
@@ -89,15 +93,10 @@ func (d *decoder) adapters(b *block, a *Arbiter) {
 	}
 }
 
-// adapterName checks a name clients will send: vLLM's vllm:lora_requests_info joins
-// adapter names with commas, so a name with one would read as two.
+// adapterName checks a name clients will send (fleet.CheckAdapterName).
 func (d *decoder) adapterName(at *yaml.Node, where, name string) bool {
-	if strings.ContainsAny(name, ", \t\n") {
-		d.errorf(at, "%s: %s has a comma or a space; vLLM's metrics list adapters comma-joined, so routers could not tell it apart", where, quote(name))
-		return false
-	}
-	if len(name) > maxAdapterName {
-		d.errorf(at, "%s: a name of %d bytes; at most %d, which routers believe of a replica's metrics", where, len(name), maxAdapterName)
+	if err := fleet.CheckAdapterName(name); err != nil {
+		d.errorf(at, "%s: %v", where, err)
 		return false
 	}
 	return true
@@ -214,24 +213,14 @@ func printWord(w *syntax.Word) string {
 }
 
 // parseLoRAModule reads one --lora-modules value as vLLM does: name=path, or a JSON object
-// {"name", "path", "base_model_name"} (replicasim.ParseLoRAModule is the replica's side).
+// {"name", "path", "base_model_name"} (loramodule.Parse, which the replica simulator reads
+// its own flags with).
 func parseLoRAModule(v string) (Adapter, error) {
-	if strings.HasPrefix(strings.TrimSpace(v), "{") {
-		var m struct {
-			Name string `yaml:"name"`
-			Path string `yaml:"path"`
-			Base string `yaml:"base_model_name"`
-		}
-		if err := yaml.Unmarshal([]byte(v), &m); err != nil || m.Name == "" || m.Path == "" {
-			return Adapter{}, fmt.Errorf("--lora-modules %s: the JSON form needs name and path", v)
-		}
-		return Adapter{Name: m.Name, Path: m.Path, Parent: m.Base, Static: true}, nil
+	m, err := loramodule.Parse(v)
+	if err != nil {
+		return Adapter{}, err
 	}
-	name, p, ok := strings.Cut(v, "=")
-	if !ok || name == "" || p == "" {
-		return Adapter{}, fmt.Errorf("--lora-modules %q: want name=path or a JSON object", v)
-	}
-	return Adapter{Name: name, Path: p, Static: true}, nil
+	return Adapter{Name: m.Name, Path: m.Path, Parent: m.Base, Static: true}, nil
 }
 
 // checkAdapters settles the service's adapters against its run: command, models,
@@ -248,8 +237,8 @@ func (d *decoder) checkAdapters(s *Service, vars map[string]string) {
 	declared := a.Adapters
 	a.LoRA, a.Adapters = l, nil
 	for _, m := range static {
-		if strings.ContainsAny(m.Name, ", \t\n") || len(m.Name) > maxAdapterName {
-			d.errorAt("run", "run: --lora-modules %s: the name has a comma or a space, or more than %d bytes; vLLM's metrics list adapters comma-joined, so routers could not tell it apart", quote(m.Name), maxAdapterName)
+		if err := fleet.CheckAdapterName(m.Name); err != nil {
+			d.errorAt("run", "run: --lora-modules %s: %v", quote(m.Name), err)
 			continue
 		}
 		a.Adapters = append(a.Adapters, m)
