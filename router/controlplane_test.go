@@ -87,6 +87,25 @@ func (f *fakeControlPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// startWithControlPlane is a router following fake (a control plane on loopback, whose
+// first ready set is published already), mod adjusting its config, replicas listed as well
+// as the set's; it returns once the router has the first set.
+func startWithControlPlane(t *testing.T, fake *fakeControlPlane, mod func(*Config), replicas ...fleet.Replica) (*rig, *ControlPlane) {
+	t.Helper()
+	cps := httptest.NewServer(fake)
+	t.Cleanup(cps.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	var cp *ControlPlane
+	rig := startRouterWith(t, mod, func(px *Proxy, pool *Pool) {
+		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
+		px.ControlPlane = cp
+	}, replicas...)
+	go cp.Run(ctx)
+	waitFor(t, "the first ready set", func() bool { return cp.Revision() >= 1 })
+	return rig, cp
+}
+
 // A request for a service with no ready replica is held, wakes the control plane at once,
 // and is answered when the control plane publishes a replica; load reports count it; the
 // service's routing policy and SLO come with the set.
@@ -210,17 +229,7 @@ func TestHeldAtZeroUntilTheControlPlanePublishesAReplica(t *testing.T) {
 func TestHeldRequestWithDeadlineTimesOut(t *testing.T) {
 	fake := &fakeControlPlane{changed: make(chan struct{})}
 	fake.publish([]fleet.Service{{Name: "svc", Models: []string{testModel}}}, nil)
-	cps := httptest.NewServer(fake)
-	defer cps.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var cp *ControlPlane
-	rig := startRouterWith(t, nil, func(px *Proxy, pool *Pool) {
-		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
-		px.ControlPlane = cp
-	})
-	go cp.Run(ctx)
-	waitFor(t, "the first ready set", func() bool { return cp.Revision() == 1 })
+	rig, _ := startWithControlPlane(t, fake, nil)
 	start := time.Now()
 	resp, body := post(t, rig.url+"/v1/chat/completions", chatBody(false, ""), "X-Arbiter-Deadline-Ms", "300")
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || time.Since(start) > 5*time.Second {

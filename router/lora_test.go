@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -91,17 +90,8 @@ func TestAdaptersRoutedByAffinityAndLoadedOnDemand(t *testing.T) {
 	reps := []fleet.Replica{replica("r1", s1, fleet.OnDemand, 1), replica("r2", s2, fleet.OnDemand, 1)}
 	fake := &fakeControlPlane{changed: make(chan struct{})}
 	fake.publish(services(all...), reps)
-	cps := httptest.NewServer(fake)
-	defer cps.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var cp *ControlPlane
-	rig := startRouterWith(t, func(c *Config) { c.RoutingHeaders = true }, func(px *Proxy, pool *Pool) {
-		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
-		px.ControlPlane = cp
-	}, reps...)
-	go cp.Run(ctx)
-	waitFor(t, "the first ready set", func() bool { return cp.Revision() >= 1 })
+	rig, cp := startWithControlPlane(t, fake, func(c *Config) { c.RoutingHeaders = true }, reps...)
+	ctx := context.Background()
 
 	resp, body := get(t, rig.url+"/v1/models")
 	if !strings.Contains(body, `"id":"fin"`) || !strings.Contains(body, `"parent":"`+testModel+`"`) {
@@ -325,17 +315,7 @@ func TestAdapterHeldUntilItsBaseIsKnown(t *testing.T) {
 	dir := peftFolder(t)
 	fake := &fakeControlPlane{changed: make(chan struct{})}
 	fake.publish([]fleet.Service{{Name: "svc", Models: []string{"fin"}, Adapters: []fleet.Adapter{{Name: "fin", Path: dir}}, MaxLoRAs: 2}}, nil)
-	cps := httptest.NewServer(fake)
-	defer cps.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var cp *ControlPlane
-	rig := startRouterWith(t, nil, func(px *Proxy, pool *Pool) {
-		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
-		px.ControlPlane = cp
-	})
-	go cp.Run(ctx)
-	waitFor(t, "the first ready set", func() bool { return cp.Revision() >= 1 })
+	rig, cp := startWithControlPlane(t, fake, nil)
 	if !cp.Knows(testModel) {
 		t.Error("the service, which names no model of its own (only an adapter), no longer takes any model")
 	}
