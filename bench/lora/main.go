@@ -282,39 +282,15 @@ func counter(admin, name string) (float64, error) {
 }
 
 func row(o options, pol string, res []workload.Result, set []fleet.Replica, loads float64) string {
-	var ok, good int
-	var ttft, tpot []float64
-	var first, last time.Time
-	per := map[string]int{}
-	fails := 0
-	for _, r := range res {
-		if first.IsZero() || r.Start.Before(first) {
-			first = r.Start
-		}
-		if r.End.After(last) {
-			last = r.End
-		}
-		if r.Err != nil {
-			if fails++; fails <= 3 {
-				fmt.Fprintf(os.Stderr, "%s: request failed: %v\n", pol, r.Err)
-			}
-			continue
-		}
-		ok++
-		per[r.Replica]++
-		ttft, tpot = append(ttft, r.TTFT), append(tpot, r.TPOT)
-		if r.TTFT <= o.sloTTFT.Seconds() && r.TPOT <= o.sloTPOT.Seconds() {
-			good++
-		}
-	}
+	t := workload.Count(pol, res, o.sloTTFT, o.sloTPOT)
 	var shares []string
 	for _, rep := range set {
-		shares = append(shares, fmt.Sprintf("%s %.0f%%", rep.ID, 100*float64(per[rep.ID])/float64(max(ok, 1))))
+		shares = append(shares, fmt.Sprintf("%s %.0f%%", rep.ID, 100*float64(len(t.PerReplica[rep.ID]))/float64(max(t.OK, 1))))
 	}
 	n := float64(max(len(res), 1))
-	minutes := last.Sub(first).Minutes()
-	return fmt.Sprintf("| %s | %.1f %% | %.1f %% | %s / %s | %s | %.0f (%.1f) | %s |", pol, 100*float64(ok)/n, 100*float64(good)/n,
-		workload.Ms(workload.Quantile(ttft, 0.5)), workload.Ms(workload.Quantile(ttft, 0.9)), workload.Ms(workload.Quantile(tpot, 0.9)),
+	minutes := t.Last.Sub(t.First).Minutes()
+	return fmt.Sprintf("| %s | %.1f %% | %.1f %% | %s / %s | %s | %.0f (%.1f) | %s |", pol, 100*float64(t.OK)/n, 100*float64(t.Good)/n,
+		workload.Ms(workload.Quantile(t.TTFT, 0.5)), workload.Ms(workload.Quantile(t.TTFT, 0.9)), workload.Ms(workload.Quantile(t.TPOT, 0.9)),
 		loads, loads/max(minutes, 1e-9), strings.Join(shares, ", "))
 }
 

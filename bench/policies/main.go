@@ -421,39 +421,12 @@ func waitReady(admin string, n int) error {
 }
 
 func row(o options, pol string, res []workload.Result, set []fleet.Replica) string {
-	var (
-		ok, good, tokens int
-		fails            int
-		ttft, tpot       []float64
-		first, last      time.Time
-		perReplica       = map[string][]workload.Result{}
-	)
-	for _, r := range res {
-		if first.IsZero() || r.Start.Before(first) {
-			first = r.Start
-		}
-		if r.End.After(last) {
-			last = r.End
-		}
-		if r.Err != nil {
-			if fails++; fails <= 3 {
-				fmt.Fprintf(os.Stderr, "%s: request failed: %v\n", pol, r.Err)
-			}
-			continue
-		}
-		ok++
-		tokens += r.Prompt + r.Output
-		ttft, tpot = append(ttft, r.TTFT), append(tpot, r.TPOT)
-		if r.TTFT <= o.sloTTFT.Seconds() && r.TPOT <= o.sloTPOT.Seconds() {
-			good++
-		}
-		perReplica[r.Replica] = append(perReplica[r.Replica], r)
-	}
+	t := workload.Count(pol, res, o.sloTTFT, o.sloTPOT)
 	cost := 0.0
 	var shares []string
 	for _, rep := range set {
-		cost += rep.PricePerHour * busy(perReplica[rep.ID]).Hours()
-		shares = append(shares, fmt.Sprintf("%s %.0f%%", rep.ID, 100*float64(len(perReplica[rep.ID]))/float64(max(ok, 1))))
+		cost += rep.PricePerHour * busy(t.PerReplica[rep.ID]).Hours()
+		shares = append(shares, fmt.Sprintf("%s %.0f%%", rep.ID, 100*float64(len(t.PerReplica[rep.ID]))/float64(max(t.OK, 1))))
 	}
 	n := float64(len(res))
 	policy, noPrefix, shared, _ := parsePolicy(pol)
@@ -466,9 +439,9 @@ func row(o options, pol string, res []workload.Result, set []fleet.Replica) stri
 		view = map[bool]string{true: "shared", false: "each its own"}[shared]
 	}
 	return fmt.Sprintf("| %s | %s | %s | %.1f %% | %.1f %% | %.2f req/s | %s / %s | %s | %s | %.3f | %s |", policy, prefix, view,
-		100*float64(ok)/n, 100*float64(good)/n, float64(good)/last.Sub(first).Seconds(),
-		workload.Ms(workload.Quantile(ttft, 0.5)), workload.Ms(workload.Quantile(ttft, 0.9)), workload.Ms(workload.Quantile(tpot, 0.9)),
-		ttftMAPE(res), cost/float64(max(tokens, 1))*1e6, strings.Join(shares, ", "))
+		100*float64(t.OK)/n, 100*float64(t.Good)/n, float64(t.Good)/t.Last.Sub(t.First).Seconds(),
+		workload.Ms(workload.Quantile(t.TTFT, 0.5)), workload.Ms(workload.Quantile(t.TTFT, 0.9)), workload.Ms(workload.Quantile(t.TPOT, 0.9)),
+		ttftMAPE(res), cost/float64(max(t.Tokens, 1))*1e6, strings.Join(shares, ", "))
 }
 
 // busy is the length of the union of the requests' [start, end] intervals.

@@ -261,6 +261,45 @@ func Stream(client *http.Client, url, model string, r traces.Request) Result {
 	return res
 }
 
+// Tally is a run's results added up: those that succeeded (OK), those of them within the
+// SLO (Good), their tokens, TTFTs and TPOTs, each replica's, and the run's first start and
+// last end.
+type Tally struct {
+	OK, Good, Tokens int
+	TTFT, TPOT       []float64
+	PerReplica       map[string][]Result
+	First, Last      time.Time
+}
+
+// Count adds up res against an SLO of ttft and tpot, and writes the first three failures to
+// stderr under label.
+func Count(label string, res []Result, ttft, tpot time.Duration) Tally {
+	t := Tally{PerReplica: map[string][]Result{}}
+	fails := 0
+	for _, r := range res {
+		if t.First.IsZero() || r.Start.Before(t.First) {
+			t.First = r.Start
+		}
+		if r.End.After(t.Last) {
+			t.Last = r.End
+		}
+		if r.Err != nil {
+			if fails++; fails <= 3 {
+				fmt.Fprintf(os.Stderr, "%s: request failed: %v\n", label, r.Err)
+			}
+			continue
+		}
+		t.OK++
+		t.Tokens += r.Prompt + r.Output
+		t.TTFT, t.TPOT = append(t.TTFT, r.TTFT), append(t.TPOT, r.TPOT)
+		if r.TTFT <= ttft.Seconds() && r.TPOT <= tpot.Seconds() {
+			t.Good++
+		}
+		t.PerReplica[r.Replica] = append(t.PerReplica[r.Replica], r)
+	}
+	return t
+}
+
 // Quantile is the q-quantile of xs (NaN when empty); xs is not changed.
 func Quantile(xs []float64, q float64) float64 {
 	if len(xs) == 0 {
