@@ -128,8 +128,7 @@ func runLoRA(run string, vars map[string]string) (LoRA, []Adapter, error) {
 		}
 	}
 	// A word as the replica's shell would make it. A variable the file gives no value (the
-	// replica's own $HOME, SkyPilot's $SKYPILOT_*) is left as ${NAME}; expanding twice with
-	// two stand-ins tells the parts that depend on one.
+	// replica's own $HOME, SkyPilot's $SKYPILOT_*) is left as ${NAME}, followed by mark.
 	expandWith := func(w *syntax.Word, mark string) string {
 		cfg := &expand.Config{Env: expand.FuncEnviron(func(name string) string {
 			if v, ok := vars[name]; ok {
@@ -143,9 +142,7 @@ func runLoRA(run string, vars map[string]string) (LoRA, []Adapter, error) {
 		}
 		return s
 	}
-	word := func(w *syntax.Word) string {
-		return strings.ReplaceAll(expandWith(w, ""), "\x00", "")
-	}
+	word := func(w *syntax.Word) string { return expandWith(w, "") }
 	syntax.Walk(f, func(n syntax.Node) bool {
 		call, ok := n.(*syntax.CallExpr)
 		if !ok {
@@ -183,17 +180,19 @@ func runLoRA(run string, vars map[string]string) (LoRA, []Adapter, error) {
 					ws = append(ws, args[i])
 				}
 				for _, w := range ws {
-					a, b := expandWith(w, "\x00a"), expandWith(w, "\x00b")
+					// The value as kept (a variable without a value left as ${NAME}), and again
+					// with such variables marked: a name that differs depends on one.
+					a, b := word(w), expandWith(w, "~")
 					if hasVal {
 						_, a, _ = strings.Cut(a, "=")
 						_, b, _ = strings.Cut(b, "=")
 					}
-					m, err := parseLoRAModule(strings.ReplaceAll(a, "\x00a", ""))
+					m, err := parseLoRAModule(a)
 					if err != nil {
 						fail("run: %v", err)
 						continue
 					}
-					if other, err := parseLoRAModule(strings.ReplaceAll(b, "\x00b", "\x00")); err != nil || other.Name != m.Name {
+					if other, err := parseLoRAModule(b); err != nil || other.Name != m.Name {
 						fail("run: --lora-modules %s: the adapter's name comes from a variable the file gives no value; give it one in envs (or --env): the name is what clients send", printWord(w))
 						continue
 					}

@@ -65,6 +65,12 @@ func TestAdaptersFromAttachedFlags(t *testing.T) {
 	if !reflect.DeepEqual(s.Arbiter.Adapters, want) || s.Arbiter.LoRA.MaxLoRAs != 6 {
 		t.Errorf("adapters %+v max_loras %d; want %+v and 6", s.Arbiter.Adapters, s.Arbiter.LoRA.MaxLoRAs, want)
 	}
+	// The JSON form with a path from the replica's environment.
+	run = `vllm serve m --enable-lora --lora-modules "{\"name\": \"fin\", \"path\": \"$HOME/fin\"}"`
+	s, err = Parse("s.yaml", []byte("run: "+quoteYAML(run)+"\nservice: {replicas: 1}\n"))
+	if err != nil || len(s.Arbiter.Adapters) != 1 || s.Arbiter.Adapters[0].Path != "${HOME}/fin" {
+		t.Errorf("JSON module with $HOME in its path: %+v, %v", s, err)
+	}
 }
 
 func quoteYAML(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
