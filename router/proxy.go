@@ -534,9 +534,15 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 		}
 		req.Model = models[0]
 	}
-	adapter, maxLoRAs, isAdapter := px.adapterFor(req.Model)
-	isAdapter = isAdapter && !px.pool.HasModel(req.Model) // a model its replicas serve is no adapter
-	if !isAdapter && !px.pool.HasModel(req.Model) && (px.ControlPlane == nil || !px.ControlPlane.Knows(req.Model)) {
+	// A model replicas serve is no adapter: only another name is looked for among them.
+	hasModel := px.pool.HasModel(req.Model)
+	var adapter fleet.Adapter
+	var maxLoRAs int
+	isAdapter := false
+	if !hasModel {
+		adapter, maxLoRAs, isAdapter = px.adapterFor(req.Model)
+	}
+	if !isAdapter && !hasModel && (px.ControlPlane == nil || !px.ControlPlane.Knows(req.Model)) {
 		// Without replicas a standalone router cannot tell an unknown model from one whose
 		// replicas are not up yet; with a control plane it can, once it has its services.
 		if len(px.pool.Models()) == 0 && (px.ControlPlane == nil || px.ControlPlane.Revision() == 0) {
