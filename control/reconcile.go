@@ -254,10 +254,11 @@ func (c *Controller) reconcile(ctx context.Context, s *service, routers routerVi
 		switch replicas.State(r.row.State) {
 		case replicas.Draining:
 			switch {
-			case routers.drained(r.row.ID, r.drainSince) && (!routers.oldest.IsZero() || now.Sub(c.recoveredAt) >= reportTTL):
-				// No report at all is "drained" only once routers had time to report to
-				// this control plane: just after a restart or a takeover they were
-				// reporting to the one before (and a stream may still run on it).
+			case routers.drained(r.row.ID, r.drainSince) && now.Sub(c.recoveredAt) >= reportTTL:
+				// "Drained" is judged only once every router had time to report to this
+				// control plane: just after a restart or a takeover they were reporting to
+				// the one before, and one router's report of nothing in flight says nothing
+				// of another still streaming on the replica that has not found this one yet.
 				c.terminate(ctx, s, r, "drained: no request left on it")
 			case routers.progressing[r.row.ID]:
 				// Its requests are still generating (a long answer streams for many

@@ -173,9 +173,28 @@ func TestRecoveryClassifiesEveryCrashWindow(t *testing.T) {
 	if got = states(); got[leaving] != "draining" {
 		t.Errorf("on the first tick after recovery %s is %q; want draining until routers had time to report", leaving, got[leaving])
 	}
-	// A report's lifetime later, with no router reporting, nothing is left to wait for.
+	// One router reports with nothing on it: another may still stream on the replica and
+	// not have found this control plane yet (it was talking to the one that died), so the
+	// drain still waits a report's lifetime from the recovery.
+	// Its report comes a second after the recovery.
+	c.mu.Lock()
+	c.recoveredAt = c.recoveredAt.Add(-time.Second)
+	c.services["svc"].replicas[leaving].drainSince = c.recoveredAt
+	c.mu.Unlock()
+	c.Report(fleet.LoadReport{Router: "router-2"})
+	c.tick(tctx)
+	c.wg.Wait()
+	if got = states(); got[leaving] != "draining" {
+		t.Errorf("after one router of several reported nothing in flight, just after recovery, %s is %q; want draining until every router had time to report", leaving, got[leaving])
+	}
+	// A report's lifetime later, the reporting router's report gone stale and no router
+	// reporting, nothing is left to wait for.
 	c.mu.Lock()
 	c.recoveredAt = c.recoveredAt.Add(-reportTTL)
+	for id, rr := range c.routers {
+		rr.at = rr.at.Add(-2 * reportTTL)
+		c.routers[id] = rr
+	}
 	c.mu.Unlock()
 	c.tick(tctx)
 	c.wg.Wait()
