@@ -36,6 +36,13 @@ type KeySpec struct {
 	Burst             int     `yaml:"burst"`
 	// MaxConcurrency bounds the key's requests in flight, streams included (0: unlimited).
 	MaxConcurrency int `yaml:"max_concurrency"`
+	// Tenant groups keys that share one fair share and one budget (default: the key's
+	// name). Priority is the band of the key's requests and the highest they may ask for
+	// (critical, standard or sheddable; default standard); Weight its tenant's share of its
+	// band when the fleet is saturated (default 1; keys of one tenant must agree).
+	Tenant   string  `yaml:"tenant"`
+	Priority string  `yaml:"priority"`
+	Weight   float64 `yaml:"weight"`
 }
 
 type keysFile struct {
@@ -51,6 +58,9 @@ type Key struct {
 	// inflight is shared with the key of the same name in a reloaded set, so a reload
 	// neither forgets nor double-counts the requests already open.
 	inflight *atomic.Int64
+	tenant   string
+	band     Band
+	weight   float64
 }
 
 // Keys authenticates client requests. A nil *Keys lets every request through.
@@ -90,7 +100,7 @@ func ParseKeys(file []byte, env string) (*Keys, error) {
 		return nil, nil
 	}
 	ks := &Keys{byDigest: make(map[[sha256.Size]byte]*Key, len(specs))}
-	names := map[string]bool{}
+	names, weights := map[string]bool{}, map[string]*Key{}
 	for i, s := range specs {
 		k, err := s.load()
 		if err != nil {
@@ -102,6 +112,12 @@ func ParseKeys(file []byte, env string) (*Keys, error) {
 		if ks.byDigest[k.digest] != nil {
 			return nil, fmt.Errorf("api keys[%d] (%s): the same key as %s", i, k.Name, ks.byDigest[k.digest].Name)
 		}
+		// A tenant's keys share its weight: two that disagree would make its share depend
+		// on which key asked last.
+		if o := weights[k.tenant]; o != nil && o.weight != k.weight {
+			return nil, fmt.Errorf("api keys[%d] (%s): tenant %q has weight %g here and %g on key %s; give its keys one weight", i, k.Name, k.tenant, k.weight, o.weight, o.Name)
+		}
+		weights[k.tenant] = k
 		names[k.Name] = true
 		ks.byDigest[k.digest] = k
 	}
@@ -130,6 +146,23 @@ func (s KeySpec) load() (*Key, error) {
 	}
 	if s.RequestsPerSecond < 0 || s.Burst < 0 || s.MaxConcurrency < 0 {
 		return nil, errors.New("requests_per_second, burst and max_concurrency must be >= 0")
+	}
+	band, err := ParseBand(s.Priority)
+	if err != nil {
+		return nil, fmt.Errorf("priority: %w", err)
+	}
+	if math.IsNaN(s.Weight) || math.IsInf(s.Weight, 0) || s.Weight < 0 || s.Weight > 1e6 {
+		return nil, fmt.Errorf("weight %g: want a positive number up to 1e6 (default 1)", s.Weight)
+	}
+	k.band, k.weight, k.tenant = band, s.Weight, s.Tenant
+	if k.weight == 0 {
+		k.weight = 1
+	}
+	if k.tenant == "" {
+		k.tenant = s.Name
+	}
+	if err := checkTenantName(k.tenant); err != nil {
+		return nil, err
 	}
 	if s.RequestsPerSecond > 0 {
 		burst := s.Burst

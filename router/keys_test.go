@@ -194,6 +194,10 @@ func TestParseKeysErrors(t *testing.T) {
 		{"keys: [{name: a, key: " + aliceKey + ", max_concurrency: -1}]", "", ">= 0"},
 		{"keys: [{name: a, kee: x}]", "", "field kee not found"},
 		{"keys: [{name: a, key: " + aliceKey, "", "api keys"},
+		{"keys: [{name: a, key: " + aliceKey + ", priority: urgent}]", "", `unknown priority "urgent"`},
+		{"keys: [{name: a, key: " + aliceKey + ", weight: -1}]", "", "weight -1"},
+		{"keys: [{name: a, key: " + aliceKey + ", tenant: t, weight: 2}, {name: b, key: " + bobKey + ", tenant: t}]", "", `tenant "t" has weight 1 here and 2 on key a`},
+		{"keys: [{name: a, key: " + aliceKey + ", tenant: \"x\\ty\"}]", "", "control characters"},
 	} {
 		_, err := ParseKeys([]byte(tc.file), tc.env)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -245,4 +249,62 @@ func TestSlowAndOversizedHeaders(t *testing.T) {
 func isTimeout(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
+}
+
+// A key's priority is its requests' band and the highest they may ask for: a lower band
+// is taken, a higher one capped, an unknown one refused; a tenant groups keys.
+func TestRequestBand(t *testing.T) {
+	ks, err := ParseKeys([]byte("keys: [{name: app, key: "+aliceKey+", tenant: acme, priority: critical, weight: 3}, {name: batch, key: "+bobKey+", tenant: acme-batch, priority: sheddable}]"), "k3=sk-k3-0123456789abcdef")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(k string) *Key {
+		got, f := ks.lookup([]byte("Bearer " + k))
+		if f != nil {
+			t.Fatal(f.msg)
+		}
+		return got
+	}
+	app, batch, k3 := key(aliceKey), key(bobKey), key("sk-k3-0123456789abcdef")
+	if tenantOf(app) != "acme" || weightOf(app) != 3 || tenantOf(k3) != "k3" || weightOf(k3) != 1 || tenantOf(nil) != DefaultTenant {
+		t.Fatalf("tenants %q %v, %q %v, %q", tenantOf(app), weightOf(app), tenantOf(k3), weightOf(k3), tenantOf(nil))
+	}
+	hdr := func(name, value string) func(string) []byte {
+		return func(h string) []byte {
+			if h == name {
+				return []byte(value)
+			}
+			return nil
+		}
+	}
+	for _, tc := range []struct {
+		k           *Key
+		header      func(string) []byte
+		want        Band
+		capped      bool
+		errContains string
+	}{
+		{app, hdr("", ""), Critical, false, ""},
+		{app, hdr(PriorityHeader, "sheddable"), Sheddable, false, ""},
+		{batch, hdr("", ""), Sheddable, false, ""},
+		{batch, hdr(PriorityHeader, "critical"), Sheddable, true, ""},
+		{batch, hdr(gieObjectiveHeader, "Standard"), Sheddable, true, ""},
+		{k3, hdr("", ""), Standard, false, ""},
+		{k3, hdr(PriorityHeader, "critical"), Standard, true, ""},
+		{nil, hdr(PriorityHeader, "critical"), Critical, false, ""},
+		{nil, hdr(gieObjectiveHeader, "sheddable"), Sheddable, false, ""},
+		{nil, hdr(PriorityHeader, "urgent"), 0, false, `X-Arbiter-Priority: unknown priority "urgent"`},
+		{nil, hdr(gieObjectiveHeader, "premium-traffic"), 0, false, `X-Gateway-Inference-Objective: unknown priority "premium-traffic"`},
+	} {
+		b, capped, err := requestBand(tc.k, tc.header)
+		if tc.errContains != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.errContains) {
+				t.Errorf("key %s: err %v; want %q", tc.k.label(), err, tc.errContains)
+			}
+			continue
+		}
+		if err != nil || b != tc.want || capped != tc.capped {
+			t.Errorf("key %s: band %v capped %v err %v; want %v capped %v", tc.k.label(), b, capped, err, tc.want, tc.capped)
+		}
+	}
 }
