@@ -244,3 +244,29 @@ func TestAdapterNameTakenAcrossServices(t *testing.T) {
 		t.Errorf("a second service declaring adapter fin: %v", err)
 	}
 }
+
+// A service's arbiter.queue goes to the routers with the ready set; one without it leaves
+// them their own settings.
+func TestQueuePublishedWithTheSet(t *testing.T) {
+	ctx := context.Background()
+	clock := &testClock{t: time.UnixMilli(1_800_000_000_000)}
+	c, _ := coldController(t, clock, &launchLog{coldProvider: newColdProvider(t, clock)}, nil)
+	queued := "service:\n  readiness_probe: /health\n  replicas: 1\nrun: vllm serve q\narbiter:\n  model: q\n  queue: {enabled: true, sheddable_fill: 0.8}\n"
+	plain := "service:\n  readiness_probe: /health\n  replicas: 1\nrun: vllm serve p\narbiter:\n  model: p\n"
+	for name, src := range map[string]string{"queued": queued, "plain": plain} {
+		if _, _, err := c.Create(ctx, name, src, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set, _ := c.ReadySet()
+	got := map[string]*fleet.Queue{}
+	for _, s := range set.Services {
+		got[s.Name] = s.Queue
+	}
+	if q := got["queued"]; q == nil || !q.Enabled || q.SheddableFill != 0.8 || q.MaxWaitSeconds != 30 {
+		t.Errorf("queued service's queue %+v; want enabled, fill 0.8, the default 30 s wait", q)
+	}
+	if q, ok := got["plain"]; !ok || q != nil {
+		t.Errorf("plain service's queue %+v (listed %v); want none", q, ok)
+	}
+}

@@ -161,6 +161,30 @@ type Service struct {
 	// in Models); MaxLoRAs is how many one replica's batch may mix (vLLM's --max-loras).
 	Adapters []Adapter `json:"adapters,omitempty"`
 	MaxLoRAs int       `json:"max_loras,omitempty"`
+	// Queue is the service's router queue for a saturated fleet (arbiter.queue); nil
+	// leaves the router's own configuration.
+	Queue *Queue `json:"queue,omitempty"`
+}
+
+// Queue is how routers queue a service's requests while no replica has room for them.
+type Queue struct {
+	Enabled bool `json:"enabled"`
+	// MaxWaitSeconds bounds a sheddable request's wait, and any request's when the SLO
+	// sets no TTFT target.
+	MaxWaitSeconds float64 `json:"max_wait_seconds"`
+	// SheddableFill is the share of the SLO up to which sheddable requests fill replicas.
+	SheddableFill float64 `json:"sheddable_fill"`
+}
+
+// Validate says what is wrong with a queue's settings, or nil.
+func (q *Queue) Validate() error {
+	if q == nil {
+		return nil
+	}
+	if !(q.MaxWaitSeconds > 0 && q.MaxWaitSeconds <= 3600) || !(q.SheddableFill > 0 && q.SheddableFill <= 1) {
+		return fmt.Errorf("queue: max_wait_seconds %v must be in (0, 3600] and sheddable_fill %v in (0, 1]", q.MaxWaitSeconds, q.SheddableFill)
+	}
+	return nil
 }
 
 // Adapter is one LoRA adapter of a service, as routers need it: the name clients send, the

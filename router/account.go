@@ -26,6 +26,7 @@ type result struct {
 func (px *Proxy) account(c *call, r *Replica, res result) {
 	defer px.survive(r)
 	res.usage = px.checkedUsage(r, res.usage)
+	c.settle(res.usage.Prompt, res.usage.Completion)
 	info := r.Info()
 	code := res.code
 	switch {
@@ -66,6 +67,11 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 		if c.key != nil {
 			px.met.keyTokens.WithLabelValues(c.key.Name, c.service, "prompt").Add(float64(res.usage.Prompt))
 			px.met.keyTokens.WithLabelValues(c.key.Name, c.service, "completion").Add(float64(res.usage.Completion))
+		}
+		if c.key != nil || px.queueOf(c).Enabled {
+			band := c.band.String()
+			px.met.tenantTokens.WithLabelValues(c.service, c.tenant, band, "prompt").Add(float64(res.usage.Prompt))
+			px.met.tenantTokens.WithLabelValues(c.service, c.tenant, band, "completion").Add(float64(res.usage.Completion))
 		}
 	}
 	if res.usage.AudioSeconds > 0 {

@@ -27,6 +27,10 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 	// predictor learns from, and the error metric compares against, this prediction, made
 	// at the pick's time (c.route.Now).
 	pred := r.Begin(&c.route, 3*px.cfg.ScrapeInterval)
+	if f := c.onBegin; f != nil {
+		c.onBegin = nil
+		f()
+	}
 	handedOff := false // the stream writer releases the in-flight count when it ends
 	defer func() {
 		if !handedOff {
@@ -89,6 +93,9 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 		px.upstreamFailed(r, "bad_status", fmt.Errorf("response status %d", s))
 		ctx.Response.Reset()
 		return false
+	}
+	if c.capped {
+		hdr.Set(PriorityHeader, c.band.String()) // the band it ran in, below the one asked for
 	}
 	if px.cfg.RoutingHeaders {
 		hdr.Set("X-Arbiter-Replica", r.Info().ID)
@@ -210,6 +217,7 @@ func (px *Proxy) send(ctx *fasthttp.RequestCtx, c *call, r *Replica) (*upConn, t
 	out.Header.Del("X-Arbiter-Deadline-Ms")
 	out.Header.Del("X-Slo-Ttft-Ms")
 	out.Header.Del("X-Slo-Tpot-Ms")
+	out.Header.Del(PriorityHeader)
 	for _, h := range px.stripHeaders {
 		out.Header.Del(h)
 	}

@@ -41,6 +41,9 @@ type Config struct {
 	MaxResponseBodyBytes int   `yaml:"max_response_body_bytes"`
 	// MaxAttempts bounds tries per request, each on a different replica.
 	MaxAttempts int `yaml:"max_attempts"`
+	// Queue orders requests by priority band and tenant while the fleet is saturated
+	// (queue.go; off by default).
+	Queue QueueConfig `yaml:"queue"`
 	// MaxHeld bounds the requests held while their service has no ready replica (scale
 	// from zero); beyond it they are answered 503. Only with a control plane.
 	MaxHeld int `yaml:"max_held_requests"`
@@ -133,6 +136,25 @@ type Config struct {
 	MaxConnectionsPerIP int `yaml:"max_connections_per_ip"`
 }
 
+// QueueConfig is the router's queue for a saturated fleet (queue.go).
+type QueueConfig struct {
+	// Enabled: a request no replica has room for (none predicted to meet its SLO) waits
+	// in the router, by band and tenant, rather than queueing on the least loaded replica.
+	// It takes effect under the slo_cheapest policy, whose predictions judge the room.
+	Enabled bool `yaml:"enabled"`
+	// MaxWaiting bounds the requests waiting, all services and bands together; a request
+	// beyond it takes the place of the newest of a lower band, or is answered 429.
+	MaxWaiting int `yaml:"max_waiting"`
+	// MaxWait bounds a sheddable request's wait, and any request's when its SLO sets no
+	// TTFT target (with one, a critical or standard request's wait ends at the target:
+	// past it the request would miss its SLO anyway).
+	MaxWait time.Duration `yaml:"max_wait"`
+	// SheddableFill is the share of the SLO up to which sheddable requests fill replicas
+	// (1: as far as the other bands; 0.8: they stop at 80 % of the TTFT and TPOT targets,
+	// leaving room for critical and standard requests to start at once).
+	SheddableFill float64 `yaml:"sheddable_fill"`
+}
+
 // ProbeConfig is the active readiness probe.
 type ProbeConfig struct {
 	Path     string        `yaml:"path"`
@@ -162,6 +184,7 @@ func Defaults() Config {
 		MaxResponseBodyBytes:   64 << 20,
 		MaxAttempts:            3,
 		MaxHeld:                1024,
+		Queue:                  QueueConfig{MaxWaiting: 1024, MaxWait: 30 * time.Second, SheddableFill: 1},
 		ConnectTimeout:         2 * time.Second,
 		FirstByteTimeout:       60 * time.Second,
 		FirstByteSLOMultiple:   4,
@@ -221,6 +244,9 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("adapters[%d]: %q is listed twice", i, a.Name)
 		}
 		names[a.Name] = true
+	}
+	if q := c.Queue; q.MaxWaiting <= 0 || q.MaxWait <= 0 || !(q.SheddableFill > 0 && q.SheddableFill <= 1) {
+		return fmt.Errorf("queue: max_waiting (%d) and max_wait (%s) must be positive and sheddable_fill (%v) in (0, 1]", q.MaxWaiting, q.MaxWait, q.SheddableFill)
 	}
 	if c.MaxLoRAs < 0 {
 		return fmt.Errorf("max_loras %d: want the replicas' --max-loras (vLLM's default 1)", c.MaxLoRAs)

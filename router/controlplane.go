@@ -193,20 +193,29 @@ func (cp *ControlPlane) Models() []string {
 	return out
 }
 
-// Routing returns the service of model and the routing policy and SLO the control plane set
-// for it (empty when it set none); ok is false when no service serves model.
-func (cp *ControlPlane) Routing(model string) (service, policy string, slo SLO, ok bool) {
+// Routing is how the control plane set a service to be routed: empty fields (nil Queue)
+// where it set nothing.
+type Routing struct {
+	Service, Policy string
+	SLO             SLO
+	Queue           *fleet.Queue
+}
+
+// Routing returns the service of model and how the control plane set it to be routed; ok
+// is false when no service serves model.
+func (cp *ControlPlane) Routing(model string) (r Routing, ok bool) {
 	cp.mu.RLock()
 	defer cp.mu.RUnlock()
 	i := fleet.ServiceFor(cp.services, model)
 	if i < 0 {
-		return "", "", SLO{}, false
+		return Routing{}, false
 	}
 	s := cp.services[i]
 	if s.SLO != nil {
-		slo = SLO{TTFT: s.SLO.TTFTSeconds, TPOT: s.SLO.TPOTSeconds, E2E: s.SLO.E2ESeconds, Percentile: s.SLO.Percentile}
+		r.SLO = SLO{TTFT: s.SLO.TTFTSeconds, TPOT: s.SLO.TPOTSeconds, E2E: s.SLO.E2ESeconds, Percentile: s.SLO.Percentile}
 	}
-	return s.Name, s.Policy, slo, true
+	r.Service, r.Policy, r.Queue = s.Name, s.Policy, s.Queue
+	return r, true
 }
 
 // Adapter returns the LoRA adapter a model name is on the control plane's services, with
@@ -316,6 +325,13 @@ func (cp *ControlPlane) follow(ctx context.Context) {
 			continue
 		}
 		from = k
+		for i := range set.Services {
+			if err := set.Services[i].Queue.Validate(); err != nil {
+				// A bug or a version skew: the service routes as the router's config says.
+				cp.log.Error("the control plane published a service's queue out of bounds; the router's own queue settings apply to it", "service", set.Services[i].Name, "err", err)
+				set.Services[i].Queue = nil
+			}
+		}
 		cp.mu.Lock()
 		cp.services = set.Services
 		cp.mu.Unlock()

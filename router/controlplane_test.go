@@ -125,8 +125,8 @@ func TestHeldAtZeroUntilTheControlPlanePublishesAReplica(t *testing.T) {
 	})
 	go cp.Run(ctx)
 	waitFor(t, "the first ready set", func() bool { return cp.Revision() == 1 })
-	if svc, pol, slo, ok := cp.Routing(testModel); !ok || svc != "svc" || pol != "round_robin" || slo.TTFT != 0.5 {
-		t.Fatalf("Routing = %q %+v %v", pol, slo, ok)
+	if rt, ok := cp.Routing(testModel); !ok || rt.Service != "svc" || rt.Policy != "round_robin" || rt.SLO.TTFT != 0.5 {
+		t.Fatalf("Routing = %+v %v", rt, ok)
 	}
 	// At zero replicas the endpoint lists the model its service declares (clients that list
 	// models first work), and a model no service declares is 404 model_not_found, as when

@@ -54,6 +54,8 @@ type waiter struct {
 	// replica.
 	turn   chan struct{}
 	queued bool
+	// evicted: a more urgent request took its place; it answers 429 when it wakes.
+	evicted bool
 }
 
 // VTC's weights: an output token costs twice an input token.

@@ -35,6 +35,10 @@ type Metrics struct {
 	keyRequests       *prometheus.CounterVec   // key, service, code
 	keyTokens         *prometheus.CounterVec   // key, service, type
 	held              *prometheus.GaugeVec     // service
+	queueWaiting      *prometheus.GaugeVec     // service, band
+	queueWait         *prometheus.HistogramVec // service, tenant, band
+	queueRejected     *prometheus.CounterVec   // service, tenant, band, reason
+	tenantTokens      *prometheus.CounterVec   // service, tenant, band, type
 	holdWait          *prometheus.HistogramVec // model, service
 	replicaInfo       *replicaCollector
 	// gone: replicas that left the set, and when (forgetGone).
@@ -86,6 +90,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.held = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "held_requests", Help: "Requests waiting because their service has no ready replica (scale from zero), by service."}, []string{"service"})
 	reg.MustRegister(m.held)
 	m.holdWait = hv("hold_wait_seconds", "How long requests waited for a replica of a service scaled to zero.", latencyBuckets, "model", "service")
+	m.queueWaiting = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "queue_waiting_requests", Help: "Requests waiting in the router's queue because no replica has room for them (queue.enabled), by service and priority band."}, []string{"service", "band"})
+	reg.MustRegister(m.queueWaiting)
+	m.queueWait = hv("queue_wait_seconds", "How long requests sent from the router's queue waited there, by service, tenant and priority band.", latencyBuckets, "service", "tenant", "band")
+	m.queueRejected = cv("queue_rejected_total", "Requests the router's queue answered 429 (or that left), by service, tenant, priority band and reason: timeout (waited to its SLO's TTFT target, queue.max_wait or its deadline), shed (a more urgent request took its place), full (queue.max_waiting), client_gone.", "service", "tenant", "band", "reason")
+	m.tenantTokens = cv("tenant_tokens_total", "Tokens served per tenant (an API key, or the keys that name one tenant) and priority band, from each response's usage.", "service", "tenant", "band", "type")
 	m.retries = cv("retries_total", "Attempts retried on another replica before the first response byte, by service.", "service")
 	m.firstByteExtended = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "first_byte_extensions_total",
 		Help: "Waits for a replica's response header extended by another first-byte timeout because the replica's engine was still progressing (its token counters moved): long non-streamed generations."})

@@ -70,6 +70,11 @@ type Request struct {
 	// was a third of a pick's cost), and it is the prediction that chose the replica.
 	picked     *Replica
 	pickedPred Prediction
+	// gate, when positive, makes a predicting policy pick only a replica that has room for
+	// the request (hasRoom, the SLO scaled by gate), and nil when none has: the fleet is
+	// saturated for it, and it waits in the router's queue (queue.go). Zero: the best
+	// replica whatever the predictions (the least loaded when none meets the SLO).
+	gate float64
 	// fallback marks a pick made for the retries of a gateway (the endpoint picker's
 	// ordered list, after its first entry): it is not where the request goes unless the
 	// first fails, so it neither teaches prefix affinity, nor claims a re-sample, nor
@@ -241,8 +246,8 @@ func (p *SLOCheapest) Pick(req *Request, cands []*Replica, rng *rand.Rand) *Repl
 	}
 	all = holding(all)
 	choice, reason := p.choose(req, all)
-	if req.fallback {
-		return choice.r
+	if choice.r == nil || req.fallback {
+		return choice.r // nil: saturated for a gated request
 	}
 	if s, ok := p.resample(req, all, choice); ok {
 		choice, reason = s, ReasonResample
@@ -417,19 +422,36 @@ const (
 	// ReasonPrefixHolderOnly: the prompt's prefix holder is the only replica predicted to
 	// meet the SLO (with its cache), so it keeps the prompt whatever it costs.
 	ReasonPrefixHolderOnly = "prefix_holder_only"
-	ReasonFastest          = "fastest"  // none predicted to meet the SLO: the least loaded, then the fastest prediction
-	ReasonQueued           = "queued"   // every replica predicted to meet the SLO has prompts queued: the least loaded of them
-	ReasonResample         = "resample" // re-sampling a cheaper replica predicted to miss
+	ReasonFastest          = "fastest"   // none predicted to meet the SLO: the least loaded, then the fastest prediction
+	ReasonQueued           = "queued"    // every replica predicted to meet the SLO has prompts queued: the least loaded of them
+	ReasonResample         = "resample"  // re-sampling a cheaper replica predicted to miss
+	ReasonSaturated        = "saturated" // a gated request: no replica has room (not counted as a pick)
 )
 
 func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 	// Phase 1: keep the replicas predicted to meet the SLO.
 	var buf [maxExamined + 1]scored
 	ok := buf[:0]
+	slo := req.SLO
+	if req.gate > 0 {
+		slo = slo.scaled(req.gate)
+	}
 	for _, s := range all {
-		if req.SLO.Meets(s.p) {
+		if slo.Meets(s.p) {
 			ok = append(ok, s)
 		}
+	}
+	if len(ok) == 0 && req.gate > 0 {
+		// Saturated for this request, unless a replica has room all the same.
+		for _, s := range all {
+			if hasRoom(slo, s.p) {
+				ok = append(ok, s)
+			}
+		}
+		if len(ok) == 0 {
+			return scored{}, ReasonSaturated
+		}
+		return leastLoaded(ok), ReasonFastest
 	}
 	if len(ok) == 0 {
 		// No replica is predicted to meet the SLO: the predictions are at their least
@@ -504,6 +526,30 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 		}
 	}
 	return cheapest, reason
+}
+
+// scaled is the SLO with its targets multiplied by f.
+func (s SLO) scaled(f float64) SLO {
+	s.TTFT *= f
+	s.TPOT *= f
+	s.E2E *= f
+	return s
+}
+
+// hasRoom reports whether a replica predicted p should take a gated request although it
+// is not predicted to meet slo: it runs nothing else (an idle replica is never held back:
+// the SLO is out of its reach whatever waits), or it would start the request at once and
+// the request's own prefill misses the TTFT target by itself, so waiting would only add
+// to a miss.
+func hasRoom(slo SLO, p Prediction) bool {
+	if p.Load == 0 {
+		return true
+	}
+	own := p.TTFT - p.Wait
+	if p.Spread > 0 {
+		own *= p.Spread
+	}
+	return startsNow(p) && slo.TTFT > 0 && own > slo.TTFT
 }
 
 // adapterReady keeps, of a tier (replicas predicted to meet the SLO), those that serve the

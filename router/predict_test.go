@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -103,6 +105,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		"probe.path":             func(c *Config) { c.Probe.Path = "health" },
 		"slos[\"m\"].percentile": func(c *Config) { c.SLOs = map[string]SLO{"m": {Percentile: 90}} },
 		"tokenizer":              func(c *Config) { c.Tokenizer = "words" },
+		"sheddable_fill":         func(c *Config) { c.Queue.SheddableFill = 1.5 },
+		"max_waiting":            func(c *Config) { c.Queue.MaxWaiting = 0 },
 	} {
 		c := Defaults()
 		mod(&c)
@@ -113,6 +117,15 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}
 	if err := func() error { c := Defaults(); return c.Validate() }(); err != nil {
 		t.Fatalf("defaults invalid: %v", err)
+	}
+	// A queue section that names one key keeps the defaults of the others.
+	path := filepath.Join(t.TempDir(), "router.yaml")
+	if err := os.WriteFile(path, []byte("queue: {enabled: true, max_wait: 5s}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadConfig(path)
+	if err != nil || !c.Queue.Enabled || c.Queue.MaxWait != 5*time.Second || c.Queue.MaxWaiting != 1024 || c.Queue.SheddableFill != 1 {
+		t.Fatalf("queue: {enabled: true, max_wait: 5s} loads as %+v (%v); want the other keys at their defaults", c.Queue, err)
 	}
 }
 

@@ -72,6 +72,8 @@ type Proxy struct {
 	// adapterLoads learns how long a load takes.
 	adminClient  *fasthttp.Client
 	adapterLoads loadTimes
+	// queues hold the requests a saturated fleet has no room for (queue.go).
+	queues queues
 }
 
 // NewProxy wires a proxy over a pool.
@@ -277,6 +279,20 @@ type call struct {
 	// notServed: replicas of the model are ready, but none serves the API.
 	notServed  bool
 	servingBuf []*Replica
+	// band is the request's priority band (capped: lower than its headers asked for),
+	// tenant and weight its key's (queue.go).
+	band   Band
+	capped bool
+	tenant string
+	weight float64
+	// queue is the service queue that charged the request's tenant (charge: how much,
+	// expected), until its answer settles it; onBegin runs once the request has begun on
+	// a replica (the queue's next head then tries).
+	queue   *serviceQueue
+	charge  float64
+	onBegin func()
+	// queueCfg is the service's queue as the control plane set it (nil: the router's).
+	queueCfg *QueueConfig
 }
 
 func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
@@ -296,6 +312,7 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 			px.keyDone(key, "", ctx.Response.StatusCode())
 		} else if !c.streaming {
 			px.keyDone(key, c.service, ctx.Response.StatusCode())
+			c.settle(0, 0) // answered without an account (a failed send): the charge stands
 		}
 	}()
 	body, ok := px.readBody(ctx)
@@ -315,6 +332,12 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 		return
 	}
 	c.key = key
+	band, capped, err := requestBand(key, ctx.Request.Header.Peek)
+	if err != nil {
+		badRequest(err.Error()).writeTo(ctx)
+		return
+	}
+	c.band, c.capped, c.tenant, c.weight = band, capped, tenantOf(key), weightOf(key)
 	if c.prevResponse != "" && !px.pin(ctx, c, c.prevResponse) {
 		return
 	}
@@ -351,7 +374,14 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 			c.notServed = true
 			break
 		}
-		r := policy.Pick(&c.route, cands, rng)
+		var r *Replica
+		if attempt == 0 && len(cands) > 0 && px.queueing(c, policy) {
+			if r = px.admitQueued(ctx, c, policy, rng); r == nil {
+				return // answered: 429, or the client left
+			}
+		} else {
+			r = policy.Pick(&c.route, cands, rng)
+		}
 		if c.pinned != nil {
 			// Only the replica that stored the response can continue it.
 			r = nil
@@ -557,13 +587,16 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 	c.tried = c.triedBuf[:0]
 	if px.ControlPlane != nil {
 		// The service's spec, as the control plane published it, outranks the router's config.
-		if svc, pol, slo, ok := px.ControlPlane.Routing(req.Model); ok {
-			c.service = svc
-			if _, known := px.policies[pol]; known {
-				c.policy = pol
+		if rt, ok := px.ControlPlane.Routing(req.Model); ok {
+			c.service = rt.Service
+			if _, known := px.policies[rt.Policy]; known {
+				c.policy = rt.Policy
 			}
-			if slo != (SLO{}) {
-				c.slo = slo
+			if rt.SLO != (SLO{}) {
+				c.slo = rt.SLO
+			}
+			if q := rt.Queue; q != nil {
+				c.queueCfg = &QueueConfig{Enabled: q.Enabled, MaxWait: time.Duration(q.MaxWaitSeconds * float64(time.Second)), SheddableFill: q.SheddableFill}
 			}
 		}
 	}

@@ -17,8 +17,9 @@ var (
 	arbiterKeys = []string{
 		"model", "models", "routing_policy", "slo", "spot_policy", "reserved", "providers",
 		"scale_to_zero_after_seconds", "autoscaling", "readiness", "local", "sim", "profile", "tasks",
-		"workload", "adapters",
+		"workload", "adapters", "queue",
 	}
+	queueKeys       = []string{"enabled", "max_wait_seconds", "sheddable_fill"}
 	workloadKeys    = []string{"prompt_tokens", "output_tokens"}
 	sloKeys         = []string{"ttft_seconds", "tpot_seconds", "e2e_seconds", "percentile"}
 	spotPolicyKeys  = []string{"max_price_ratio", "rebalance_min_saving", "min_zones"}
@@ -47,6 +48,7 @@ func defaultArbiter() Arbiter {
 		RoutingPolicy:           "slo_cheapest",
 		SLO:                     SLO{TTFTSeconds: 2, TPOTSeconds: 0.1, Percentile: 0.9},
 		SpotPolicy:              SpotPolicy{MaxPriceRatio: 0.6, MinZones: 2},
+		Queue:                   Queue{MaxWaitSeconds: 30, SheddableFill: 1},
 		Providers:               []string{"local"},
 		ScaleToZeroAfterSeconds: 300,
 		Autoscaling: Autoscaling{
@@ -110,6 +112,12 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 		if s != nil && (!s.has("prompt_tokens") || !s.has("output_tokens")) {
 			d.errorf(v, "arbiter.workload: give both prompt_tokens and output_tokens (a typical request's lengths)")
 		}
+	}
+	if v := b.get("queue"); v != nil {
+		s := d.block("arbiter.queue", b.key("queue"), v, queueKeys)
+		s.boolean("enabled", &a.Queue.Enabled)
+		s.number("max_wait_seconds", "a number of seconds greater than 0, up to 3600", func(v float64) bool { return v > 0 && v <= 3600 }, &a.Queue.MaxWaitSeconds)
+		s.number("sheddable_fill", "a share of the SLO greater than 0 and at most 1, such as 0.8", between(0, 1), &a.Queue.SheddableFill)
 	}
 	if v := b.get("spot_policy"); v != nil {
 		s := d.block("arbiter.spot_policy", b.key("spot_policy"), v, spotPolicyKeys)

@@ -99,6 +99,12 @@ func (d *decoder) crossCheck(s *Service) {
 		}
 	}
 
+	// The routers judge a replica's room for a request by slo_cheapest's predictions: under
+	// another policy the queue would never hold a request, so asking for it is a mistake.
+	if a.Queue.Enabled && a.RoutingPolicy != "slo_cheapest" && !d.failed("arbiter.routing_policy", "arbiter.queue.enabled") {
+		d.errorAt("arbiter.queue.enabled", "arbiter.queue.enabled: the queue needs routing_policy slo_cheapest, whose predictions judge when a replica has room; this service routes by %s", a.RoutingPolicy)
+	}
+
 	if !d.given("arbiter.readiness.ready_budget_seconds") {
 		a.Readiness.ReadyBudgetSeconds = svc.ReadinessProbe.InitialDelaySeconds + readyBudgetMargin
 	}

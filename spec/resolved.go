@@ -323,6 +323,13 @@ func arbiterNode(a *Arbiter) *yaml.Node {
 		put(m, "adapters", &yaml.Node{Kind: yaml.SequenceNode, Content: ads})
 	}
 	put(m, "routing_policy", str(a.RoutingPolicy))
+	if a.Queue.Enabled {
+		q := mapping()
+		put(q, "enabled", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
+		put(q, "max_wait_seconds", num(a.Queue.MaxWaitSeconds))
+		put(q, "sheddable_fill", num(a.Queue.SheddableFill))
+		put(m, "queue", q)
+	}
 	if a.Profile != "" {
 		put(m, "profile", str(a.Profile))
 	}

@@ -158,8 +158,11 @@ type Arbiter struct {
 	// Workload is the request mix to expect before any traffic (arbiter.workload): what
 	// the control plane sizes each GPU's throughput by until the routers have reported
 	// enough requests. Zero: the default, 1,024 prompt and 256 output tokens.
-	Workload                Workload
-	SpotPolicy              SpotPolicy
+	Workload   Workload
+	SpotPolicy SpotPolicy
+	// Queue is how routers queue the service's requests while no replica has room for
+	// them (arbiter.queue).
+	Queue                   Queue
 	Reserved                []ReservedCapacity
 	Providers               []string
 	ScaleToZeroAfterSeconds float64
@@ -173,6 +176,17 @@ type Arbiter struct {
 type SLO struct {
 	TTFTSeconds, TPOTSeconds, E2ESeconds float64
 	Percentile                           float64 // a fraction: 0.9 for p90
+}
+
+// Queue is the routers' queue for a saturated fleet: requests wait in the router by
+// priority band and tenant rather than in the least loaded replica's engine.
+type Queue struct {
+	Enabled bool
+	// MaxWaitSeconds bounds a sheddable request's wait, and any request's when the SLO
+	// sets no TTFT target.
+	MaxWaitSeconds float64
+	// SheddableFill is the share of the SLO up to which sheddable requests fill replicas.
+	SheddableFill float64
 }
 
 // Workload is a typical request: its prompt and output lengths in tokens (0: not given).

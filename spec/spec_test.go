@@ -172,6 +172,12 @@ func TestErrors(t *testing.T) {
 		{"reserved provider not enabled", minimal + "arbiter:\n  reserved:\n    - {provider: aws, accelerator: \"H100:8\"}\n", 6, 18, "arbiter.reserved[0].provider: aws is not in arbiter.providers (local); add it there"},
 		{"reserved count disagrees", minimal + "arbiter:\n  reserved:\n    - {provider: local, accelerator: \"H100:8\", count: 4}\n", 6, 55, "count: 4 disagrees with accelerator"},
 		{"nul in run", "run: \"echo \\0\"\nservice: {}\n", 1, 6, "run: contains a NUL character"},
+		{"queue under round_robin", minimal + "arbiter: {routing_policy: round_robin, queue: {enabled: true}}\n", 4, 57, "arbiter.queue.enabled: the queue needs routing_policy slo_cheapest"},
+		{"queue under a SkyServe balancing policy", "run: echo hi\nservice:\n  readiness_probe: /health\n  load_balancing_policy: least_load\narbiter: {queue: {enabled: true}}\n", 5, 28, "this service routes by least_load"},
+		{"queue fill zero", minimal + "arbiter: {queue: {sheddable_fill: 0}}\n", 4, 35, "sheddable_fill: want a share of the SLO greater than 0 and at most 1"},
+		{"queue wait", minimal + "arbiter: {queue: {max_wait_seconds: 7200}}\n", 4, 37, "max_wait_seconds: want a number of seconds greater than 0, up to 3600"},
+		{"queue enabled not a bool", minimal + "arbiter: {queue: {enabled: maybe}}\n", 4, 28, "arbiter.queue.enabled: want true or false"},
+		{"queue unknown key", minimal + "arbiter: {queue: {max_waiting: 10}}\n", 4, 19, `unknown key "max_waiting" in arbiter.queue`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -256,6 +262,7 @@ func TestDefaults(t *testing.T) {
 			RoutingPolicy:           "slo_cheapest",
 			SLO:                     SLO{TTFTSeconds: 2, TPOTSeconds: 0.1, Percentile: 0.9},
 			SpotPolicy:              SpotPolicy{MaxPriceRatio: 0.6, MinZones: 2},
+			Queue:                   Queue{MaxWaitSeconds: 30, SheddableFill: 1},
 			Providers:               []string{"local"},
 			ScaleToZeroAfterSeconds: 300,
 			Autoscaling: Autoscaling{

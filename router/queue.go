@@ -1,0 +1,360 @@
+package router
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/arbiter-serve/arbiter/internal/conn/connwatch"
+	"github.com/arbiter-serve/arbiter/oai"
+)
+
+// The router's queue for a saturated fleet (issue 52, queue.enabled). Without it, a
+// request that no replica is predicted to serve within its SLO goes to the least loaded
+// replica anyway and waits in that engine's queue, first come first served: a tenant that
+// floods the endpoint takes the capacity, and an interactive request waits behind a batch
+// job's. With it, such a request waits in the router instead, in its priority band and
+// its tenant's flow (fairQueue), and is sent when a replica has room for it: the head of
+// the queue (the most urgent band, the tenant served least within it) goes first, one at
+// a time, each dispatch re-judged from the replicas' predictions after the one before has
+// begun. A critical or standard request never waits past its SLO's TTFT target (it would
+// miss it anyway), a sheddable one (batch work, which would rather wait for room than be
+// refused) nor one whose SLO has no TTFT target past queue.max_wait, and none past its own
+// deadline: it is answered 429 with Retry-After, as is a sheddable request pushed out of a
+// full queue by a more urgent one.
+//
+// Nothing waits while a replica has room: a request goes straight to a replica when none
+// of its band or a more urgent one waits and one has room; an idle replica always has
+// room. So idle capacity is never held back for a tenant that is not asking, and the
+// queue orders only what the fleet cannot take now. Queued requests count as held in the
+// load reports, so the autoscaler sees the demand that waits.
+
+// serviceQueue is one service's queue (its replicas are shared by its requests only).
+type serviceQueue struct {
+	mu sync.Mutex
+	q  fairQueue
+	// trying is the head that was told to try a replica and has not said how it went:
+	// one at a time, so that each dispatch is judged after the one before has begun.
+	trying *waiter
+	// dispatched counts the requests sent from the queue, for Retry-After.
+	dispatched  int64
+	rateSince   time.Time
+	ratePerSec  float64
+	rateCounted int64
+}
+
+// queues holds the services' queues and the bound on them all.
+type queues struct {
+	mu      sync.Mutex
+	byName  map[string]*serviceQueue
+	waiting int // all services together, bounded by QueueConfig.MaxWaiting
+}
+
+func (qs *queues) of(service string) *serviceQueue {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	if qs.byName == nil {
+		qs.byName = map[string]*serviceQueue{}
+	}
+	sq := qs.byName[service]
+	if sq == nil {
+		sq = &serviceQueue{}
+		qs.byName[service] = sq
+	}
+	return sq
+}
+
+// kickAll gives every service's head a turn (a replica joined, or time passed).
+func (qs *queues) kickAll() {
+	qs.mu.Lock()
+	all := make([]*serviceQueue, 0, len(qs.byName))
+	for _, sq := range qs.byName {
+		all = append(all, sq)
+	}
+	qs.mu.Unlock()
+	for _, sq := range all {
+		sq.kick()
+	}
+}
+
+// kick tells the head, if none is trying, that it may try a replica.
+func (sq *serviceQueue) kick() {
+	sq.mu.Lock()
+	defer sq.mu.Unlock()
+	sq.kickLocked()
+}
+
+func (sq *serviceQueue) kickLocked() {
+	if sq.trying != nil {
+		return
+	}
+	if h := sq.q.head(); h != nil {
+		sq.trying = h
+		select {
+		case h.turn <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// retryAfter is the seconds a request answered 429 by this queue should wait: the
+// requests ahead of one of its band at the pace the queue has been sending them, within
+// [1, 60] (the OpenAI SDKs honour up to 60 s).
+func (sq *serviceQueue) retryAfter(band Band, now time.Time) int {
+	sq.mu.Lock()
+	defer sq.mu.Unlock()
+	ahead := float64(sq.q.waitingAtOrAbove(band))
+	if sq.ratePerSec <= 0 {
+		return int(math.Min(60, math.Max(1, ahead)))
+	}
+	return int(math.Min(60, math.Max(1, math.Ceil(ahead/sq.ratePerSec))))
+}
+
+// countDispatch updates the queue's recent dispatch rate. Caller holds sq.mu.
+func (sq *serviceQueue) countDispatch(now time.Time) {
+	sq.dispatched++
+	if sq.rateSince.IsZero() {
+		sq.rateSince, sq.rateCounted = now, sq.dispatched
+		return
+	}
+	if el := now.Sub(sq.rateSince); el >= 5*time.Second {
+		sq.ratePerSec = float64(sq.dispatched-sq.rateCounted) / el.Seconds()
+		sq.rateSince, sq.rateCounted = now, sq.dispatched
+	}
+}
+
+// queueing reports whether c goes through the queue: it is on, the policy predicts, and
+// the request may go to any replica (not a continuation pinned to one).
+func (px *Proxy) queueing(c *call, policy Policy) bool {
+	if !px.queueOf(c).Enabled || c.pinned != nil {
+		return false
+	}
+	_, ok := policy.(*SLOCheapest)
+	return ok
+}
+
+// queueOf is c's queue settings: its service's, else the router's.
+func (px *Proxy) queueOf(c *call) *QueueConfig {
+	if c.queueCfg != nil {
+		return c.queueCfg
+	}
+	return &px.cfg.Queue
+}
+
+// gateFor is the share of the SLO c fills replicas up to.
+func (px *Proxy) gateFor(c *call) float64 {
+	if c.band == Sheddable {
+		return px.queueOf(c).SheddableFill
+	}
+	return 1
+}
+
+// admitQueued picks a replica with room for c, waiting in its service's queue while none
+// has. It returns nil when it has answered the client (429, or the client left).
+func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, rng *rand.Rand) *Replica {
+	sq := px.queues.of(c.service)
+	pick := func() *Replica {
+		c.route.Now = px.Now()
+		cands := servingCandidates(px.pool.candidates(c.pickModel()), c.api, &c.servingBuf)
+		c.route.gate = px.gateFor(c)
+		r := policy.Pick(&c.route, cands, rng)
+		c.route.gate = 0
+		return r
+	}
+	sq.mu.Lock()
+	ahead := sq.q.waitingAtOrAbove(c.band)
+	sq.mu.Unlock()
+	if ahead == 0 {
+		if r := pick(); r != nil {
+			px.charged(sq, c)
+			return r
+		}
+	}
+	// Saturated for it, or others of its band or above wait: it waits its turn.
+	now := px.Now()
+	wait := px.queueOf(c).MaxWait
+	if t := c.route.SLO.TTFT; t > 0 && c.band != Sheddable {
+		wait = time.Duration(t * float64(time.Second))
+	}
+	w := &waiter{tenant: c.tenant, band: c.band, weight: c.weight, arrived: now,
+		deadline: minTime(c.deadline, now.Add(wait)), turn: make(chan struct{}, 1)}
+	w.cost = vtcCost(c.route.PromptTokens, c.route.OutTokens)
+	if !px.enqueue(ctx, c, sq, w) {
+		return nil
+	}
+	c.load.held.Add(1)
+	px.met.queueWaiting.WithLabelValues(c.service, c.band.String()).Inc()
+	defer func() {
+		c.load.held.Add(-1)
+		px.met.queueWaiting.WithLabelValues(c.service, c.band.String()).Dec()
+	}()
+	for {
+		t := time.NewTimer(max(0, min(holdPoll, w.deadline.Sub(px.Now()))))
+		select {
+		case <-w.turn:
+		case <-t.C:
+		}
+		t.Stop()
+		now := px.Now()
+		sq.mu.Lock()
+		myTurn := sq.trying == w
+		switch {
+		case w.evicted:
+			sq.mu.Unlock()
+			px.refuseQueued(ctx, c, sq, w, "shed", fmt.Sprintf("The fleet serving model %q is saturated and this %s request gave its place in the queue to a more urgent one after %s.",
+				c.model, c.band, now.Sub(w.arrived).Round(time.Millisecond)))
+			return nil
+		case !now.Before(w.deadline):
+			px.leave(sq, w)
+			sq.mu.Unlock()
+			why := "its SLO's TTFT target"
+			if c.route.SLO.TTFT <= 0 || c.band == Sheddable {
+				why = "queue.max_wait"
+			}
+			if !w.deadline.Before(c.deadline) {
+				why = "its deadline"
+			}
+			px.refuseQueued(ctx, c, sq, w, "timeout", fmt.Sprintf("The fleet serving model %q is saturated: this %s request waited %s (%s) for a replica with room.",
+				c.model, c.band, now.Sub(w.arrived).Round(time.Millisecond), why))
+			return nil
+		case connwatch.PeerClosed(ctx.Conn()):
+			px.leave(sq, w)
+			sq.mu.Unlock()
+			px.met.queueRejected.WithLabelValues(c.service, c.tenant, c.band.String(), "client_gone").Inc()
+			px.met.fail("client_gone", c.service)
+			ctx.SetConnectionClose()
+			return nil
+		}
+		sq.mu.Unlock()
+		if !myTurn {
+			sq.kick() // a turn lost in a race, or a change no event told of: the head tries
+			continue
+		}
+		r := pick()
+		sq.mu.Lock()
+		sq.trying = nil
+		if r == nil {
+			sq.mu.Unlock()
+			continue // no room yet: the next request to end or start streaming kicks the head
+		}
+		sq.q.remove(w)
+		px.releaseSlot()
+		sq.countDispatch(now)
+		sq.mu.Unlock()
+		px.charged(sq, c)
+		px.met.queueWait.WithLabelValues(c.service, c.tenant, c.band.String()).Observe(now.Sub(w.arrived).Seconds())
+		// The next head tries once this request has begun on its replica (attempt's
+		// Begin), so that its prediction counts this one.
+		c.onBegin = sq.kick
+		return r
+	}
+}
+
+// enqueue puts w in sq's queue, within the bound on all queues: a full queue sheds the
+// newest waiter of a lower band for it, or refuses it (answered 429).
+func (px *Proxy) enqueue(ctx *fasthttp.RequestCtx, c *call, sq *serviceQueue, w *waiter) bool {
+	sq.mu.Lock()
+	// The bound is on all services together; each service's fairQueue sheds within
+	// itself only, so a full router with room in no lower band of this service refuses.
+	sq.q.max = 0
+	if !px.takeSlot() {
+		// Full: push must make room in this service's queue, or refuse.
+		sq.q.max = max(sq.q.n, 1)
+		if sq.q.n == 0 {
+			sq.mu.Unlock()
+			px.refuseQueued(ctx, c, sq, w, "full", fmt.Sprintf("The fleet serving model %q is saturated and %d requests already wait (queue.max_waiting) for other models.",
+				c.model, px.cfg.Queue.MaxWaiting))
+			return false
+		}
+	}
+	evicted, ok := sq.q.push(w)
+	if !ok {
+		sq.mu.Unlock()
+		px.refuseQueued(ctx, c, sq, w, "full", fmt.Sprintf("The fleet serving model %q is saturated and %d requests already wait (queue.max_waiting) none of them less urgent than this %s one.",
+			c.model, px.cfg.Queue.MaxWaiting, c.band))
+		return false
+	}
+	if evicted != nil {
+		// It took the evicted waiter's slot; that one answers 429 when it wakes.
+		evicted.evicted = true
+		if sq.trying == evicted {
+			sq.trying = nil
+		}
+		select {
+		case evicted.turn <- struct{}{}:
+		default:
+		}
+	}
+	sq.kickLocked()
+	sq.mu.Unlock()
+	return true
+}
+
+// takeSlot counts one more waiter against queue.max_waiting; false: the queues are full.
+func (px *Proxy) takeSlot() bool {
+	px.queues.mu.Lock()
+	defer px.queues.mu.Unlock()
+	if px.queues.waiting >= px.cfg.Queue.MaxWaiting {
+		return false
+	}
+	px.queues.waiting++
+	return true
+}
+
+func (px *Proxy) releaseSlot() {
+	px.queues.mu.Lock()
+	px.queues.waiting--
+	px.queues.mu.Unlock()
+}
+
+// leave takes w out of sq's queue (it expired or its client left). Caller holds sq.mu.
+func (px *Proxy) leave(sq *serviceQueue, w *waiter) {
+	if w.queued {
+		sq.q.remove(w)
+		px.releaseSlot()
+	}
+	if sq.trying == w {
+		sq.trying = nil
+	}
+	sq.kickLocked()
+}
+
+// refuseQueued answers a request the queue could not serve: 429 with Retry-After.
+func (px *Proxy) refuseQueued(ctx *fasthttp.RequestCtx, c *call, sq *serviceQueue, w *waiter, reason, msg string) {
+	retry := sq.retryAfter(c.band, px.Now())
+	px.met.queueRejected.WithLabelValues(c.service, c.tenant, c.band.String(), reason).Inc()
+	px.met.fail("queue_"+reason, c.service)
+	oai.WriteError(ctx, fasthttp.StatusTooManyRequests, oai.RateLimit, fmt.Sprintf("%s Retry after %d s.", msg, retry))
+	ctx.Response.Header.Set("Retry-After", strconv.Itoa(retry))
+}
+
+// charged counts c's expected cost against its tenant in its band once it is sent; the
+// answer's usage corrects it (settle).
+func (px *Proxy) charged(sq *serviceQueue, c *call) {
+	c.charge = vtcCost(c.route.PromptTokens, c.route.OutTokens)
+	c.queue = sq
+	sq.mu.Lock()
+	sq.q.charge(c.band, c.tenant, c.weight, c.charge)
+	sq.mu.Unlock()
+}
+
+// settle replaces c's expected cost by what its answer used, and gives the head a turn:
+// the request's end freed room.
+func (c *call) settle(prompt, completion int) {
+	sq := c.queue
+	if sq == nil {
+		return
+	}
+	c.queue = nil
+	sq.mu.Lock()
+	if prompt > 0 || completion > 0 {
+		sq.q.charge(c.band, c.tenant, c.weight, vtcCost(prompt, completion)-c.charge)
+	}
+	sq.kickLocked()
+	sq.mu.Unlock()
+}
