@@ -433,7 +433,11 @@ func (c *Controller) load(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.Report(rep)
-	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+	// The answer carries every tenant's spend, this report's included, for the budgets.
+	c.mu.Lock()
+	ans := c.tenantAnswer(c.cfg.Now())
+	c.mu.Unlock()
+	writeJSON(w, http.StatusOK, ans)
 }
 
 func (c *Controller) wake(w http.ResponseWriter, r *http.Request) {

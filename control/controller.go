@@ -94,6 +94,8 @@ type Controller struct {
 	mu       sync.Mutex
 	services map[string]*service
 	routers  map[string]routerReport
+	// tenants is every tenant's spend (tenants.go).
+	tenants tenantBook
 	// unswept: providers that could not list at recovery; the next audit that lists them
 	// terminates what no row wants.
 	unswept map[string]bool

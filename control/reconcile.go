@@ -34,6 +34,7 @@ func (c *Controller) tick(ctx context.Context) {
 	}
 	c.flushPending(ctx)
 	now := c.cfg.Now()
+	c.flushTenants(ctx, now)
 	inflight, held, view := c.levels(now)
 	for _, s := range sortedServices(c.services) {
 		c.countUnready(s, now)
@@ -130,6 +131,7 @@ func (c *Controller) Report(rep fleet.LoadReport) {
 	defer c.mu.Unlock()
 	c.routers[rep.Router] = routerReport{at: c.cfg.Now(), rep: rep}
 	c.judged(rep.Replicas)
+	c.reportTenants(rep.Tenants)
 	for _, m := range rep.Models {
 		if s := c.serviceFor(m.Model); s != nil {
 			s.requests += m.Requests

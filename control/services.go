@@ -559,6 +559,7 @@ func (c *Controller) recover(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.services, c.recoveredAt = loaded, now
+	c.tenants = tenantBook{} // read again from the store at the next tick
 	for _, s := range unloaded {
 		c.event(ctx, s.name, "", "error", s.failed+"; fix it with `serve update`, or remove it with `serve down`")
 	}

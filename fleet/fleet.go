@@ -350,6 +350,68 @@ type LoadReport struct {
 	Router   string      `json:"router"`
 	Models   []ModelLoad `json:"models"`
 	Replicas []Load      `json:"replicas"`
+	// Tenants is what each tenant spent through this router since its last report that
+	// the control plane took (issue 52): the control plane adds it to the tenant's spend,
+	// which survives restarts and which every router's budgets read.
+	Tenants []TenantUse `json:"tenants,omitempty"`
+}
+
+// TenantUse is one tenant's spend in one report: dollars at the replicas' price per token
+// (PricePerHour over TokensPerSecond), the tokens and the requests.
+type TenantUse struct {
+	Tenant   string  `json:"tenant"`
+	Dollars  float64 `json:"dollars"`
+	Tokens   float64 `json:"tokens"`
+	Requests float64 `json:"requests"`
+}
+
+// LoadAnswer is the control plane's answer to a load report: every tenant's spend so far in
+// the UTC day and month Day falls in, this report's included.
+type LoadAnswer struct {
+	OK      bool          `json:"ok"`
+	Day     string        `json:"day,omitempty"` // 2006-01-02, UTC
+	Tenants []TenantSpend `json:"tenants,omitempty"`
+}
+
+// TenantSpend is a tenant's spend in a day and in the month it falls in.
+type TenantSpend struct {
+	Tenant       string  `json:"tenant"`
+	DayDollars   float64 `json:"day_dollars"`
+	MonthDollars float64 `json:"month_dollars"`
+	DayTokens    float64 `json:"day_tokens"`
+	MonthTokens  float64 `json:"month_tokens"`
+}
+
+// MaxTenantName is the longest tenant name routers report and the control plane keeps.
+const MaxTenantName = 128
+
+// CheckTenantName says what is wrong with a tenant's name, or nil: it labels metrics and
+// rows, so it is short and printable.
+func CheckTenantName(t string) error {
+	if t == "" || len(t) > MaxTenantName {
+		return fmt.Errorf("tenant %.20q: want a name of 1 to %d characters", t, MaxTenantName)
+	}
+	for _, r := range t {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("tenant %q: control characters are not allowed", t)
+		}
+	}
+	return nil
+}
+
+// maxReportDollars bounds one tenant's spend in one report: far above any fleet's.
+const maxReportDollars = 1e6
+
+// Validate checks one tenant's entry of a load report.
+func (u TenantUse) Validate() error {
+	c := checker{}
+	if err := CheckTenantName(u.Tenant); err != nil {
+		c = append(c, err)
+	}
+	c.check("dollars", u.Dollars, maxReportDollars)
+	c.check("tokens", u.Tokens, maxReportTokens)
+	c.check("requests", u.Requests, maxReportRequests)
+	return errors.Join(c...)
 }
 
 // Bounds on what one load report may say: far above any real router's figures for one
@@ -369,9 +431,18 @@ func (r LoadReport) Validate() error {
 	if r.Router == "" || len(r.Router) > 256 {
 		errs = append(errs, errors.New("router: want an ID of 1 to 256 characters"))
 	}
-	if len(r.Models) > maxReportEntries || len(r.Replicas) > maxReportEntries {
-		errs = append(errs, fmt.Errorf("%d models and %d replicas: want at most %d of each", len(r.Models), len(r.Replicas), maxReportEntries))
+	if len(r.Models) > maxReportEntries || len(r.Replicas) > maxReportEntries || len(r.Tenants) > maxReportEntries {
+		errs = append(errs, fmt.Errorf("%d models, %d replicas and %d tenants: want at most %d of each", len(r.Models), len(r.Replicas), len(r.Tenants), maxReportEntries))
 		return errors.Join(errs...)
+	}
+	seen := map[string]bool{}
+	for i, u := range r.Tenants {
+		if err := u.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("tenants[%d]: %w", i, err))
+		} else if seen[u.Tenant] {
+			errs = append(errs, fmt.Errorf("tenants[%d]: %q given twice", i, u.Tenant))
+		}
+		seen[u.Tenant] = true
 	}
 	for i, m := range r.Models {
 		if err := m.Validate(); err != nil {

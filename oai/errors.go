@@ -16,6 +16,9 @@ const (
 	ServerError    = "server_error"
 	Unavailable    = "service_unavailable_error"
 	Timeout        = "timeout_error"
+	// InsufficientQuota is OpenAI's type for a 429 of an exhausted quota ("You exceeded
+	// your current quota…"), as distinct from a rate limit.
+	InsufficientQuota = "insufficient_quota"
 )
 
 // ErrorBody returns OpenAI's error JSON: {"error":{"message","type","param","code"}}.

@@ -68,6 +68,12 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 			px.met.keyTokens.WithLabelValues(c.key.Name, c.service, "prompt").Add(float64(res.usage.Prompt))
 			px.met.keyTokens.WithLabelValues(c.key.Name, c.service, "completion").Add(float64(res.usage.Completion))
 		}
+		if c.key != nil {
+			tokens := float64(res.usage.Prompt + res.usage.Completion)
+			dollars := tokens * r.DollarsPerToken()
+			px.Load.spend.add(c.tenant, dollars, tokens)
+			px.met.tenantDollars.WithLabelValues(c.service, c.tenant).Add(dollars)
+		}
 		if c.key != nil || px.queueOf(c).Enabled {
 			band := c.band.String()
 			px.met.tenantTokens.WithLabelValues(c.service, c.tenant, band, "prompt").Add(float64(res.usage.Prompt))

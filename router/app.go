@@ -131,7 +131,7 @@ func Run(ctx context.Context, o Options) error {
 			})
 		}
 	}
-	if err := px.loadKeys(ctx, cfg.APIKeysFile, os.Getenv(KeysEnv), log); err != nil {
+	if err := px.loadKeys(ctx, cfg.APIKeysFile, os.Getenv(KeysEnv), o.ControlURL != "", log); err != nil {
 		ln.Close()
 		return err
 	}
@@ -209,11 +209,16 @@ func Run(ctx context.Context, o Options) error {
 	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer scancel()
 	_ = adminSrv.ShutdownWithContext(sctx)
-	return srv.ShutdownWithContext(sctx)
+	err = srv.ShutdownWithContext(sctx)
+	if px.ControlPlane != nil {
+		px.ControlPlane.LastReport()
+	}
+	return err
 }
 
 // loadKeys installs the client API keys, reloading the file when it changes.
-func (px *Proxy) loadKeys(ctx context.Context, file, env string, log *slog.Logger) error {
+// Budgets need a control plane (controlled): it adds every router's spend up and keeps it.
+func (px *Proxy) loadKeys(ctx context.Context, file, env string, controlled bool, log *slog.Logger) error {
 	if file == "" {
 		ks, err := ParseKeys(nil, env)
 		px.SetKeys(ks)
@@ -223,6 +228,9 @@ func (px *Proxy) loadKeys(ctx context.Context, file, env string, log *slog.Logge
 		ks, err := ParseKeys(b, env)
 		if err != nil {
 			return err
+		}
+		if ks.HasBudgets() && !controlled {
+			return errors.New("api keys: tenants' budgets need a control plane (-control, or serve up), which adds every router's spend up and keeps it across restarts; this router has none")
 		}
 		px.SetKeys(ks)
 		return nil

@@ -23,6 +23,8 @@ import (
 // model names cannot grow it.
 type LoadTracker struct {
 	m sync.Map // model → *modelLoad
+	// spend is the tenants' spend for their budgets (budgets.go).
+	spend spendBook
 }
 
 type modelLoad struct {
@@ -275,6 +277,10 @@ func (cp *ControlPlane) doAt(ctx context.Context, url, method, path string, body
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil
 	}
+	if raw, ok := out.(*[]byte); ok { // the body as it came, read by the caller
+		*raw, err = io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+		return err
+	}
 	return json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out)
 }
 
@@ -348,11 +354,15 @@ func (cp *ControlPlane) report(ctx context.Context) {
 	t := time.NewTicker(cp.ReportEvery)
 	defer t.Stop()
 	var prevReport time.Time // the last report's time: a replica progressed since then
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	for first := true; ; first = false {
+		// The first report goes at once: its answer tells a router that has just started
+		// what its tenants spent (budgets.go).
+		if !first {
+			select {
+			case <-ctx.Done():
+				return // the router sends the last spend once its requests are done (LastReport)
+			case <-t.C:
+			}
 		}
 		snap := cp.pool.Snapshot()
 		rep := fleet.LoadReport{Router: cp.routerID}
@@ -386,7 +396,8 @@ func (cp *ControlPlane) report(ctx context.Context) {
 			rep.Replicas = append(rep.Replicas, l)
 		}
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		if err := cp.do(rctx, http.MethodPost, "/v1/load", rep, nil); err != nil && ctx.Err() == nil {
+		err := cp.sendReport(rctx, rep)
+		if err != nil && ctx.Err() == nil {
 			// The counts are lost for this window; the autoscaler sees a dip, not a spike.
 			// A refusal (HTTP 4xx) is no passing outage: it loses every window until fixed.
 			if ce := (*cpError)(nil); errors.As(err, &ce) && ce.code >= 400 && ce.code < 500 {
@@ -396,6 +407,45 @@ func (cp *ControlPlane) report(ctx context.Context) {
 			}
 		}
 		cancel()
+	}
+}
+
+// sendReport sends one load report with the tenants' spend counted since the last one, and
+// learns every tenant's spend from the answer.
+func (cp *ControlPlane) sendReport(ctx context.Context, rep fleet.LoadReport) error {
+	rep.Tenants = cp.load.spend.take()
+	var raw []byte
+	err := cp.do(ctx, http.MethodPost, "/v1/load", rep, &raw)
+	var ans *fleet.LoadAnswer
+	if err == nil && len(bytes.TrimSpace(raw)) > 0 {
+		// An answer that does not read (a control plane of an older version answers
+		// {"ok":true}) still means the report was taken: its spend is not sent again.
+		var a fleet.LoadAnswer
+		if jerr := json.Unmarshal(raw, &a); jerr != nil {
+			cp.log.Warn("the control plane's answer to a load report does not read; tenants' spend totals not updated", "err", jerr)
+		} else {
+			ans = &a
+		}
+	}
+	// A report whose answer was lost may have been taken: its spend is sent again, which
+	// counts it twice rather than lose it (budgets err on the side of the limit).
+	cp.load.spend.sent(rep.Tenants != nil, err == nil, ans)
+	return err
+}
+
+// LastReport sends, as the router stops (its requests done), the tenants' spend not
+// reported yet, so that a restart loses none of it.
+func (cp *ControlPlane) LastReport() {
+	cp.load.spend.mu.Lock()
+	n := len(cp.load.spend.pending)
+	cp.load.spend.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := cp.sendReport(ctx, fleet.LoadReport{Router: cp.routerID}); err != nil {
+		cp.log.Error("the tenants' last spend could not be reported as the router stopped; it is lost", "tenants", n, "err", err)
 	}
 }
 

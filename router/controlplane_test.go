@@ -24,6 +24,11 @@ type fakeControlPlane struct {
 	reports []fleet.LoadReport
 	// standby: refuse wakes and load reports as a standby control plane does (503).
 	standby bool
+	// spend adds up the tenants' reported spend, which load reports are answered with, as
+	// the control plane does (control/tenants.go); lost: take reports but answer 502, as
+	// when the answer is lost on the way back.
+	spend map[string]fleet.TenantSpend
+	lose  bool
 }
 
 func (f *fakeControlPlane) publish(services []fleet.Service, replicas []fleet.Replica) {
@@ -81,7 +86,27 @@ func (f *fakeControlPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		f.mu.Lock()
 		f.reports = append(f.reports, rep)
+		if f.spend == nil {
+			f.spend = map[string]fleet.TenantSpend{}
+		}
+		for _, u := range rep.Tenants {
+			t := f.spend[u.Tenant]
+			t.Tenant = u.Tenant
+			t.DayDollars += u.Dollars
+			t.MonthDollars += u.Dollars
+			f.spend[u.Tenant] = t
+		}
+		ans := fleet.LoadAnswer{OK: true, Day: time.Now().UTC().Format(time.DateOnly)}
+		for _, t := range f.spend {
+			ans.Tenants = append(ans.Tenants, t)
+		}
+		lose := f.lose
 		f.mu.Unlock()
+		if lose {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(ans)
 	default:
 		w.WriteHeader(http.StatusNotFound)
 	}

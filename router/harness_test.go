@@ -218,6 +218,9 @@ func (r *rig) counter(t *testing.T, name string, labels ...string) float64 {
 			if c := m.GetCounter(); c != nil {
 				total += c.GetValue()
 			}
+			if g := m.GetGauge(); g != nil {
+				total += g.GetValue()
+			}
 		}
 	}
 	return total

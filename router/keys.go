@@ -17,6 +17,7 @@ import (
 	"golang.org/x/time/rate"
 	"gopkg.in/yaml.v3"
 
+	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/oai"
 )
 
@@ -47,6 +48,8 @@ type KeySpec struct {
 
 type keysFile struct {
 	Keys []KeySpec `yaml:"keys"`
+	// Tenants gives tenants budgets (budgets.go).
+	Tenants []TenantSpec `yaml:"tenants"`
 }
 
 // Key is a loaded client key: its name (the only thing metrics and logs show) and limits.
@@ -66,6 +69,8 @@ type Key struct {
 // Keys authenticates client requests. A nil *Keys lets every request through.
 type Keys struct {
 	byDigest map[[sha256.Size]byte]*Key
+	// budgets are the tenants' budgets, by tenant.
+	budgets map[string]budget
 }
 
 // ParseKeys parses a keys file's content (nil: none) plus KeysEnv's value. It returns
@@ -73,6 +78,7 @@ type Keys struct {
 // and wrong anywhere else (Run warns).
 func ParseKeys(file []byte, env string) (*Keys, error) {
 	var specs []KeySpec
+	var tenants []TenantSpec
 	if file != nil {
 		var f keysFile
 		dec := yaml.NewDecoder(bytes.NewReader(file))
@@ -83,7 +89,7 @@ func ParseKeys(file []byte, env string) (*Keys, error) {
 		if len(f.Keys) == 0 {
 			return nil, errors.New("api keys: no keys (write keys: [{name: ..., sha256: ...}])")
 		}
-		specs = f.Keys
+		specs, tenants = f.Keys, f.Tenants
 	}
 	for i, pair := range strings.Split(env, ",") {
 		pair = strings.TrimSpace(pair)
@@ -120,6 +126,9 @@ func ParseKeys(file []byte, env string) (*Keys, error) {
 		weights[k.tenant] = k
 		names[k.Name] = true
 		ks.byDigest[k.digest] = k
+	}
+	if err := ks.loadTenants(tenants); err != nil {
+		return nil, fmt.Errorf("api keys: %w", err)
 	}
 	return ks, nil
 }
@@ -161,7 +170,7 @@ func (s KeySpec) load() (*Key, error) {
 	if k.tenant == "" {
 		k.tenant = s.Name
 	}
-	if err := checkTenantName(k.tenant); err != nil {
+	if err := fleet.CheckTenantName(k.tenant); err != nil {
 		return nil, err
 	}
 	if s.RequestsPerSecond > 0 {

@@ -39,8 +39,10 @@ type Metrics struct {
 	queueWait         *prometheus.HistogramVec // service, tenant, band
 	queueRejected     *prometheus.CounterVec   // service, tenant, band, reason
 	tenantTokens      *prometheus.CounterVec   // service, tenant, band, type
+	tenantDollars     *prometheus.CounterVec   // service, tenant
 	holdWait          *prometheus.HistogramVec // model, service
 	replicaInfo       *replicaCollector
+	budgets           *budgetCollector
 	// gone: replicas that left the set, and when (forgetGone).
 	goneMu sync.Mutex
 	gone   map[string]time.Time
@@ -95,10 +97,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.queueWait = hv("queue_wait_seconds", "How long requests sent from the router's queue waited there, by service, tenant and priority band.", latencyBuckets, "service", "tenant", "band")
 	m.queueRejected = cv("queue_rejected_total", "Requests the router's queue answered 429 (or that left), by service, tenant, priority band and reason: timeout (waited to its SLO's TTFT target, queue.max_wait or its deadline), shed (a more urgent request took its place), full (queue.max_waiting), client_gone.", "service", "tenant", "band", "reason")
 	m.tenantTokens = cv("tenant_tokens_total", "Tokens served per tenant (an API key, or the keys that name one tenant) and priority band, from each response's usage.", "service", "tenant", "band", "type")
+	m.tenantDollars = cv("tenant_dollars_total", "Dollars tenants spent through this router: each answer's tokens at its replica's price per token (hourly price over throughput).", "service", "tenant")
 	m.retries = cv("retries_total", "Attempts retried on another replica before the first response byte, by service.", "service")
 	m.firstByteExtended = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "first_byte_extensions_total",
 		Help: "Waits for a replica's response header extended by another first-byte timeout because the replica's engine was still progressing (its token counters moved): long non-streamed generations."})
 	reg.MustRegister(m.firstByteExtended)
+	m.budgets = &budgetCollector{
+		spend: prometheus.NewDesc("arbiter_router_tenant_spend_dollars", "A tenant's spend in its budget's period (a UTC day or calendar month), fleet-wide as the control plane last answered plus what this router counted since; only tenants with a budget.", []string{"tenant", "period"}, nil),
+		limit: prometheus.NewDesc("arbiter_router_tenant_budget_dollars", "A tenant's budget for its period: soft (an alert) and hard (its new requests refused with 429).", []string{"tenant", "period", "limit"}, nil),
+	}
+	reg.MustRegister(m.budgets)
 	m.replicaInfo = &replicaCollector{
 		inflight: prometheus.NewDesc("arbiter_router_in_flight_requests", "Requests this router has open on a replica.", []string{"service", "replica"}, nil),
 		load:     prometheus.NewDesc("arbiter_router_predicted_load", "Predicted requests in the replica's engine (running + waiting).", []string{"service", "replica"}, nil),

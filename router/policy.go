@@ -538,9 +538,9 @@ func (s SLO) scaled(f float64) SLO {
 
 // hasRoom reports whether a replica predicted p should take a gated request although it
 // is not predicted to meet slo: it runs nothing else (an idle replica is never held back:
-// the SLO is out of its reach whatever waits), or it would start the request at once and
-// the request's own prefill misses the TTFT target by itself, so waiting would only add
-// to a miss.
+// the SLO is out of its reach whatever waits), or the request's own prefill misses the TTFT
+// target by itself, so waiting in the router would only add to a miss (and end in a 429 at
+// the target, where the request would have been served late).
 func hasRoom(slo SLO, p Prediction) bool {
 	if p.Load == 0 {
 		return true
@@ -549,7 +549,7 @@ func hasRoom(slo SLO, p Prediction) bool {
 	if p.Spread > 0 {
 		own *= p.Spread
 	}
-	return startsNow(p) && slo.TTFT > 0 && own > slo.TTFT
+	return slo.TTFT > 0 && own > slo.TTFT
 }
 
 // adapterReady keeps, of a tier (replicas predicted to meet the SLO), those that serve the

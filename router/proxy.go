@@ -113,6 +113,7 @@ func NewProxy(cfg *Config, pool *Pool, met *Metrics, log *slog.Logger) (*Proxy, 
 	px.rngs.New = func() any {
 		return rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), seed.Add(1)))
 	}
+	met.budgets.px.Store(px)
 	return px, nil
 }
 
@@ -338,6 +339,9 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 		return
 	}
 	c.band, c.capped, c.tenant, c.weight = band, capped, tenantOf(key), weightOf(key)
+	if px.overBudget(ctx, c) {
+		return
+	}
 	if c.prevResponse != "" && !px.pin(ctx, c, c.prevResponse) {
 		return
 	}

@@ -134,9 +134,18 @@ func (px *Proxy) queueing(c *call, policy Policy) bool {
 	if !px.queueOf(c).Enabled || c.pinned != nil {
 		return false
 	}
-	_, ok := policy.(*SLOCheapest)
+	_, ok := policy.(gating)
 	return ok
 }
+
+// gating is a policy that judges a replica's room for a request (Request.gate): picks
+// nothing when none has room. slo_cheapest does, from its predictions.
+type gating interface {
+	Policy
+	gates()
+}
+
+func (*SLOCheapest) gates() {}
 
 // queueOf is c's queue settings: its service's, else the router's.
 func (px *Proxy) queueOf(c *call) *QueueConfig {

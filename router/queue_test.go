@@ -1,10 +1,8 @@
 package router
 
 import (
-	"io"
-	"net/http"
-	"slices"
-	"strconv"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -16,117 +14,7 @@ import (
 const (
 	appKey   = "sk-app-0123456789abcdef0"
 	batchKey = "sk-batch-0123456789abcdef"
-	batch    = 40 // the batch tenant's requests, sent at once
 )
-
-type floodResult struct {
-	appTTFT       []time.Duration // the interactive tenant's streamed requests' first events
-	appCodes      []int
-	batchCodes    map[int]int
-	batchNoRetry  int // 429s without a Retry-After
-	queueRejected float64
-}
-
-// flood runs a batch tenant's burst of long prompts at one replica and, once it is
-// under way, an interactive tenant's requests one after another.
-func flood(t *testing.T, queue bool) floodResult {
-	s := startSim(t, simOpts{})
-	keys := "keys: [{name: app, key: " + appKey + ", priority: critical}, {name: batch, key: " + batchKey + ", priority: sheddable}]"
-	r := keyedRouter(t, s, keys, func(c *Config) {
-		c.SLOs = map[string]SLO{"*": {TTFT: 1, TPOT: 0.1, Percentile: 0.9}}
-		c.Queue.Enabled = queue
-		c.Queue.SheddableFill = 0.5
-		c.Queue.MaxWait = 3 * time.Second
-	})
-	longPrompt := strings.Repeat("a batch job's long document ", 600) // ~4,000 tokens
-
-	res := floodResult{batchCodes: map[int]int{}}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for i := range batch {
-		wg.Go(func() {
-			// Each its own document: a prompt the replica has cached costs no prefill.
-			body := `{"model":"` + testModel + `","messages":[{"role":"user","content":"document ` + strconv.Itoa(i) + `: ` + longPrompt + `"}],"max_tokens":128}`
-			resp, _ := post(t, r.url+"/v1/chat/completions", body, "Authorization", "Bearer "+batchKey)
-			mu.Lock()
-			defer mu.Unlock()
-			res.batchCodes[resp.StatusCode]++
-			if resp.StatusCode == 429 {
-				if n, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || n < 1 {
-					res.batchNoRetry++
-				}
-			}
-		})
-	}
-	waitWithin(t, 10*time.Second, "the batch tenant's flood under way", func() bool { return r.inflight("a") >= 4 })
-	for i := range 8 {
-		req, err := http.NewRequest(http.MethodPost, r.url+"/v1/chat/completions", strings.NewReader(chatBody(true, "")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+appKey)
-		start := time.Now()
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res.appCodes = append(res.appCodes, resp.StatusCode)
-		if resp.StatusCode != 200 {
-			b, _ := io.ReadAll(resp.Body)
-			t.Logf("interactive request %d: HTTP %d %s", i, resp.StatusCode, b)
-		} else if _, at := readEvents(t, resp.Body); len(at) > 0 {
-			res.appTTFT = append(res.appTTFT, at[0].Sub(start))
-		}
-		resp.Body.Close()
-		time.Sleep(100 * time.Millisecond)
-	}
-	wg.Wait()
-	res.queueRejected = r.counter(t, "arbiter_router_queue_rejected_total")
-	return res
-}
-
-func p90(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[(len(s)*9+9)/10-1]
-}
-
-// A batch tenant floods one replica with long prompts while an interactive tenant asks
-// short questions: with the queue on, the interactive requests go ahead of the batch
-// job's (critical before sheddable) and meet their 1 s TTFT target, while the batch job
-// fills the replica up to its SLO and every batch request beyond that is answered 429
-// with Retry-After. Without the queue every batch request lands in the engine's queue,
-// first come first served, and the interactive requests wait behind seconds of prefill.
-func TestQueuePutsTheInteractiveTenantAheadOfAFlood(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a flood of long prompts at one replica")
-	}
-	on := flood(t, true)
-	t.Logf("queue on: interactive TTFT p90 %v (all %v), codes %v; batch %v, %d 429s without Retry-After, %v queue rejections",
-		p90(on.appTTFT), on.appTTFT, on.appCodes, on.batchCodes, on.batchNoRetry, on.queueRejected)
-	off := flood(t, false)
-	t.Logf("queue off: interactive TTFT p90 %v (all %v), codes %v; batch %v", p90(off.appTTFT), off.appTTFT, off.appCodes, off.batchCodes)
-	for i, c := range on.appCodes {
-		if c != 200 {
-			t.Errorf("queue on: interactive request %d answered %d", i, c)
-		}
-	}
-	if len(on.appTTFT) != 8 || len(off.appTTFT) != 8 {
-		t.Fatalf("first events seen: %d with the queue, %d without; want 8 each", len(on.appTTFT), len(off.appTTFT))
-	}
-	if got := p90(on.appTTFT); got > time.Second {
-		t.Errorf("queue on: the interactive tenant's TTFT p90 %v; want within its 1 s target", got)
-	}
-	if on.batchCodes[200] == 0 || on.batchCodes[200]+on.batchCodes[429] != batch || on.batchNoRetry > 0 {
-		t.Errorf("queue on: batch answers %v (%d 429s without Retry-After); want some served, the rest 429 with Retry-After", on.batchCodes, on.batchNoRetry)
-	}
-	if float64(on.batchCodes[429]) != on.queueRejected {
-		t.Errorf("queue on: %d batch 429s but %v counted in arbiter_router_queue_rejected_total", on.batchCodes[429], on.queueRejected)
-	}
-	if p90(off.appTTFT) < 2*p90(on.appTTFT) {
-		t.Errorf("without the queue the interactive p90 is %v, with it %v: the flood did not saturate the replica, so the test shows nothing", p90(off.appTTFT), p90(on.appTTFT))
-	}
-}
 
 // Over HTTP: an unknown priority is a 400 that names it; a key asking for a band above
 // its own runs in its own, and the answer says which.
@@ -161,4 +49,154 @@ func TestServiceQueueFromTheControlPlane(t *testing.T) {
 	if rt, ok := cp.Routing("m-bad"); !ok || rt.Queue != nil {
 		t.Fatalf("Routing(m-bad) = %+v %v; want its out-of-bounds queue dropped", rt, ok)
 	}
+}
+
+// roomPolicy has room for a gated request only while it holds tokens, and records which
+// request (by its max_tokens) each room went to.
+type roomPolicy struct {
+	mu     sync.Mutex
+	tokens int
+	order  []int
+}
+
+func (p *roomPolicy) gates() {}
+
+func (p *roomPolicy) Pick(req *Request, cands []*Replica, _ *rand.Rand) *Replica {
+	if len(cands) == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if req.gate > 0 {
+		if p.tokens == 0 {
+			return nil
+		}
+		p.tokens--
+		p.order = append(p.order, req.OutTokens)
+	}
+	return cands[0]
+}
+
+func (p *roomPolicy) dispatched() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]int(nil), p.order...)
+}
+
+// While no replica has room, requests of two sheddable tenants, a standard one and a
+// critical one wait in the router's queue, sent from many goroutines; as room opens, one
+// request at a time, every critical request goes first, then the standard ones, then the
+// two sheddable tenants by turns (the same service each: the virtual token counter), each
+// tenant's own first come first served. A request whose client leaves while it waits is
+// taken out; every other is answered.
+func TestQueueOrdersBandsThenTenants(t *testing.T) {
+	s := startSim(t, simOpts{echo: true})
+	const keys = `keys:
+  - {name: crit, key: sk-crit-0123456789abcdef, priority: critical}
+  - {name: std, key: sk-std-0123456789abcdefg}
+  - {name: shed-a, key: sk-shed-a-0123456789abcdef, priority: sheddable}
+  - {name: shed-b, key: sk-shed-b-0123456789abcdef, priority: sheddable}
+`
+	room := &roomPolicy{}
+	r := keyedRouter(t, s, keys, func(c *Config) {
+		c.Queue.Enabled = true
+		c.Queue.MaxWait = time.Minute
+		c.SLOs = map[string]SLO{"*": {TTFT: 60, TPOT: 1}}
+	})
+	r.px.policies["room"] = room
+	type sent struct {
+		key  string
+		out  int // its max_tokens: which request it is
+		code int
+	}
+	var mu sync.Mutex
+	var answers []sent
+	var wg sync.WaitGroup
+	send := func(key string, out int) {
+		wg.Go(func() {
+			// A long prompt, the same for all: the requests cost the same within a few
+			// tokens (their max_tokens tell them apart), so fair shares are turns.
+			body := fmt.Sprintf(`{"model":"%s","messages":[{"role":"user","content":"%s"}],"max_tokens":%d}`, testModel, strings.Repeat("hello ", 4000), out)
+			resp, _ := post(t, r.url+"/v1/chat/completions", body, "Authorization", "Bearer "+key, "X-Arbiter-Policy", "room")
+			mu.Lock()
+			answers = append(answers, sent{key, out, resp.StatusCode})
+			mu.Unlock()
+		})
+	}
+	waiting := func() float64 { return r.counter(t, "arbiter_router_queue_waiting_requests") }
+	// Sheddable first (they would be served first come first served), shed-a's four
+	// before shed-b's, then standard, then critical.
+	n := 0
+	for _, tenant := range []struct {
+		key   string
+		first int
+	}{{"sk-shed-a-0123456789abcdef", 10}, {"sk-shed-b-0123456789abcdef", 20}} {
+		for i := range 4 {
+			send(tenant.key, tenant.first+i)
+			n++
+			waitFor(t, "a sheddable request waiting", func() bool { return waiting() == float64(n) })
+		}
+	}
+	for i := range 2 {
+		send("sk-std-0123456789abcdefg", 30+i)
+		n++
+		waitFor(t, "a standard request waiting", func() bool { return waiting() == float64(n) })
+	}
+	for i := range 2 {
+		send("sk-crit-0123456789abcdef", 40+i)
+		n++
+		waitFor(t, "a critical request waiting", func() bool { return waiting() == float64(n) })
+	}
+	for k := 1; k <= n; k++ {
+		room.mu.Lock()
+		room.tokens++
+		room.mu.Unlock()
+		waitFor(t, fmt.Sprintf("dispatch %d", k), func() bool { return len(room.dispatched()) == k })
+	}
+	wg.Wait()
+	got := room.dispatched()
+	if want := []int{40, 41, 30, 31}; !slicesEqual(got[:4], want) {
+		t.Fatalf("dispatch order %v; want the critical requests, then the standard ones, first: %v", got, want)
+	}
+	a, b := 0, 0
+	lastA, lastB := 9, 19
+	for i, out := range got[4:] {
+		switch {
+		case out >= 10 && out < 20:
+			a++
+			if out != lastA+1 {
+				t.Fatalf("tenant shed-a's requests out of order: %v", got)
+			}
+			lastA = out
+		case out >= 20 && out < 30:
+			b++
+			if out != lastB+1 {
+				t.Fatalf("tenant shed-b's requests out of order: %v", got)
+			}
+			lastB = out
+		}
+		if a-b > 1 || b-a > 1 {
+			t.Fatalf("after %d sheddable dispatches, %d of shed-a's and %d of shed-b's: %v; want them by turns", i+1, a, b, got)
+		}
+	}
+	for _, ans := range answers {
+		if ans.code != 200 {
+			t.Errorf("%s's request %d answered %d", ans.key, ans.out, ans.code)
+		}
+	}
+	if w := waiting(); w != 0 || len(answers) != n {
+		t.Fatalf("%v still waiting, %d of %d answered", w, len(answers), n)
+	}
+}
+
+func slicesEqual(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }

@@ -98,17 +98,3 @@ func weightOf(k *Key) float64 {
 	}
 	return k.weight
 }
-
-// checkTenantName refuses a tenant name that would not read well as a metric label or in
-// a log line.
-func checkTenantName(t string) error {
-	if len(t) > 128 {
-		return fmt.Errorf("tenant %.20q…: longer than 128 characters", t)
-	}
-	for _, r := range t {
-		if r < 0x20 || r == 0x7f {
-			return fmt.Errorf("tenant %q: control characters are not allowed", t)
-		}
-	}
-	return nil
-}

@@ -8,7 +8,7 @@ import (
 
 // CopyCounts is what Copy wrote.
 type CopyCounts struct {
-	Services, Versions, Replicas, Events, AdapterUses int
+	Services, Versions, Replicas, Events, AdapterUses, TenantSpends int
 }
 
 // copyTables are the tables Copy moves, parents first, with their columns.
@@ -18,12 +18,13 @@ var copyTables = []struct{ name, cols string }{
 	{"replicas", replicaCols},
 	{"events", "id, at, service, replica, kind, message"},
 	{"adapter_use", "service, adapter, requests, tokens, since"},
+	{"tenant_spend", "tenant, day, dollars, tokens, requests"},
 }
 
 // Copy writes everything in src into dst, which must hold nothing yet: services with their
 // replica sequence numbers and token totals, versions, replicas with their provider handles
 // (so the control plane that opens dst adopts what runs), the event log with its IDs, and
-// each LoRA adapter's use.
+// each LoRA adapter's use and each tenant's spend per day.
 // src is read in one transaction and dst written in one, so dst gets all of it or none.
 // Nothing may write src meanwhile: stop the control plane that owns it first.
 func Copy(ctx context.Context, dst, src *Store) (CopyCounts, error) {
@@ -47,7 +48,7 @@ func Copy(ctx context.Context, dst, src *Store) (CopyCounts, error) {
 		return n, fmt.Errorf("copy: write the destination: %w", err)
 	}
 	defer wtx.Rollback()
-	counts := []*int{&n.Services, &n.Versions, &n.Replicas, &n.Events, &n.AdapterUses}
+	counts := []*int{&n.Services, &n.Versions, &n.Replicas, &n.Events, &n.AdapterUses, &n.TenantSpends}
 	for i, t := range copyTables {
 		c, err := copyTable(ctx, dst, wtx, rtx, t.name, t.cols)
 		if err != nil {

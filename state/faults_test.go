@@ -53,6 +53,9 @@ func writeEverything(ctx context.Context, s *Store, now time.Time, i int) error 
 	if err := s.AddAdapterUse(ctx, "svc", []AdapterUse{{Adapter: "fin", Requests: 1, Tokens: 10}, {Adapter: "sql", Tokens: 0.5}}, now); err != nil {
 		return err
 	}
+	if err := s.AddTenantSpend(ctx, []TenantUse{{Tenant: "acme", Dollars: 0.25, Tokens: 100, Requests: 1}}, now); err != nil {
+		return err
+	}
 	return s.AddEvent(ctx, now, "svc", r.ID, "note", strings.Repeat("e", 300))
 }
 

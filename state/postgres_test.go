@@ -95,8 +95,8 @@ func TestPostgresConcurrentOpensMigrateOnce(t *testing.T) {
 		}
 		applied = append(applied, v)
 	}
-	if !slices.Equal(applied, []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}) {
-		t.Fatalf("versions recorded: %v; want [0 1 2 3 4 5 6 7 8 9], each once", applied)
+	if !slices.Equal(applied, []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}) {
+		t.Fatalf("versions recorded: %v; want [0 1 2 3 4 5 6 7 8 9 10], each once", applied)
 	}
 	now := time.UnixMilli(1_700_000_000_000)
 	if err := writeEverything(context.Background(), stores[7], now, 0); err != nil {
@@ -135,8 +135,8 @@ func TestCopySQLiteIntoPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.Services != 1 || n.Versions != 3 || n.Replicas != 3 || n.Events != 3*3+3 || n.AdapterUses != 2 {
-		t.Fatalf("copied %+v; want 1 service, 3 versions, 3 replicas, 12 events, 2 adapters' use", n)
+	if n.Services != 1 || n.Versions != 3 || n.Replicas != 3 || n.Events != 3*3+3 || n.AdapterUses != 2 || n.TenantSpends != 1 {
+		t.Fatalf("copied %+v; want 1 service, 3 versions, 3 replicas, 12 events, 2 adapters' use, 1 tenant-day", n)
 	}
 	same := func(what string, a, b any, errA, errB error) {
 		t.Helper()
@@ -162,6 +162,12 @@ func TestCopySQLiteIntoPostgres(t *testing.T) {
 	ua, ea := src.AdapterUses(ctx)
 	ub, eb := dst.AdapterUses(ctx)
 	same("adapter use", ua, ub, ea, eb)
+	tsa, ea := src.TenantSpends(ctx, now)
+	tsb, eb := dst.TenantSpends(ctx, now)
+	same("tenant spend", tsa, tsb, ea, eb)
+	if acme := tsb["acme"]; acme.DayDollars != 0.75 || acme.MonthDollars != 0.75 || acme.DayTokens != 300 {
+		t.Fatalf("acme's spend after three writes: %+v; want $0.75 and 300 tokens, the day's and the month's", acme)
+	}
 	if fin := ub["svc"]["fin"]; fin.Requests != 3 || fin.Tokens != 30 || !fin.Since.Equal(now) {
 		t.Fatalf("fin's use after three writes: %+v; want 3 requests, 30 tokens, since the first", fin)
 	}

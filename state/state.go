@@ -882,3 +882,82 @@ func (s *Store) AdapterUses(ctx context.Context) (map[string]map[string]AdapterU
 	}
 	return out, rows.Err()
 }
+
+// TenantUse is spend to add to a tenant's day.
+type TenantUse struct {
+	Tenant                    string
+	Dollars, Tokens, Requests float64
+}
+
+// TenantSpend is a tenant's spend in one UTC day and in the calendar month that holds it.
+type TenantSpend struct {
+	DayDollars, MonthDollars float64
+	DayTokens, MonthTokens   float64
+}
+
+// dayOf is the UTC day a time falls in, as tenant_spend keys it.
+func dayOf(t time.Time) string { return t.UTC().Format(time.DateOnly) }
+
+// AddTenantSpend adds spend to tenants' totals for the UTC day of now, in one transaction.
+func (s *Store) AddTenantSpend(ctx context.Context, add []TenantUse, now time.Time) error {
+	for _, a := range add {
+		for _, v := range []float64{a.Dollars, a.Tokens, a.Requests} {
+			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+				return fmt.Errorf("tenant %s spend: %v is not an amount", a.Tenant, v)
+			}
+		}
+	}
+	if err := s.writable(); err != nil {
+		return err
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.wrote(ctx, s.addTenantSpend(ctx, add, dayOf(now)))
+}
+
+func (s *Store) addTenantSpend(ctx context.Context, add []TenantUse, day string) error {
+	tx, err := s.begin(ctx)
+	if err != nil {
+		return fmt.Errorf("tenant spend: %w", err)
+	}
+	defer tx.Rollback()
+	for _, a := range add {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO tenant_spend (tenant, day, dollars, tokens, requests) VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT (tenant, day) DO UPDATE SET dollars = tenant_spend.dollars + excluded.dollars, tokens = tenant_spend.tokens + excluded.tokens,
+			requests = tenant_spend.requests + excluded.requests`),
+			a.Tenant, day, a.Dollars, a.Tokens, a.Requests); err != nil {
+			return fmt.Errorf("tenant %s spend: %w", a.Tenant, err)
+		}
+	}
+	return commit(tx, "tenant spend")
+}
+
+// TenantSpends returns every tenant's spend in the UTC day of now and in its month.
+func (s *Store) TenantSpends(ctx context.Context, now time.Time) (map[string]TenantSpend, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	day := dayOf(now)
+	month := day[:len("2006-01-")] + "01"
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT tenant, day, dollars, tokens FROM tenant_spend WHERE day >= ? AND day <= ?`), month, day)
+	if err != nil {
+		return nil, fmt.Errorf("tenant spend: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]TenantSpend{}
+	for rows.Next() {
+		var tenant, d string
+		var dollars, tokens float64
+		if err := rows.Scan(&tenant, &d, &dollars, &tokens); err != nil {
+			return nil, fmt.Errorf("tenant spend: %w", err)
+		}
+		t := out[tenant]
+		t.MonthDollars += dollars
+		t.MonthTokens += tokens
+		if d == day {
+			t.DayDollars += dollars
+			t.DayTokens += tokens
+		}
+		out[tenant] = t
+	}
+	return out, rows.Err()
+}

@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -272,4 +273,48 @@ func TestPutServiceOnceRecordsItsKey(t *testing.T) {
 			t.Fatalf("k1 a day later: %v; want forgotten", err)
 		}
 	})
+}
+
+// A tenant's spend adds up per UTC day; the month's sum holds every day of its calendar
+// month and none of the month before; a spend that is not an amount is refused whole.
+func TestTenantSpendByDayAndMonth(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := openSetting(t, b.setting(t), Options{})
+			defer s.Close()
+			at := func(v string) time.Time {
+				tm, err := time.Parse(time.RFC3339, v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return tm
+			}
+			for _, w := range []struct {
+				when    string
+				dollars float64
+			}{{"2026-10-31T23:59:59Z", 100}, {"2026-11-01T00:00:00Z", 1}, {"2026-11-29T12:00:00Z", 2}, {"2026-11-30T00:30:00+02:00", 4}, {"2026-11-30T10:00:00Z", 8}} {
+				if err := s.AddTenantSpend(ctx, []TenantUse{{Tenant: "acme", Dollars: w.dollars, Tokens: 10 * w.dollars, Requests: 1}, {Tenant: "beta", Dollars: 0.5}}, at(w.when)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := s.TenantSpends(ctx, at("2026-11-30T18:00:00Z"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// 00:30 at +02:00 is the 29th in UTC.
+			if a := got["acme"]; a.DayDollars != 8 || a.MonthDollars != 15 || a.DayTokens != 80 || a.MonthTokens != 150 {
+				t.Errorf("acme on 2026-11-30: %+v; want day $8, month $15 (not October's $100)", a)
+			}
+			if b := got["beta"]; b.DayDollars != 0.5 || b.MonthDollars != 2 {
+				t.Errorf("beta: %+v", b)
+			}
+			if err := s.AddTenantSpend(ctx, []TenantUse{{Tenant: "acme", Dollars: 1}, {Tenant: "beta", Dollars: math.NaN()}}, at("2026-11-30T19:00:00Z")); err == nil {
+				t.Error("a NaN spend was taken")
+			}
+			if got, _ := s.TenantSpends(ctx, at("2026-11-30T19:00:00Z")); got["acme"].DayDollars != 8 {
+				t.Errorf("after a refused write acme's day is $%v; want $8 (nothing of it written)", got["acme"].DayDollars)
+			}
+		})
+	}
 }

@@ -50,8 +50,8 @@ the same URL, and it adopts the replicas the file listed.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(c.OutOrStdout(), "copied %s into %s: %d services, %d versions, %d replicas, %d events, %d adapters' use\n",
-				from, state.Describe(url), n.Services, n.Versions, n.Replicas, n.Events, n.AdapterUses)
+			fmt.Fprintf(c.OutOrStdout(), "copied %s into %s: %d services, %d versions, %d replicas, %d events, %d adapters' use, %d tenant-days of spend\n",
+				from, state.Describe(url), n.Services, n.Versions, n.Replicas, n.Events, n.AdapterUses, n.TenantSpends)
 			return nil
 		},
 	}

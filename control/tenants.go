@@ -1,0 +1,101 @@
+package control
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/state"
+)
+
+// Tenants' spend (issue 52). Each router reports what each tenant spent through it since its
+// last report (fleet.LoadReport.Tenants: dollars at the replicas' price per token, tokens,
+// requests); the control plane adds it up per tenant and UTC day in the state store at each
+// tick, so no restart of a router or of the control plane loses it, and answers every report
+// with every tenant's spend in the day and the month, the unsaved part included. Every router
+// thus reads the same figures, which its budgets (the keys file's tenants) are checked
+// against: two routers share one budget.
+
+// tenantBook is the spend not saved yet and the saved totals as last read. Guarded by c.mu.
+type tenantBook struct {
+	pending map[string]state.TenantUse
+	// saved are the store's totals for day, read after the last save (or at recovery).
+	saved map[string]state.TenantSpend
+	day   string
+	read  bool
+}
+
+// reportTenants takes one report's spend. Caller holds c.mu.
+func (c *Controller) reportTenants(us []fleet.TenantUse) {
+	b := &c.tenants
+	for _, u := range us {
+		if b.pending == nil {
+			b.pending = map[string]state.TenantUse{}
+		}
+		p := b.pending[u.Tenant]
+		p.Tenant = u.Tenant
+		p.Dollars += u.Dollars
+		p.Tokens += u.Tokens
+		p.Requests += u.Requests
+		b.pending[u.Tenant] = p
+	}
+}
+
+// flushTenants saves the spend reported since the last tick and reads the totals again;
+// what fails to save is kept for the next tick. Caller holds c.mu.
+func (c *Controller) flushTenants(ctx context.Context, now time.Time) {
+	b := &c.tenants
+	day := now.UTC().Format(time.DateOnly)
+	if len(b.pending) > 0 {
+		add := slices.SortedFunc(maps.Values(b.pending), func(a, b state.TenantUse) int { return strings.Compare(a.Tenant, b.Tenant) })
+		if err := c.store.AddTenantSpend(ctx, add, now); err != nil {
+			c.log.Error("tenant spend not saved; kept for the next tick", "err", err)
+			return
+		}
+		clear(b.pending)
+		b.read = false
+	}
+	if b.read && b.day == day {
+		return
+	}
+	saved, err := c.store.TenantSpends(ctx, now)
+	if err != nil {
+		c.log.Error("tenant spend not read; budgets see the last totals read", "err", err)
+		return
+	}
+	b.saved, b.day, b.read = saved, day, true
+}
+
+// tenantAnswer is every tenant's spend for the routers: the saved totals of now's day and
+// month, plus what is not saved yet. Caller holds c.mu.
+func (c *Controller) tenantAnswer(now time.Time) fleet.LoadAnswer {
+	b := &c.tenants
+	day := now.UTC().Format(time.DateOnly)
+	ans := fleet.LoadAnswer{OK: true, Day: day}
+	all := map[string]fleet.TenantSpend{}
+	if len(b.day) == len(day) && b.day[:7] == day[:7] { // the same month
+		for t, s := range b.saved {
+			ts := fleet.TenantSpend{Tenant: t, MonthDollars: s.MonthDollars, MonthTokens: s.MonthTokens}
+			if b.day == day {
+				ts.DayDollars, ts.DayTokens = s.DayDollars, s.DayTokens
+			}
+			all[t] = ts
+		}
+	}
+	for t, p := range b.pending {
+		ts := all[t]
+		ts.Tenant = t
+		ts.DayDollars += p.Dollars
+		ts.MonthDollars += p.Dollars
+		ts.DayTokens += p.Tokens
+		ts.MonthTokens += p.Tokens
+		all[t] = ts
+	}
+	for _, t := range slices.Sorted(maps.Keys(all)) {
+		ans.Tenants = append(ans.Tenants, all[t])
+	}
+	return ans
+}
