@@ -42,6 +42,7 @@ func (c *Controller) Handler() http.Handler {
 	mux.HandleFunc("PUT /v1/services/{name}", c.auth(c.updateService))
 	mux.HandleFunc("DELETE /v1/services/{name}", c.auth(c.deleteService))
 	mux.HandleFunc("GET /v1/events", c.auth(c.events))
+	mux.HandleFunc("GET /v1/tenants", c.auth(c.tenantsSpend))
 	mux.HandleFunc("GET /v1/logs/{replica}", c.auth(c.logs))
 	mux.HandleFunc("GET /v1/readyset", c.auth(c.readySet))
 	mux.HandleFunc("POST /v1/load", c.auth(c.load))

@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -98,4 +99,32 @@ func (c *Controller) tenantAnswer(now time.Time) fleet.LoadAnswer {
 		ans.Tenants = append(ans.Tenants, all[t])
 	}
 	return ans
+}
+
+// tenantsSpend answers GET /v1/tenants: every tenant's spend in the UTC day and month. The
+// leader answers what the routers are answered (the unsaved part included); a standby reads
+// the store.
+func (c *Controller) tenantsSpend(w http.ResponseWriter, r *http.Request) {
+	now := c.cfg.Now()
+	if c.leading() {
+		c.mu.Lock()
+		if !c.tenants.read {
+			c.flushTenants(r.Context(), now)
+		}
+		ans := c.tenantAnswer(now)
+		c.mu.Unlock()
+		writeJSON(w, http.StatusOK, ans)
+		return
+	}
+	saved, err := c.store.TenantSpends(r.Context(), now)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	ans := fleet.LoadAnswer{OK: true, Day: now.UTC().Format(time.DateOnly)}
+	for _, t := range slices.Sorted(maps.Keys(saved)) {
+		s := saved[t]
+		ans.Tenants = append(ans.Tenants, fleet.TenantSpend{Tenant: t, DayDollars: s.DayDollars, MonthDollars: s.MonthDollars, DayTokens: s.DayTokens, MonthTokens: s.MonthTokens})
+	}
+	writeJSON(w, http.StatusOK, ans)
 }

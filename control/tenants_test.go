@@ -91,6 +91,12 @@ func TestTenantSpendSharedAndKept(t *testing.T) {
 	if a := spend(report(srv, "r2", ``), "acme"); a.DayDollars != 1.75 || a.MonthDollars != 1.75 {
 		t.Fatalf("after a restart: acme %+v; want the $1.75 read back", a)
 	}
+	// serve status reads the same through GET /v1/tenants.
+	code, body := call(t, srv, "GET", "/v1/tenants", "secret", "")
+	var listed fleet.LoadAnswer
+	if err := json.Unmarshal([]byte(body), &listed); code != 200 || err != nil || spend(listed, "acme").MonthDollars != 1.75 || spend(listed, "beta").DayDollars != 0.5 {
+		t.Fatalf("GET /v1/tenants: %d %s", code, body)
+	}
 	// The next day, in the next month: both start again.
 	clock.Add(24 * time.Hour)
 	c.tick(context.Background())

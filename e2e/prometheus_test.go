@@ -205,7 +205,11 @@ func TestPrometheusDashboardAndCostAgree(t *testing.T) {
 	c := newCluster(t)
 	keysFile := filepath.Join(c.home, "keys.yaml")
 	const key = "sk-e2e-prometheus-0123456789"
-	if err := os.WriteFile(keysFile, []byte("keys:\n  - {name: e2e, sha256: "+router.HashKey(key)+"}\n"), 0o600); err != nil {
+	// A second tenant whose hard budget is spent by its first request: the second is
+	// refused (the tenant panels' 429s), as a budget is kept by the control plane.
+	const tinyKey = "sk-e2e-prometheus-tiny-0123456789"
+	if err := os.WriteFile(keysFile, []byte("keys:\n  - {name: e2e, sha256: "+router.HashKey(key)+"}\n  - {name: tiny, sha256: "+router.HashKey(tinyKey)+"}\n"+
+		"tenants:\n  - {name: e2e, budget: {period: month, soft_dollars: 1000, hard_dollars: 2000}}\n  - {name: tiny, budget: {period: day, hard_dollars: 0.000001}}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	c.extraDaemonFlags = []string{"--api-keys", keysFile}
@@ -230,6 +234,7 @@ run: exec replicasim -listen 127.0.0.1:$PORT -model $MODEL -profile h100-llama-3
 arbiter:
   model: paid-model
   adapters: [{name: paid-fin, source: `+adapter+`}]
+  queue: {enabled: true}
   scale_to_zero_after_seconds: 4
   autoscaling: {signal: concurrency, target_concurrency_per_replica: 2, stable_window_seconds: 3, panic_window_seconds: 1}
   readiness: {probe_interval_seconds: 0.3, failure_threshold: 2}
@@ -249,11 +254,11 @@ arbiter:
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	client := &http.Client{Timeout: 60 * time.Second}
-	send := func(body string, withKey bool) (int, []byte) {
+	sendAs := func(body, withKey string) (int, []byte) {
 		req, _ := http.NewRequest(http.MethodPost, "http://"+c.listen+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
-		if withKey {
-			req.Header.Set("Authorization", "Bearer "+key)
+		if withKey != "" {
+			req.Header.Set("Authorization", "Bearer "+withKey)
 		}
 		resp, err := client.Do(req)
 		if err != nil {
@@ -262,6 +267,12 @@ arbiter:
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, b
+	}
+	send := func(body string, withKey bool) (int, []byte) {
+		if withKey {
+			return sendAs(body, key)
+		}
+		return sendAs(body, "")
 	}
 	deadline := time.Now().Add(90 * time.Second)
 	for w := range 4 {
@@ -293,6 +304,13 @@ arbiter:
 	c.waitFor("a ready replica", 60*time.Second, func() bool { return c.status("paid").Ready >= 1 })
 	time.Sleep(3 * time.Second)
 	c.serve("preempt", c.status("paid").Replicas[0].ID, "--notice", "2s")
+	if code, b := sendAs(`{"model":"paid-model","messages":[{"role":"user","content":"x"}],"max_tokens":4}`, tinyKey); code != 200 {
+		t.Errorf("the tiny tenant's first request: %d %s; want 200 (nothing spent yet)", code, b)
+	}
+	c.waitFor("the tiny tenant's budget spent", 30*time.Second, func() bool {
+		code, b := sendAs(`{"model":"paid-model","messages":[{"role":"user","content":"x"}],"max_tokens":4}`, tinyKey)
+		return code == 429 && strings.Contains(string(b), "budget_exceeded")
+	})
 	if code, _ := send(`{"model":"no-such-model","messages":[{"role":"user","content":"x"}]}`, true); code != 404 {
 		t.Errorf("unknown model: %d; want 404", code)
 	}

@@ -88,7 +88,7 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 	}
 	ms := px.met.model(c.pickModel(), info.Service)
 	e2e := res.endAt.Sub(res.sentAt).Seconds()
-	ms.e2e.Observe(e2e)
+	ms.e2e.Observe(e2e + c.queued.Seconds())
 	ttft := e2e
 	if !res.firstAt.IsZero() {
 		ttft = res.firstAt.Sub(res.sentAt).Seconds()
@@ -98,20 +98,26 @@ func (px *Proxy) account(c *call, r *Replica, res result) {
 		out = res.events
 	}
 	tpot := 0.0
+	// What the client waited: the time in the router's queue too (the replica's model
+	// learns from ttft alone, which starts when the replica was sent the request).
+	waited := c.queued.Seconds()
 	if res.streamed {
-		ms.ttft.Observe(ttft)
+		ms.ttft.Observe(ttft + waited)
 		if out > 1 {
 			tpot = (e2e - ttft) / float64(out-1)
 			ms.itl.Observe(tpot)
 		}
 	}
-	met := (c.slo.E2E <= 0 || e2e <= c.slo.E2E) && (!res.streamed || ((c.slo.TTFT <= 0 || ttft <= c.slo.TTFT) && (c.slo.TPOT <= 0 || tpot <= c.slo.TPOT)))
-	if met {
+	meets := func(waited float64) bool {
+		return (c.slo.E2E <= 0 || e2e+waited <= c.slo.E2E) && (!res.streamed || ((c.slo.TTFT <= 0 || ttft+waited <= c.slo.TTFT) && (c.slo.TPOT <= 0 || tpot <= c.slo.TPOT)))
+	}
+	if meets(waited) {
 		ms.sloMet.Inc()
 	} else {
 		ms.sloMissed.Inc()
 	}
-	r.judge(met)
+	// The replica is judged on what it did: the router's queue is not its doing.
+	r.judge(meets(0))
 	if !c.kind.Generates() {
 		// No decode to learn from: a pooling, scoring, tokenizing or audio request.
 		return

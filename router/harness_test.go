@@ -198,8 +198,13 @@ func (r *rig) counter(t *testing.T, name string, labels ...string) float64 {
 		t.Fatal(err)
 	}
 	total := 0.0
+	// A histogram's sum is asked for by its series' name, NAME_sum.
+	family, sum := name, false
+	if f, ok := strings.CutSuffix(name, "_sum"); ok {
+		family, sum = f, true
+	}
 	for _, mf := range mfs {
-		if mf.GetName() != name {
+		if mf.GetName() != name && !(sum && mf.GetName() == family) {
 			continue
 		}
 	metric:
@@ -220,6 +225,9 @@ func (r *rig) counter(t *testing.T, name string, labels ...string) float64 {
 			}
 			if g := m.GetGauge(); g != nil {
 				total += g.GetValue()
+			}
+			if h := m.GetHistogram(); h != nil && sum {
+				total += h.GetSampleSum()
 			}
 		}
 	}

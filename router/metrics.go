@@ -94,7 +94,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.holdWait = hv("hold_wait_seconds", "How long requests waited for a replica of a service scaled to zero.", latencyBuckets, "model", "service")
 	m.queueWaiting = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "queue_waiting_requests", Help: "Requests waiting in the router's queue because no replica has room for them (queue.enabled), by service and priority band."}, []string{"service", "band"})
 	reg.MustRegister(m.queueWaiting)
-	m.queueWait = hv("queue_wait_seconds", "How long requests sent from the router's queue waited there, by service, tenant and priority band.", latencyBuckets, "service", "tenant", "band")
+	m.queueWait = hv("queue_wait_seconds", "How long requests waited in the router's queue (queue.enabled) before a replica took them, 0 for those a replica took at once, by service, tenant and priority band.", latencyBuckets, "service", "tenant", "band")
 	m.queueRejected = cv("queue_rejected_total", "Requests the router's queue answered 429 (or that left), by service, tenant, priority band and reason: timeout (waited to its SLO's TTFT target, queue.max_wait or its deadline), shed (a more urgent request took its place), full (queue.max_waiting), client_gone.", "service", "tenant", "band", "reason")
 	m.tenantTokens = cv("tenant_tokens_total", "Tokens served per tenant (an API key, or the keys that name one tenant) and priority band, from each response's usage.", "service", "tenant", "band", "type")
 	m.tenantDollars = cv("tenant_dollars_total", "Dollars tenants spent through this router: each answer's tokens at its replica's price per token (hourly price over throughput).", "service", "tenant")
@@ -138,6 +138,9 @@ func (m *Metrics) setReplicas(rs []*Replica) {
 func (m *Metrics) knowService(service string) {
 	m.held.WithLabelValues(service)
 	m.retries.WithLabelValues(service)
+	for b := range numBands {
+		m.queueWaiting.WithLabelValues(service, b.String())
+	}
 }
 
 // goneRetention is how long a removed replica's counters stay exported: long enough for

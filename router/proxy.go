@@ -294,6 +294,9 @@ type call struct {
 	onBegin func()
 	// queueCfg is the service's queue as the control plane set it (nil: the router's).
 	queueCfg *QueueConfig
+	// queued is how long the request waited in the router's queue: the client waited it
+	// too, so its SLO is judged with it (the replica's model learns without it).
+	queued time.Duration
 }
 
 func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {

@@ -170,9 +170,9 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 	pick := func() *Replica {
 		c.route.Now = px.Now()
 		cands := servingCandidates(px.pool.candidates(c.pickModel()), c.api, &c.servingBuf)
-		c.route.gate = px.gateFor(c)
+		c.route.gate, c.route.patient = px.gateFor(c), c.band == Sheddable
 		r := policy.Pick(&c.route, cands, rng)
-		c.route.gate = 0
+		c.route.gate, c.route.patient = 0, false
 		return r
 	}
 	sq.mu.Lock()
@@ -181,6 +181,7 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 	if ahead == 0 {
 		if r := pick(); r != nil {
 			px.charged(sq, c)
+			px.met.queueWait.WithLabelValues(c.service, c.tenant, c.band.String()).Observe(0)
 			return r
 		}
 	}
@@ -256,7 +257,8 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 		sq.countDispatch(now)
 		sq.mu.Unlock()
 		px.charged(sq, c)
-		px.met.queueWait.WithLabelValues(c.service, c.tenant, c.band.String()).Observe(now.Sub(w.arrived).Seconds())
+		c.queued = now.Sub(w.arrived)
+		px.met.queueWait.WithLabelValues(c.service, c.tenant, c.band.String()).Observe(c.queued.Seconds())
 		// The next head tries once this request has begun on its replica (attempt's
 		// Begin), so that its prediction counts this one.
 		c.onBegin = sq.kick

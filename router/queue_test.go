@@ -187,6 +187,11 @@ func TestQueueOrdersBandsThenTenants(t *testing.T) {
 	if w := waiting(); w != 0 || len(answers) != n {
 		t.Fatalf("%v still waiting, %d of %d answered", w, len(answers), n)
 	}
+	// The client waited in the queue too: the router's latency counts it.
+	waited, latency := r.counter(t, "arbiter_router_queue_wait_seconds_sum"), r.counter(t, "arbiter_router_e2e_request_latency_seconds_sum")
+	if waited <= 0 || latency < waited {
+		t.Fatalf("requests waited %.3f s in the queue, and their latency adds up to %.3f s; want the wait counted in it", waited, latency)
+	}
 }
 
 func slicesEqual(a, b []int) bool {

@@ -24,11 +24,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,6 +66,9 @@ type options struct {
 	staticConcurrency int
 	sheddableFill     float64
 	maxWait           time.Duration
+	// metrics, when set, is a pattern of the router's metric lines printed (to stderr)
+	// after each mode, to see why it did what it did.
+	metrics string
 }
 
 func main() {
@@ -84,6 +89,7 @@ func main() {
 	flag.IntVar(&o.staticConcurrency, "static-concurrency", 0, "the batch key's max_concurrency in mode static (default: 8 per replica, the spec's default target_concurrency_per_replica)")
 	flag.Float64Var(&o.sheddableFill, "sheddable-fill", 1, "the queue's sheddable_fill in mode queue")
 	flag.DurationVar(&o.maxWait, "max-wait", 30*time.Second, "the queue's max_wait in mode queue (how long a sheddable request waits)")
+	flag.StringVar(&o.metrics, "router-metrics", "", "after each mode, print the router's /metrics lines matching this regular expression (to stderr)")
 	flag.Parse()
 	o.modes = strings.Split(modes, ",")
 	for _, m := range o.modes {
@@ -271,6 +277,11 @@ func runMode(o options, mode string, app, batch []traces.Request, appRate, batch
 		})
 	}
 	wg.Wait()
+	if o.metrics != "" {
+		if err := printMetrics(admin, o.metrics, mode); err != nil {
+			return "", err
+		}
+	}
 	label := mode
 	if mode == "queue" {
 		label = fmt.Sprintf("queue, sheddable_fill %v", fill)
@@ -311,4 +322,27 @@ func row(o options, mode string, app, batch []workload.Result) string {
 	return fmt.Sprintf("| %s | %.1f %% | %.1f %% | %s / %s | %s | %s | %.0f |", mode, 100*float64(a.OK)/float64(max(len(app), 1)), 100*float64(a.Good)/float64(max(len(app), 1)),
 		workload.Ms(workload.Quantile(a.TTFT, 0.5)), workload.Ms(workload.Quantile(a.TTFT, 0.9)), workload.Ms(workload.Quantile(a.TPOT, 0.9)),
 		batchCells, float64(a.Tokens+tokens)/secs)
+}
+
+// printMetrics writes the router's metric lines that match pattern to stderr.
+func printMetrics(admin, pattern, mode string) error {
+	re, err := regexp.Compile(pattern)
+	if err != nil {
+		return fmt.Errorf("-router-metrics: %w", err)
+	}
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "#") && re.MatchString(line) {
+			fmt.Fprintf(os.Stderr, "%s: %s\n", mode, line)
+		}
+	}
+	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/arbiter-serve/arbiter/control"
+	"github.com/arbiter-serve/arbiter/fleet"
 )
 
 func statusCmd(g *globals) *cobra.Command {
@@ -66,6 +67,9 @@ func statusCmd(g *globals) *cobra.Command {
 			}
 			tw.Flush()
 			printAdapters(out, svcs)
+			if len(args) == 0 {
+				printTenants(cmd.Context(), out, g)
+			}
 			for _, s := range svcs {
 				if s.Failed != "" {
 					fmt.Fprintf(out, "  %s: failed: %s (fix it with `serve update %s FILE`, or remove it with `serve down %s`)\n", s.Name, s.Failed, s.Name, s.Name)
@@ -368,6 +372,31 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-time.After(d):
 		return true
 	}
+}
+
+// printTenants lists the tenants' spend (issue 52), if any tenant spent anything: what the
+// routers' budgets are checked against. A control plane that does not answer it (an older
+// version) prints nothing.
+func printTenants(ctx context.Context, out io.Writer, g *globals) {
+	c, _, err := connect(ctx, g.home, g.api)
+	if err != nil {
+		return
+	}
+	var ans fleet.LoadAnswer
+	if _, err := c.do(ctx, http.MethodGet, "/v1/tenants", nil, &ans); err != nil || len(ans.Tenants) == 0 {
+		return
+	}
+	writeTenants(out, ans)
+}
+
+func writeTenants(out io.Writer, ans fleet.LoadAnswer) {
+	fmt.Fprintf(out, "\nTenants (spend at the replicas' $ per token; UTC day %s and its month)\n", ans.Day)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\t$ TODAY\t$ THIS MONTH\tTOKENS TODAY\tTOKENS THIS MONTH")
+	for _, t := range ans.Tenants {
+		fmt.Fprintf(tw, "%s\t%.4f\t%.4f\t%.0f\t%.0f\n", t.Tenant, t.DayDollars, t.MonthDollars, t.DayTokens, t.MonthTokens)
+	}
+	tw.Flush()
 }
 
 // printAdapters lists each service's LoRA adapters with their use and cost, if any has one.

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/arbiter-serve/arbiter/control"
+	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/state"
 )
 
@@ -56,5 +57,15 @@ func TestAdaptersTable(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 4 || strings.Join(strings.Fields(lines[2]), " ") != "llm fin 12 3400 0.0125" || !strings.HasPrefix(lines[3], "llm") {
 		t.Errorf("adapters table:\n%s", out.String())
+	}
+}
+
+// The tenants table lists each tenant's spend today and this month.
+func TestTenantsTable(t *testing.T) {
+	var out bytes.Buffer
+	writeTenants(&out, fleet.LoadAnswer{Day: "2026-11-30", Tenants: []fleet.TenantSpend{{Tenant: "acme", DayDollars: 1.25, MonthDollars: 40.5, DayTokens: 1200, MonthTokens: 99000}}})
+	want := "Tenants (spend at the replicas' $ per token; UTC day 2026-11-30 and its month)\nTENANT  $ TODAY  $ THIS MONTH  TOKENS TODAY  TOKENS THIS MONTH\nacme    1.2500   40.5000       1200          99000\n"
+	if got := strings.TrimLeft(out.String(), "\n"); got != want {
+		t.Errorf("tenants table:\n%q\nwant\n%q", got, want)
 	}
 }
