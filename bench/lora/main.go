@@ -27,14 +27,11 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/arbiter-serve/arbiter/bench/procs"
 	"github.com/arbiter-serve/arbiter/bench/workload"
@@ -186,22 +183,9 @@ func peftFolder(path string, size int64) error {
 func runPolicy(o options, pol string, reqs []traces.Request, models []string, adapters []fleet.Adapter, rate float64, dir string) (string, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var started []*exec.Cmd
-	defer func() {
-		for _, p := range started {
-			_ = p.Process.Kill()
-			_ = p.Wait()
-		}
-	}()
-	start := func(env []string, name string, args ...string) error {
-		cmd := exec.CommandContext(ctx, filepath.Join(o.bin, name), args...)
-		cmd.Stderr, cmd.Env = os.Stderr, append(os.Environ(), env...)
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("start %s: %w", name, err)
-		}
-		started = append(started, cmd)
-		return nil
-	}
+	g := procs.NewGroup(ctx, o.bin)
+	defer g.Stop()
+	start := g.Start
 	var set []fleet.Replica
 	for i := range o.replicas {
 		addr, err := procs.FreeAddr()
@@ -226,14 +210,8 @@ func runPolicy(o options, pol string, reqs []traces.Request, models []string, ad
 		"adapters":        adapters,
 		"max_loras":       o.maxLoRAs,
 	}
-	for name, v := range map[string]any{"router.yaml": cfg, "replicas.yaml": map[string]any{"replicas": set}} {
-		b, err := yaml.Marshal(v)
-		if err != nil {
-			return "", err
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-			return "", err
-		}
+	if err := procs.WriteYAML(dir, map[string]any{"router.yaml": cfg, "replicas.yaml": map[string]any{"replicas": set}}); err != nil {
+		return "", err
 	}
 	listen, err := procs.FreeAddr()
 	if err != nil {

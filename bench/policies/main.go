@@ -30,15 +30,12 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/arbiter-serve/arbiter/bench/gateway"
 	"github.com/arbiter-serve/arbiter/bench/procs"
@@ -265,22 +262,9 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 		return nil, nil, err
 	}
 	defer os.RemoveAll(dir)
-	var started []*exec.Cmd
-	defer func() {
-		for _, p := range started {
-			_ = p.Process.Kill()
-			_ = p.Wait()
-		}
-	}()
-	start := func(name string, args ...string) error {
-		cmd := exec.CommandContext(ctx, filepath.Join(o.bin, name), args...)
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("start %s: %w", name, err)
-		}
-		started = append(started, cmd)
-		return nil
-	}
+	g := procs.NewGroup(ctx, o.bin)
+	defer g.Stop()
+	start := func(name string, args ...string) error { return g.Start(nil, name, args...) }
 	var set []fleet.Replica
 	for i, rs := range o.replicas {
 		addr, err := procs.FreeAddr()
@@ -312,14 +296,8 @@ func runPolicy(o options, pol string, reqs []traces.Request, rate float64, tps m
 	if noPrefix {
 		cfg["affinity_size"] = 0
 	}
-	for name, v := range map[string]any{"router.yaml": cfg, "replicas.yaml": map[string]any{"replicas": set}} {
-		b, err := yaml.Marshal(v)
-		if err != nil {
-			return nil, nil, err
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-			return nil, nil, err
-		}
+	if err := procs.WriteYAML(dir, map[string]any{"router.yaml": cfg, "replicas.yaml": map[string]any{"replicas": set}}); err != nil {
+		return nil, nil, err
 	}
 	var urls, extProcs, gossip []string
 	if shared {

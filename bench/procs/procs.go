@@ -1,15 +1,21 @@
 // Package procs is what the bench programs need of the processes they start and watch: a
-// free loopback address to give one, and its resident memory and liveness from /proc.
+// free loopback address to give one, its resident memory and liveness from /proc, and a
+// group that starts them and kills them together.
 package procs
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"gopkg.in/yaml.v3"
 )
 
 // FreeAddr returns a loopback address no one listens on right now.
@@ -88,4 +94,49 @@ func WaitHealthy(addr string) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("%s not healthy within 60 s", addr)
+}
+
+// Group is a bench's processes, started from one folder of binaries and killed together.
+type Group struct {
+	ctx  context.Context
+	bin  string
+	cmds []*exec.Cmd
+}
+
+// NewGroup starts processes from the binaries in bin, each ended with ctx.
+func NewGroup(ctx context.Context, bin string) *Group { return &Group{ctx: ctx, bin: bin} }
+
+// Start runs the binary name with args, its stderr the bench's, env added to the bench's
+// own environment.
+func (g *Group) Start(env []string, name string, args ...string) error {
+	cmd := exec.CommandContext(g.ctx, filepath.Join(g.bin, name), args...)
+	cmd.Stderr, cmd.Env = os.Stderr, append(os.Environ(), env...)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	g.cmds = append(g.cmds, cmd)
+	return nil
+}
+
+// Stop kills every process started and waits for it.
+func (g *Group) Stop() {
+	for _, c := range g.cmds {
+		_ = c.Process.Kill()
+		_ = c.Wait()
+	}
+	g.cmds = nil
+}
+
+// WriteYAML writes each value as YAML to its file name in dir, owner-only.
+func WriteYAML(dir string, files map[string]any) error {
+	for name, v := range files {
+		b, err := yaml.Marshal(v)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
 }

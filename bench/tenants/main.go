@@ -28,7 +28,6 @@ import (
 	"math"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -36,8 +35,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/arbiter-serve/arbiter/bench/procs"
 	"github.com/arbiter-serve/arbiter/bench/workload"
@@ -188,22 +185,9 @@ func runMode(o options, mode string, app, batch []traces.Request, appRate, batch
 		return "", err
 	}
 	defer os.RemoveAll(dir)
-	var started []*exec.Cmd
-	defer func() {
-		for _, p := range started {
-			_ = p.Process.Kill()
-			_ = p.Wait()
-		}
-	}()
-	start := func(name string, args ...string) error {
-		cmd := exec.CommandContext(ctx, filepath.Join(o.bin, name), args...)
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("start %s: %w", name, err)
-		}
-		started = append(started, cmd)
-		return nil
-	}
+	g := procs.NewGroup(ctx, o.bin)
+	defer g.Stop()
+	start := func(name string, args ...string) error { return g.Start(nil, name, args...) }
 	var set []fleet.Replica
 	for i := range o.replicas {
 		addr, err := procs.FreeAddr()
@@ -238,14 +222,8 @@ func runMode(o options, mode string, app, batch []traces.Request, appRate, batch
 	if mode == "queue" {
 		cfg["queue"] = map[string]any{"enabled": true, "sheddable_fill": fill, "max_wait": o.maxWait.String(), "max_waiting": 100000}
 	}
-	for name, v := range map[string]any{"router.yaml": cfg, "replicas.yaml": map[string]any{"replicas": set}, "keys.yaml": keys} {
-		b, err := yaml.Marshal(v)
-		if err != nil {
-			return "", err
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-			return "", err
-		}
+	if err := procs.WriteYAML(dir, map[string]any{"router.yaml": cfg, "replicas.yaml": map[string]any{"replicas": set}, "keys.yaml": keys}); err != nil {
+		return "", err
 	}
 	listen, err := procs.FreeAddr()
 	if err != nil {
