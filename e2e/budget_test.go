@@ -54,12 +54,7 @@ func metricValue(t *testing.T, admin, name string, labels ...string) float64 {
 func TestBudgetSharedByTwoRoutersAcrossRestarts(t *testing.T) {
 	c := newCluster(t)
 	c.apiURL = "http://" + c.api
-	startControl := func() *proc {
-		p := startProc(t, filepath.Join(c.home, "autoscaler.log"), "autoscaler", "-home", c.home, "-api", c.api, "-admin", "",
-			"-tick", "200ms", "-drain-timeout", "5s", "-grace", "2s", "-log-level", "debug")
-		c.waitFor("the control plane", 20*time.Second, func() bool { _, err := c.serveErr("status"); return err == nil })
-		return p
-	}
+	startControl := c.startAutoscaler
 	cp := startControl()
 	keysPath := filepath.Join(c.home, "keys.yaml")
 	writeKeys := func(soft, hard float64) {

@@ -19,12 +19,7 @@ import (
 func TestRouterServesWhileTheControlPlaneIsDown(t *testing.T) {
 	c := newCluster(t)
 	c.apiURL = "http://" + c.api
-	startControl := func() *proc {
-		p := startProc(t, filepath.Join(c.home, "autoscaler.log"), "autoscaler", "-home", c.home, "-api", c.api, "-admin", "",
-			"-tick", "200ms", "-drain-timeout", "5s", "-grace", "2s", "-log-level", "debug")
-		c.waitFor("the control plane", 20*time.Second, func() bool { _, err := c.serveErr("status"); return err == nil })
-		return p
-	}
+	startControl := c.startAutoscaler
 	cp := startControl()
 	routerAdmin := "http://" + freeAddr(t)
 	startProc(t, filepath.Join(c.home, "router.log"), "router", "-listen", c.listen, "-admin", routerAdmin[len("http://"):],
@@ -83,4 +78,13 @@ func TestRouterServesWhileTheControlPlaneIsDown(t *testing.T) {
 	l.finish(t, "non-streaming load through the control plane's death, a replica's death and the restart")
 	c.serve("down", "--all")
 	cp.kill()
+}
+
+// startAutoscaler runs the standalone control plane (cmd/autoscaler) on the cluster's home
+// and API address (c.apiURL set to it), and returns once it answers.
+func (c *cluster) startAutoscaler() *proc {
+	p := startProc(c.t, filepath.Join(c.home, "autoscaler.log"), "autoscaler", "-home", c.home, "-api", c.api, "-admin", "",
+		"-tick", "200ms", "-drain-timeout", "5s", "-grace", "2s", "-log-level", "debug")
+	c.waitFor("the control plane", 20*time.Second, func() bool { _, err := c.serveErr("status"); return err == nil })
+	return p
 }

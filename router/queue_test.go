@@ -147,6 +147,16 @@ func TestQueueOrdersBandsThenTenants(t *testing.T) {
 		n++
 		waitFor(t, "a critical request waiting", func() bool { return waiting() == float64(n) })
 	}
+	// The autoscaler sees the demand that waits: the load report counts it as held.
+	held := 0.0
+	for _, m := range r.px.Load.report(nil) {
+		if m.Model == testModel {
+			held = m.Held
+		}
+	}
+	if held != float64(n) {
+		t.Fatalf("the load report holds %v requests; want the %d waiting in the queue", held, n)
+	}
 	for k := 1; k <= n; k++ {
 		room.mu.Lock()
 		room.tokens++
