@@ -164,6 +164,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.ControlURL != "" {
 		cp := NewControlPlane(o.ControlURL, o.Token, o.RouterID, pool, px.Load, log)
 		px.ControlPlane = cp
+		cp.OnAdaptersRemoved = px.unloadAdapters
 		sourceSynced := synced
 		synced = func() bool { return cp.Revision() > 0 && sourceSynced() }
 		go cp.Run(ctx)

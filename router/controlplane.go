@@ -123,6 +123,10 @@ type ControlPlane struct {
 	// ReportEvery is the load report interval.
 	ReportEvery time.Duration
 
+	// OnAdaptersRemoved, when set, is told of the LoRA adapters loaded at run time that the
+	// latest set no longer has (serve update took them out): the proxy unloads them.
+	OnAdaptersRemoved func([]fleet.Adapter)
+
 	mu       sync.RWMutex
 	services []fleet.Service
 	wakes    map[string]time.Time // model → last wake sent
@@ -339,8 +343,12 @@ func (cp *ControlPlane) follow(ctx context.Context) {
 			}
 		}
 		cp.mu.Lock()
+		removed := removedAdapters(cp.services, set.Services)
 		cp.services = set.Services
 		cp.mu.Unlock()
+		if len(removed) > 0 && cp.OnAdaptersRemoved != nil {
+			cp.OnAdaptersRemoved(removed)
+		}
 		for _, sv := range set.Services {
 			cp.pool.met.knowService(sv.Name)
 		}
@@ -467,4 +475,24 @@ func (cp *ControlPlane) Wake(model string) {
 			cp.log.Warn("wake failed", "model", model, "err", err)
 		}
 	}()
+}
+
+// removedAdapters are the adapters loaded at run time (not static) in before that no
+// service of after has under that name.
+func removedAdapters(before, after []fleet.Service) []fleet.Adapter {
+	kept := map[string]bool{}
+	for _, s := range after {
+		for _, a := range s.Adapters {
+			kept[a.Name] = true
+		}
+	}
+	var out []fleet.Adapter
+	for _, s := range before {
+		for _, a := range s.Adapters {
+			if !a.Static && !kept[a.Name] {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
 }

@@ -125,6 +125,7 @@ func startWithControlPlane(t *testing.T, fake *fakeControlPlane, mod func(*Confi
 	rig := startRouterWith(t, mod, func(px *Proxy, pool *Pool) {
 		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
 		px.ControlPlane = cp
+		cp.OnAdaptersRemoved = px.unloadAdapters // as Run wires it
 	}, replicas...)
 	go cp.Run(ctx)
 	waitFor(t, "the first ready set", func() bool { return cp.Revision() >= 1 })

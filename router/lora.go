@@ -481,3 +481,50 @@ func (l *loadTimes) expect() float64 {
 	}
 	return l.e.v
 }
+
+// unloadAdapters asks every replica this router knows an adapter loaded on to unload it
+// (vLLM's /v1/unload_lora_adapter), once serve update has taken the adapter out: its CPU
+// cache and GPU slot go back to the adapters still served. Each runs in the background; a
+// request for it still streaming there finishes (vLLM unloads between steps, and replicasim
+// as vLLM does). Several routers may ask: "not found" is a success.
+func (px *Proxy) unloadAdapters(removed []fleet.Adapter) {
+	for _, r := range px.pool.Snapshot() {
+		for _, a := range removed {
+			if !r.adapterLoaded(a.Name) {
+				continue
+			}
+			go px.unloadAdapter(r, a.Name)
+		}
+	}
+}
+
+// unloadAdapter asks r's vLLM to unload adapter name: 200 with a plain-text success; 404
+// "… not found" (another router unloaded it) is one too.
+func (px *Proxy) unloadAdapter(r *Replica, name string) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + r.Info().Address + "/v1/unload_lora_adapter")
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	body, _ := json.Marshal(struct {
+		Name string `json:"lora_name"`
+	}{name})
+	req.SetBody(body)
+	err := px.adminClient.DoTimeout(req, resp, 30*time.Second)
+	status := resp.StatusCode()
+	if err == nil && (status == fasthttp.StatusOK || status == fasthttp.StatusNotFound) {
+		l := r.loraState()
+		l.mu.Lock()
+		delete(l.loaded, name)
+		l.mu.Unlock()
+		px.met.adapterLoads.WithLabelValues(r.Info().Service, "unloaded").Inc()
+		px.log.Info("unloaded LoRA adapter removed from its service", "adapter", name, "replica", r.Info().ID)
+		return
+	}
+	if err == nil {
+		err = fmt.Errorf("HTTP %d: %s", status, vllmErrorMessage(resp.Body()))
+	}
+	px.met.adapterLoads.WithLabelValues(r.Info().Service, "unload_failed").Inc()
+	px.log.Warn("could not unload a LoRA adapter removed from its service; it stays on the replica until it is replaced", "adapter", name, "replica", r.Info().ID, "err", err)
+}

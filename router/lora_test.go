@@ -158,6 +158,15 @@ func TestAdaptersRoutedByAffinityAndLoadedOnDemand(t *testing.T) {
 	if !strings.Contains(string(rest), "[DONE]") {
 		t.Errorf("fin's stream, its adapter removed meanwhile, did not end whole: %q", string(rest)[max(0, len(rest)-200):])
 	}
+	// The router unloaded fin from the replica it had loaded it on: vLLM lists it no more.
+	finSim := map[string]*sim{"r1": s1, "r2": s2}[finOn]
+	waitFor(t, "fin unloaded from "+finOn, func() bool {
+		_, body := get(t, "http://"+finSim.addr+"/v1/models")
+		return !strings.Contains(body, `"id":"fin"`)
+	})
+	if got := rig.counter(t, "arbiter_router_adapter_loads_total", "result", "unloaded"); got != 1 {
+		t.Errorf("unloads counted: %v; want 1", got)
+	}
 	waitWithin(t, 30*time.Second, "in-flight counts back to zero", func() bool { return rig.inflight("r1")+rig.inflight("r2") <= 1 })
 }
 
