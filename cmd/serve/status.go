@@ -54,6 +54,12 @@ func statusCmd(g *globals) *cobra.Command {
 				fmt.Fprintln(out, "No services. Start one with `serve up FILE`.")
 				return nil
 			}
+			// Everything is fetched before anything is printed: a reader that stops early
+			// (grep -q) must not find the output paused on a network call.
+			var tenants *fleet.LoadAnswer
+			if len(args) == 0 {
+				tenants = fetchTenants(cmd.Context(), g)
+			}
 			fmt.Fprintln(out, "Services")
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tVERSION\tUPTIME\tSTATUS\tREPLICAS\tSPOT\t$/HOUR\t$ SO FAR\tTOKENS\t$/M TOKENS\tENDPOINT")
@@ -67,8 +73,8 @@ func statusCmd(g *globals) *cobra.Command {
 			}
 			tw.Flush()
 			printAdapters(out, svcs)
-			if len(args) == 0 {
-				printTenants(cmd.Context(), out, g)
+			if tenants != nil {
+				writeTenants(out, *tenants)
 			}
 			for _, s := range svcs {
 				if s.Failed != "" {
@@ -374,19 +380,19 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// printTenants lists the tenants' spend (issue 52), if any tenant spent anything: what the
-// routers' budgets are checked against. A control plane that does not answer it (an older
-// version) prints nothing.
-func printTenants(ctx context.Context, out io.Writer, g *globals) {
+// fetchTenants is the tenants' spend (issue 52), or nil when no tenant spent anything:
+// what the routers' budgets are checked against. A control plane that does not answer it
+// (an older version) gives nil.
+func fetchTenants(ctx context.Context, g *globals) *fleet.LoadAnswer {
 	c, _, err := connect(ctx, g.home, g.api)
 	if err != nil {
-		return
+		return nil
 	}
 	var ans fleet.LoadAnswer
 	if _, err := c.do(ctx, http.MethodGet, "/v1/tenants", nil, &ans); err != nil || len(ans.Tenants) == 0 {
-		return
+		return nil
 	}
-	writeTenants(out, ans)
+	return &ans
 }
 
 func writeTenants(out io.Writer, ans fleet.LoadAnswer) {
