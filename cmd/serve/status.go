@@ -33,7 +33,11 @@ func statusCmd(g *globals) *cobra.Command {
 			if asJSON && !all {
 				query = ""
 			}
-			svcs, err := fetchWith(cmd.Context(), g, args, query)
+			c, _, err := connect(cmd.Context(), g.home, g.api)
+			if err != nil {
+				return err
+			}
+			svcs, err := fetchFrom(cmd.Context(), c, args, query)
 			if err != nil {
 				return err
 			}
@@ -58,7 +62,7 @@ func statusCmd(g *globals) *cobra.Command {
 			// (grep -q) must not find the output paused on a network call.
 			var tenants *fleet.LoadAnswer
 			if len(args) == 0 {
-				tenants = fetchTenants(cmd.Context(), g)
+				tenants = fetchTenants(cmd.Context(), c)
 			}
 			fmt.Fprintln(out, "Services")
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
@@ -184,15 +188,16 @@ func replicasCmd(g *globals) *cobra.Command {
 }
 
 func fetch(ctx context.Context, g *globals, names []string) ([]control.ServiceStatus, error) {
-	return fetchWith(ctx, g, names, "")
-}
-
-// fetchWith is fetch with a query on each call (?all=1: ended replicas too).
-func fetchWith(ctx context.Context, g *globals, names []string, query string) ([]control.ServiceStatus, error) {
 	c, _, err := connect(ctx, g.home, g.api)
 	if err != nil {
 		return nil, err
 	}
+	return fetchFrom(ctx, c, names, "")
+}
+
+// fetchFrom is fetch from a control plane connected already, with a query on each call
+// (?all=1: ended replicas too).
+func fetchFrom(ctx context.Context, c *client, names []string, query string) ([]control.ServiceStatus, error) {
 	if len(names) == 0 {
 		return c.servicesWith(ctx, query)
 	}
@@ -383,11 +388,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // fetchTenants is the tenants' spend (issue 52), or nil when no tenant spent anything:
 // what the routers' budgets are checked against. A control plane that does not answer it
 // (an older version) gives nil.
-func fetchTenants(ctx context.Context, g *globals) *fleet.LoadAnswer {
-	c, _, err := connect(ctx, g.home, g.api)
-	if err != nil {
-		return nil
-	}
+func fetchTenants(ctx context.Context, c *client) *fleet.LoadAnswer {
 	var ans fleet.LoadAnswer
 	if _, err := c.do(ctx, http.MethodGet, "/v1/tenants", nil, &ans); err != nil || len(ans.Tenants) == 0 {
 		return nil
