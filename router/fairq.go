@@ -21,10 +21,8 @@ import (
 // Not safe for concurrent use; the proxy's serviceQueue holds its lock around every call.
 type fairQueue struct {
 	bands [numBands]fairBand
-	// max bounds the waiters of all bands together (0: unbounded, tests only).
-	max int
-	n   int
-	seq uint64
+	n     int // waiters, all bands together
+	seq   uint64
 }
 
 type fairBand struct {
@@ -69,11 +67,11 @@ func vtcCost(prompt, output int) float64 {
 	return vtcInput*float64(max(prompt, 0)) + vtcOutput*float64(max(output, 0))
 }
 
-// push queues w. When the queue is full it makes room by taking out the newest waiter of
-// the lowest band below w's (returned, to be answered 429), or refuses w (ok false) when
-// no band below w's has a waiter.
-func (q *fairQueue) push(w *waiter) (evicted *waiter, ok bool) {
-	if q.max > 0 && q.n >= q.max {
+// push queues w. When there is no room for it (full) it makes room by taking out the newest
+// waiter of the lowest band below w's (returned, to be answered 429), or refuses w (ok
+// false) when no band below w's has a waiter.
+func (q *fairQueue) push(w *waiter, full bool) (evicted *waiter, ok bool) {
+	if full {
 		evicted = q.newestBelow(w.band)
 		if evicted == nil {
 			return nil, false
@@ -193,7 +191,7 @@ func (q *fairQueue) charge(band Band, tenant string, weight, service float64) {
 	}
 }
 
-// waiting is how many wait in band and above it (more urgent).
+// waitingAtOrAbove is how many wait in band and in the bands above it (more urgent).
 func (q *fairQueue) waitingAtOrAbove(band Band) int {
 	n := 0
 	for b := Critical; b <= band; b++ {
@@ -202,22 +200,4 @@ func (q *fairQueue) waitingAtOrAbove(band Band) int {
 		}
 	}
 	return n
-}
-
-// expired takes out and returns the waiters whose deadline is not after now.
-func (q *fairQueue) expired(now time.Time) []*waiter {
-	var out []*waiter
-	for i := range q.bands {
-		for _, f := range q.bands[i].flows {
-			for _, w := range f.waiters {
-				if !now.Before(w.deadline) {
-					out = append(out, w)
-				}
-			}
-		}
-	}
-	for _, w := range out {
-		q.remove(w)
-	}
-	return out
 }

@@ -3,7 +3,6 @@ package router
 import (
 	"math"
 	"testing"
-	"time"
 )
 
 func newWaiter(tenant string, band Band, weight, cost float64) *waiter {
@@ -35,7 +34,7 @@ func TestFairQueueBandsAreStrict(t *testing.T) {
 	q.charge(Critical, "a", 1, 1e6) // a's critical counter is far ahead
 	order := []*waiter{newWaiter("s", Sheddable, 1, 1), newWaiter("b", Standard, 1, 1), newWaiter("a", Critical, 1, 1)}
 	for _, w := range order {
-		if _, ok := q.push(w); !ok {
+		if _, ok := q.push(w, false); !ok {
 			t.Fatal("refused")
 		}
 	}
@@ -64,11 +63,11 @@ func TestFairQueueSharesTokensNotRequests(t *testing.T) {
 			q := &fairQueue{}
 			const bigCost, smallCost = vtcInput*2000 + vtcOutput*200, vtcInput*200 + vtcOutput*20
 			for range 50 {
-				q.push(newWaiter("big", Standard, tc.wBig, bigCost))
-				q.push(newWaiter("small", Standard, 1, smallCost))
+				q.push(newWaiter("big", Standard, tc.wBig, bigCost), false)
+				q.push(newWaiter("small", Standard, 1, smallCost), false)
 			}
 			// Both stay backlogged: each served request is replaced by another.
-			got := serveHeads(q, 2000, func(w *waiter) { q.push(newWaiter(w.tenant, w.band, w.weight, w.cost)) })
+			got := serveHeads(q, 2000, func(w *waiter) { q.push(newWaiter(w.tenant, w.band, w.weight, w.cost), false) })
 			ratio := got["big"] / got["small"]
 			if math.Abs(ratio-tc.wantBy)/tc.wantBy > 0.05 {
 				t.Fatalf("big got %.0f, small %.0f (ratio %.3f); want about %.0f×", got["big"], got["small"], ratio, tc.wantBy)
@@ -86,11 +85,11 @@ func TestFairQueueSharesTokensNotRequests(t *testing.T) {
 func TestFairQueueLiftsAReturningTenant(t *testing.T) {
 	q := &fairQueue{}
 	for range 100 {
-		q.push(newWaiter("busy", Standard, 1, 10))
+		q.push(newWaiter("busy", Standard, 1, 10), false)
 	}
 	serveHeads(q, 50, nil) // busy alone: its counter is 500
 	for range 10 {
-		q.push(newWaiter("back", Standard, 1, 10))
+		q.push(newWaiter("back", Standard, 1, 10), false)
 	}
 	if c := q.bands[Standard].counters["back"]; c != 500 {
 		t.Fatalf("the returning tenant's counter is %v; want lifted to 500, the least of those waiting", c)
@@ -104,48 +103,33 @@ func TestFairQueueLiftsAReturningTenant(t *testing.T) {
 // A full queue makes room for a more urgent request by taking out the newest of the
 // lowest band below it, and refuses a request when nothing below it waits.
 func TestFairQueueBoundedShedsTheLowestNewestFirst(t *testing.T) {
-	q := &fairQueue{max: 3}
+	q := &fairQueue{}
+	const room = 3
+	push := func(w *waiter) (*waiter, bool) { return q.push(w, q.n >= room) }
 	old := newWaiter("batch", Sheddable, 1, 1)
 	newest := newWaiter("batch", Sheddable, 1, 1)
 	std := newWaiter("app", Standard, 1, 1)
 	for _, w := range []*waiter{old, newest, std} {
-		if ev, ok := q.push(w); !ok || ev != nil {
+		if ev, ok := push(w); !ok || ev != nil {
 			t.Fatalf("push into room: evicted %v ok %v", ev, ok)
 		}
 	}
-	if _, ok := q.push(newWaiter("batch", Sheddable, 1, 1)); ok {
+	if _, ok := push(newWaiter("batch", Sheddable, 1, 1)); ok {
 		t.Fatal("a sheddable request was queued into a full queue with nothing below it")
 	}
 	crit := newWaiter("app", Critical, 1, 1)
-	ev, ok := q.push(crit)
+	ev, ok := push(crit)
 	if !ok || ev != newest || newest.queued {
 		t.Fatalf("a critical request into a full queue: evicted %+v ok %v; want the newest sheddable out", ev, ok)
 	}
-	ev, ok = q.push(newWaiter("app", Standard, 1, 1))
+	ev, ok = push(newWaiter("app", Standard, 1, 1))
 	if !ok || ev != old {
 		t.Fatalf("a standard request: evicted %+v; want the remaining sheddable", ev)
 	}
-	if _, ok := q.push(newWaiter("app", Standard, 1, 1)); ok {
+	if _, ok := push(newWaiter("app", Standard, 1, 1)); ok {
 		t.Fatal("a standard request queued with only standard and critical waiting")
 	}
 	if q.n != 3 || q.waitingAtOrAbove(Critical) != 1 || q.waitingAtOrAbove(Standard) != 3 {
 		t.Fatalf("n %d, critical %d, standard and above %d", q.n, q.waitingAtOrAbove(Critical), q.waitingAtOrAbove(Standard))
-	}
-}
-
-func TestFairQueueExpires(t *testing.T) {
-	q := &fairQueue{}
-	now := time.Unix(1000, 0)
-	a := newWaiter("a", Standard, 1, 1)
-	a.deadline = now
-	b := newWaiter("a", Standard, 1, 1)
-	b.deadline = now.Add(time.Second)
-	q.push(a)
-	q.push(b)
-	if got := q.expired(now); len(got) != 1 || got[0] != a {
-		t.Fatalf("expired %v; want only the first", got)
-	}
-	if q.head() != b || q.n != 1 {
-		t.Fatal("the one left is not the head")
 	}
 }

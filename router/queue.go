@@ -41,11 +41,11 @@ type serviceQueue struct {
 	// trying is the head that was told to try a replica and has not said how it went:
 	// one at a time, so that each dispatch is judged after the one before has begun.
 	trying *waiter
-	// dispatched counts the requests sent from the queue, for Retry-After.
-	dispatched  int64
+	// ratePerSec is the pace of the queue's dispatches over its last window (for
+	// Retry-After); windowCount counts those since rateSince, the window's start.
 	rateSince   time.Time
 	ratePerSec  float64
-	rateCounted int64
+	windowCount int
 }
 
 // queues holds the services' queues and the bound on them all.
@@ -67,19 +67,6 @@ func (qs *queues) of(service string) *serviceQueue {
 		qs.byName[service] = sq
 	}
 	return sq
-}
-
-// kickAll gives every service's head a turn (a replica joined, or time passed).
-func (qs *queues) kickAll() {
-	qs.mu.Lock()
-	all := make([]*serviceQueue, 0, len(qs.byName))
-	for _, sq := range qs.byName {
-		all = append(all, sq)
-	}
-	qs.mu.Unlock()
-	for _, sq := range all {
-		sq.kick()
-	}
 }
 
 // kick tells the head, if none is trying, that it may try a replica.
@@ -105,7 +92,7 @@ func (sq *serviceQueue) kickLocked() {
 // retryAfter is the seconds a request answered 429 by this queue should wait: the
 // requests ahead of one of its band at the pace the queue has been sending them, within
 // [1, 60] (the OpenAI SDKs honour up to 60 s).
-func (sq *serviceQueue) retryAfter(band Band, now time.Time) int {
+func (sq *serviceQueue) retryAfter(band Band) int {
 	sq.mu.Lock()
 	defer sq.mu.Unlock()
 	ahead := float64(sq.q.waitingAtOrAbove(band))
@@ -117,14 +104,14 @@ func (sq *serviceQueue) retryAfter(band Band, now time.Time) int {
 
 // countDispatch updates the queue's recent dispatch rate. Caller holds sq.mu.
 func (sq *serviceQueue) countDispatch(now time.Time) {
-	sq.dispatched++
 	if sq.rateSince.IsZero() {
-		sq.rateSince, sq.rateCounted = now, sq.dispatched
+		sq.rateSince = now
 		return
 	}
+	sq.windowCount++
 	if el := now.Sub(sq.rateSince); el >= 5*time.Second {
-		sq.ratePerSec = float64(sq.dispatched-sq.rateCounted) / el.Seconds()
-		sq.rateSince, sq.rateCounted = now, sq.dispatched
+		sq.ratePerSec = float64(sq.windowCount) / el.Seconds()
+		sq.rateSince, sq.windowCount = now, 0
 	}
 }
 
@@ -272,10 +259,9 @@ func (px *Proxy) enqueue(ctx *fasthttp.RequestCtx, c *call, sq *serviceQueue, w 
 	sq.mu.Lock()
 	// The bound is on all services together; each service's fairQueue sheds within
 	// itself only, so a full router with room in no lower band of this service refuses.
-	sq.q.max = 0
-	if !px.takeSlot() {
+	full := !px.takeSlot()
+	if full {
 		// Full: push must make room in this service's queue, or refuse.
-		sq.q.max = max(sq.q.n, 1)
 		if sq.q.n == 0 {
 			sq.mu.Unlock()
 			px.refuseQueued(ctx, c, sq, w, "full", fmt.Sprintf("The fleet serving model %q is saturated and %d requests already wait (queue.max_waiting) for other models.",
@@ -283,7 +269,7 @@ func (px *Proxy) enqueue(ctx *fasthttp.RequestCtx, c *call, sq *serviceQueue, w 
 			return false
 		}
 	}
-	evicted, ok := sq.q.push(w)
+	evicted, ok := sq.q.push(w, full)
 	if !ok {
 		sq.mu.Unlock()
 		px.refuseQueued(ctx, c, sq, w, "full", fmt.Sprintf("The fleet serving model %q is saturated and %d requests already wait (queue.max_waiting) none of them less urgent than this %s one.",
@@ -337,7 +323,7 @@ func (px *Proxy) leave(sq *serviceQueue, w *waiter) {
 
 // refuseQueued answers a request the queue could not serve: 429 with Retry-After.
 func (px *Proxy) refuseQueued(ctx *fasthttp.RequestCtx, c *call, sq *serviceQueue, w *waiter, reason, msg string) {
-	retry := sq.retryAfter(c.band, px.Now())
+	retry := sq.retryAfter(c.band)
 	px.met.queueRejected.WithLabelValues(c.service, c.tenant, c.band.String(), reason).Inc()
 	px.met.fail("queue_"+reason, c.service)
 	oai.WriteError(ctx, fasthttp.StatusTooManyRequests, oai.RateLimit, fmt.Sprintf("%s Retry after %d s.", msg, retry))
