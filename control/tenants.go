@@ -23,7 +23,8 @@ import (
 // tenantBook is the spend not saved yet and the saved totals as last read. Guarded by c.mu.
 type tenantBook struct {
 	pending map[string]state.TenantUse
-	// saved are the store's totals for day, read after the last save (or at recovery).
+	// saved are the store's totals for day and its month: read at the first tick after a
+	// recovery or a new day, then kept up with what each tick saves.
 	saved map[string]state.TenantSpend
 	day   string
 	read  bool
@@ -56,8 +57,19 @@ func (c *Controller) flushTenants(ctx context.Context, now time.Time) {
 			c.log.Error("tenant spend not saved; kept for the next tick", "err", err)
 			return
 		}
+		if b.read && b.day == day {
+			// Saved to now's day: the totals read are the store's plus what was just
+			// added (only the leader writes them), with no query each tick.
+			for _, u := range add {
+				t := b.saved[u.Tenant]
+				t.DayDollars += u.Dollars
+				t.MonthDollars += u.Dollars
+				t.DayTokens += u.Tokens
+				t.MonthTokens += u.Tokens
+				b.saved[u.Tenant] = t
+			}
+		}
 		clear(b.pending)
-		b.read = false
 	}
 	if b.read && b.day == day {
 		return

@@ -81,6 +81,15 @@ func TestTenantSpendSharedAndKept(t *testing.T) {
 	if a := spend(report(srv, "r1", ``), "acme"); a.DayDollars != 1.75 {
 		t.Fatalf("after the tick: acme %+v; want the saved $1.75, counted once", a)
 	}
+	// A tick that saves more keeps the totals up with it.
+	report(srv, "r1", `{"tenant":"acme","dollars":0.25}`)
+	c.tick(context.Background())
+	if a := spend(report(srv, "r2", ``), "acme"); a.DayDollars != 2 || a.MonthDollars != 2 {
+		t.Fatalf("after a second tick: acme %+v; want $2, counted once", a)
+	}
+	if got, err := st.TenantSpends(context.Background(), clock.Now()); err != nil || got["acme"].DayDollars != 2 {
+		t.Fatalf("saved after a second tick: %+v %v; want acme $2", got, err)
+	}
 	// A restart: the spend is read back from the file.
 	srv.Close()
 	st.Close()
@@ -88,13 +97,13 @@ func TestTenantSpendSharedAndKept(t *testing.T) {
 	defer st.Close()
 	defer srv.Close()
 	c.tick(context.Background())
-	if a := spend(report(srv, "r2", ``), "acme"); a.DayDollars != 1.75 || a.MonthDollars != 1.75 {
-		t.Fatalf("after a restart: acme %+v; want the $1.75 read back", a)
+	if a := spend(report(srv, "r2", ``), "acme"); a.DayDollars != 2 || a.MonthDollars != 2 {
+		t.Fatalf("after a restart: acme %+v; want the $2 read back", a)
 	}
 	// serve status reads the same through GET /v1/tenants.
 	code, body := call(t, srv, "GET", "/v1/tenants", "secret", "")
 	var listed fleet.LoadAnswer
-	if err := json.Unmarshal([]byte(body), &listed); code != 200 || err != nil || spend(listed, "acme").MonthDollars != 1.75 || spend(listed, "beta").DayDollars != 0.5 {
+	if err := json.Unmarshal([]byte(body), &listed); code != 200 || err != nil || spend(listed, "acme").MonthDollars != 2 || spend(listed, "beta").DayDollars != 0.5 {
 		t.Fatalf("GET /v1/tenants: %d %s", code, body)
 	}
 	// The next day, in the next month: both start again.
