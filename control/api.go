@@ -436,7 +436,7 @@ func (c *Controller) load(w http.ResponseWriter, r *http.Request) {
 	c.Report(rep)
 	// The answer carries every tenant's spend, this report's included, for the budgets.
 	c.mu.Lock()
-	ans := c.tenantAnswer(c.cfg.Now())
+	ans := c.tenants.answer(c.cfg.Now())
 	c.mu.Unlock()
 	writeJSON(w, http.StatusOK, ans)
 }

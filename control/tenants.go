@@ -5,7 +5,6 @@ import (
 	"maps"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
@@ -22,7 +21,7 @@ import (
 
 // tenantBook is the spend not saved yet and the saved totals as last read. Guarded by c.mu.
 type tenantBook struct {
-	pending map[string]state.TenantUse
+	pending map[string]fleet.TenantUse
 	// saved are the store's totals for day and its month: read at the first tick after a
 	// recovery or a new day, then kept up with what each tick saves.
 	saved map[string]state.TenantSpend
@@ -32,17 +31,8 @@ type tenantBook struct {
 
 // reportTenants takes one report's spend. Caller holds c.mu.
 func (c *Controller) reportTenants(us []fleet.TenantUse) {
-	b := &c.tenants
 	for _, u := range us {
-		if b.pending == nil {
-			b.pending = map[string]state.TenantUse{}
-		}
-		p := b.pending[u.Tenant]
-		p.Tenant = u.Tenant
-		p.Dollars += u.Dollars
-		p.Tokens += u.Tokens
-		p.Requests += u.Requests
-		b.pending[u.Tenant] = p
+		c.tenants.pending = fleet.AddTenantUse(c.tenants.pending, u)
 	}
 }
 
@@ -52,7 +42,11 @@ func (c *Controller) flushTenants(ctx context.Context, now time.Time) {
 	b := &c.tenants
 	day := now.UTC().Format(time.DateOnly)
 	if len(b.pending) > 0 {
-		add := slices.SortedFunc(maps.Values(b.pending), func(a, b state.TenantUse) int { return strings.Compare(a.Tenant, b.Tenant) })
+		add := make([]state.TenantUse, 0, len(b.pending))
+		for _, t := range slices.Sorted(maps.Keys(b.pending)) {
+			u := b.pending[t]
+			add = append(add, state.TenantUse{Tenant: u.Tenant, Dollars: u.Dollars, Tokens: u.Tokens, Requests: u.Requests})
+		}
 		if err := c.store.AddTenantSpend(ctx, add, now); err != nil {
 			c.log.Error("tenant spend not saved; kept for the next tick", "err", err)
 			return
@@ -82,10 +76,9 @@ func (c *Controller) flushTenants(ctx context.Context, now time.Time) {
 	b.saved, b.day, b.read = saved, day, true
 }
 
-// tenantAnswer is every tenant's spend for the routers: the saved totals of now's day and
-// month, plus what is not saved yet. Caller holds c.mu.
-func (c *Controller) tenantAnswer(now time.Time) fleet.LoadAnswer {
-	b := &c.tenants
+// answer is every tenant's spend for the routers: the saved totals of now's day and month,
+// plus what is not saved yet. Caller holds c.mu for the controller's book.
+func (b *tenantBook) answer(now time.Time) fleet.LoadAnswer {
 	day := now.UTC().Format(time.DateOnly)
 	ans := fleet.LoadAnswer{OK: true, Day: day}
 	all := map[string]fleet.TenantSpend{}
@@ -123,7 +116,7 @@ func (c *Controller) tenantsSpend(w http.ResponseWriter, r *http.Request) {
 		if !c.tenants.read {
 			c.flushTenants(r.Context(), now)
 		}
-		ans := c.tenantAnswer(now)
+		ans := c.tenants.answer(now)
 		c.mu.Unlock()
 		writeJSON(w, http.StatusOK, ans)
 		return
@@ -133,10 +126,6 @@ func (c *Controller) tenantsSpend(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	ans := fleet.LoadAnswer{OK: true, Day: now.UTC().Format(time.DateOnly)}
-	for _, t := range slices.Sorted(maps.Keys(saved)) {
-		s := saved[t]
-		ans.Tenants = append(ans.Tenants, fleet.TenantSpend{Tenant: t, DayDollars: s.DayDollars, MonthDollars: s.MonthDollars, DayTokens: s.DayTokens, MonthTokens: s.MonthTokens})
-	}
-	writeJSON(w, http.StatusOK, ans)
+	book := tenantBook{saved: saved, day: now.UTC().Format(time.DateOnly), read: true}
+	writeJSON(w, http.StatusOK, book.answer(now))
 }

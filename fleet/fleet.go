@@ -365,6 +365,21 @@ type TenantUse struct {
 	Requests float64 `json:"requests"`
 }
 
+// AddTenantUse adds u to its tenant's entry of m (made when nil) and returns m: how
+// routers and the control plane add spend up by tenant.
+func AddTenantUse(m map[string]TenantUse, u TenantUse) map[string]TenantUse {
+	if m == nil {
+		m = map[string]TenantUse{}
+	}
+	t := m[u.Tenant]
+	t.Tenant = u.Tenant
+	t.Dollars += u.Dollars
+	t.Tokens += u.Tokens
+	t.Requests += u.Requests
+	m[u.Tenant] = t
+	return m
+}
+
 // LoadAnswer is the control plane's answer to a load report: every tenant's spend so far in
 // the UTC day and month Day falls in, this report's included.
 type LoadAnswer struct {

@@ -145,15 +145,7 @@ type spendBook struct {
 func (b *spendBook) add(tenant string, dollars, tokens float64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.pending == nil {
-		b.pending = map[string]fleet.TenantUse{}
-	}
-	u := b.pending[tenant]
-	u.Tenant = tenant
-	u.Dollars += dollars
-	u.Tokens += tokens
-	u.Requests++
-	b.pending[tenant] = u
+	b.pending = fleet.AddTenantUse(b.pending, fleet.TenantUse{Tenant: tenant, Dollars: dollars, Tokens: tokens, Requests: 1})
 }
 
 // take hands the pending spend to a report; the report's outcome settles it (sent).
@@ -179,16 +171,8 @@ func (b *spendBook) sent(carried, taken bool, ans *fleet.LoadAnswer) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if carried && !taken {
-		for t, u := range b.sending {
-			if b.pending == nil {
-				b.pending = map[string]fleet.TenantUse{}
-			}
-			p := b.pending[t]
-			p.Tenant = t
-			p.Dollars += u.Dollars
-			p.Tokens += u.Tokens
-			p.Requests += u.Requests
-			b.pending[t] = p
+		for _, u := range b.sending {
+			b.pending = fleet.AddTenantUse(b.pending, u)
 		}
 	}
 	if carried {
