@@ -133,3 +133,42 @@ func TestFairQueueBoundedShedsTheLowestNewestFirst(t *testing.T) {
 		t.Fatalf("n %d, critical %d, standard and above %d", q.n, q.waitingAtOrAbove(Critical), q.waitingAtOrAbove(Standard))
 	}
 }
+
+// A request no replica has room for goes anyway while lower bands hold the room, one for
+// each lower-band request in flight: a top band's flood still waits for its own room.
+func TestOverLowerStandsForLowerBandsInFlight(t *testing.T) {
+	var sq serviceQueue
+	if sq.overLower(Critical) || sq.overLower(Sheddable) {
+		t.Fatal("nothing in flight: nothing to go over")
+	}
+	sq.sent[Sheddable] = 2
+	if !sq.overLower(Critical) || !sq.overLower(Standard) {
+		t.Fatal("two sheddable in flight: a critical or standard request goes over them")
+	}
+	if sq.overLower(Sheddable) {
+		t.Fatal("a sheddable request never goes over its own band")
+	}
+	sq.over[Critical], sq.sent[Critical] = 1, 1
+	if !sq.overLower(Critical) {
+		t.Fatal("one critical over two sheddable: another may go")
+	}
+	sq.over[Standard], sq.sent[Standard] = 1, 1
+	if sq.overLower(Critical) {
+		t.Fatal("two over two sheddable: the next waits for room")
+	}
+	// A standard request through its gate holds room a critical one may go over.
+	sq.over[Standard] = 0
+	if !sq.overLower(Critical) {
+		t.Fatal("one over three lower (a standard and two sheddable): a critical request may go")
+	}
+	if !sq.overLower(Standard) {
+		t.Fatal("one over two sheddable: a standard request may go")
+	}
+	sq.over[Standard], sq.sent[Standard] = 1, 2
+	if sq.overLower(Standard) {
+		t.Fatal("two over two sheddable: a standard request waits")
+	}
+	if !sq.overLower(Critical) {
+		t.Fatal("two over three held (a standard through its gate, two sheddable): a critical request may go")
+	}
+}

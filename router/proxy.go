@@ -292,6 +292,8 @@ type call struct {
 	queue   *serviceQueue
 	charge  float64
 	onBegin func()
+	// overGate: the queue sent c past the gate, for room lower bands held (overLower).
+	overGate bool
 	// queueCfg is the service's queue as the control plane set it (nil: the router's).
 	queueCfg *QueueConfig
 	// queued is how long the request waited in the router's queue: the client waited it

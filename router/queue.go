@@ -46,6 +46,28 @@ type serviceQueue struct {
 	rateSince   time.Time
 	ratePerSec  float64
 	windowCount int
+	// sent counts, per band, the requests this queue sent (gated or not) whose answers
+	// have not settled; over counts, per band, those among them sent past the gate
+	// because lower bands held the room they missed (overLower).
+	sent, over [numBands]int
+}
+
+// overLower reports whether a request of band b that no replica has room for may go
+// anyway, ungated: a request is never held back, nor refused, for room that requests of
+// lower bands hold. The engine cannot preempt them, so it goes to the replica predicted
+// to serve it best, beside them, rather than wait behind work that yields to it. Each
+// request sent over the gate (of any band) stands for one lower-band request in flight
+// that went through its gate, so that a flood of the top band cannot bypass the gate
+// wholesale: it still waits for its own band's room. Caller holds sq.mu.
+func (sq *serviceQueue) overLower(b Band) bool {
+	held, over := 0, 0
+	for x := b + 1; x < numBands; x++ {
+		held += sq.sent[x] - sq.over[x]
+	}
+	for x := range numBands {
+		over += sq.over[x]
+	}
+	return held > over
 }
 
 // queues holds the services' queues and the bound on them all.
@@ -160,6 +182,16 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 		c.route.gate, c.route.patient = px.gateFor(c), c.band == Sheddable
 		r := policy.Pick(&c.route, cands, rng)
 		c.route.gate, c.route.patient = 0, false
+		if r == nil {
+			sq.mu.Lock()
+			over := sq.overLower(c.band)
+			sq.mu.Unlock()
+			if over {
+				if r = policy.Pick(&c.route, cands, rng); r != nil {
+					c.overGate = true
+				}
+			}
+		}
 		return r
 	}
 	sq.mu.Lock()
@@ -337,6 +369,10 @@ func (px *Proxy) charged(sq *serviceQueue, c *call) {
 	c.queue = sq
 	sq.mu.Lock()
 	sq.q.charge(c.band, c.tenant, c.weight, c.charge)
+	sq.sent[c.band]++
+	if c.overGate {
+		sq.over[c.band]++
+	}
 	sq.mu.Unlock()
 }
 
@@ -351,6 +387,10 @@ func (c *call) settle(prompt, completion int) {
 	sq.mu.Lock()
 	if prompt > 0 || completion > 0 {
 		sq.q.charge(c.band, c.tenant, c.weight, vtcCost(prompt, completion)-c.charge)
+	}
+	sq.sent[c.band]--
+	if c.overGate {
+		sq.over[c.band]--
 	}
 	sq.kickLocked()
 	sq.mu.Unlock()
