@@ -254,13 +254,13 @@ func weightedLeastSquares(x [][]float64, y, k []float64) ([]float64, error) {
 // The max is the Profile's knee: below it a prefill is bound by reading the weights.
 func (c Calibration) profile(g GPUSpec, m ModelShape, tp int) *Profile {
 	T := float64(tp)
-	bw := c.MemEff * g.MemTBs * 1e9 // bytes per ms, per GPU
-	rate := g.BF16TFLOPS * 1e9      // FLOPs per ms, per GPU
+	bw := c.MemEff * g.MemTBs * 1e9              // bytes per ms, per GPU
+	rate := g.BF16TFLOPS * g.matmulShare() * 1e9 // FLOPs per ms, per GPU
 	// The decoder layers' matrix multiplies: at the FP8 tensor rate for an FP8 checkpoint
 	// on a card that has one (the LM head, attention and the rest stay 16-bit).
 	mm := rate
 	if m.FP8 && g.FP8TFLOPS > 0 {
-		mm = g.FP8TFLOPS * 1e9
+		mm = g.FP8TFLOPS * g.matmulShare() * 1e9
 	}
 	L := float64(m.Layers)
 	weights := m.WeightBytes() / T
@@ -391,6 +391,9 @@ func Generate(g GPUSpec, m ModelShape, tp int, c Calibration) (*Profile, error) 
 	p.Modelled = true
 	p.TensorParallel = tp
 	p.Source = fmt.Sprintf("generated (modelled, not measured) from the %s data sheet and %s's config.json with efficiencies calibrated on %s", g.Name, m.Name, c.From)
+	if g.MAMFTFLOPS > 0 {
+		p.Source += fmt.Sprintf("; matrix multiplies at %.1f %% of the data sheet's rate as measured (%s)", 100*g.MAMFTFLOPS/g.BF16TFLOPS, mamfSource)
+	}
 	return p, p.Validate()
 }
 

@@ -23,6 +23,10 @@ type GPUSpec struct {
 	BF16TFLOPS float64
 	// FP8TFLOPS is the dense FP8 tensor rate; 0: no FP8 tensor cores (before Ada/Hopper).
 	FP8TFLOPS float64
+	// MAMFTFLOPS is the highest dense BF16 matmul rate measured on the card (mamfSource);
+	// 0: not measured there, taken to reach the same share of its data sheet's rate as the
+	// H100 SXM does.
+	MAMFTFLOPS float64
 	// LinkGBs is the bandwidth between GPUs of one machine as the data sheet states it
 	// (both directions together): NVLink where the card has it, else its PCIe slot.
 	LinkGBs float64
@@ -36,7 +40,8 @@ type GPUSpec struct {
 // are the cards measured in shared/data/gpu_profiles (an H100 SXM5 80GB HBM3, an H200 SXM
 // 141GB); their measured read bandwidth and matmul rate are 74 % of the figures below
 // (2.47 of 3.35 TB/s, 747 of 989 TFLOPS; 3.57 of 4.8, 788 of 989), the ratio the
-// calibration carries to the other cards.
+// calibration carries to the other cards, scaled by each card's measured matmul share
+// where one was measured (MAMFTFLOPS).
 var gpus = []GPUSpec{
 	{Name: "t4", Catalog: "T4", MemGB: 16, MemTBs: 0.320, BF16TFLOPS: 65, LinkGBs: 32, Link: "PCIe Gen3 x16",
 		Source: "NVIDIA T4 Tensor Core GPU data sheet (https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf): 16 GB GDDR6, 320 GB/s, mixed-precision FP16/FP32 65 TFLOPS (no BF16, no FP8), PCIe Gen3 x16 32 GB/s"},
@@ -50,13 +55,13 @@ var gpus = []GPUSpec{
 		Source: "NVIDIA Tesla V100 data sheet (https://images.nvidia.com/content/technologies/volta/pdf/tesla-volta-v100-datasheet-letter-fnl-web.pdf), SXM2 16 GB (AWS p3): HBM2 900 GB/s, tensor (FP16) 125 TFLOPS (no BF16, no FP8), NVLink 300 GB/s"},
 	{Name: "v100-32gb", Catalog: "V100-32GB", MemGB: 32, MemTBs: 0.900, BF16TFLOPS: 125, LinkGBs: 300, Link: "NVLink 2",
 		Source: "NVIDIA Tesla V100 data sheet (https://images.nvidia.com/content/technologies/volta/pdf/tesla-volta-v100-datasheet-letter-fnl-web.pdf), SXM2 32 GB: HBM2 900 GB/s, tensor (FP16) 125 TFLOPS, NVLink 300 GB/s"},
-	{Name: "a100", Catalog: "A100", MemGB: 40, MemTBs: 1.555, BF16TFLOPS: 312, LinkGBs: 600, Link: "NVLink 3",
+	{Name: "a100", Catalog: "A100", MemGB: 40, MemTBs: 1.555, BF16TFLOPS: 312, MAMFTFLOPS: 271.2, LinkGBs: 600, Link: "NVLink 3",
 		Source: "NVIDIA A100 Tensor Core GPU data sheet (https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), A100 40GB SXM: HBM2 1,555 GB/s, BF16 312 TFLOPS (624 sparse), no FP8, NVLink 600 GB/s"},
-	{Name: "a100-80gb", Catalog: "A100-80GB", MemGB: 80, MemTBs: 2.039, BF16TFLOPS: 312, LinkGBs: 600, Link: "NVLink 3",
+	{Name: "a100-80gb", Catalog: "A100-80GB", MemGB: 80, MemTBs: 2.039, BF16TFLOPS: 312, MAMFTFLOPS: 271.2, LinkGBs: 600, Link: "NVLink 3",
 		Source: "NVIDIA A100 Tensor Core GPU data sheet (https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), A100 80GB SXM: HBM2e 2,039 GB/s, BF16 312 TFLOPS (624 sparse), no FP8, NVLink 600 GB/s"},
-	{Name: "a100-80gb-pcie", MemGB: 80, MemTBs: 1.935, BF16TFLOPS: 312, LinkGBs: 600, Link: "NVLink bridge",
+	{Name: "a100-80gb-pcie", MemGB: 80, MemTBs: 1.935, BF16TFLOPS: 312, MAMFTFLOPS: 252.9, LinkGBs: 600, Link: "NVLink bridge",
 		Source: "NVIDIA A100 Tensor Core GPU data sheet (https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), A100 80GB PCIe: HBM2e 1,935 GB/s, BF16 312 TFLOPS (624 sparse), no FP8, NVLink bridge for two GPUs 600 GB/s"},
-	{Name: "h100", Catalog: "H100", MemGB: 80, MemTBs: 3.35, BF16TFLOPS: 989.5, FP8TFLOPS: 1979, LinkGBs: 900, Link: "NVLink 4",
+	{Name: "h100", Catalog: "H100", MemGB: 80, MemTBs: 3.35, BF16TFLOPS: 989.5, FP8TFLOPS: 1979, MAMFTFLOPS: 794.5, LinkGBs: 900, Link: "NVLink 4",
 		Source: "NVIDIA H100 Tensor Core GPU data sheet (https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet), H100 SXM: 80 GB HBM3, 3.35 TB/s, BF16 1,979 and FP8 3,958 TFLOPS with sparsity, NVLink 900 GB/s"},
 	{Name: "h100-pcie", MemGB: 80, MemTBs: 2.0, BF16TFLOPS: 756, FP8TFLOPS: 1513, LinkGBs: 600, Link: "NVLink bridge",
 		Source: "NVIDIA H100 Tensor Core GPU data sheet, 2022 edition (https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet), H100 PCIe: 80 GB HBM2e, 2 TB/s, BF16 1,513 and FP8 3,026 TFLOPS with sparsity, NVLink bridge 600 GB/s"},
@@ -88,4 +93,23 @@ func LookupGPU(name string) (GPUSpec, error) {
 		}
 	}
 	return GPUSpec{}, fmt.Errorf("unknown GPU %q: want one of %s", name, strings.Join(GPUNames(), ", "))
+}
+
+// mamfSource is where the MAMFTFLOPS figures come from: the mean of 100 iterations of the
+// best shape torch found on each card (BF16, no sparsity; the memory size of the A100s is
+// not stated, the SXM figure serves both SXM cards).
+const mamfSource = "Stas Bekman, Machine Learning Engineering, \"Maximum Achievable Matmul FLOPS comparison table\" (BF16): A100 SXM 271.2 of 312 TFLOPS, A100 PCIe 252.9 of 312, H100 SXM 794.5 of 989 (github.com/stas00/ml-engineering, compute/accelerator/README.md at b9e29720eebd4aa946fa9678975385efbc90a777)"
+
+// hopperMAMFShare is the share of its data-sheet BF16 rate the H100 SXM reaches in the
+// best measured matmul (794.5 of 989 TFLOPS): the share the calibration, fitted on the
+// H100 and H200, carries to other cards.
+const hopperMAMFShare = 794.5 / 989
+
+// matmulShare scales the card's data-sheet rate by how much more (or less) of it its
+// best measured matmul reaches than the H100's does: 1 for a card not measured.
+func (g GPUSpec) matmulShare() float64 {
+	if g.MAMFTFLOPS <= 0 {
+		return 1
+	}
+	return g.MAMFTFLOPS / g.BF16TFLOPS / hopperMAMFShare
 }

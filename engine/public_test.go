@@ -407,7 +407,7 @@ var heldOut = []string{"a100-80gb", "a100-80gb-pcie", "h200", "l4"}
 // heldAt is each GPU type's held-out median and worst error as they stand (2026-11-29),
 // with some room: a change that loses ground on any type fails, goal met or not.
 var heldAt = map[string][2]float64{
-	"l4": {0.10, 0.25}, "a100-80gb": {0.15, 0.25}, "a100-80gb-pcie": {0.15, 0.25}, "h200": {0.05, 0.20},
+	"l4": {0.10, 0.25}, "a100-80gb": {0.10, 0.25}, "a100-80gb-pcie": {0.15, 0.25}, "h200": {0.05, 0.20},
 	"l40s": {0.25, 0.45}, "a10g": {0.35, 0.50},
 }
 
