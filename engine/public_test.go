@@ -264,6 +264,26 @@ func publicChecks(t testing.TB, cal Calibration, only map[string]bool) ([]pubChe
 		tpot := openLoopTPOT(t, shapeProfile(t, cal, "l40s", model, edit, 256, 512), r.in, r.out, rate, int(120*rate))
 		out = append(out, pubCheck{"l40s", fmt.Sprintf("vLLM 0.5.5 %s %g req/s TPOT", model, rate), tpot / r.value})
 	}
+	// vLLM (version not stated) serving Meta-Llama-3-8B-Instruct (fp16; Llama 3.1 8B's
+	// shapes) on one A10G (LLMCOMPRESSOR_A10G): an offline batch of 1,000 requests (its
+	// prompts' and answers' means, 256 sequences) and a Poisson 1 request/s of 100 (its
+	// means; the median TPOT), each at vLLM's defaults otherwise.
+	for _, r := range rows {
+		if r.source != "LLMCOMPRESSOR_A10G" || !want("a10g") {
+			continue
+		}
+		p := profile("a10g", "llama-3.1-8b", 256)
+		switch r.metric {
+		case "output_tok_per_s":
+			out = append(out, pubCheck{"a10g", fmt.Sprintf("vLLM offline %d:%d ×%d output tok/s", r.in, r.out, r.conc), offline(t, p, r.in, r.out, r.conc) / r.value})
+		case "tpot_ms_p50":
+			rate, err := strconv.ParseFloat(r.requestRate, 64)
+			if err != nil {
+				t.Fatalf("LLMCOMPRESSOR_A10G: request rate %q: %v", r.requestRate, err)
+			}
+			out = append(out, pubCheck{"a10g", fmt.Sprintf("vLLM %d:%d %g req/s TPOT", r.in, r.out, rate), openLoopTPOT(t, p, r.in, r.out, rate, 100) / r.value})
+		}
+	}
 	// TGI 1.0.3 serving Llama-2-7B (fp16) on one A10G (HF_TGI_SM): 1 to 20 clients, 50 new
 	// tokens each; the prompt length is not stated, taken as short (64 tokens, a few % of
 	// the latency either way).
@@ -399,20 +419,20 @@ func errorsByGPU(checks []pubCheck) map[string][2]float64 {
 // heldOut are the GPU types held to issue 48's goal out of the fit: within 20 % median and
 // 35 % worst. Not there yet: the L40S (2026-11-29, held out: median 20 %, worst 42 %: FP8
 // on it runs slower than its data sheet's FP8 rate says, in vLLM 0.5.5 (a 9-request/s TPOT
-// 1.28× bf16's where the model says 1.8×) and in TensorRT-LLM), and the A10G, whose only
-// rows are TGI 1.0.3's of 2023 (a batcher far from vLLM's: 0.56 of its latency at 20
-// clients).
+// 1.28× bf16's where the model says 1.8×) and in TensorRT-LLM), and the A10G, whose rows
+// are mostly TGI 1.0.3's of 2023 (a batcher far from vLLM's: 0.56 of its latency at 20
+// clients); its two vLLM rows (2026-11-30) are within 9 and 11 %.
 var heldOut = []string{"a100-80gb", "a100-80gb-pcie", "h200", "l4"}
 
 // heldAt is each GPU type's held-out median and worst error as they stand (2026-11-29),
 // with some room: a change that loses ground on any type fails, goal met or not.
 var heldAt = map[string][2]float64{
 	"l4": {0.10, 0.25}, "a100-80gb": {0.10, 0.25}, "a100-80gb-pcie": {0.15, 0.25}, "h200": {0.05, 0.20},
-	"l40s": {0.25, 0.45}, "a10g": {0.35, 0.50},
+	"l40s": {0.25, 0.45}, "a10g": {0.25, 0.50},
 }
 
 // publicRows is how many comparisons each GPU type has: every usable row read.
-var publicRows = map[string]int{"l4": 16, "a100-80gb": 19, "a100-80gb-pcie": 16, "h200": 16, "l40s": 26, "a10g": 4}
+var publicRows = map[string]int{"l4": 16, "a100-80gb": 19, "a100-80gb-pcie": 16, "h200": 16, "l40s": 26, "a10g": 6}
 
 // family is the GPUs one chip makes (the A100 SXM and PCIe: one BF16 rate, one source): a
 // type is held out with its family, since the one fitted parameter scales by that rate and
@@ -531,7 +551,7 @@ func TestModelAgainstPublicMeasurements(t *testing.T) {
 			t.Errorf("%s held out: median error %.0f %%, worst %.0f %%; the goal is 20 %% and 35 %%", gpu, 100*held[0], 100*held[1])
 		}
 	}
-	if n, want := len(byExp[scoreRateExp]), 97; n != want {
+	if n, want := len(byExp[scoreRateExp]), 99; n != want {
 		t.Errorf("%d comparisons, want %d: the public rows were not all read", n, want)
 	}
 }
