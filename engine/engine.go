@@ -1,5 +1,5 @@
 // Package engine is the performance model of a GPU serving engine (vLLM-like): continuous
-// batching under a max batch size and a KV-cache token budget, a FIFO waiting queue, chunked
+// batching under a max batch size and a KV-cache token budget, a FIFO (or, as vLLM's --scheduling-policy priority, priority-ordered) waiting queue, chunked
 // prefill whose cost grows with uncached prompt tokens, decode steps whose cost grows with
 // the batch and its context, and prefix caching by prompt block as vLLM v1 does it (see
 // blockPool).
@@ -10,6 +10,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -34,6 +35,10 @@ type Request struct {
 	// AdapterLoad is how long reading Adapter from disk takes, paid by the step that needs it
 	// when it is not in CPU memory.
 	AdapterLoad time.Duration
+	// Priority orders the queue under priority scheduling (SetPriorityScheduling): lower
+	// first, then earlier arrival, as vLLM's --scheduling-policy priority does with its
+	// requests' priority field (default 0). Ignored first come first served.
+	Priority int
 }
 
 // Emit is one token produced by a step.
@@ -73,6 +78,8 @@ type seq struct {
 	published int     // leading blocks published to the prefix cache
 	emitted   int     // tokens already handed to the caller (survives preemption)
 	admitted  bool    // left the queue once (a preempted sequence returns to it)
+	arrival   uint64  // the order of its Add: priority scheduling's tie-break
+	decodedIn uint64  // the step that last scheduled its decode
 }
 
 // total is the number of tokens the sequence must have in cache to generate the next token.
@@ -90,6 +97,12 @@ type Engine struct {
 	scheduled  []uint64
 	hitIDs     []int32    // admit's scratch: the cached blocks of the prompt it admits
 	lora       *loraState // nil: no adapters (SetLoRA)
+	// priority: the queue is ordered by (Priority, arrival) and a preemption evicts the
+	// running sequence last in that order (SetPriorityScheduling); else first come first
+	// served, and a preemption evicts the newest.
+	priority bool
+	arrivals uint64
+	steps    uint64
 }
 
 // New returns an engine for the profile.
@@ -116,8 +129,62 @@ func (e *Engine) Add(r Request) error {
 		return fmt.Errorf("prompt (%d tokens) plus max_tokens (%d) exceeds the context (%d tokens)",
 			r.PromptTokens, r.MaxTokens, e.MaxContext())
 	}
-	e.waiting = append(e.waiting, &seq{req: r})
+	e.arrivals++
+	e.enqueue(&seq{req: r, arrival: e.arrivals})
 	return nil
+}
+
+// SetPriorityScheduling orders the queue by each request's Priority, then its arrival, and
+// preempts the running sequence last in that order when the KV cache is short, as vLLM's
+// --scheduling-policy priority does (vllm/v1/core/sched/scheduler.py: a PriorityRequestQueue
+// of (priority, arrival_time), and max(self.running, key=(priority, arrival_time)) as the
+// victim). Running sequences are still scheduled before waiting ones: a more urgent arrival
+// goes ahead of the queue, not of prefills already under way. Call it before adding any
+// request.
+func (e *Engine) SetPriorityScheduling() error {
+	if !e.Idle() {
+		return errors.New("SetPriorityScheduling on an engine with requests")
+	}
+	e.priority = true
+	return nil
+}
+
+// before reports whether a goes ahead of b in the queue under priority scheduling.
+func before(a, b *seq) bool {
+	if a.req.Priority != b.req.Priority {
+		return a.req.Priority < b.req.Priority
+	}
+	return a.arrival < b.arrival
+}
+
+// enqueue puts s in the queue: last first come first served, in its place by (Priority,
+// arrival) under priority scheduling.
+func (e *Engine) enqueue(s *seq) {
+	if !e.priority {
+		e.waiting = append(e.waiting, s)
+		return
+	}
+	i, _ := slices.BinarySearchFunc(e.waiting, s, func(x, t *seq) int {
+		if before(x, t) {
+			return -1
+		}
+		return 1
+	})
+	e.waiting = slices.Insert(e.waiting, i, s)
+}
+
+// victim is the running sequence a preemption evicts: the newest first come first served,
+// the last by (Priority, arrival) under priority scheduling.
+func (e *Engine) victim() int {
+	v := len(e.running) - 1
+	if e.priority {
+		for i, s := range e.running {
+			if before(e.running[v], s) {
+				v = i
+			}
+		}
+	}
+	return v
 }
 
 // MaxContext is the largest prompt plus output the engine accepts: the model's context,
@@ -179,6 +246,7 @@ func (e *Engine) Step() StepResult {
 	// Decode first (vLLM's scheduler serves running requests before new ones); each decoding
 	// sequence needs a slot for its next token, and preempts the newest if memory is short.
 	var decodeB, decodeCtx, decodeAdapters int
+	e.steps++
 	for i := 0; i < len(e.running); i++ {
 		s := e.running[i]
 		if s.generated == 0 || s.total()-s.computed != 1 {
@@ -189,15 +257,30 @@ func (e *Engine) Step() StepResult {
 			if s.blocks, ok = e.kv.allocate(s.blocks, 1); ok {
 				continue
 			}
-			victim := e.running[len(e.running)-1]
-			e.preempt(victim)
+			v := e.victim()
+			victim := e.running[v]
+			if victim.decodedIn == e.steps {
+				// Scheduled earlier in this step: its decode is given back, as vLLM
+				// returns a preempted request's scheduled tokens to the budget.
+				victim.decodedIn = 0
+				decodeB--
+				decodeCtx -= victim.total() - 1
+				if victim.req.Adapter != 0 {
+					decodeAdapters--
+				}
+				budget++
+			}
+			e.preemptAt(v)
 			res.Preempted++
+			if v <= i {
+				i-- // the loop's place moves with the sequences after the victim
+			}
 			if victim == s {
 				break
 			}
 		}
 		if len(s.blocks) == 0 {
-			break // s itself was preempted: it was last, so the loop ends here
+			continue // s itself was preempted (first come first served: it was last)
 		}
 		decodeB++
 		decodeCtx += s.total()
@@ -207,6 +290,7 @@ func (e *Engine) Step() StepResult {
 		s.computed++
 		budget--
 		e.publish(s)
+		s.decodedIn = e.steps
 	}
 
 	// Admit from the queue in FIFO order while the batch, KV cache and token budget allow.
@@ -270,7 +354,7 @@ func (e *Engine) Step() StepResult {
 		// Every running sequence is mid-prompt and none can get a block for its next
 		// chunk: give the newest one's blocks to the others, as vLLM preempts when an
 		// allocation fails, or nothing would ever move.
-		e.preempt(e.running[len(e.running)-1])
+		e.preemptAt(e.victim())
 		res.Preempted++
 	}
 
@@ -362,10 +446,17 @@ func (e *Engine) publish(s *seq) {
 	}
 }
 
-func (e *Engine) preempt(s *seq) {
+// preemptAt evicts running[i] back to the queue: to its head first come first served, to
+// its place by (Priority, arrival) under priority scheduling.
+func (e *Engine) preemptAt(i int) {
+	s := e.running[i]
 	e.release(s)
 	s.computed = 0
-	e.running = e.running[:len(e.running)-1]
-	e.waiting = append([]*seq{s}, e.waiting...)
+	e.running = slices.Delete(e.running, i, i+1)
+	if e.priority {
+		e.enqueue(s)
+	} else {
+		e.waiting = append([]*seq{s}, e.waiting...)
+	}
 	e.stats.Preemptions++
 }
