@@ -66,8 +66,12 @@ type Config struct {
 	Task string
 	// LoRA serves adapters on the model, as vLLM's --enable-lora; nil: none (a request
 	// naming an adapter is then a 404, the load endpoints too).
-	LoRA   *LoRAConfig
-	Logger *slog.Logger
+	LoRA *LoRAConfig
+	// PriorityScheduling orders the engine's queue by each request's priority field, as
+	// vLLM's --scheduling-policy priority does (engine.SetPriorityScheduling); off (fcfs,
+	// vLLM's default), a request with a priority other than 0 is refused as vLLM refuses it.
+	PriorityScheduling bool
+	Logger             *slog.Logger
 	// Exit ends the process for the crash fault and preemption (default os.Exit).
 	Exit func(code int)
 }
@@ -147,6 +151,11 @@ func New(cfg Config) (*Server, error) {
 		var err error
 		if eng, err = engine.New(*cfg.Profile); err != nil {
 			return nil, err
+		}
+		if cfg.PriorityScheduling {
+			if err = eng.SetPriorityScheduling(); err != nil {
+				return nil, err
+			}
 		}
 	}
 	maxLen, prof := echoMaxModelLen, (*engine.Profile)(nil)
@@ -577,6 +586,11 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 		vllmError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("max_tokens must be at least 1, got %d.", req.MaxTokens))
 		return
 	}
+	priority, err := s.priority(v)
+	if err != nil {
+		vllmError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
 	f := s.faults.take()
 	if s.preFault(ctx, f) {
 		return
@@ -637,7 +651,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 	s.met.paramsN.Observe(float64(sp.n))
 	if s.drv != nil {
 		hashes := s.blockHashes(ids, maxTokens)
-		er := engine.Request{PromptTokens: promptN, MaxTokens: maxTokens, BlockHashes: hashes}
+		er := engine.Request{PromptTokens: promptN, MaxTokens: maxTokens, BlockHashes: hashes, Priority: priority}
 		if req.Model != s.cfg.Model {
 			a := s.lora.get(req.Model)
 			if a == nil { // unloaded since the check
@@ -830,3 +844,22 @@ func (s *Server) embedding(vec []float32, in embeddingInput) {
 
 // clientGone reports whether the connection's peer hung up.
 func clientGone(c net.Conn) bool { return c != nil && connwatch.PeerClosed(c) }
+
+// priority reads a request's priority field (vLLM's OpenAI request models: an integer,
+// default 0, lower handled earlier) and refuses one other than 0 without priority
+// scheduling, as vLLM's engine does (vllm/v1/engine/processor.py: "Got priority … but
+// Priority scheduling is not enabled.").
+func (s *Server) priority(v *fastjson.Value) (int, error) {
+	f := v.Get("priority")
+	if f == nil {
+		return 0, nil
+	}
+	n, err := f.Int()
+	if err != nil {
+		return 0, fmt.Errorf("priority: Input should be a valid integer, got %s", f)
+	}
+	if n != 0 && !s.cfg.PriorityScheduling {
+		return 0, fmt.Errorf("Got priority %d but Priority scheduling is not enabled.", n)
+	}
+	return n, nil
+}

@@ -53,6 +53,7 @@ func run() error {
 		faultStatus = flag.Int("fault-status", 503, "status for the status fault")
 		slowdown    = flag.Float64("fault-slowdown", 4, "step-time multiplier for the slow fault")
 		logLevel    = flag.String("log-level", "info", "debug, info, warn or error")
+		schedPolicy = flag.String("scheduling-policy", "fcfs", "the engine's queue, as vLLM's --scheduling-policy: fcfs, or priority (by each request's priority field, lower first, then arrival)")
 		enableLoRA  = flag.Bool("enable-lora", false, "serve LoRA adapters on the model, as vLLM's --enable-lora (the run-time load and unload endpoints with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true, as in vLLM)")
 		maxLoRAs    = flag.Int("max-loras", 1, "with -enable-lora: the most distinct adapters in one batch (GPU slots), as vLLM's --max-loras")
 		maxLoRARank = flag.Int("max-lora-rank", 16, "with -enable-lora: the largest adapter rank, as vLLM's --max-lora-rank")
@@ -94,7 +95,10 @@ func run() error {
 		}
 		addr = net.JoinHostPort(host, port)
 	}
-	cfg := replicasim.Config{Model: *model, Echo: *echo, EchoTokenInterval: *echoEvery, StopAfter: stopAfter, Logger: log, PromptTokensDetails: *details, StoreResponses: *store, Task: *task}
+	if *schedPolicy != "fcfs" && *schedPolicy != "priority" {
+		return fmt.Errorf("-scheduling-policy %q: want fcfs or priority", *schedPolicy)
+	}
+	cfg := replicasim.Config{PriorityScheduling: *schedPolicy == "priority", Model: *model, Echo: *echo, EchoTokenInterval: *echoEvery, StopAfter: stopAfter, Logger: log, PromptTokensDetails: *details, StoreResponses: *store, Task: *task}
 	if *enableLoRA {
 		cfg.LoRA = &replicasim.LoRAConfig{MaxLoRAs: *maxLoRAs, MaxLoRARank: *maxLoRARank, MaxCPULoRAs: *maxCPULoRAs, Modules: loraModules,
 			RuntimeUpdates: replicasim.RuntimeLoRAUpdates(os.Getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING")), LoadGiBPerSecond: *loadRate}

@@ -25,6 +25,7 @@ var vllmFlags = map[string]string{
 	"enable-prompt-tokens-details": "enable-prompt-tokens-details",
 	"task":                         "task",
 	"enforce-eager":                "enforce-eager",
+	"scheduling-policy":            "scheduling-policy",
 }
 
 // vllmBoolFlags take no value.

@@ -27,6 +27,11 @@ func TestVLLMServeCommandLines(t *testing.T) {
 			ignored:     []string{"--trust-remote-code"},
 		},
 		{
+			line:    "serve meta-llama/Llama-3.1-8B-Instruct --scheduling-policy priority --port 8000",
+			want:    []string{"-listen", "127.0.0.1:8000", "-model", "meta-llama/Llama-3.1-8B-Instruct", "-scheduling-policy", "priority", "-profile", "h100-llama-3.1-8b"},
+			ignored: nil,
+		},
+		{
 			line:    "serve some/unknown-model --port 9000",
 			want:    []string{"-listen", "127.0.0.1:9000", "-model", "some/unknown-model"},
 			ignored: []string{"(no profile for some/unknown-model on H100"},
