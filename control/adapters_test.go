@@ -253,7 +253,8 @@ func TestQueuePublishedWithTheSet(t *testing.T) {
 	c, _ := coldController(t, clock, &launchLog{coldProvider: newColdProvider(t, clock)}, nil)
 	queued := "service:\n  readiness_probe: /health\n  replicas: 1\nrun: vllm serve q\narbiter:\n  model: q\n  queue: {enabled: true, sheddable_fill: 0.8}\n"
 	plain := "service:\n  readiness_probe: /health\n  replicas: 1\nrun: vllm serve p\narbiter:\n  model: p\n"
-	for name, src := range map[string]string{"queued": queued, "plain": plain} {
+	prio := "service:\n  readiness_probe: /health\n  replicas: 1\nrun: vllm serve r --scheduling-policy priority\narbiter:\n  model: r\n  queue: {engine_priority: true}\n"
+	for name, src := range map[string]string{"queued": queued, "plain": plain, "prio": prio} {
 		if _, _, err := c.Create(ctx, name, src, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -268,5 +269,9 @@ func TestQueuePublishedWithTheSet(t *testing.T) {
 	}
 	if q, ok := got["plain"]; !ok || q != nil {
 		t.Errorf("plain service's queue %+v (listed %v); want none", q, ok)
+	}
+	// The engine's priority alone, with the routers' queue off.
+	if q := got["prio"]; q == nil || q.Enabled || !q.EnginePriority {
+		t.Errorf("engine-priority service's queue %+v; want engine_priority without the queue", q)
 	}
 }

@@ -377,8 +377,8 @@ func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
 			svc.Policy = a.RoutingPolicy
 			svc.SLO = &fleet.SLO{TTFTSeconds: a.SLO.TTFTSeconds, TPOTSeconds: a.SLO.TPOTSeconds, E2ESeconds: a.SLO.E2ESeconds, Percentile: a.SLO.Percentile}
 			svc.Adapters, svc.MaxLoRAs = s.adapters()
-			if q := a.Queue; q.Enabled {
-				svc.Queue = &fleet.Queue{Enabled: true, MaxWaitSeconds: q.MaxWaitSeconds, SheddableFill: q.SheddableFill}
+			if q := a.Queue; q.Enabled || q.EnginePriority {
+				svc.Queue = &fleet.Queue{Enabled: q.Enabled, MaxWaitSeconds: q.MaxWaitSeconds, SheddableFill: q.SheddableFill, EnginePriority: q.EnginePriority}
 			}
 		}
 		// A failed service's ready replicas keep serving what they served: nothing probes

@@ -174,6 +174,8 @@ type Queue struct {
 	MaxWaitSeconds float64 `json:"max_wait_seconds"`
 	// SheddableFill is the share of the SLO up to which sheddable requests fill replicas.
 	SheddableFill float64 `json:"sheddable_fill"`
+	// EnginePriority: each request carries its band as vLLM's priority field.
+	EnginePriority bool `json:"engine_priority,omitempty"`
 }
 
 // Validate says what is wrong with a queue's settings, or nil.

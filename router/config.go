@@ -153,6 +153,10 @@ type QueueConfig struct {
 	// (1: as far as the other bands; 0.8: they stop at 80 % of the TTFT and TPOT targets,
 	// leaving room for critical and standard requests to start at once).
 	SheddableFill float64 `yaml:"sheddable_fill"`
+	// EnginePriority gives each request its band as vLLM's priority field (critical 0,
+	// standard 1, sheddable 2; the client's own is replaced), for replicas whose vLLM runs
+	// with --scheduling-policy priority. It works with or without Enabled.
+	EnginePriority bool `yaml:"engine_priority"`
 }
 
 // ProbeConfig is the active readiness probe.

@@ -35,12 +35,13 @@ type simOpts struct {
 	addr     string // listen here (default: a free loopback port)
 	store    bool   // keep Responses API answers (VLLM_ENABLE_RESPONSES_API_STORE)
 	task     string // what the model serves (replicasim.TaskNames; default generate)
+	priority bool   // --scheduling-policy priority
 }
 
 func startSim(t *testing.T, o simOpts) *sim {
 	t.Helper()
 	cfg := replicasim.Config{Model: testModel, Echo: o.echo, EchoTokenInterval: o.interval, StopAfter: 8,
-		Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}, StoreResponses: o.store, Task: o.task}
+		Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}, StoreResponses: o.store, Task: o.task, PriorityScheduling: o.priority}
 	if !o.echo {
 		name := o.profile
 		if name == "" {

@@ -344,6 +344,9 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 		return
 	}
 	c.band, c.capped, c.tenant, c.weight = band, capped, tenantOf(key), weightOf(key)
+	if px.queueOf(c).EnginePriority && c.kind.Generates() {
+		c.body = withPriority(c.body, c.band)
+	}
 	if px.overBudget(ctx, c) {
 		return
 	}
@@ -605,7 +608,7 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 				c.slo = rt.SLO
 			}
 			if q := rt.Queue; q != nil {
-				c.queueCfg = &QueueConfig{Enabled: q.Enabled, MaxWait: time.Duration(q.MaxWaitSeconds * float64(time.Second)), SheddableFill: q.SheddableFill}
+				c.queueCfg = &QueueConfig{Enabled: q.Enabled, MaxWait: time.Duration(q.MaxWaitSeconds * float64(time.Second)), SheddableFill: q.SheddableFill, EnginePriority: q.EnginePriority}
 			}
 		}
 	}
@@ -771,6 +774,20 @@ func withIncludeUsage(body []byte, hasStreamOptions bool) []byte {
 	}
 	so := v.Get("stream_options")
 	so.Set("include_usage", fastjson.MustParse("true"))
+	return v.MarshalTo(nil)
+}
+
+// withPriority returns body with vLLM's priority field set to the request's band (critical
+// 0, standard 1, sheddable 2: lower is served first under --scheduling-policy priority),
+// replacing any the client sent: a client may lower its band by header, never raise it,
+// and a priority of its own in the body would do just that in the engine.
+func withPriority(body []byte, b Band) []byte {
+	var p fastjson.Parser
+	v, err := p.ParseBytes(body)
+	if err != nil || v.Type() != fastjson.TypeObject {
+		return body // parsed once already; a replica will say what is wrong
+	}
+	v.Set("priority", fastjson.MustParse(strconv.Itoa(int(b))))
 	return v.MarshalTo(nil)
 }
 

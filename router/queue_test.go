@@ -215,3 +215,38 @@ func slicesEqual(a, b []int) bool {
 	}
 	return true
 }
+
+// With queue.engine_priority each request reaches its replica with its band as vLLM's
+// priority field, the client's own replaced. Against a replica without priority scheduling
+// (vLLM's default), which refuses any priority but 0, that shows what was sent: a critical
+// request's 0 passes, even where the client wrote -5; a sheddable one's 2 is vLLM's 400. A
+// replica with --scheduling-policy priority takes both.
+func TestEnginePriorityGivesTheBandAsVLLMsPriority(t *testing.T) {
+	keys := "keys: [{name: app, key: " + appKey + ", priority: critical}, {name: batch, key: " + batchKey + ", priority: sheddable}]"
+	ask := func(r *rig, key, extra string) (int, string) {
+		resp, body := post(t, r.url+"/v1/chat/completions", chatBody(false, extra), "Authorization", "Bearer "+key)
+		return resp.StatusCode, body
+	}
+	on := func(c *Config) { c.Queue.EnginePriority = true }
+	fcfs := keyedRouter(t, startSim(t, simOpts{}), keys, on)
+	if code, body := ask(fcfs, appKey, `,"priority":-5`); code != 200 {
+		t.Errorf("critical, the client's priority -5 replaced by 0, at an fcfs replica: HTTP %d %s", code, body)
+	}
+	if code, body := ask(fcfs, batchKey, ""); code != 400 || !strings.Contains(body, "Got priority 2 but Priority scheduling is not enabled.") {
+		t.Errorf("sheddable at an fcfs replica: HTTP %d %s; want vLLM's 400 for priority 2", code, body)
+	}
+	prio := keyedRouter(t, startSim(t, simOpts{priority: true}), keys, on)
+	for _, k := range []string{appKey, batchKey} {
+		if code, body := ask(prio, k, ""); code != 200 {
+			t.Errorf("at a priority-scheduling replica: HTTP %d %s", code, body)
+		}
+	}
+	// Off, the body goes as the client wrote it: no priority, or the client's.
+	off := keyedRouter(t, startSim(t, simOpts{}), keys, nil)
+	if code, body := ask(off, batchKey, ""); code != 200 {
+		t.Errorf("engine_priority off, sheddable: HTTP %d %s", code, body)
+	}
+	if code, _ := ask(off, appKey, `,"priority":-5`); code != 400 {
+		t.Errorf("engine_priority off, the client's priority -5 at an fcfs replica: HTTP %d; want vLLM's 400", code)
+	}
+}

@@ -110,16 +110,25 @@ func adapterPath(src string) (string, bool) {
 	return src, false
 }
 
-// runLoRA reads what the run: command tells vLLM about adapters: --enable-lora,
+// runFlags is what the run: command tells vLLM that Arbiter must know.
+type runFlags struct {
+	LoRA     LoRA
+	Adapters []Adapter // its --lora-modules
+	// SchedulingPolicy is its --scheduling-policy ("": not given, vLLM's fcfs).
+	SchedulingPolicy string
+}
+
+// runVLLM reads what the run: command tells vLLM: about adapters, --enable-lora,
 // --max-loras and --lora-modules (name=path or vLLM's JSON form; several after one flag),
-// with $VARS from vars filled in as the replica's shell would. A module whose name or path
-// uses a variable without a value is an error: the name is what clients will send.
-func runLoRA(run string, vars map[string]string) (LoRA, []Adapter, error) {
-	var l LoRA
-	var mods []Adapter
+// and --scheduling-policy, with $VARS from vars filled in as the replica's shell would. A
+// module whose name or path uses a variable without a value is an error: the name is what
+// clients will send.
+func runVLLM(run string, vars map[string]string) (runFlags, error) {
+	var rf runFlags
+	l := &rf.LoRA
 	f, err := syntax.NewParser().Parse(strings.NewReader(run), "run")
 	if err != nil {
-		return l, nil, nil // not a script this can read; the shell will say
+		return rf, nil // not a script this can read; the shell will say
 	}
 	var firstErr error
 	fail := func(format string, args ...any) {
@@ -156,6 +165,12 @@ func runLoRA(run string, vars map[string]string) (LoRA, []Adapter, error) {
 			}
 			name, val, hasVal := strings.Cut(strings.TrimLeft(text, "-"), "=")
 			switch name {
+			case "scheduling-policy":
+				rf.SchedulingPolicy = val
+				if !hasVal && i+1 < len(args) {
+					i++
+					rf.SchedulingPolicy = word(args[i])
+				}
 			case "enable-lora":
 				l.Enabled = true
 			case "max-loras":
@@ -196,13 +211,13 @@ func runLoRA(run string, vars map[string]string) (LoRA, []Adapter, error) {
 						fail("run: --lora-modules %s: the adapter's name comes from a variable the file gives no value; give it one in envs (or --env): the name is what clients send", printWord(w))
 						continue
 					}
-					mods = append(mods, m)
+					rf.Adapters = append(rf.Adapters, m)
 				}
 			}
 		}
 		return true
 	})
-	return l, mods, firstErr
+	return rf, firstErr
 }
 
 func printWord(w *syntax.Word) string {
@@ -226,10 +241,12 @@ func parseLoRAModule(v string) (Adapter, error) {
 // file_mounts and providers: what validates is what the replicas can load.
 func (d *decoder) checkAdapters(s *Service, vars map[string]string) {
 	a := &s.Arbiter
-	l, static, err := runLoRA(s.Run, vars)
+	rf, err := runVLLM(s.Run, vars)
 	if err != nil {
 		d.errorAt("run", "%v", err)
 	}
+	d.checkEnginePriority(a, rf.SchedulingPolicy)
+	l, static := rf.LoRA, rf.Adapters
 	if l.Enabled && l.MaxLoRAs == 0 {
 		l.MaxLoRAs = 1
 	}
@@ -317,4 +334,19 @@ func (d *decoder) adapterOnReplica(s *Service, src string, remote bool, at *yaml
 	}
 	d.errorf(at, "%s.source: %s: nothing puts it on the replicas; mount %s with file_mounts and name the adapter inside it", where, quote(src), what)
 	return "", false
+}
+
+// checkEnginePriority refuses arbiter.queue.engine_priority unless the run: command starts
+// vLLM with --scheduling-policy priority: under vLLM's default (fcfs) it refuses every
+// request whose priority is not 0, which the routers would then send (standard and
+// sheddable requests).
+func (d *decoder) checkEnginePriority(a *Arbiter, policy string) {
+	if !a.Queue.EnginePriority || policy == "priority" {
+		return
+	}
+	given := "without --scheduling-policy (vLLM's default, fcfs)"
+	if policy != "" {
+		given = "with --scheduling-policy " + policy
+	}
+	d.errorAt("arbiter.queue.engine_priority", "arbiter.queue.engine_priority: the routers would give standard and sheddable requests a priority vLLM refuses unless it runs with --scheduling-policy priority; the run: command starts it %s", given)
 }

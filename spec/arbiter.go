@@ -19,7 +19,7 @@ var (
 		"scale_to_zero_after_seconds", "autoscaling", "readiness", "local", "sim", "profile", "tasks",
 		"workload", "adapters", "queue",
 	}
-	queueKeys       = []string{"enabled", "max_wait_seconds", "sheddable_fill"}
+	queueKeys       = []string{"enabled", "max_wait_seconds", "sheddable_fill", "engine_priority"}
 	workloadKeys    = []string{"prompt_tokens", "output_tokens"}
 	sloKeys         = []string{"ttft_seconds", "tpot_seconds", "e2e_seconds", "percentile"}
 	spotPolicyKeys  = []string{"max_price_ratio", "rebalance_min_saving", "min_zones"}
@@ -118,6 +118,7 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 		s.boolean("enabled", &a.Queue.Enabled)
 		s.number("max_wait_seconds", "a number of seconds greater than 0, up to 3600", func(v float64) bool { return v > 0 && v <= 3600 }, &a.Queue.MaxWaitSeconds)
 		s.number("sheddable_fill", "a share of the SLO greater than 0 and at most 1, such as 0.8", between(0, 1), &a.Queue.SheddableFill)
+		s.boolean("engine_priority", &a.Queue.EnginePriority)
 	}
 	if v := b.get("spot_policy"); v != nil {
 		s := d.block("arbiter.spot_policy", b.key("spot_policy"), v, spotPolicyKeys)

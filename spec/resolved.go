@@ -323,11 +323,14 @@ func arbiterNode(a *Arbiter) *yaml.Node {
 		put(m, "adapters", &yaml.Node{Kind: yaml.SequenceNode, Content: ads})
 	}
 	put(m, "routing_policy", str(a.RoutingPolicy))
-	if a.Queue.Enabled {
+	if a.Queue.Enabled || a.Queue.EnginePriority {
 		q := mapping()
-		put(q, "enabled", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
+		put(q, "enabled", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: strconv.FormatBool(a.Queue.Enabled)})
 		put(q, "max_wait_seconds", num(a.Queue.MaxWaitSeconds))
 		put(q, "sheddable_fill", num(a.Queue.SheddableFill))
+		if a.Queue.EnginePriority {
+			put(q, "engine_priority", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
+		}
 		put(m, "queue", q)
 	}
 	if a.Profile != "" {

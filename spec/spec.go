@@ -187,6 +187,11 @@ type Queue struct {
 	MaxWaitSeconds float64
 	// SheddableFill is the share of the SLO up to which sheddable requests fill replicas.
 	SheddableFill float64
+	// EnginePriority: the routers give each request its band as vLLM's priority field
+	// (critical 0, standard 1, sheddable 2), for replicas whose vLLM runs with
+	// --scheduling-policy priority, so that an engine's own queue serves the bands in order
+	// too. It works with or without Enabled.
+	EnginePriority bool
 }
 
 // Workload is a typical request: its prompt and output lengths in tokens (0: not given).

@@ -178,6 +178,9 @@ func TestErrors(t *testing.T) {
 		{"queue wait", minimal + "arbiter: {queue: {max_wait_seconds: 7200}}\n", 4, 37, "max_wait_seconds: want a number of seconds greater than 0, up to 3600"},
 		{"queue enabled not a bool", minimal + "arbiter: {queue: {enabled: maybe}}\n", 4, 28, "arbiter.queue.enabled: want true or false"},
 		{"queue unknown key", minimal + "arbiter: {queue: {max_waiting: 10}}\n", 4, 19, `unknown key "max_waiting" in arbiter.queue`},
+		{"engine priority without the flag", "run: vllm serve m --port 8080\nservice:\n  readiness_probe: /health\narbiter: {queue: {engine_priority: true}}\n", 4, 36, "the run: command starts it without --scheduling-policy (vLLM's default, fcfs)"},
+		{"engine priority with fcfs", "run: vllm serve m --scheduling-policy=fcfs\nservice:\n  readiness_probe: /health\narbiter: {queue: {engine_priority: true}}\n", 4, 36, "starts it with --scheduling-policy fcfs"},
+		{"engine priority not a bool", minimal + "arbiter: {queue: {engine_priority: yes please}}\n", 4, 36, "arbiter.queue.engine_priority: want true or false"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -621,6 +624,8 @@ var roundTripSources = []string{
 	"run: x\nresources:\n  use_spot: true\n  infra: gcp/*/us-east1-b\n  labels: {k: 'multi\n\n    line'}\n  any_of:\n    - {}\n    - {use_spot: true, cpus: 2+, infra: null, cloud: aws}\n    - {accelerators: [A100, V100]}\nservice:\n  replica_policy: {min_replicas: 1, base_ondemand_fallback_replicas: 1, dynamic_ondemand_fallback: true, spot_placer: dynamic_fallback}\n",
 	"run: x\nresources:\n  cloud: gcp\n  region: us-east1\n  disk_size: 100\n  ordered:\n    - {infra: aws, cloud: null, region: null, ports: 8000}\n    - {region: null, disk_size: null, ports: 8000}\nservice: {}\n",
 	"run: x\nservice:\n  load_balancing_policy: instance_aware_least_load\n  replica_policy: {min_replicas: 0, max_replicas: 9, target_qps_per_replica: {\"H100:8\": 40, L4: 1.5}}\n",
+	"run: vllm serve m --scheduling-policy priority\nservice: {}\narbiter: {queue: {engine_priority: true}}\n",
+	"run: vllm serve m --scheduling-policy=priority\nservice: {}\narbiter: {queue: {enabled: true, engine_priority: true, sheddable_fill: 0.5}}\n",
 	"run: x\nservice: {replica_policy: {min_replicas: 0, max_replicas: 2}}\narbiter:\n  autoscaling: {signal: tokens_per_second, target_tokens_per_second_per_replica: 1500}\n  providers: [sim, kubernetes, aws, local]\n  reserved: [{provider: aws, accelerator: \"H100:8\", zone: z, price_per_hour: 1e-7}, {provider: local, accelerator: \"A10G:1\", count: 1}]\n  local: {region: '', zone: '123'}\n  slo: {percentile: 1.5}\n",
 }
 
