@@ -3,6 +3,7 @@ package router
 import (
 	"math"
 	"testing"
+	"time"
 )
 
 func newWaiter(tenant string, band Band, weight, cost float64) *waiter {
@@ -170,5 +171,25 @@ func TestOverLowerStandsForLowerBandsInFlight(t *testing.T) {
 	}
 	if !sq.overLower(Critical) {
 		t.Fatal("two over three held (a standard through its gate, two sheddable): a critical request may go")
+	}
+}
+
+// A request goes over the gate only when waiting on for room would leave too little of its
+// TTFT target: the next look for room (holdPoll away) plus its predicted TTFT.
+func TestOverGateWaitsWhileRoomMayStillCome(t *testing.T) {
+	for _, c := range []struct {
+		waited       time.Duration
+		ttft, target float64
+		want         bool
+	}{
+		{0, 0.3, 1, false},                      // 0.25 + 0.3 < 1: wait for room
+		{400 * time.Millisecond, 0.3, 1, false}, // 0.65 + 0.3 < 1
+		{500 * time.Millisecond, 0.3, 1, true},  // 0.75 + 0.3 ≥ 1: go, to meet it
+		{0, 0.8, 1, true},                       // a long prefill: at once
+		{0, 0.1, 0, true},                       // no TTFT target: nothing to wait for
+	} {
+		if got := overGateNow(c.waited, c.ttft, c.target); got != c.want {
+			t.Errorf("waited %v, predicted TTFT %v s, target %v s: over the gate %v, want %v", c.waited, c.ttft, c.target, got, c.want)
+		}
 	}
 }

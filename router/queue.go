@@ -52,10 +52,24 @@ type serviceQueue struct {
 	sent, over [numBands]int
 }
 
+// overGateNow reports whether a request that has waited waited for room, predicted to
+// take ttft seconds to its first token on the best replica, should go there now rather than
+// wait on for room: when its SLO has no TTFT target, or when the next look for room (at
+// most holdPoll away) would come too late to meet the target (seconds). Until then room
+// may come (a request ending frees it for the most urgent waiter), and a request sent over
+// the gate waits in the engine behind what the lower bands already queued there.
+func overGateNow(waited time.Duration, ttft, target float64) bool {
+	if target <= 0 {
+		return true
+	}
+	return (waited+holdPoll).Seconds()+ttft >= target
+}
+
 // overLower reports whether a request of band b that no replica has room for may go
-// anyway, ungated: a request is never held back, nor refused, for room that requests of
-// lower bands hold. The engine cannot preempt them, so it goes to the replica predicted
-// to serve it best, beside them, rather than wait behind work that yields to it. Each
+// anyway, ungated (once overGateNow says so): a request is never refused for room that
+// requests of lower bands hold. The engine cannot preempt them, so it goes to the replica
+// predicted to serve it best, beside them, rather than wait to a 429 behind work that
+// yields to it. Each
 // request sent over the gate (of any band) stands for one lower-band request in flight
 // that went through its gate, so that a flood of the top band cannot bypass the gate
 // wholesale: it still waits for its own band's room. Caller holds sq.mu.
@@ -176,7 +190,10 @@ func (px *Proxy) gateFor(c *call) float64 {
 // has. It returns nil when it has answered the client (429, or the client left).
 func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, rng *rand.Rand) *Replica {
 	sq := px.queues.of(c.service)
-	pick := func() *Replica {
+	// pick finds a replica with room for c, which has waited waited; or, when lower bands
+	// hold the room it misses, the best replica once waiting longer for room would leave
+	// too little of its TTFT target (overGate).
+	pick := func(waited time.Duration) *Replica {
 		c.route.Now = px.Now()
 		cands := servingCandidates(px.pool.candidates(c.pickModel()), c.api, &c.servingBuf)
 		c.route.gate, c.route.patient = px.gateFor(c), c.band == Sheddable
@@ -187,9 +204,10 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 			over := sq.overLower(c.band)
 			sq.mu.Unlock()
 			if over {
-				if r = policy.Pick(&c.route, cands, rng); r != nil {
-					c.overGate = true
+				if r = policy.Pick(&c.route, cands, rng); r != nil && !overGateNow(waited, c.route.pickedPred.TTFT, c.route.SLO.TTFT) {
+					r = nil // room may yet come: a request sent now waits behind theirs in the engine
 				}
+				c.overGate = r != nil
 			}
 		}
 		return r
@@ -198,7 +216,7 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 	ahead := sq.q.waitingAtOrAbove(c.band)
 	sq.mu.Unlock()
 	if ahead == 0 {
-		if r := pick(); r != nil {
+		if r := pick(0); r != nil {
 			px.charged(sq, c)
 			px.met.queueWait.WithLabelValues(c.service, c.tenant, c.band.String()).Observe(0)
 			return r
@@ -264,7 +282,7 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 			sq.kick() // a turn lost in a race, or a change no event told of: the head tries
 			continue
 		}
-		r := pick()
+		r := pick(now.Sub(w.arrived))
 		sq.mu.Lock()
 		sq.trying = nil
 		if r == nil {

@@ -10,7 +10,10 @@
 //   - none: the flood, every request straight to a replica (no fairness);
 //   - static: the flood, the batch key capped at a fixed number of requests in flight
 //     (the keys file's max_concurrency, a static per-key limit);
-//   - queue: the flood, the router's queue on (queue.enabled): bands and fair shares.
+//   - queue: the flood, the router's queue on (queue.enabled): bands and fair shares;
+//   - prio: the flood, each request's band given to the engines as vLLM's priority
+//     (queue.engine_priority, replicas at --scheduling-policy priority), no router queue;
+//   - queue+prio: both.
 //
 // Per mode it reports the interactive tenant's success, SLO attainment and TTFT/TPOT, and
 // what the batch tenant got: requests answered and refused (429), tokens per second, and the
@@ -82,7 +85,7 @@ func main() {
 	flag.DurationVar(&o.sloTPOT, "slo-tpot", 100*time.Millisecond, "TPOT SLO")
 	flag.IntVar(&o.maxPrompt, "max-prompt", 8000, "prompts longer than this are cut (tokens)")
 	flag.IntVar(&o.maxOutput, "max-output", 300, "outputs longer than this are cut (tokens), to bound the run")
-	flag.StringVar(&modes, "modes", "alone,none,static,queue", "modes to compare: alone, none, static, queue")
+	flag.StringVar(&modes, "modes", "alone,none,static,queue", "modes to compare: alone, none, static, queue, prio, queue+prio (queue and queue+prio take @FILL)")
 	flag.IntVar(&o.staticConcurrency, "static-concurrency", 0, "the batch key's max_concurrency in mode static (default: 8 per replica, the spec's default target_concurrency_per_replica)")
 	flag.Float64Var(&o.sheddableFill, "sheddable-fill", 1, "the queue's sheddable_fill in mode queue")
 	flag.DurationVar(&o.maxWait, "max-wait", 30*time.Second, "the queue's max_wait in mode queue (how long a sheddable request waits)")
@@ -91,8 +94,8 @@ func main() {
 	o.modes = strings.Split(modes, ",")
 	for _, m := range o.modes {
 		name, fill, err := parseMode(m, o.sheddableFill)
-		if err != nil || !slices.Contains([]string{"alone", "none", "static", "queue"}, name) || (name != "queue" && fill != o.sheddableFill) {
-			fail(fmt.Errorf("-modes: unknown mode %q (want alone, none, static, queue or queue@FILL)", m))
+		if err != nil || !slices.Contains([]string{"alone", "none", "static", "queue", "prio", "queue+prio"}, name) || (!queued(name) && fill != o.sheddableFill) {
+			fail(fmt.Errorf("-modes: unknown mode %q (want alone, none, static, queue, prio, queue+prio, queue@FILL or queue+prio@FILL)", m))
 		}
 	}
 	if o.staticConcurrency == 0 {
@@ -105,6 +108,10 @@ func main() {
 		fail(err)
 	}
 }
+
+// queued: the mode runs the router's queue; prioritised: the engines' priority.
+func queued(mode string) bool      { return mode == "queue" || mode == "queue+prio" }
+func prioritised(mode string) bool { return mode == "prio" || mode == "queue+prio" }
 
 // parseMode splits a mode: queue@0.5 is the queue with sheddable_fill 0.5 (def otherwise).
 func parseMode(m string, def float64) (name string, fill float64, err error) {
@@ -188,13 +195,21 @@ func runMode(o options, mode string, app, batch []traces.Request, appRate, batch
 	g := procs.NewGroup(ctx, o.bin)
 	defer g.Stop()
 	start := func(name string, args ...string) error { return g.Start(nil, name, args...) }
+	name, fill, err := parseMode(mode, o.sheddableFill)
+	if err != nil {
+		return "", err
+	}
 	var set []fleet.Replica
 	for i := range o.replicas {
 		addr, err := procs.FreeAddr()
 		if err != nil {
 			return "", err
 		}
-		if err := start("replicasim", "-listen", addr, "-model", model, "-profile", o.profile, "-log-level", "warn"); err != nil {
+		args := []string{"-listen", addr, "-model", model, "-profile", o.profile, "-log-level", "warn"}
+		if prioritised(name) {
+			args = append(args, "-scheduling-policy", "priority")
+		}
+		if err := start("replicasim", args...); err != nil {
 			return "", err
 		}
 		set = append(set, fleet.Replica{ID: fmt.Sprintf("r%d", i), Address: addr, Model: model, Capacity: fleet.OnDemand, PricePerHour: 1, Profile: o.profile})
@@ -204,10 +219,7 @@ func runMode(o options, mode string, app, batch []traces.Request, appRate, batch
 			return "", err
 		}
 	}
-	mode, fill, err := parseMode(mode, o.sheddableFill)
-	if err != nil {
-		return "", err
-	}
+	mode = name
 	batchSpec := map[string]any{"name": "batch", "key": batchKey, "priority": "sheddable"}
 	if mode == "static" {
 		batchSpec["max_concurrency"] = o.staticConcurrency
@@ -219,8 +231,8 @@ func runMode(o options, mode string, app, batch []traces.Request, appRate, batch
 		"routing_headers": true,
 		"api_keys_file":   filepath.Join(dir, "keys.yaml"),
 	}
-	if mode == "queue" {
-		cfg["queue"] = map[string]any{"enabled": true, "sheddable_fill": fill, "max_wait": o.maxWait.String(), "max_waiting": 100000}
+	if queued(mode) || prioritised(mode) {
+		cfg["queue"] = map[string]any{"enabled": queued(mode), "engine_priority": prioritised(mode), "sheddable_fill": fill, "max_wait": o.maxWait.String(), "max_waiting": 100000}
 	}
 	if err := procs.WriteYAML(dir, map[string]any{"router.yaml": cfg, "replicas.yaml": map[string]any{"replicas": set}, "keys.yaml": keys}); err != nil {
 		return "", err
@@ -261,8 +273,8 @@ func runMode(o options, mode string, app, batch []traces.Request, appRate, batch
 		}
 	}
 	label := mode
-	if mode == "queue" {
-		label = fmt.Sprintf("queue, sheddable_fill %v", fill)
+	if queued(mode) {
+		label = fmt.Sprintf("%s, sheddable_fill %v", mode, fill)
 	}
 	return row(o, label, appRes, batchRes), nil
 }
