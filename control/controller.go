@@ -377,6 +377,7 @@ func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
 			svc.Policy = a.RoutingPolicy
 			svc.SLO = &fleet.SLO{TTFTSeconds: a.SLO.TTFTSeconds, TPOTSeconds: a.SLO.TPOTSeconds, E2ESeconds: a.SLO.E2ESeconds, Percentile: a.SLO.Percentile}
 			svc.Adapters, svc.MaxLoRAs = s.adapters()
+			svc.Tenants = a.Tenants
 			if q := a.Queue; q.Enabled || q.EnginePriority {
 				svc.Queue = &fleet.Queue{Enabled: q.Enabled, MaxWaitSeconds: q.MaxWaitSeconds, SheddableFill: q.SheddableFill, EnginePriority: q.EnginePriority}
 			}

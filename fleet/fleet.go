@@ -164,6 +164,45 @@ type Service struct {
 	// Queue is the service's router queue for a saturated fleet (arbiter.queue); nil
 	// leaves the router's own configuration.
 	Queue *Queue `json:"queue,omitempty"`
+	// Tenants are the service's own bands and weights for tenants (arbiter.tenants), which
+	// outrank the routers' keys file for the service's requests.
+	Tenants []TenantBand `json:"tenants,omitempty"`
+}
+
+// TenantBand is one tenant's priority band and share weight on one service.
+type TenantBand struct {
+	Name string `json:"name"`
+	// Priority is the band's name (critical, standard or sheddable); "": the key's.
+	Priority string `json:"priority,omitempty"`
+	// Weight is the tenant's share within its band; 0: the key's.
+	Weight float64 `json:"weight,omitempty"`
+}
+
+// TenantBands are the band names a TenantBand may give.
+var TenantBands = []string{"critical", "standard", "sheddable"}
+
+// MaxTenantWeight bounds a tenant's share weight.
+const MaxTenantWeight = 1000
+
+// CheckTenantBands says what is wrong with a service's tenants, or nil.
+func CheckTenantBands(ts []TenantBand) error {
+	seen := map[string]bool{}
+	for _, t := range ts {
+		if err := CheckTenantName(t.Name); err != nil {
+			return err
+		}
+		if seen[t.Name] {
+			return fmt.Errorf("tenant %q is listed twice", t.Name)
+		}
+		seen[t.Name] = true
+		if t.Priority != "" && !slices.Contains(TenantBands, t.Priority) {
+			return fmt.Errorf("tenant %q: priority %q: want one of %s", t.Name, t.Priority, strings.Join(TenantBands, ", "))
+		}
+		if t.Weight < 0 || t.Weight > MaxTenantWeight {
+			return fmt.Errorf("tenant %q: weight %v: want a share weight from above 0 to %d", t.Name, t.Weight, MaxTenantWeight)
+		}
+	}
+	return nil
 }
 
 // Queue is how routers queue a service's requests while no replica has room for them.

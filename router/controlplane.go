@@ -205,6 +205,8 @@ type Routing struct {
 	Service, Policy string
 	SLO             SLO
 	Queue           *fleet.Queue
+	// Tenants are the service's own bands and weights per tenant (fleet.Service.Tenants).
+	Tenants []fleet.TenantBand
 }
 
 // Routing returns the service of model and how the control plane set it to be routed; ok
@@ -220,7 +222,7 @@ func (cp *ControlPlane) Routing(model string) (r Routing, ok bool) {
 	if s.SLO != nil {
 		r.SLO = SLO{TTFT: s.SLO.TTFTSeconds, TPOT: s.SLO.TPOTSeconds, E2E: s.SLO.E2ESeconds, Percentile: s.SLO.Percentile}
 	}
-	r.Service, r.Policy, r.Queue = s.Name, s.Policy, s.Queue
+	r.Service, r.Policy, r.Queue, r.Tenants = s.Name, s.Policy, s.Queue, s.Tenants
 	return r, true
 }
 
@@ -340,6 +342,10 @@ func (cp *ControlPlane) follow(ctx context.Context) {
 				// A bug or a version skew: the service routes as the router's config says.
 				cp.log.Error("the control plane published a service's queue out of bounds; the router's own queue settings apply to it", "service", set.Services[i].Name, "err", err)
 				set.Services[i].Queue = nil
+			}
+			if err := fleet.CheckTenantBands(set.Services[i].Tenants); err != nil {
+				cp.log.Error("the control plane published a service's tenants out of bounds; the keys file's bands apply to it", "service", set.Services[i].Name, "err", err)
+				set.Services[i].Tenants = nil
 			}
 		}
 		cp.mu.Lock()

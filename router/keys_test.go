@@ -296,7 +296,8 @@ func TestRequestBand(t *testing.T) {
 		{nil, hdr(PriorityHeader, "urgent"), 0, false, `X-Arbiter-Priority: unknown priority "urgent"`},
 		{nil, hdr(gieObjectiveHeader, "premium-traffic"), 0, false, `X-Gateway-Inference-Objective: unknown priority "premium-traffic"`},
 	} {
-		b, capped, err := requestBand(tc.k, tc.header)
+		ceiling, keyed, _ := serviceBand(tc.k, nil)
+		b, capped, err := requestBand(ceiling, keyed, tc.header)
 		if tc.errContains != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.errContains) {
 				t.Errorf("key %s: err %v; want %q", tc.k.label(), err, tc.errContains)
@@ -306,5 +307,52 @@ func TestRequestBand(t *testing.T) {
 		if err != nil || b != tc.want || capped != tc.capped {
 			t.Errorf("key %s: band %v capped %v err %v; want %v capped %v", tc.k.label(), b, capped, err, tc.want, tc.capped)
 		}
+	}
+}
+
+// A service's own bands and weights for its tenants (arbiter.tenants) outrank the keys
+// file's for its requests; a tenant it does not name keeps the keys file's, and a request
+// without a key runs in the "default" tenant's band where the service names one.
+func TestServiceBandOutranksTheKeysFile(t *testing.T) {
+	ks, err := ParseKeys([]byte("keys: [{name: app, key: "+appKey+", priority: critical, weight: 2}, {name: batch, key: "+batchKey+", tenant: nightly, priority: standard}]"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(k string) *Key {
+		got, f := ks.lookup([]byte("Bearer " + k))
+		if f != nil {
+			t.Fatal(f.msg)
+		}
+		return got
+	}
+	app, batch := key(appKey), key(batchKey)
+	svc := []fleet.TenantBand{{Name: "nightly", Priority: "sheddable", Weight: 3}, {Name: "app", Weight: 5}, {Name: DefaultTenant, Priority: "sheddable"}}
+	for _, c := range []struct {
+		k      *Key
+		svc    []fleet.TenantBand
+		band   Band
+		keyed  bool
+		weight float64
+	}{
+		{batch, nil, Standard, true, 1},
+		{batch, svc, Sheddable, true, 3},
+		{app, svc, Critical, true, 5}, // its weight from the service, its band from its key
+		{nil, nil, Critical, false, 1},
+		{nil, svc, Sheddable, true, 1},
+	} {
+		band, keyed, weight := serviceBand(c.k, c.svc)
+		if band != c.band || keyed != c.keyed || weight != c.weight {
+			t.Errorf("key %s, service tenants %v: band %v keyed %v weight %v; want %v %v %v", c.k.label(), c.svc, band, keyed, weight, c.band, c.keyed, c.weight)
+		}
+	}
+	// A keyless request in a service that makes "default" sheddable cannot raise itself.
+	ceiling, keyed, _ := serviceBand(nil, svc)
+	if b, capped, _ := requestBand(ceiling, keyed, func(h string) []byte {
+		if h == PriorityHeader {
+			return []byte("critical")
+		}
+		return nil
+	}); b != Sheddable || !capped {
+		t.Errorf("keyless, default sheddable, asking critical: %v capped %v; want sheddable, capped", b, capped)
 	}
 }

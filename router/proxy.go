@@ -294,6 +294,8 @@ type call struct {
 	onBegin func()
 	// overGate: the queue sent c past the gate, for room lower bands held (overLower).
 	overGate bool
+	// svcTenants are the service's own bands and weights per tenant (arbiter.tenants).
+	svcTenants []fleet.TenantBand
 	// queueCfg is the service's queue as the control plane set it (nil: the router's).
 	queueCfg *QueueConfig
 	// queued is how long the request waited in the router's queue: the client waited it
@@ -338,12 +340,13 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 		return
 	}
 	c.key = key
-	band, capped, err := requestBand(key, ctx.Request.Header.Peek)
+	ceiling, keyed, weight := serviceBand(key, c.svcTenants)
+	band, capped, err := requestBand(ceiling, keyed, ctx.Request.Header.Peek)
 	if err != nil {
 		badRequest(err.Error()).writeTo(ctx)
 		return
 	}
-	c.band, c.capped, c.tenant, c.weight = band, capped, tenantOf(key), weightOf(key)
+	c.band, c.capped, c.tenant, c.weight = band, capped, tenantOf(key), weight
 	if px.queueOf(c).EnginePriority && c.kind.Generates() {
 		c.body = withPriority(c.body, c.band)
 	}
@@ -607,6 +610,7 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 			if rt.SLO != (SLO{}) {
 				c.slo = rt.SLO
 			}
+			c.svcTenants = rt.Tenants
 			if q := rt.Queue; q != nil {
 				c.queueCfg = &QueueConfig{Enabled: q.Enabled, MaxWait: time.Duration(q.MaxWaitSeconds * float64(time.Second)), SheddableFill: q.SheddableFill, EnginePriority: q.EnginePriority}
 			}

@@ -250,3 +250,31 @@ func TestEnginePriorityGivesTheBandAsVLLMsPriority(t *testing.T) {
 		t.Errorf("engine_priority off, the client's priority -5 at an fcfs replica: HTTP %d; want vLLM's 400", code)
 	}
 }
+
+// A service's own tenant bands (arbiter.tenants, published by the control plane) outrank the
+// keys file's for its requests, all the way to the engine: with the service's
+// engine_priority and a replica that refuses any priority but 0 (vLLM's fcfs), the key that
+// is sheddable in the keys file but critical in the service is served (priority 0), and the
+// one that is critical in the keys file but sheddable in the service gets vLLM's 400 for
+// priority 2.
+func TestServiceTenantBandsReachTheEngine(t *testing.T) {
+	s := startSim(t, simOpts{})
+	fake := &fakeControlPlane{changed: make(chan struct{})}
+	fake.publish([]fleet.Service{{Name: "svc", Models: []string{testModel},
+		Queue:   &fleet.Queue{MaxWaitSeconds: 30, SheddableFill: 1, EnginePriority: true},
+		Tenants: []fleet.TenantBand{{Name: "nightly", Priority: "critical"}, {Name: "app", Priority: "sheddable"}},
+	}}, []fleet.Replica{replica("a", s, fleet.Reserved, 0)})
+	r, _ := startWithControlPlane(t, fake, nil)
+	ks, err := ParseKeys([]byte("keys: [{name: app, key: "+appKey+", priority: critical}, {name: batch, key: "+batchKey+", tenant: nightly, priority: sheddable}]"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.px.SetKeys(ks)
+	waitFor(t, "the replica routed", func() bool { return len(r.pool.candidates(testModel)) == 1 })
+	if resp, body := post(t, r.url+"/v1/chat/completions", chatBody(false, ""), "Authorization", "Bearer "+batchKey); resp.StatusCode != 200 {
+		t.Errorf("nightly, critical on the service: HTTP %d %s", resp.StatusCode, body)
+	}
+	if resp, body := post(t, r.url+"/v1/chat/completions", chatBody(false, ""), "Authorization", "Bearer "+appKey); resp.StatusCode != 400 || !strings.Contains(body, "Got priority 2") {
+		t.Errorf("app, sheddable on the service: HTTP %d %s; want vLLM's 400 for priority 2", resp.StatusCode, body)
+	}
+}

@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"github.com/arbiter-serve/arbiter/fleet"
 	"strings"
 )
 
@@ -58,13 +59,38 @@ const (
 // DefaultTenant is the tenant of requests without a key.
 const DefaultTenant = "default"
 
-// requestBand is the band a request runs in: the one its headers ask for, capped at its
-// key's (nil key: no ceiling). capped says a higher band was asked for than the key allows.
-func requestBand(k *Key, header func(string) []byte) (b Band, capped bool, err error) {
-	ceiling := Critical
-	b = Standard
+// serviceBand is the band a key's requests to a service run at (keyed: there is one; else
+// no ceiling, and standard unless asked) and its tenant's weight: the service's own for the
+// key's tenant (arbiter.tenants), where it gives them, else the keys file's.
+func serviceBand(k *Key, svc []fleet.TenantBand) (band Band, keyed bool, weight float64) {
+	band, keyed, weight = Critical, k != nil, weightOf(k)
 	if k != nil {
-		ceiling, b = k.band, k.band
+		band = k.band
+	}
+	for _, t := range svc {
+		if t.Name != tenantOf(k) {
+			continue
+		}
+		if b, err := ParseBand(t.Priority); err == nil && t.Priority != "" {
+			band, keyed = b, true
+		}
+		if t.Weight > 0 {
+			weight = t.Weight
+		}
+		break
+	}
+	return band, keyed, weight
+}
+
+// requestBand is the band a request runs in: the one its headers ask for, capped at
+// ceiling when keyed (else no ceiling, and standard unless asked). capped says a higher
+// band was asked for than the ceiling allows.
+func requestBand(ceiling Band, keyed bool, header func(string) []byte) (b Band, capped bool, err error) {
+	b = Standard
+	if keyed {
+		b = ceiling
+	} else {
+		ceiling = Critical
 	}
 	name, from := header(PriorityHeader), PriorityHeader
 	if len(name) == 0 {

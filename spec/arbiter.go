@@ -17,8 +17,9 @@ var (
 	arbiterKeys = []string{
 		"model", "models", "routing_policy", "slo", "spot_policy", "reserved", "providers",
 		"scale_to_zero_after_seconds", "autoscaling", "readiness", "local", "sim", "profile", "tasks",
-		"workload", "adapters", "queue",
+		"workload", "adapters", "queue", "tenants",
 	}
+	tenantKeys      = []string{"name", "priority", "weight"}
 	queueKeys       = []string{"enabled", "max_wait_seconds", "sheddable_fill", "engine_priority"}
 	workloadKeys    = []string{"prompt_tokens", "output_tokens"}
 	sloKeys         = []string{"ttft_seconds", "tpot_seconds", "e2e_seconds", "percentile"}
@@ -119,6 +120,9 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 		s.number("max_wait_seconds", "a number of seconds greater than 0, up to 3600", func(v float64) bool { return v > 0 && v <= 3600 }, &a.Queue.MaxWaitSeconds)
 		s.number("sheddable_fill", "a share of the SLO greater than 0 and at most 1, such as 0.8", between(0, 1), &a.Queue.SheddableFill)
 		s.boolean("engine_priority", &a.Queue.EnginePriority)
+	}
+	if v := b.get("tenants"); v != nil {
+		a.Tenants = d.tenants("arbiter.tenants", v)
 	}
 	if v := b.get("spot_policy"); v != nil {
 		s := d.block("arbiter.spot_policy", b.key("spot_policy"), v, spotPolicyKeys)
@@ -334,6 +338,42 @@ func (d *decoder) reserved(path string, n *yaml.Node) []ReservedCapacity {
 		}
 		b.number("price_per_hour", "a price in dollars per hour ≥ 0", nonNegative, &rc.PricePerHour)
 		out = append(out, rc)
+	}
+	return out
+}
+
+// tenants reads arbiter.tenants: each tenant's band and share weight on this service, which
+// outrank the routers' keys file for the service's requests.
+func (d *decoder) tenants(path string, n *yaml.Node) []fleet.TenantBand {
+	if n.Kind != yaml.SequenceNode {
+		d.errorf(n, "%s: want a list such as [{name: nightly, priority: sheddable}, {name: app, priority: critical, weight: 2}], got %s", path, describe(n))
+		return nil
+	}
+	var out []fleet.TenantBand
+	seen := map[string]bool{}
+	for i, e := range n.Content {
+		p := fmt.Sprintf("%s[%d]", path, i)
+		b := d.block(p, e, e, tenantKeys)
+		if b == nil {
+			continue
+		}
+		var t fleet.TenantBand
+		b.str("name", &t.Name)
+		if err := fleet.CheckTenantName(t.Name); err != nil {
+			d.errorf(b.at, "%s.name: %v", p, err)
+			continue
+		}
+		if seen[t.Name] {
+			d.errorf(b.at, "%s: tenant %s is listed twice", p, quote(t.Name))
+			continue
+		}
+		seen[t.Name] = true
+		b.enum("priority", fleet.TenantBands, &t.Priority)
+		b.number("weight", fmt.Sprintf("a share weight greater than 0, up to %d", fleet.MaxTenantWeight), func(v float64) bool { return v > 0 && v <= fleet.MaxTenantWeight }, &t.Weight)
+		if t.Priority == "" && t.Weight == 0 {
+			d.errorf(b.at, "%s: tenant %s gives neither priority nor weight: give one, or leave the tenant out", p, quote(t.Name))
+		}
+		out = append(out, t)
 	}
 	return out
 }

@@ -333,6 +333,21 @@ func arbiterNode(a *Arbiter) *yaml.Node {
 		}
 		put(m, "queue", q)
 	}
+	if len(a.Tenants) > 0 {
+		var ts []*yaml.Node
+		for _, t := range a.Tenants {
+			e := mapping()
+			put(e, "name", str(t.Name))
+			if t.Priority != "" {
+				put(e, "priority", str(t.Priority))
+			}
+			if t.Weight > 0 {
+				put(e, "weight", num(t.Weight))
+			}
+			ts = append(ts, e)
+		}
+		put(m, "tenants", &yaml.Node{Kind: yaml.SequenceNode, Content: ts})
+	}
 	if a.Profile != "" {
 		put(m, "profile", str(a.Profile))
 	}

@@ -2,6 +2,7 @@ package spec
 
 import (
 	"fmt"
+	"github.com/arbiter-serve/arbiter/fleet"
 	"io"
 	"maps"
 	"os"
@@ -144,7 +145,10 @@ type Arbiter struct {
 	// --lora-modules, then arbiter.adapters (with Path where the replicas read each).
 	Adapters []Adapter
 	// LoRA is what the run: command tells vLLM about adapters.
-	LoRA          LoRA
+	LoRA LoRA
+	// Tenants are each tenant's band and weight on this service (arbiter.tenants), which
+	// outrank the routers' keys file for its requests.
+	Tenants       []fleet.TenantBand
 	RoutingPolicy string
 	// Profile is the replicas' performance profile (engine.ProfileNames, or a GPU-MODEL
 	// pair engine.LoadProfile generates, such as l4-llama-3.1-8b) that routers

@@ -180,6 +180,12 @@ func TestErrors(t *testing.T) {
 		{"queue unknown key", minimal + "arbiter: {queue: {max_waiting: 10}}\n", 4, 19, `unknown key "max_waiting" in arbiter.queue`},
 		{"engine priority without the flag", "run: vllm serve m --port 8080\nservice:\n  readiness_probe: /health\narbiter: {queue: {engine_priority: true}}\n", 4, 36, "the run: command starts it without --scheduling-policy (vLLM's default, fcfs)"},
 		{"engine priority with fcfs", "run: vllm serve m --scheduling-policy=fcfs\nservice:\n  readiness_probe: /health\narbiter: {queue: {engine_priority: true}}\n", 4, 36, "starts it with --scheduling-policy fcfs"},
+		{"tenants not a list", minimal + "arbiter: {tenants: {name: a}}\n", 4, 20, "arbiter.tenants: want a list"},
+		{"tenant band unknown", minimal + "arbiter: {tenants: [{name: a, priority: urgent}]}\n", 4, 41, "want one of critical, standard, sheddable"},
+		{"tenant twice", minimal + "arbiter: {tenants: [{name: a, weight: 2}, {name: a, priority: critical}]}\n", 4, 43, `tenant "a" is listed twice`},
+		{"tenant weight", minimal + "arbiter: {tenants: [{name: a, weight: 0}]}\n", 4, 39, "want a share weight greater than 0, up to 1000"},
+		{"tenant neither", minimal + "arbiter: {tenants: [{name: a}]}\n", 4, 21, "gives neither priority nor weight"},
+		{"tenant unknown key", minimal + "arbiter: {tenants: [{name: a, budget: 5}]}\n", 4, 31, `unknown key "budget" in arbiter.tenants[0]`},
 		{"engine priority not a bool", minimal + "arbiter: {queue: {engine_priority: yes please}}\n", 4, 36, "arbiter.queue.engine_priority: want true or false"},
 	}
 	for _, tt := range tests {
@@ -625,6 +631,7 @@ var roundTripSources = []string{
 	"run: x\nresources:\n  cloud: gcp\n  region: us-east1\n  disk_size: 100\n  ordered:\n    - {infra: aws, cloud: null, region: null, ports: 8000}\n    - {region: null, disk_size: null, ports: 8000}\nservice: {}\n",
 	"run: x\nservice:\n  load_balancing_policy: instance_aware_least_load\n  replica_policy: {min_replicas: 0, max_replicas: 9, target_qps_per_replica: {\"H100:8\": 40, L4: 1.5}}\n",
 	"run: vllm serve m --scheduling-policy priority\nservice: {}\narbiter: {queue: {engine_priority: true}}\n",
+	"run: x\nservice: {}\narbiter: {tenants: [{name: nightly, priority: sheddable}, {name: app, priority: critical, weight: 2.5}, {name: '42', weight: 1}]}\n",
 	"run: vllm serve m --scheduling-policy=priority\nservice: {}\narbiter: {queue: {enabled: true, engine_priority: true, sheddable_fill: 0.5}}\n",
 	"run: x\nservice: {replica_policy: {min_replicas: 0, max_replicas: 2}}\narbiter:\n  autoscaling: {signal: tokens_per_second, target_tokens_per_second_per_replica: 1500}\n  providers: [sim, kubernetes, aws, local]\n  reserved: [{provider: aws, accelerator: \"H100:8\", zone: z, price_per_hour: 1e-7}, {provider: local, accelerator: \"A10G:1\", count: 1}]\n  local: {region: '', zone: '123'}\n  slo: {percentile: 1.5}\n",
 }
