@@ -157,8 +157,10 @@ type service struct {
 	crashLoop  int
 	nextLaunch time.Time
 
-	// Load since the last tick, from router reports.
+	// Load since the last tick, from router reports; shed and shedTokens are the requests
+	// the routers' queues refused for want of room, and their tokens.
 	requests, tokens float64
+	shed, shedTokens float64
 	// served is every token the routers reported for the service since this process
 	// started (arbiter_control_tokens_total: an ordinary counter, which a restart resets;
 	// starting from the stored total instead would dip after a crash lost the unsaved

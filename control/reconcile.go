@@ -45,7 +45,8 @@ func (c *Controller) tick(ctx context.Context) {
 		if s.failed != "" {
 			continue
 		}
-		smp := scaling.Sample{At: now, Requests: s.requests, Tokens: s.tokens, InFlight: inflight[s.name], Waiting: held[s.name]}
+		smp := scaling.Sample{At: now, Requests: s.requests, Tokens: s.tokens, InFlight: inflight[s.name], Waiting: held[s.name],
+			Shed: s.shed, ShedTokens: s.shedTokens}
 		if s.woken && smp.Waiting == 0 {
 			smp.Waiting = 1 // a wake raced ahead of the router's next report
 		}
@@ -57,7 +58,7 @@ func (c *Controller) tick(ctx context.Context) {
 				tokens = 0
 			}
 		}
-		s.requests, s.tokens, s.woken = 0, tokens, false
+		s.requests, s.tokens, s.woken, s.shed, s.shedTokens = 0, tokens, false, 0, 0
 		c.flushAdapterUse(ctx, s, now)
 		s.decider.Record(smp)
 		d := s.decider.Decide(now, s.count(s.version, replicas.Ready), s.target)
@@ -136,6 +137,8 @@ func (c *Controller) Report(rep fleet.LoadReport) {
 		if s := c.serviceFor(m.Model); s != nil {
 			s.requests += m.Requests
 			s.tokens += m.Tokens
+			s.shed += m.Shed
+			s.shedTokens += m.ShedTokens
 			s.served += m.Tokens
 			s.countAdapter(m)
 			s.mix.add(c.cfg.Now(), m.Mix)

@@ -298,6 +298,12 @@ type ModelLoad struct {
 	InFlight float64 `json:"in_flight"`
 	// Held requests wait in the router because no replica is ready (scale from zero).
 	Held float64 `json:"held"`
+	// Shed counts the requests the router's queue refused since the previous report for
+	// want of room (its 429s at a deadline, or for a full queue), and ShedTokens the tokens
+	// they would have had (prompt and expected output): demand the fleet did not serve,
+	// which the autoscaler counts as if it had arrived and been served.
+	Shed       float64 `json:"shed,omitempty"`
+	ShedTokens float64 `json:"shed_tokens,omitempty"`
 	// Mix is the model's request mix since the previous report: the generating requests
 	// that finished with a usage, counted by prompt and output length class (MixCell).
 	// Empty when none finished, or from a router that does not count it.
@@ -522,6 +528,8 @@ func (m ModelLoad) Validate() error {
 	c.check("tokens", m.Tokens, maxReportTokens)
 	c.check("in_flight", m.InFlight, maxReportLevel)
 	c.check("held", m.Held, maxReportLevel)
+	c.check("shed", m.Shed, maxReportRequests)
+	c.check("shed_tokens", m.ShedTokens, maxReportTokens)
 	seen := map[[2]int]bool{}
 	for i, cell := range m.Mix {
 		if err := cell.Validate(); err != nil {

@@ -29,6 +29,9 @@ type LoadTracker struct {
 
 type modelLoad struct {
 	requests, tokens, held atomic.Int64
+	// shed and shedTokens count the requests the queue refused for want of room (and the
+	// tokens they would have had) since the previous report.
+	shed, shedTokens atomic.Int64
 	// mix counts the generating requests that finished with a usage, by prompt and output
 	// length class (fleet.MixClassOf): requests and the tokens they had. Under a lock, so
 	// that a report never holds a request's count without its tokens (or the reverse).
@@ -96,7 +99,8 @@ func (t *LoadTracker) report(replicas []*Replica) []fleet.ModelLoad {
 	t.m.Range(func(k, v any) bool {
 		l := v.(*modelLoad)
 		out = append(out, fleet.ModelLoad{Model: k.(string), Requests: float64(l.requests.Swap(0)), Tokens: float64(l.tokens.Swap(0)),
-			InFlight: float64(inflight[k.(string)]), Held: float64(l.held.Load()), Mix: l.takeMix()})
+			InFlight: float64(inflight[k.(string)]), Held: float64(l.held.Load()), Mix: l.takeMix(),
+			Shed: float64(l.shed.Swap(0)), ShedTokens: float64(l.shedTokens.Swap(0))})
 		return true
 	})
 	slices.SortFunc(out, func(a, b fleet.ModelLoad) int { return strings.Compare(a.Model, b.Model) })

@@ -374,6 +374,11 @@ func (px *Proxy) leave(sq *serviceQueue, w *waiter) {
 // refuseQueued answers a request the queue could not serve: 429 with Retry-After.
 func (px *Proxy) refuseQueued(ctx *fasthttp.RequestCtx, c *call, sq *serviceQueue, w *waiter, reason, msg string) {
 	retry := sq.retryAfter(c.band)
+	if c.load != nil {
+		// Demand the fleet had no room for: the autoscaler counts it (fleet.ModelLoad.Shed).
+		c.load.shed.Add(1)
+		c.load.shedTokens.Add(int64(c.route.PromptTokens + c.route.OutTokens))
+	}
 	px.met.queueRejected.WithLabelValues(c.service, c.tenant, c.band.String(), reason).Inc()
 	px.met.fail("queue_"+reason, c.service)
 	oai.WriteError(ctx, fasthttp.StatusTooManyRequests, oai.RateLimit, fmt.Sprintf("%s Retry after %d s.", msg, retry))

@@ -278,3 +278,40 @@ func TestServiceTenantBandsReachTheEngine(t *testing.T) {
 		t.Errorf("app, sheddable on the service: HTTP %d %s; want vLLM's 400 for priority 2", resp.StatusCode, body)
 	}
 }
+
+// A request the queue refuses for want of room is reported as shed, with the tokens it would
+// have had, for the autoscaler to count as demand; a request answered is not.
+func TestShedRequestsReportedToTheAutoscaler(t *testing.T) {
+	s := startSim(t, simOpts{echo: true})
+	room := &roomPolicy{}
+	r := keyedRouter(t, s, "keys: [{name: batch, key: "+batchKey+", priority: sheddable}]", func(c *Config) {
+		c.Queue.Enabled = true
+		c.Queue.MaxWait = 300 * time.Millisecond
+		c.SLOs = map[string]SLO{"*": {TTFT: 60, TPOT: 1}}
+	})
+	r.px.policies["room"] = room
+	resp, body := post(t, r.url+"/v1/chat/completions", chatBody(false, ""), "Authorization", "Bearer "+batchKey, "X-Arbiter-Policy", "room")
+	if resp.StatusCode != 429 {
+		t.Fatalf("no room: HTTP %d %s; want 429 at max_wait", resp.StatusCode, body)
+	}
+	report := func() fleet.ModelLoad {
+		for _, m := range r.px.Load.report(nil) {
+			if m.Model == testModel {
+				return m
+			}
+		}
+		return fleet.ModelLoad{}
+	}
+	if m := report(); m.Shed != 1 || m.ShedTokens < 5 || m.Requests != 1 {
+		t.Fatalf("report after one refusal: %+v; want 1 request, 1 shed with its prompt and 5 output tokens", m)
+	}
+	room.mu.Lock()
+	room.tokens = 1
+	room.mu.Unlock()
+	if resp, body := post(t, r.url+"/v1/chat/completions", chatBody(false, ""), "Authorization", "Bearer "+batchKey, "X-Arbiter-Policy", "room"); resp.StatusCode != 200 {
+		t.Fatalf("with room: HTTP %d %s", resp.StatusCode, body)
+	}
+	if m := report(); m.Shed != 0 || m.ShedTokens != 0 || m.Requests != 1 {
+		t.Fatalf("report after one served: %+v; want 1 request, none shed (the counts restart at each report)", m)
+	}
+}

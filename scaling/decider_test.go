@@ -836,3 +836,35 @@ func TestReleasedBacklogIsNotDemand(t *testing.T) {
 		t.Fatalf("t=800s: target %d for 40 in flight at 4 per replica, want ≥ 4 (%s)", r.cur, r.last.Reason)
 	}
 }
+
+// Requests the routers' queues refused for want of room count as the demand they were:
+// their arrival rate × W in flight (concurrency), their tokens (tokens_per_second), so that a
+// saturated fleet grows and its saturation passes. W is not learned while they are shed.
+func TestShedRequestsCountAsDemand(t *testing.T) {
+	r := newRun(t, concCfg(), 2)
+	for s := 1; s <= 120; s++ { // 3 requests/s, 6 in flight: W = 2 s
+		r.step(s, Sample{InFlight: 6, Requests: 3})
+	}
+	r.expect(120, 2)
+	// A flood at 9 requests/s: the fleet's room holds 8 in flight, the queue refuses 5/s.
+	// Demand: 8 + 5 × 2 s = 18 in flight → 5 replicas at 4 each (8 alone would keep 2).
+	for s := 121; s <= 300; s++ {
+		r.step(s, Sample{InFlight: 8, Requests: 9, Shed: 5})
+	}
+	r.expect(300, 5)
+	if math.Abs(r.d.serviceTime-2) > 0.01 {
+		t.Fatalf("W = %vs while requests were shed, want still 2s", r.d.serviceTime)
+	}
+
+	cfg := concCfg()
+	cfg.Signal, cfg.TargetPerReplica = SignalTokens, 1000
+	r = newRun(t, cfg, 2)
+	for s := 1; s <= 120; s++ {
+		r.step(s, Sample{Tokens: 1500, Requests: 3})
+	}
+	r.expect(120, 2)
+	for s := 121; s <= 300; s++ { // 2,000 tokens/s served, 2,500 shed: 4,500 → 5
+		r.step(s, Sample{Tokens: 2000, Requests: 9, Shed: 5, ShedTokens: 2500})
+	}
+	r.expect(300, 5)
+}

@@ -21,6 +21,12 @@ type Sample struct {
 	Waiting float64
 	// Tokens is prompt+completion tokens completed since the previous sample.
 	Tokens float64
+	// Shed counts the requests (among Requests) the routers' queues refused since the
+	// previous sample for want of room, and ShedTokens the tokens they would have had:
+	// demand that was never served, so it shows in no in-flight count and no completed
+	// token. The concurrency signal counts each as its arrival rate × W (what replicas
+	// would have carried), the tokens signal its tokens; the qps signal has it already.
+	Shed, ShedTokens float64
 }
 
 func (s Sample) active() bool {
@@ -43,6 +49,7 @@ func clean(v float64) float64 {
 // would double the apparent arrivals.
 func (d *Decider) Record(s Sample) {
 	s.Requests, s.InFlight, s.Waiting, s.Tokens = clean(s.Requests), clean(s.InFlight), clean(s.Waiting), clean(s.Tokens)
+	s.Shed, s.ShedTokens = clean(s.Shed), clean(s.ShedTokens)
 
 	// Activity is noted even for a sample too old for the window: the
 	// scale-to-zero idle period may be longer than the window.
@@ -106,6 +113,16 @@ func (d *Decider) heldDemand(s Sample, interval time.Duration) float64 {
 		return min(s.Waiting, carried)
 	}
 	return s.Waiting
+}
+
+// shedDemand is what the requests the queues refused at s would have added in flight: their
+// rate × W, once W is known (before, nothing: no request has been served to learn it from,
+// and the held and in-flight counts carry the demand).
+func (d *Decider) shedDemand(s Sample, interval time.Duration) float64 {
+	if d.serviceTime <= 0 || interval <= 0 || !(s.Shed > 0) {
+		return 0
+	}
+	return clean(s.Shed) / interval.Seconds() * d.serviceTime
 }
 
 // carried is what replicas carry in flight for s's arrivals: their rate × W, the service
@@ -192,13 +209,13 @@ func (d *Decider) signal(now time.Time, w time.Duration, sig Signal) float64 {
 		case SignalQPS:
 			v = s.Requests
 		case SignalTokens:
-			v = s.Tokens
+			v = s.Tokens + clean(s.ShedTokens)
 		default:
 			var interval time.Duration
 			if i > 0 {
 				interval = s.At.Sub(d.samples[i-1].At)
 			}
-			v = s.InFlight + d.heldDemand(s, interval)
+			v = s.InFlight + d.heldDemand(s, interval) + d.shedDemand(s, interval)
 			if s.Waiting > 0 || d.draining(s.At) {
 				v = d.afterHold(s, interval, v)
 			}
@@ -285,7 +302,8 @@ const learnEvery = 5 * time.Second
 
 // learnServiceTime updates serviceTime, W, from the stable window ending at now by
 // Little's law (mean in flight ÷ arrival rate), when that window shows replicas serving
-// normally: arrivals, nothing held, and no more in flight than twice what the ready
+// normally: arrivals, nothing held nor shed (a saturated fleet's in-flight count is its
+// room, not its demand), and no more in flight than twice what the ready
 // replicas are meant to carry (a held backlog released at once onto a fresh replica
 // would read as slow service).
 func (d *Decider) learnServiceTime(now time.Time, ready int) {
@@ -296,7 +314,7 @@ func (d *Decider) learnServiceTime(now time.Time, ready int) {
 	d.learnedAt = now
 	start := now.Add(-w)
 	for _, s := range d.samples {
-		if s.At.After(start) && !s.At.After(now) && s.Waiting > 0 {
+		if s.At.After(start) && !s.At.After(now) && (s.Waiting > 0 || s.Shed > 0) {
 			return
 		}
 	}
