@@ -264,7 +264,7 @@ func (e *Engine) Step() StepResult {
 				// returns a preempted request's scheduled tokens to the budget.
 				victim.decodedIn = 0
 				decodeB--
-				decodeCtx -= victim.total() - 1
+				decodeCtx -= victim.total()
 				if victim.req.Adapter != 0 {
 					decodeAdapters--
 				}

@@ -41,6 +41,9 @@ func TestPriorityFieldAsVLLMTakesIt(t *testing.T) {
 		{prio, `,"priority":-3`, 200, ""},
 		{prio, `,"priority":"high"`, 400, "priority: Input should be a valid integer"},
 		{prio, `,"priority":1.5`, 400, "priority: Input should be a valid integer"},
+		// Duplicate keys: the last one counts, as Python's json keeps it.
+		{fcfs, `,"priority":3,"priority":0`, 200, ""},
+		{prio, `,"priority":0,"priority":"high"`, 400, "priority: Input should be a valid integer"},
 	} {
 		code, b := post(t, c.url+"/v1/chat/completions", body(c.field))
 		if code != c.code || !strings.Contains(b, c.msg) {

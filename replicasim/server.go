@@ -850,7 +850,15 @@ func clientGone(c net.Conn) bool { return c != nil && connwatch.PeerClosed(c) }
 // scheduling, as vLLM's engine does (vllm/v1/engine/processor.py: "Got priority … but
 // Priority scheduling is not enabled.").
 func (s *Server) priority(v *fastjson.Value) (int, error) {
-	f := v.Get("priority")
+	// The last "priority" key, as Python's json keeps the last of duplicate keys.
+	var f *fastjson.Value
+	if o, err := v.Object(); err == nil {
+		o.Visit(func(k []byte, x *fastjson.Value) {
+			if string(k) == "priority" {
+				f = x
+			}
+		})
+	}
 	if f == nil {
 		return 0, nil
 	}

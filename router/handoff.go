@@ -114,7 +114,7 @@ func (px *Proxy) Handoff(in HandoffRequest) (*Handoff, *Refusal) {
 		px.met.keyRequests.WithLabelValues(key.label(), "", "429").Inc() // refused before its body (and model) is read
 		return nil, f.export()
 	}
-	h, f := px.handoff(in, kind, header)
+	h, f := px.handoff(in, kind, header, key)
 	if f != nil {
 		px.keyDone(key, f.service, f.status)
 		px.met.fail(f.reason, f.service)
@@ -124,10 +124,19 @@ func (px *Proxy) Handoff(in HandoffRequest) (*Handoff, *Refusal) {
 	return h, nil
 }
 
-func (px *Proxy) handoff(in HandoffRequest, kind oai.Kind, header func(string) []byte) (*Handoff, *refusal) {
+func (px *Proxy) handoff(in HandoffRequest, kind oai.Kind, header func(string) []byte, key *Key) (*Handoff, *refusal) {
 	c, f := px.parseCall(kind, in.Path, in.ContentType, in.Body, header)
 	if f != nil {
 		return nil, f
+	}
+	// The engines' priority, as the router gives it (the picker has no queue of its own).
+	if px.queueOf(c).EnginePriority && c.kind.Generates() {
+		ceiling, keyed, _ := serviceBand(key, c.svcTenants)
+		band, _, err := requestBand(ceiling, keyed, header)
+		if err != nil {
+			return nil, badRequest(err.Error())
+		}
+		c.body = withPriority(c.body, band)
 	}
 	if c.prevResponse != "" {
 		if f := px.pinFor(c, c.prevResponse); f != nil {

@@ -783,16 +783,32 @@ func withIncludeUsage(body []byte, hasStreamOptions bool) []byte {
 
 // withPriority returns body with vLLM's priority field set to the request's band (critical
 // 0, standard 1, sheddable 2: lower is served first under --scheduling-policy priority),
-// replacing any the client sent: a client may lower its band by header, never raise it,
-// and a priority of its own in the body would do just that in the engine.
+// outranking any the client sent: a client may lower its band by header, never raise it,
+// and a priority of its own in the body would do just that in the engine. The field is
+// spliced in as the object's last key, without parsing the body again (it was parsed,
+// within the large-body budget, as the request came in): JSON readers that keep duplicate
+// keys keep the last one (Python's json, which vLLM's server reads bodies with; replicasim
+// reads it the same way), so the client's own, wherever it stands, is overruled.
 func withPriority(body []byte, b Band) []byte {
-	var p fastjson.Parser
-	v, err := p.ParseBytes(body)
-	if err != nil || v.Type() != fastjson.TypeObject {
-		return body // parsed once already; a replica will say what is wrong
+	end := len(body) - 1
+	for end >= 0 && (body[end] == ' ' || body[end] == '\n' || body[end] == '\t' || body[end] == '\r') {
+		end--
 	}
-	v.Set("priority", fastjson.MustParse(strconv.Itoa(int(b))))
-	return v.MarshalTo(nil)
+	if end < 1 || body[end] != '}' {
+		return body // not an object: parsed once already, a replica will say what is wrong
+	}
+	inner := end - 1
+	for inner >= 0 && (body[inner] == ' ' || body[inner] == '\n' || body[inner] == '\t' || body[inner] == '\r') {
+		inner--
+	}
+	out := make([]byte, 0, len(body)+16)
+	out = append(out, body[:end]...)
+	if inner >= 0 && body[inner] != '{' {
+		out = append(out, ',')
+	}
+	out = append(out, `"priority":`...)
+	out = strconv.AppendInt(out, int64(b), 10)
+	return append(out, body[end:]...)
 }
 
 // serviceOfReplicas is the service of model's replicas, for metrics where no control plane

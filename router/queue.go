@@ -200,14 +200,23 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 		r := policy.Pick(&c.route, cands, rng)
 		c.route.gate, c.route.patient = 0, false
 		if r == nil {
+			// The place over the gate is taken under the lock, so that arrivals at once
+			// cannot all see one free (settle gives it back).
 			sq.mu.Lock()
 			over := sq.overLower(c.band)
+			if over {
+				sq.over[c.band]++
+			}
 			sq.mu.Unlock()
 			if over {
 				if r = policy.Pick(&c.route, cands, rng); r != nil && !overGateNow(waited, c.route.pickedPred.TTFT, c.route.SLO.TTFT) {
 					r = nil // room may yet come: a request sent now waits behind theirs in the engine
 				}
-				c.overGate = r != nil
+				if c.overGate = r != nil; !c.overGate {
+					sq.mu.Lock()
+					sq.over[c.band]--
+					sq.mu.Unlock()
+				}
 			}
 		}
 		return r
@@ -392,10 +401,7 @@ func (px *Proxy) charged(sq *serviceQueue, c *call) {
 	c.queue = sq
 	sq.mu.Lock()
 	sq.q.charge(c.band, c.tenant, c.weight, c.charge)
-	sq.sent[c.band]++
-	if c.overGate {
-		sq.over[c.band]++
-	}
+	sq.sent[c.band]++ // over[c.band] was counted when pick took the place
 	sq.mu.Unlock()
 }
 

@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -313,5 +314,43 @@ func TestShedRequestsReportedToTheAutoscaler(t *testing.T) {
 	}
 	if m := report(); m.Shed != 0 || m.ShedTokens != 0 || m.Requests != 1 {
 		t.Fatalf("report after one served: %+v; want 1 request, none shed (the counts restart at each report)", m)
+	}
+}
+
+// The splice that gives the engine a request's band: the object's last key, whatever the
+// body's end looks like, and valid JSON whose last "priority" is the band.
+func TestWithPrioritySplicesTheLastKey(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{`{"model":"m"}`, `{"model":"m","priority":2}`},
+		{"{\"model\":\"m\"}\n", "{\"model\":\"m\",\"priority\":2}\n"},
+		{`{ "model":"m" , "priority":-100 }`, `{ "model":"m" , "priority":-100 ,"priority":2}`},
+		{`{}`, `{"priority":2}`},
+		{"{ \n}", "{ \n\"priority\":2}"},
+	} {
+		if got := string(withPriority([]byte(c.in), Sheddable)); got != c.want {
+			t.Errorf("withPriority(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+// Through the endpoint picker too, the body the gateway sends on carries the band: a
+// gateway's request is no way around the key's ceiling in the engine.
+func TestPickerGivesTheBandAsVLLMsPriority(t *testing.T) {
+	r := keyedRouter(t, startSim(t, simOpts{}), "keys: [{name: batch, key: "+batchKey+", priority: sheddable}]", func(c *Config) { c.Queue.EnginePriority = true })
+	in := HandoffRequest{Method: http.MethodPost, Path: "/v1/chat/completions", ContentType: "application/json",
+		Header: func(h string) []byte {
+			if strings.EqualFold(h, "Authorization") {
+				return []byte("Bearer " + batchKey)
+			}
+			return nil
+		},
+		Body: []byte(chatBody(false, `,"priority":-100`))}
+	h, f := r.px.Handoff(in)
+	if f != nil {
+		t.Fatalf("pick refused: %+v", f)
+	}
+	defer h.Close()
+	if !strings.HasSuffix(string(h.Body()), `,"priority":2}`) {
+		t.Errorf("body sent on %s; want the sheddable band's priority 2 last", h.Body())
 	}
 }
