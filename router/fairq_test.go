@@ -193,3 +193,23 @@ func TestOverGateWaitsWhileRoomMayStillCome(t *testing.T) {
 		}
 	}
 }
+
+// A request sent over the gate gives its place back at its first token, not at its end: the
+// place bounds prefills bypassing the gate at once; settle does not give it back twice.
+func TestOverGatePlaceReturnsAtTheFirstToken(t *testing.T) {
+	sq := &serviceQueue{}
+	sq.sent[Sheddable] = 1
+	c := &call{band: Critical, queue: sq, overGate: true}
+	sq.sent[Critical], sq.over[Critical] = 1, 1
+	if sq.overLower(Critical) {
+		t.Fatal("one over one sheddable: no place left")
+	}
+	c.prefilled()
+	if !sq.overLower(Critical) || sq.over[Critical] != 0 {
+		t.Fatalf("after its first token: over %v; want the place back", sq.over)
+	}
+	c.settle(0, 0)
+	if sq.over[Critical] != 0 || sq.sent[Critical] != 0 {
+		t.Fatalf("after its end: over %v sent %v; want 0 and 0 (no double give-back)", sq.over, sq.sent)
+	}
+}

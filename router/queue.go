@@ -69,10 +69,10 @@ func overGateNow(waited time.Duration, ttft, target float64) bool {
 // anyway, ungated (once overGateNow says so): a request is never refused for room that
 // requests of lower bands hold. The engine cannot preempt them, so it goes to the replica
 // predicted to serve it best, beside them, rather than wait to a 429 behind work that
-// yields to it. Each
-// request sent over the gate (of any band) stands for one lower-band request in flight
-// that went through its gate, so that a flood of the top band cannot bypass the gate
-// wholesale: it still waits for its own band's room. Caller holds sq.mu.
+// yields to it. Each request sent over the gate (of any band), until its first token
+// (prefilled), stands for one lower-band request in flight that went through its gate, so
+// that a flood of the top band cannot bypass the gate wholesale: it still waits for its
+// own band's room. Caller holds sq.mu.
 func (sq *serviceQueue) overLower(b Band) bool {
 	held, over := 0, 0
 	for x := b + 1; x < numBands; x++ {
@@ -193,31 +193,45 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 	// pick finds a replica with room for c, which has waited waited; or, when lower bands
 	// hold the room it misses, the best replica once waiting longer for room would leave
 	// too little of its TTFT target (overGate).
-	pick := func(waited time.Duration) *Replica {
+	// overPick sends c over the gate when lower bands hold the room it misses and waiting on
+	// would leave too little of its TTFT target (overGateNow): nil otherwise. The place
+	// over the gate is taken under the lock, so that arrivals at once cannot all see one
+	// free (settle gives it back).
+	overPick := func(waited time.Duration, cands []*Replica) *Replica {
+		if c.band == Sheddable {
+			return nil
+		}
+		sq.mu.Lock()
+		over := sq.overLower(c.band)
+		if over {
+			sq.over[c.band]++
+		}
+		sq.mu.Unlock()
+		if !over {
+			return nil
+		}
+		r := policy.Pick(&c.route, cands, rng)
+		if r != nil && !overGateNow(waited, c.route.pickedPred.TTFT, c.route.SLO.TTFT) {
+			r = nil // room may yet come: a request sent now waits behind theirs in the engine
+		}
+		if c.overGate = r != nil; !c.overGate {
+			sq.mu.Lock()
+			sq.over[c.band]--
+			sq.mu.Unlock()
+		}
+		return r
+	}
+	candidates := func() []*Replica {
 		c.route.Now = px.Now()
-		cands := servingCandidates(px.pool.candidates(c.pickModel()), c.api, &c.servingBuf)
+		return servingCandidates(px.pool.candidates(c.pickModel()), c.api, &c.servingBuf)
+	}
+	pick := func(waited time.Duration) *Replica {
+		cands := candidates()
 		c.route.gate, c.route.patient = px.gateFor(c), c.band == Sheddable
 		r := policy.Pick(&c.route, cands, rng)
 		c.route.gate, c.route.patient = 0, false
 		if r == nil {
-			// The place over the gate is taken under the lock, so that arrivals at once
-			// cannot all see one free (settle gives it back).
-			sq.mu.Lock()
-			over := sq.overLower(c.band)
-			if over {
-				sq.over[c.band]++
-			}
-			sq.mu.Unlock()
-			if over {
-				if r = policy.Pick(&c.route, cands, rng); r != nil && !overGateNow(waited, c.route.pickedPred.TTFT, c.route.SLO.TTFT) {
-					r = nil // room may yet come: a request sent now waits behind theirs in the engine
-				}
-				if c.overGate = r != nil; !c.overGate {
-					sq.mu.Lock()
-					sq.over[c.band]--
-					sq.mu.Unlock()
-				}
-			}
+			r = overPick(waited, cands)
 		}
 		return r
 	}
@@ -287,16 +301,24 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 			return nil
 		}
 		sq.mu.Unlock()
+		var r *Replica
 		if !myTurn {
-			sq.kick() // a turn lost in a race, or a change no event told of: the head tries
-			continue
-		}
-		r := pick(now.Sub(w.arrived))
-		sq.mu.Lock()
-		sq.trying = nil
-		if r == nil {
-			sq.mu.Unlock()
-			continue // no room yet: the next request to end or start streaming kicks the head
+			// Not the head: it waits its turn for room, but going over the gate takes no
+			// room, so it need not wait behind others for that (else it would reach its
+			// target still queued behind them while lower bands hold the room).
+			if r = overPick(now.Sub(w.arrived), candidates()); r == nil {
+				sq.kick() // a turn lost in a race, or a change no event told of: the head tries
+				continue
+			}
+			sq.mu.Lock()
+		} else {
+			r = pick(now.Sub(w.arrived))
+			sq.mu.Lock()
+			sq.trying = nil
+			if r == nil {
+				sq.mu.Unlock()
+				continue // no room yet: the next request to end or start streaming kicks the head
+			}
 		}
 		sq.q.remove(w)
 		px.releaseSlot()
@@ -419,6 +441,26 @@ func (c *call) settle(prompt, completion int) {
 	}
 	sq.sent[c.band]--
 	if c.overGate {
+		c.overGate = false
+		sq.over[c.band]--
+	}
+	sq.kickLocked()
+	sq.mu.Unlock()
+}
+
+// prefilled is a streamed request's first token: its prefill is done, so room may have
+// opened for the queue's head; and a request sent over the gate gives its place back, for
+// the place bounds prefills bypassing the gate at once, not requests decoding beside the
+// lower bands (a trickle of long interactive answers would hold every place for minutes,
+// and the next critical request would wait to a 429 while sheddable work holds the room).
+func (c *call) prefilled() {
+	sq := c.queue
+	if sq == nil {
+		return
+	}
+	sq.mu.Lock()
+	if c.overGate {
+		c.overGate = false
 		sq.over[c.band]--
 	}
 	sq.kickLocked()

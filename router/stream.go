@@ -238,9 +238,7 @@ func (s *streamer) keep(ev []byte) bool {
 	if s.res.firstAt.IsZero() {
 		s.res.firstAt = s.px.Now()
 		s.r.FirstToken(s.res.pred, s.res.firstAt)
-		if sq := s.c.queue; sq != nil {
-			sq.kick() // its prefill is done: room may have opened for the queue's head
-		}
+		s.c.prefilled()
 	}
 	s.res.events++
 	return true
