@@ -59,6 +59,24 @@ func drive(t *testing.T, e *Engine) (ttft, done map[uint64]time.Duration) {
 	t.Helper()
 	ttft, done = map[uint64]time.Duration{}, map[uint64]time.Duration{}
 	next := map[uint64]int{}
+	runToEnd(t, e, func(now time.Duration, em Emit) {
+		if em.Index != next[em.ID] {
+			t.Fatalf("request %d: token %d emitted, want %d", em.ID, em.Index, next[em.ID])
+		}
+		next[em.ID]++
+		if em.Index == 0 {
+			ttft[em.ID] = now
+		}
+		if em.Done {
+			done[em.ID] = now
+		}
+	})
+	return ttft, done
+}
+
+// runToEnd steps e until it is idle, handing each token to emit with the time it came.
+func runToEnd(t *testing.T, e *Engine, emit func(now time.Duration, em Emit)) {
+	t.Helper()
 	var now time.Duration
 	for steps := 0; !e.Idle(); steps++ {
 		if steps > 1_000_000 {
@@ -67,19 +85,9 @@ func drive(t *testing.T, e *Engine) (ttft, done map[uint64]time.Duration) {
 		st := e.Step()
 		now += st.Duration
 		for _, em := range st.Emits {
-			if em.Index != next[em.ID] {
-				t.Fatalf("request %d: token %d emitted, want %d", em.ID, em.Index, next[em.ID])
-			}
-			next[em.ID]++
-			if em.Index == 0 {
-				ttft[em.ID] = now
-			}
-			if em.Done {
-				done[em.ID] = now
-			}
+			emit(now, em)
 		}
 	}
-	return ttft, done
 }
 
 func newEngine(t *testing.T, mod func(*Profile)) *Engine {

@@ -25,19 +25,11 @@ func scheduledOrder(t *testing.T, e *Engine) []uint64 {
 func finishTimes(t *testing.T, e *Engine) map[uint64]time.Duration {
 	t.Helper()
 	done := map[uint64]time.Duration{}
-	var now time.Duration
-	for steps := 0; !e.Idle(); steps++ {
-		if steps > 1_000_000 {
-			t.Fatal("engine did not finish")
+	runToEnd(t, e, func(now time.Duration, em Emit) {
+		if em.Done {
+			done[em.ID] = now
 		}
-		st := e.Step()
-		now += st.Duration
-		for _, em := range st.Emits {
-			if em.Done {
-				done[em.ID] = now
-			}
-		}
-	}
+	})
 	return done
 }
 

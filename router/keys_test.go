@@ -258,13 +258,7 @@ func TestRequestBand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := func(k string) *Key {
-		got, f := ks.lookup([]byte("Bearer " + k))
-		if f != nil {
-			t.Fatal(f.msg)
-		}
-		return got
-	}
+	key := func(k string) *Key { return lookupKey(t, ks, k) }
 	app, batch, k3 := key(aliceKey), key(bobKey), key("sk-k3-0123456789abcdef")
 	if tenantOf(app) != "acme" || weightOf(app) != 3 || tenantOf(k3) != "k3" || weightOf(k3) != 1 || tenantOf(nil) != DefaultTenant {
 		t.Fatalf("tenants %q %v, %q %v, %q", tenantOf(app), weightOf(app), tenantOf(k3), weightOf(k3), tenantOf(nil))
@@ -318,14 +312,7 @@ func TestServiceBandOutranksTheKeysFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := func(k string) *Key {
-		got, f := ks.lookup([]byte("Bearer " + k))
-		if f != nil {
-			t.Fatal(f.msg)
-		}
-		return got
-	}
-	app, batch := key(appKey), key(batchKey)
+	app, batch := lookupKey(t, ks, appKey), lookupKey(t, ks, batchKey)
 	svc := []fleet.TenantBand{{Name: "nightly", Priority: "sheddable", Weight: 3}, {Name: "app", Weight: 5}, {Name: DefaultTenant, Priority: "sheddable"}}
 	for _, c := range []struct {
 		k      *Key
@@ -355,4 +342,14 @@ func TestServiceBandOutranksTheKeysFile(t *testing.T) {
 	}); b != Sheddable || !capped {
 		t.Errorf("keyless, default sheddable, asking critical: %v capped %v; want sheddable, capped", b, capped)
 	}
+}
+
+// lookupKey is the key ks knows by its secret k.
+func lookupKey(t *testing.T, ks *Keys, k string) *Key {
+	t.Helper()
+	got, f := ks.lookup([]byte("Bearer " + k))
+	if f != nil {
+		t.Fatal(f.msg)
+	}
+	return got
 }
