@@ -275,3 +275,29 @@ func TestQueuePublishedWithTheSet(t *testing.T) {
 		t.Errorf("engine-priority service's queue %+v; want engine_priority without the queue", q)
 	}
 }
+
+// The requests the routers' queues refused for want of room add up per service over the
+// routers' reports, and each tick hands them to the decider and starts again.
+func TestShedDemandSummedPerTick(t *testing.T) {
+	c := newTestController(t)
+	ctx := context.Background()
+	if _, _, err := c.Create(ctx, "svc", zeroSpec, nil); err != nil {
+		t.Fatal(err)
+	}
+	c.Report(fleet.LoadReport{Router: "r1", Models: []fleet.ModelLoad{{Model: "m1", Requests: 9, Shed: 4, ShedTokens: 4000}}})
+	c.Report(fleet.LoadReport{Router: "r2", Models: []fleet.ModelLoad{{Model: "m1", Requests: 3, Shed: 1, ShedTokens: 700}}})
+	shed := func() (float64, float64) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		s := c.services["svc"]
+		return s.shed, s.shedTokens
+	}
+	if n, tok := shed(); n != 5 || tok != 4700 {
+		t.Fatalf("shed %v requests, %v tokens; want 5 and 4,700 from the two routers", n, tok)
+	}
+	c.tick(ctx)
+	c.wg.Wait()
+	if n, tok := shed(); n != 0 || tok != 0 {
+		t.Fatalf("after a tick: shed %v, %v; want the counts handed on and restarted", n, tok)
+	}
+}
