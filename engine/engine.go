@@ -1,5 +1,6 @@
 // Package engine is the performance model of a GPU serving engine (vLLM-like): continuous
-// batching under a max batch size and a KV-cache token budget, a FIFO (or, as vLLM's --scheduling-policy priority, priority-ordered) waiting queue, chunked
+// batching under a max batch size and a KV-cache token budget, a FIFO waiting queue (or one
+// ordered by priority, as vLLM's --scheduling-policy priority orders it), chunked
 // prefill whose cost grows with uncached prompt tokens, decode steps whose cost grows with
 // the batch and its context, and prefix caching by prompt block as vLLM v1 does it (see
 // blockPool).
@@ -244,7 +245,8 @@ func (e *Engine) Step() StepResult {
 	budget := e.p.MaxBatchedTokens
 
 	// Decode first (vLLM's scheduler serves running requests before new ones); each decoding
-	// sequence needs a slot for its next token, and preempts the newest if memory is short.
+	// sequence needs a slot for its next token, and preempts a running one (victim: the
+	// newest, or the least urgent under priority scheduling) if memory is short.
 	var decodeB, decodeCtx, decodeAdapters int
 	e.steps++
 	for i := 0; i < len(e.running); i++ {
@@ -352,8 +354,8 @@ func (e *Engine) Step() StepResult {
 
 	if prefT == 0 && decodeB == 0 && len(e.running) > 0 {
 		// Every running sequence is mid-prompt and none can get a block for its next
-		// chunk: give the newest one's blocks to the others, as vLLM preempts when an
-		// allocation fails, or nothing would ever move.
+		// chunk: give the victim's blocks (the newest's, or the least urgent's) to the
+		// others, as vLLM preempts when an allocation fails, or nothing would ever move.
 		e.preemptAt(e.victim())
 		res.Preempted++
 	}

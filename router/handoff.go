@@ -130,13 +130,14 @@ func (px *Proxy) handoff(in HandoffRequest, kind oai.Kind, header func(string) [
 		return nil, f
 	}
 	// The engines' priority, as the router gives it (the picker has no queue of its own).
-	if px.queueOf(c).EnginePriority && c.kind.Generates() {
+	if px.queueOf(c).EnginePriority {
 		ceiling, keyed, _ := serviceBand(key, c.svcTenants)
 		band, _, err := requestBand(ceiling, keyed, header)
 		if err != nil {
 			return nil, badRequest(err.Error())
 		}
-		c.body = withPriority(c.body, band)
+		c.band = band
+		px.givePriority(c)
 	}
 	if c.prevResponse != "" {
 		if f := px.pinFor(c, c.prevResponse); f != nil {

@@ -7,6 +7,7 @@
 package router
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/binary"
 	"errors"
@@ -347,9 +348,7 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 		return
 	}
 	c.band, c.capped, c.tenant, c.weight = band, capped, tenantOf(key), weight
-	if px.queueOf(c).EnginePriority && c.kind.Generates() {
-		c.body = withPriority(c.body, c.band)
-	}
+	px.givePriority(c)
 	if px.overBudget(ctx, c) {
 		return
 	}
@@ -781,6 +780,14 @@ func withIncludeUsage(body []byte, hasStreamOptions bool) []byte {
 	return v.MarshalTo(nil)
 }
 
+// givePriority gives a generating request its band as vLLM's priority field where its
+// service (or the router) asks for the engines' priority (queue.engine_priority).
+func (px *Proxy) givePriority(c *call) {
+	if px.queueOf(c).EnginePriority && c.kind.Generates() {
+		c.body = withPriority(c.body, c.band)
+	}
+}
+
 // withPriority returns body with vLLM's priority field set to the request's band (critical
 // 0, standard 1, sheddable 2: lower is served first under --scheduling-policy priority),
 // outranking any the client sent: a client may lower its band by header, never raise it,
@@ -790,20 +797,14 @@ func withIncludeUsage(body []byte, hasStreamOptions bool) []byte {
 // keys keep the last one (Python's json, which vLLM's server reads bodies with; replicasim
 // reads it the same way), so the client's own, wherever it stands, is overruled.
 func withPriority(body []byte, b Band) []byte {
-	end := len(body) - 1
-	for end >= 0 && (body[end] == ' ' || body[end] == '\n' || body[end] == '\t' || body[end] == '\r') {
-		end--
-	}
+	const space = " \t\r\n"
+	end := len(bytes.TrimRight(body, space)) - 1 // the closing brace
 	if end < 1 || body[end] != '}' {
 		return body // not an object: parsed once already, a replica will say what is wrong
 	}
-	inner := end - 1
-	for inner >= 0 && (body[inner] == ' ' || body[inner] == '\n' || body[inner] == '\t' || body[inner] == '\r') {
-		inner--
-	}
 	out := make([]byte, 0, len(body)+16)
 	out = append(out, body[:end]...)
-	if inner >= 0 && body[inner] != '{' {
+	if inner := bytes.TrimRight(body[:end], space); len(inner) > 0 && inner[len(inner)-1] != '{' {
 		out = append(out, ',')
 	}
 	out = append(out, `"priority":`...)

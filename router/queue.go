@@ -190,9 +190,6 @@ func (px *Proxy) gateFor(c *call) float64 {
 // has. It returns nil when it has answered the client (429, or the client left).
 func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, rng *rand.Rand) *Replica {
 	sq := px.queues.of(c.service)
-	// pick finds a replica with room for c, which has waited waited; or, when lower bands
-	// hold the room it misses, the best replica once waiting longer for room would leave
-	// too little of its TTFT target (overGate).
 	// overPick sends c over the gate when lower bands hold the room it misses and waiting on
 	// would leave too little of its TTFT target (overGateNow): nil otherwise. The place
 	// over the gate is taken under the lock, so that arrivals at once cannot all see one
@@ -225,6 +222,7 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 		c.route.Now = px.Now()
 		return servingCandidates(px.pool.candidates(c.pickModel()), c.api, &c.servingBuf)
 	}
+	// pick finds a replica with room for c, which has waited waited; else overPick's.
 	pick := func(waited time.Duration) *Replica {
 		cands := candidates()
 		c.route.gate, c.route.patient = px.gateFor(c), c.band == Sheddable
@@ -440,12 +438,17 @@ func (c *call) settle(prompt, completion int) {
 		sq.q.charge(c.band, c.tenant, c.weight, vtcCost(prompt, completion)-c.charge)
 	}
 	sq.sent[c.band]--
+	sq.giveBackOver(c)
+	sq.kickLocked()
+	sq.mu.Unlock()
+}
+
+// giveBackOver gives back c's place over the gate, if it holds one. Caller holds sq.mu.
+func (sq *serviceQueue) giveBackOver(c *call) {
 	if c.overGate {
 		c.overGate = false
 		sq.over[c.band]--
 	}
-	sq.kickLocked()
-	sq.mu.Unlock()
 }
 
 // prefilled is a streamed request's first token: its prefill is done, so room may have
@@ -459,10 +462,7 @@ func (c *call) prefilled() {
 		return
 	}
 	sq.mu.Lock()
-	if c.overGate {
-		c.overGate = false
-		sq.over[c.band]--
-	}
+	sq.giveBackOver(c)
 	sq.kickLocked()
 	sq.mu.Unlock()
 }

@@ -2,8 +2,9 @@ package router
 
 import (
 	"fmt"
-	"github.com/arbiter-serve/arbiter/fleet"
 	"strings"
+
+	"github.com/arbiter-serve/arbiter/fleet"
 )
 
 // Tenants and priority bands (issue 52). A tenant is an API key, or the keys that name

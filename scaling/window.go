@@ -119,10 +119,10 @@ func (d *Decider) heldDemand(s Sample, interval time.Duration) float64 {
 // rate × W, once W is known (before, nothing: no request has been served to learn it from,
 // and the held and in-flight counts carry the demand).
 func (d *Decider) shedDemand(s Sample, interval time.Duration) float64 {
-	if d.serviceTime <= 0 || interval <= 0 || !(s.Shed > 0) {
+	if d.serviceTime <= 0 || interval <= 0 {
 		return 0
 	}
-	return clean(s.Shed) / interval.Seconds() * d.serviceTime
+	return s.Shed / interval.Seconds() * d.serviceTime
 }
 
 // carried is what replicas carry in flight for s's arrivals: their rate × W, the service
@@ -209,7 +209,7 @@ func (d *Decider) signal(now time.Time, w time.Duration, sig Signal) float64 {
 		case SignalQPS:
 			v = s.Requests
 		case SignalTokens:
-			v = s.Tokens + clean(s.ShedTokens)
+			v = s.Tokens + s.ShedTokens
 		default:
 			var interval time.Duration
 			if i > 0 {

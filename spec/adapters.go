@@ -237,15 +237,10 @@ func parseLoRAModule(v string) (Adapter, error) {
 	return Adapter{Name: m.Name, Path: m.Path, Parent: m.Base, Static: true}, nil
 }
 
-// checkAdapters settles the service's adapters against its run: command, models,
-// file_mounts and providers: what validates is what the replicas can load.
-func (d *decoder) checkAdapters(s *Service, vars map[string]string) {
+// checkAdapters settles the service's adapters against what its run: command tells vLLM
+// (rf), its models, file_mounts and providers: what validates is what the replicas can load.
+func (d *decoder) checkAdapters(s *Service, rf runFlags) {
 	a := &s.Arbiter
-	rf, err := runVLLM(s.Run, vars)
-	if err != nil {
-		d.errorAt("run", "%v", err)
-	}
-	d.checkEnginePriority(a, rf.SchedulingPolicy)
 	l, static := rf.LoRA, rf.Adapters
 	if l.Enabled && l.MaxLoRAs == 0 {
 		l.MaxLoRAs = 1

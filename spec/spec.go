@@ -415,7 +415,12 @@ func (d *decoder) service(root *yaml.Node, o Overrides) *Service {
 	}
 	d.crossCheck(s)
 	d.checkMounts(s)
-	d.checkAdapters(s, vars)
+	rf, err := runVLLM(s.Run, vars)
+	if err != nil {
+		d.errorAt("run", "%v", err)
+	}
+	d.checkAdapters(s, rf)
+	d.checkEnginePriority(&s.Arbiter, rf.SchedulingPolicy)
 	if len(d.warns) > 0 {
 		s.warnings = d.warns
 	}
