@@ -32,6 +32,11 @@ type Adapter struct {
 	Parent string
 	// Static: named by --lora-modules, loaded by vLLM before it serves.
 	Static bool
+	// Merged is arbiter.adapters' merged as written: a checkpoint of the base model with the
+	// adapter merged into its weights (PEFT's merge_and_unload), which lets a hot adapter
+	// run replicas of its own at the base model's step cost; "" none. MergedPath is where
+	// a replica's vLLM reads it, as Path is for the adapter.
+	Merged, MergedPath string
 }
 
 // HasAdapter reports whether the service serves an adapter of that name.
@@ -53,9 +58,9 @@ type LoRA struct {
 // RuntimeLoRAEnv is the environment variable without which vLLM has no load endpoints.
 const RuntimeLoRAEnv = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
-var adapterKeys = []string{"name", "source", "parent"}
+var adapterKeys = []string{"name", "source", "parent", "merged"}
 
-// adapters reads arbiter.adapters: a list of {name, source, parent}.
+// adapters reads arbiter.adapters: a list of {name, source, parent, merged}.
 func (d *decoder) adapters(b *block, a *Arbiter) {
 	n := b.get("adapters")
 	if n == nil {
@@ -76,6 +81,7 @@ func (d *decoder) adapters(b *block, a *Arbiter) {
 		ab.str("name", &ad.Name)
 		ab.str("source", &ad.Source)
 		ab.str("parent", &ad.Parent)
+		ab.str("merged", &ad.Merged)
 		switch {
 		case !ab.has("name") || strings.TrimSpace(ad.Name) == "":
 			d.errorf(it, "%s: name missing: the model name clients send for this adapter", p)
@@ -269,10 +275,22 @@ func (d *decoder) checkAdapters(s *Service, rf runFlags) {
 	}
 	remote := slices.ContainsFunc(a.Providers, func(p string) bool { return p != "local" && p != "sim" })
 	for i, ad := range declared {
-		if p, ok := d.adapterOnReplica(s, ad.Source, remote, d.adapterAt[i], fmt.Sprintf("arbiter.adapters[%d]", i)); ok {
-			ad.Path = p
-			a.Adapters = append(a.Adapters, ad)
+		where := fmt.Sprintf("arbiter.adapters[%d]", i)
+		p, ok := d.adapterOnReplica(s, ad.Source, remote, d.adapterAt[i], where, "source")
+		if !ok {
+			continue
 		}
+		ad.Path = p
+		if ad.Merged != "" {
+			if ad.MergedPath, ok = d.adapterOnReplica(s, ad.Merged, remote, d.adapterAt[i], where, "merged"); !ok {
+				continue
+			}
+			if _, err := MergedRun(s.Run, ad.MergedPath, ad.Name); err != nil {
+				d.errorf(d.adapterAt[i], "%s.merged: the adapter's own replicas start vLLM on the merged checkpoint in place of the base model, and %v", where, err)
+				continue
+			}
+		}
+		a.Adapters = append(a.Adapters, ad)
 	}
 	seen := map[string]bool{}
 	for _, m := range a.Models {
@@ -296,17 +314,18 @@ func truthy(v string) bool {
 // an adapter added later by serve update would not be in the copy); a local path as it is
 // on the local and sim providers (the replicas run on this machine), elsewhere inside a
 // local folder that file_mounts puts on the replicas.
-func (d *decoder) adapterOnReplica(s *Service, src string, remote bool, at *yaml.Node, where string) (string, bool) {
+func (d *decoder) adapterOnReplica(s *Service, src string, remote bool, at *yaml.Node, where, key string) (string, bool) {
+	where += "." + key
 	if id, hf := adapterPath(src); hf {
 		if strings.Count(id, "/") != 1 || strings.HasPrefix(id, "/") || strings.HasSuffix(id, "/") {
-			d.errorf(at, "%s.source: %s: want hf://ORG/NAME, a Hugging Face model id", where, quote(src))
+			d.errorf(at, "%s: %s: want hf://ORG/NAME, a Hugging Face model id", where, quote(src))
 			return "", false
 		}
 		return id, true
 	}
 	bucket := strings.Contains(src, "://")
 	if !bucket && !path.IsAbs(src) && !strings.HasPrefix(src, "~") {
-		d.errorf(at, "%s.source: %s: want an absolute folder, ~/…, a bucket URL (s3://…) or hf://ORG/NAME", where, quote(src))
+		d.errorf(at, "%s: %s: want an absolute folder, ~/…, a bucket URL (s3://…) or hf://ORG/NAME", where, quote(src))
 		return "", false
 	}
 	if !bucket && !remote {
@@ -318,7 +337,7 @@ func (d *decoder) adapterOnReplica(s *Service, src string, remote bool, at *yaml
 			continue
 		}
 		if bucket && strings.EqualFold(m.Mode, "copy") {
-			d.errorf(at, "%s.source: %s is in file_mounts %s, copied once at launch (mode COPY): an adapter added later would not be there; mount it (mode: MOUNT)", where, quote(src), m.Path)
+			d.errorf(at, "%s: %s is in file_mounts %s, copied once at launch (mode COPY): an adapter added later would not be there; mount it (mode: MOUNT)", where, quote(src), m.Path)
 			return "", false
 		}
 		return strings.TrimSuffix(m.Path, "/") + rest, true
@@ -327,7 +346,7 @@ func (d *decoder) adapterOnReplica(s *Service, src string, remote bool, at *yaml
 	if !bucket {
 		what = "this machine's folder"
 	}
-	d.errorf(at, "%s.source: %s: nothing puts it on the replicas; mount %s with file_mounts and name the adapter inside it", where, quote(src), what)
+	d.errorf(at, "%s: %s: nothing puts it on the replicas; mount %s with file_mounts and name the adapter inside it", where, quote(src), what)
 	return "", false
 }
 

@@ -317,6 +317,9 @@ func arbiterNode(a *Arbiter) *yaml.Node {
 		if ad.Parent != "" {
 			put(e, "parent", str(ad.Parent))
 		}
+		if ad.Merged != "" {
+			put(e, "merged", str(ad.Merged))
+		}
 		ads = append(ads, e)
 	}
 	if len(ads) > 0 {

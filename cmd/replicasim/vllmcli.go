@@ -1,8 +1,11 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/arbiter-serve/arbiter/engine"
@@ -117,6 +120,10 @@ func vllmServeArgs(args []string, accelerator string) (out, ignored []string, er
 	if gpu == "" {
 		gpu = "H100"
 	}
+	if base, note := checkpointBase(model); base != "" {
+		model = base
+		ignored = append(ignored, note)
+	}
 	name, err := engine.ProfileOn(gpu, model)
 	if err == nil {
 		_, err = engine.LoadProfile(name)
@@ -127,4 +134,22 @@ func vllmServeArgs(args []string, accelerator string) (out, ignored []string, er
 		out = append(out, "-profile", name)
 	}
 	return out, ignored, nil
+}
+
+// checkpointBase is the model a local checkpoint folder was saved from, by the
+// _name_or_path that transformers writes into its config.json (a merged adapter's
+// checkpoint is the base model's architecture: issue 51), with a note saying so; "" for
+// anything else (a Hugging Face id, a folder without it).
+func checkpointBase(model string) (base, note string) {
+	raw, err := os.ReadFile(filepath.Join(model, "config.json"))
+	if err != nil {
+		return "", ""
+	}
+	var c struct {
+		NameOrPath string `json:"_name_or_path"`
+	}
+	if json.Unmarshal(raw, &c) != nil || c.NameOrPath == "" || c.NameOrPath == model {
+		return "", ""
+	}
+	return c.NameOrPath, fmt.Sprintf("(the checkpoint in %s is simulated as %s, its config.json's _name_or_path)", model, c.NameOrPath)
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -51,5 +53,23 @@ func TestVLLMServeCommandLines(t *testing.T) {
 		if _, _, err := vllmServeArgs(strings.Fields(bad), ""); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// A merged adapter's checkpoint (issue 51) is a folder transformers saved, whose
+// config.json names the model it came from: it runs as that model.
+func TestVLLMServeAMergedCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	conf := `{"_name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "torch_dtype": "bfloat16"}`
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, ignored, err := vllmServeArgs([]string{"serve", dir, "--port", "8001", "--served-model-name", "fin"}, "L4")
+	want := []string{"-listen", "127.0.0.1:8001", "-model", "fin", "-profile", "l4-llama-3.1-8b"}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("got %q (%v), want %q", got, err, want)
+	}
+	if len(ignored) != 1 || !strings.Contains(ignored[0], "simulated as meta-llama/Llama-3.1-8B-Instruct") {
+		t.Errorf("ignored %q", ignored)
 	}
 }
