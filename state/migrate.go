@@ -41,7 +41,8 @@ func (s *Store) migrate(ctx context.Context) error {
 			goose.NewGoMigration(2, &goose.GoFunc{RunTx: addReplicaColumn("price_source")}, nil),
 			goose.NewGoMigration(3, &goose.GoFunc{RunTx: addReplicaColumn("accelerator")}, nil),
 			goose.NewGoMigration(6, &goose.GoFunc{RunTx: addColumn("leader", "address")}, nil),
-			goose.NewGoMigration(8, &goose.GoFunc{RunTx: addReplicaColumn("launcher")}, nil)))
+			goose.NewGoMigration(8, &goose.GoFunc{RunTx: addReplicaColumn("launcher")}, nil),
+			goose.NewGoMigration(11, &goose.GoFunc{RunTx: addReplicaColumn("adapter")}, nil)))
 	}
 	p, err := goose.NewProvider(dialect, s.db, sub, opts...)
 	if err != nil {
@@ -55,7 +56,8 @@ func (s *Store) migrate(ctx context.Context) error {
 
 // addReplicaColumn is a SQLite migration that gives replicas a text column (00002:
 // price_source; 00003: accelerator, the GPU a replica was placed on; 00008: launcher, where
-// the control plane that launched it answers). A state file made by a
+// the control plane that launched it answers; 00011: adapter, the LoRA adapter a replica of
+// its own serves merged). A state file made by a
 // version that created the column itself, before migrations were versioned, has it already
 // (SQLite has no ADD COLUMN IF NOT EXISTS).
 func addReplicaColumn(col string) func(context.Context, *sql.Tx) error {

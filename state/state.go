@@ -340,7 +340,11 @@ type Replica struct {
 	// Launcher is where the control plane that launched the replica answers (its
 	// advertised API URL, Store.Advertise; "" without a lease): a provider that keeps a
 	// replica's output on that control plane's host (the local one) is read through it.
-	Launcher   string    `json:"launcher,omitempty"`
+	Launcher string `json:"launcher,omitempty"`
+	// Adapter is the LoRA adapter the replica serves merged into its weights, as one of
+	// that adapter's own replicas (issue 51); "" for the service's shared replicas, which
+	// serve the base model and load adapters.
+	Adapter    string    `json:"adapter,omitempty"`
 	LaunchedAt time.Time `json:"launched_at"`
 	ReadyAt    time.Time `json:"ready_at,omitzero"`
 	UpdatedAt  time.Time `json:"updated_at"`
@@ -642,9 +646,9 @@ func (s *Store) newReplica(ctx context.Context, r Replica, now time.Time) (Repli
 		// The row is written by the control plane that launches it.
 		r.Launcher = s.Advertised()
 	}
-	_, err = tx.ExecContext(ctx, s.q(`INSERT INTO replicas (id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, accelerator, launcher, launched_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-		r.ID, r.Service, r.Version, r.Provider, r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, r.PriceSource, r.Accelerator, r.Launcher, ms(now), ms(now))
+	_, err = tx.ExecContext(ctx, s.q(`INSERT INTO replicas (id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, accelerator, launcher, adapter, launched_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+		r.ID, r.Service, r.Version, r.Provider, r.Handle, r.Address, r.Model, r.State, r.Reason, r.Capacity, r.Region, r.Zone, r.PricePerHour, r.PriceSource, r.Accelerator, r.Launcher, r.Adapter, ms(now), ms(now))
 	if err != nil {
 		return r, fmt.Errorf("new replica %s: %w", r.ID, err)
 	}
@@ -703,7 +707,7 @@ func moved(move, reason string) string {
 	return move + ": " + reason
 }
 
-const replicaCols = `id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, accelerator, launcher, launched_at, ready_at, updated_at, ended_at`
+const replicaCols = `id, service, version, provider, handle, address, model, state, reason, capacity, region, zone, price_per_hour, price_source, accelerator, launcher, adapter, launched_at, ready_at, updated_at, ended_at`
 
 // Replicas lists a service's replicas ("" = all services); ended ones only when withEnded.
 func (s *Store) Replicas(ctx context.Context, service string, withEnded bool) ([]Replica, error) {
@@ -721,7 +725,7 @@ func (s *Store) Replicas(ctx context.Context, service string, withEnded bool) ([
 		var r Replica
 		var l, rd, u, e int64
 		if err := rows.Scan(&r.ID, &r.Service, &r.Version, &r.Provider, &r.Handle, &r.Address, &r.Model, &r.State, &r.Reason,
-			&r.Capacity, &r.Region, &r.Zone, &r.PricePerHour, &r.PriceSource, &r.Accelerator, &r.Launcher, &l, &rd, &u, &e); err != nil {
+			&r.Capacity, &r.Region, &r.Zone, &r.PricePerHour, &r.PriceSource, &r.Accelerator, &r.Launcher, &r.Adapter, &l, &rd, &u, &e); err != nil {
 			return nil, err
 		}
 		r.LaunchedAt, r.ReadyAt, r.UpdatedAt, r.EndedAt = fromMS(l), fromMS(rd), fromMS(u), fromMS(e)

@@ -318,3 +318,25 @@ func TestTenantSpendByDayAndMonth(t *testing.T) {
 		})
 	}
 }
+
+// A replica of a LoRA adapter's own (issue 51) keeps its adapter, in either backend.
+func TestReplicaKeepsItsAdapter(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, _ backend, setting string) {
+		ctx := context.Background()
+		s := openSetting(t, setting, Options{})
+		defer s.Close()
+		now := time.UnixMilli(1_700_000_000_000)
+		if _, err := s.PutService(ctx, "llm", "run: x", "", now); err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range []string{"fin", ""} {
+			if _, err := s.NewReplica(ctx, Replica{Service: "llm", Version: 1, Provider: "local", State: "pending", Adapter: a}, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rows, err := s.Replicas(ctx, "llm", true)
+		if err != nil || len(rows) != 2 || rows[0].Adapter != "fin" || rows[1].Adapter != "" {
+			t.Fatalf("rows %+v %v: want the adapter fin, then none", rows, err)
+		}
+	})
+}
