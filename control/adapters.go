@@ -24,6 +24,9 @@ type AdapterUse struct {
 // state (flushAdapterUse).
 type adapterCount struct {
 	requests, tokens float64
+	// tickRequests and tickTokens are since the last tick, for its own replicas' decision
+	// (own.go).
+	tickRequests, tickTokens float64
 }
 
 // countAdapter adds a router's report of a model to its adapter's use, if it is one of the
@@ -45,6 +48,8 @@ func (s *service) countAdapter(m fleet.ModelLoad) {
 	}
 	a.requests += m.Requests
 	a.tokens += m.Tokens
+	a.tickRequests += m.Requests
+	a.tickTokens += m.Tokens
 }
 
 // adapterUse lists the use of the adapters the spec declares, in its order: what the state

@@ -171,6 +171,10 @@ type service struct {
 	mix requestMix
 	// gmix sizes the service per GPU type (gpumix.go); nil where it is not.
 	gmix *gpuMix
+	// pools are the merged adapters' replicas of their own (own.go), by adapter; lastTick
+	// is when the service was last decided.
+	pools    map[string]*ownPool
+	lastTick time.Time
 	// lastRequest is when a router last reported a request; held the requests the
 	// routers hold for it now (set each tick).
 	lastRequest time.Time

@@ -206,7 +206,7 @@ func (c *Controller) placeMix(ctx context.Context, s *service, cur []*replica, o
 		add(r, true)
 	}
 	for _, r := range sortedReplicas(s.replicas) {
-		if r.row.Version == s.version && replicas.State(r.row.State) == replicas.Draining {
+		if r.row.Version == s.version && r.own() == "" && replicas.State(r.row.State) == replicas.Draining {
 			add(r, false)
 		}
 	}

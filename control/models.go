@@ -44,6 +44,17 @@ func (c *Controller) modelOwner(s *service, model string) *service {
 // reported in the service's status, in an event on both services, and in the log. Caller
 // holds c.mu.
 func (c *Controller) learnModels(ctx context.Context, s *service, r *replica, models []string) {
+	if a := r.own(); a != "" {
+		// An adapter's own replica serves its merged checkpoint under the adapter's name:
+		// routed for that name, as one of the adapter's replicas.
+		r.row.Model, r.conflict = a, ""
+		if len(models) > 0 && !slices.Contains(models, a) {
+			r.row.Model = ""
+			r.conflict = fmt.Sprintf("replica %s, adapter %s's own, lists %s, not %s: no request is routed to it", r.row.ID, a, strings.Join(models, ", "), a)
+			c.event(ctx, s.name, r.row.ID, "model_conflict", r.conflict)
+		}
+		return
+	}
 	var own, taken []string
 	sp := s.spec()
 	for _, m := range models {

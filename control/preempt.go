@@ -114,7 +114,7 @@ func (c *Controller) followNotice(ctx context.Context, s *service, r *replica, n
 	left := r.notice.Deadline.Sub(now)
 	others, replacement := 0, ""
 	for _, o := range sortedReplicas(s.replicas) {
-		if o != r && !o.noticed() && replicas.State(o.row.State) == replicas.Ready {
+		if o != r && !o.noticed() && o.own() == r.own() && replicas.State(o.row.State) == replicas.Ready {
 			others++
 			if o.row.ID == r.replacement {
 				replacement = o.row.ID

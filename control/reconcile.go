@@ -35,7 +35,7 @@ func (c *Controller) tick(ctx context.Context) {
 	c.flushPending(ctx)
 	now := c.cfg.Now()
 	c.flushTenants(ctx, now)
-	inflight, held, view := c.levels(now)
+	inflight, held, byModel, view := c.levels(now)
 	for _, s := range sortedServices(c.services) {
 		c.countUnready(s, now)
 		if s.deleting {
@@ -59,9 +59,18 @@ func (c *Controller) tick(ctx context.Context) {
 			}
 		}
 		s.requests, s.tokens, s.woken, s.shed, s.shedTokens = 0, tokens, false, 0, 0
+		c.decideOwn(ctx, s, &smp, s.ownLoads(byModel, view), now.Sub(s.lastTick), now)
+		s.lastTick = now
 		c.flushAdapterUse(ctx, s, now)
 		s.decider.Record(smp)
 		d := s.decider.Decide(now, s.count(s.version, replicas.Ready), s.target)
+		if own := s.ownTargets(); own > 0 && d.Target > 0 {
+			// Replicas of the adapters' own count toward max_replicas.
+			most := scaling.ConfigFromSpec(s.spec()).MaxReplicas
+			if room := max(1, most-own); d.Target > room {
+				d.Target, d.Reason = room, d.Reason+fmt.Sprintf("; %d of max_replicas are adapters' own → %d", own, room)
+			}
+		}
 		s.waiting = smp.Waiting
 		if s.gmix != nil {
 			d.Target = s.target // sized per GPU type in placement (placeMix)
@@ -99,8 +108,8 @@ func (v routerView) drained(id string, drainSince time.Time) bool {
 
 // levels sums the routers' current in-flight and held requests per service, and what they
 // say per replica, over reports fresher than reportTTL.
-func (c *Controller) levels(now time.Time) (inflight, held map[string]float64, view routerView) {
-	inflight, held = map[string]float64{}, map[string]float64{}
+func (c *Controller) levels(now time.Time) (inflight, held, byModel map[string]float64, view routerView) {
+	inflight, held, byModel = map[string]float64{}, map[string]float64{}, map[string]float64{}
 	view = routerView{inflight: map[string]int{}, progressing: map[string]bool{}}
 	for id, rr := range c.routers {
 		if now.Sub(rr.at) > reportTTL {
@@ -114,6 +123,7 @@ func (c *Controller) levels(now time.Time) (inflight, held map[string]float64, v
 			if s := c.serviceFor(m.Model); s != nil {
 				inflight[s.name] += m.InFlight
 				held[s.name] += m.Held
+				byModel[m.Model] += m.InFlight
 			}
 		}
 		for _, l := range rr.rep.Replicas {
@@ -123,7 +133,7 @@ func (c *Controller) levels(now time.Time) (inflight, held map[string]float64, v
 			}
 		}
 	}
-	return inflight, held, view
+	return inflight, held, byModel, view
 }
 
 // Report takes one router's load report.
@@ -173,11 +183,12 @@ func live(st replicas.State) bool {
 	return false
 }
 
-// liveOf counts a version's replicas that run or are being started.
+// liveOf counts a version's shared replicas (not the adapters' own) that run or are being
+// started.
 func (s *service) liveOf(version int) int {
 	n := 0
 	for _, r := range s.replicas {
-		if r.row.Version == version && live(replicas.State(r.row.State)) {
+		if r.row.Version == version && r.own() == "" && live(replicas.State(r.row.State)) {
 			n++
 		}
 	}
@@ -187,7 +198,7 @@ func (s *service) liveOf(version int) int {
 func (s *service) count(version int, st replicas.State) int {
 	n := 0
 	for _, r := range s.replicas {
-		if r.row.Version == version && replicas.State(r.row.State) == st {
+		if r.row.Version == version && r.own() == "" && replicas.State(r.row.State) == st {
 			n++
 		}
 	}
@@ -203,6 +214,8 @@ func (c *Controller) reconcile(ctx context.Context, s *service, routers routerVi
 		c.followNotice(ctx, s, r, now)
 		st := replicas.State(r.row.State)
 		switch {
+		case r.own() != "":
+			// An adapter's own: reconcileOwn's.
 		case r.noticed():
 			// Serving on until followNotice drains it, but no longer counted: its
 			// replacement launches now, and placement sees neither it nor its zone's room.
@@ -212,12 +225,14 @@ func (c *Controller) reconcile(ctx context.Context, s *service, routers routerVi
 			old = append(old, r)
 		}
 	}
-	if offers, ok := c.offers(ctx, s); ok {
+	offers, market := c.offers(ctx, s)
+	c.reconcileOwn(ctx, s, offers, market, now)
+	if market {
 		c.place(ctx, s, cur, offers, now)
 	} else {
 		if missing := s.target - len(cur); missing > 0 && !now.Before(s.nextLaunch) {
 			for range missing {
-				c.launch(ctx, s, nil)
+				c.launch(ctx, s, nil, "")
 			}
 		}
 		if extra := len(cur) - s.target; extra > 0 {
@@ -446,7 +461,7 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 	// Draining replicas of this version still run: they count against max_replicas.
 	// (An update's old version does not: a rolling or blue-green update needs room beside it.)
 	for _, r := range sortedReplicas(s.replicas) {
-		if r.row.Version == s.version && replicas.State(r.row.State) == replicas.Draining {
+		if r.row.Version == s.version && r.own() == "" && replicas.State(r.row.State) == replicas.Draining {
 			existing = append(existing, r.placed())
 		}
 	}
@@ -462,7 +477,7 @@ func (c *Controller) applyPlan(ctx context.Context, s *service, plan scaling.Pla
 	}
 	if !now.Before(s.nextLaunch) {
 		for _, l := range plan.Launch {
-			c.launch(ctx, s, &l)
+			c.launch(ctx, s, &l, "")
 		}
 	}
 	for _, d := range plan.Drain {
@@ -475,10 +490,11 @@ func (c *Controller) applyPlan(ctx context.Context, s *service, plan scaling.Pla
 }
 
 // launch records a new replica's intent, then launches it in the background; at is the
-// placer's choice of offer, or nil for a provider without a market. The row is written
+// placer's choice of offer, or nil for a provider without a market; adapter names the
+// merged adapter of a replica of that adapter's own ("" for a shared replica). The row is written
 // before the provider hears of it: that is what makes a crash at any point recoverable
 // without a leak. Caller holds c.mu.
-func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch) {
+func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch, adapter string) {
 	if !c.mayLaunch(ctx, s) {
 		return
 	}
@@ -500,13 +516,27 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 	// costs nothing.
 	intent := state.Replica{Service: s.name, Version: s.version, Provider: p.Name(), State: string(replicas.Pending),
 		Reason: fmt.Sprintf("target %d", s.target), Capacity: sp.Arbiter.Local.Capacity, Region: sp.Arbiter.Local.Region,
-		Zone: sp.Arbiter.Local.Zone}
+		Zone: sp.Arbiter.Local.Zone, Adapter: adapter}
+	run := sp.Run
+	if adapter != "" {
+		var err error
+		if run, err = ownRun(sp, adapter); err != nil {
+			c.event(ctx, s.name, "", "error", fmt.Sprintf("adapter %s's own replica: %v", adapter, err))
+			return
+		}
+		intent.Reason = fmt.Sprintf("adapter %s's own, target %d", adapter, s.pools[adapter].target)
+	}
 	// arbiter.local.price_per_hour is a node's; a replica of num_nodes nodes costs that
 	// many (quotes are multiplied in quoteAll).
 	price := sp.Arbiter.Local.PricePerHour * float64(max(1, sp.NumNodes))
 	if at != nil {
 		o := at.Offer
-		intent.Reason, intent.Capacity, intent.Region, intent.Zone, price = at.Reason, string(o.Capacity), o.Region, o.Zone, o.PricePerHour
+		intent.Capacity, intent.Region, intent.Zone, price = string(o.Capacity), o.Region, o.Zone, o.PricePerHour
+		if adapter == "" {
+			intent.Reason = at.Reason
+		} else {
+			intent.Reason += ": " + at.Reason
+		}
 		intent.PriceSource, intent.Accelerator = o.PriceSource, o.Accelerator
 	}
 	row, err := c.store.NewReplica(ctx, intent, c.cfg.Now())
@@ -538,7 +568,7 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch)
 		}
 		envs[spec.RuntimeLoRAEnv] = "true"
 	}
-	ls := replicas.LaunchSpec{ReplicaID: row.ID, Service: s.name, Version: version, Run: sp.Run, Setup: sp.Setup, Workdir: sp.Workdir, Envs: envs,
+	ls := replicas.LaunchSpec{ReplicaID: row.ID, Service: s.name, Version: version, Run: run, Setup: sp.Setup, Workdir: sp.Workdir, Envs: envs,
 		Image: strings.TrimPrefix(sp.Resources.ImageID, "docker:"), Capacity: fleet.Capacity(row.Capacity), Region: row.Region, Zone: row.Zone,
 		PricePerHour: &price, Port: sp.Service.Port, DiskGiB: sp.Resources.DiskSize,
 		NumNodes: sp.NumNodes, FileMounts: sp.FileMounts, Volumes: sp.Volumes,

@@ -388,6 +388,23 @@ func sameButAdapters(old, sp *spec.Service) bool {
 	return reflect.DeepEqual(&same, old)
 }
 
+// sameMerged reports whether an adapter's own replica started for spec old serves spec sp's
+// adapter: sp gives it the same merged checkpoint (true for a shared replica, adapter "").
+func sameMerged(old, sp *spec.Service, adapter string) bool {
+	if adapter == "" {
+		return true
+	}
+	path := func(s *spec.Service) string {
+		for _, a := range s.Arbiter.Adapters {
+			if a.Name == adapter {
+				return a.MergedPath
+			}
+		}
+		return ""
+	}
+	return path(sp) != "" && path(sp) == path(old)
+}
+
 // adoptReplicas makes version v's own the live replicas whose version's spec differs from
 // v's only in its adapters, in memory and in the state (queued behind any write still
 // waiting, as every replica write is): an update that changed only adapters rolls no
@@ -396,7 +413,8 @@ func sameButAdapters(old, sp *spec.Service) bool {
 func (c *Controller) adoptReplicas(ctx context.Context, s *service, v int) {
 	n := 0
 	for _, r := range sortedReplicas(s.replicas) {
-		if !live(replicas.State(r.row.State)) || r.row.Version == v || !sameButAdapters(s.specs[r.row.Version], s.specs[v]) {
+		if !live(replicas.State(r.row.State)) || r.row.Version == v || !sameButAdapters(s.specs[r.row.Version], s.specs[v]) ||
+			!sameMerged(s.specs[r.row.Version], s.specs[v], r.own()) {
 			continue
 		}
 		r.row.Version = v

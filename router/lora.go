@@ -200,6 +200,9 @@ const loraFresh = 2 * time.Second
 // max_loras), else half a request's decode (decode: the mean rest of the requests holding
 // the slots). maxLoRAs is the service's --max-loras; the replica's max_lora label wins.
 func (r *Replica) adapterDelay(a string, static bool, maxLoRAs int, decode, load float64, now time.Time) (loadS, waitS float64) {
+	if r.servesMerged(a) {
+		return 0, 0
+	}
 	l := r.loraState()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -272,12 +275,47 @@ func (px *Proxy) adapterNotLoaded(c *call, r *Replica) *refusal {
 		msg:        fmt.Sprintf("adapter %q is being loaded on replica %s; retry shortly", a.Name, r.Info().ID)}
 }
 
-// adapterLoaded reports whether this router knows adapter a loaded on r.
+// adapterLoaded reports whether this router knows adapter a loaded on r, or r serves it
+// merged.
 func (r *Replica) adapterLoaded(a string) bool {
+	if r.servesMerged(a) {
+		return true
+	}
 	l := r.loraState()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.loaded[a]
+}
+
+// servesMerged reports whether r is one of adapter a's own replicas (issue 51): it serves
+// a's merged checkpoint under a's name, so the adapter needs no load and no GPU slot there,
+// and its steps run at the base model's cost.
+func (r *Replica) servesMerged(a string) bool { return r.Info().Model == a }
+
+// adapterCandidates adds to cands, the base model's replicas, the adapter's own (which the
+// control plane publishes under its name); buf is reused for the union.
+func (px *Proxy) adapterCandidates(c *call, cands []*Replica, buf *[]*Replica) []*Replica {
+	if c.adapter == nil || c.adapter.Base == "" {
+		return cands
+	}
+	own := px.pool.candidates(c.adapter.Name)
+	if len(own) == 0 {
+		return cands
+	}
+	// Both are sorted by cost, as a sampling pick needs the union to be.
+	out := (*buf)[:0]
+	i, j := 0, 0
+	for i < len(own) || j < len(cands) {
+		if j == len(cands) || (i < len(own) && own[i].MarginalCost() <= cands[j].MarginalCost()) {
+			out = append(out, own[i])
+			i++
+		} else {
+			out = append(out, cands[j])
+			j++
+		}
+	}
+	*buf = out
+	return out
 }
 
 // pickModel is the model whose replicas may take the request: its own, or its adapter's
@@ -329,7 +367,7 @@ var errAdapterWait = errors.New("the request's deadline passed while its adapter
 // request's deadline came first, another error where the replica could not be asked (its
 // fault: try another).
 func (px *Proxy) ensureAdapter(r *Replica, a fleet.Adapter, deadline time.Time) error {
-	if a.Static {
+	if a.Static || r.servesMerged(a.Name) {
 		return nil
 	}
 	if f := r.recentRefusal(a.Name, time.Now()); f != nil {

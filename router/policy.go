@@ -223,8 +223,9 @@ type scored struct {
 	p    Prediction
 	cost float64
 	// adapter is what the request's LoRA adapter adds to its TTFT there: its load and the
-	// wait for a GPU slot (adapterDelay).
+	// wait for a GPU slot (adapterDelay); merged: the replica is one of the adapter's own.
 	adapter float64
+	merged  bool
 }
 
 // Pick implements Policy.
@@ -290,6 +291,7 @@ func (p *SLOCheapest) score(req *Request, r *Replica) scored {
 		s.p.E2E += load + wait
 		s.p.Wait += load + wait
 		s.p.adapterLoad, s.adapter = load, load+wait
+		s.merged = r.servesMerged(req.Adapter)
 	}
 	return s
 }
@@ -564,8 +566,10 @@ func hasRoom(slo SLO, p Prediction, patient bool) bool {
 }
 
 // adapterReady keeps, of a tier (replicas predicted to meet the SLO), those that serve the
-// request's adapter best: where it costs nothing (loaded, and active or with a GPU slot
-// free), else where it is loaded and waits for a slot, else any, which must load it: the
+// request's adapter best: the adapter's own replicas (its merged checkpoint, at the base
+// model's step cost, which exist to take its load), else where it costs nothing (loaded, and
+// active or with a GPU slot free), else where it is loaded and waits for a slot, else any,
+// which must load it: after the first, the
 // Gateway API Inference Extension's LoRA affinity (active, then a free slot, then
 // waiting). A load stalls the whole replica's engine while it runs (vLLM loads between
 // steps), so a request that can wait for a slot within the SLO waits rather than load its
@@ -573,14 +577,16 @@ func hasRoom(slo SLO, p Prediction, patient bool) bool {
 func adapterReady(tier []scored) []scored {
 	rank := func(s scored) int {
 		switch {
-		case s.adapter == 0:
+		case s.merged:
 			return 0
-		case s.p.adapterLoad == 0:
+		case s.adapter == 0:
 			return 1
+		case s.p.adapterLoad == 0:
+			return 2
 		}
-		return 2
+		return 3
 	}
-	best := 2
+	best := 3
 	for _, s := range tier {
 		best = min(best, rank(s))
 	}

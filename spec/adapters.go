@@ -282,6 +282,10 @@ func (d *decoder) checkAdapters(s *Service, rf runFlags) {
 		}
 		ad.Path = p
 		if ad.Merged != "" {
+			if rp := s.Service.ReplicaPolicy; rp.MinReplicas == rp.MaxReplicas || rp.MaxReplicas < 2 {
+				d.errorf(d.adapterAt[i], "%s.merged: a hot adapter's own replicas are counted in max_replicas beside at least one shared replica, and scaled on its load: give the service a range (min_replicas < max_replicas, max_replicas ≥ 2)", where)
+				continue
+			}
 			if ad.MergedPath, ok = d.adapterOnReplica(s, ad.Merged, remote, d.adapterAt[i], where, "merged"); !ok {
 				continue
 			}

@@ -53,7 +53,7 @@ func TestMergedRunStartsTheMergedCheckpoint(t *testing.T) {
 
 func TestMergedAdapterDeclared(t *testing.T) {
 	const run = "run: vllm serve m --enable-lora --max-loras 4\n"
-	file := run + `service: {replicas: 1}
+	file := run + `service: {replica_policy: {min_replicas: 0, max_replicas: 4, target_qps_per_replica: 2}}
 file_mounts:
   /ckpt: {source: s3://team/llama, mode: MOUNT}
 arbiter:
@@ -71,9 +71,10 @@ arbiter:
 	}
 	checkRoundTrip(t, []byte(file))
 	for _, c := range []struct{ name, file, want string }{
-		{"no vllm serve", "run: python serve.py --enable-lora\nservice: {replicas: 1}\narbiter: {adapters: [{name: a, source: /srv/a, merged: /srv/am}]}\n", "starts no vLLM server"},
-		{"relative", run + "service: {replicas: 1}\narbiter: {adapters: [{name: a, source: /srv/a, merged: am}]}\n", "arbiter.adapters[0].merged: \"am\": want an absolute folder"},
-		{"unmounted", run + "service: {replicas: 1}\narbiter: {providers: [aws], adapters: [{name: a, source: hf://o/a, merged: s3://b/am}]}\n", "arbiter.adapters[0].merged: \"s3://b/am\": nothing puts it on the replicas"},
+		{"fixed count", run + "service: {replicas: 2}\narbiter: {adapters: [{name: a, source: /srv/a, merged: /srv/am}]}\n", "give the service a range"},
+		{"no vllm serve", "run: python serve.py --enable-lora\nservice: {replica_policy: {min_replicas: 0, max_replicas: 4, target_qps_per_replica: 2}}\narbiter: {adapters: [{name: a, source: /srv/a, merged: /srv/am}]}\n", "starts no vLLM server"},
+		{"relative", run + "service: {replica_policy: {max_replicas: 2, target_qps_per_replica: 2}}\narbiter: {adapters: [{name: a, source: /srv/a, merged: am}]}\n", "arbiter.adapters[0].merged: \"am\": want an absolute folder"},
+		{"unmounted", run + "service: {replica_policy: {max_replicas: 2, target_qps_per_replica: 2}}\narbiter: {providers: [aws], adapters: [{name: a, source: hf://o/a, merged: s3://b/am}]}\n", "arbiter.adapters[0].merged: \"s3://b/am\": nothing puts it on the replicas"},
 	} {
 		_, err := Parse("s.yaml", []byte(c.file))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
