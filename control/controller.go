@@ -400,7 +400,7 @@ func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
 			rep := fleet.Replica{ID: r.row.ID, Address: r.row.Address, Model: r.row.Model, Service: s.name,
 				Provider: r.row.Provider, Region: r.row.Region, Zone: r.row.Zone, Capacity: fleet.Capacity(r.row.Capacity),
 				PricePerHour: r.row.PricePerHour, Version: r.row.Version, Draining: st == replicas.Draining}
-			rep.Accelerator = r.row.Accelerator
+			rep.Accelerator, rep.Adapter = r.row.Accelerator, r.row.Adapter
 			if sp := s.specs[r.row.Version]; sp != nil {
 				rep.Profile = replicaProfile(sp.Arbiter.Profile, r.row.Accelerator)
 				rep.Tasks = sp.Arbiter.Tasks

@@ -70,6 +70,11 @@ type Replica struct {
 	Tasks []string `yaml:"tasks,omitempty" json:"tasks,omitempty"`
 	// Draining replicas get no new requests; in-flight ones finish.
 	Draining bool `yaml:"draining,omitempty" json:"draining,omitempty"`
+	// Adapter names the LoRA adapter the replica serves merged into its weights, as one of
+	// that adapter's own replicas (issue 51); its Model is then the adapter's name. Routers
+	// send the adapter's requests there first, and the rest to its base model's replicas,
+	// which load it. Empty: a replica of its model.
+	Adapter string `yaml:"adapter,omitempty" json:"adapter,omitempty"`
 }
 
 // Validate checks the fields a router cannot do without and fills defaults.
@@ -104,6 +109,9 @@ func (r *Replica) Validate() error {
 	}
 	if err := CheckTasks(r.Tasks); err != nil {
 		return fmt.Errorf("replica %q: tasks: %w", r.ID, err)
+	}
+	if r.Adapter != "" && r.Adapter != r.Model {
+		return fmt.Errorf("replica %q: adapter %q: an adapter's own replica serves it under its name, and this one serves %q", r.ID, r.Adapter, r.Model)
 	}
 	return nil
 }

@@ -290,7 +290,7 @@ func (r *Replica) adapterLoaded(a string) bool {
 // servesMerged reports whether r is one of adapter a's own replicas (issue 51): it serves
 // a's merged checkpoint under a's name, so the adapter needs no load and no GPU slot there,
 // and its steps run at the base model's cost.
-func (r *Replica) servesMerged(a string) bool { return r.Info().Model == a }
+func (r *Replica) servesMerged(a string) bool { return r.Info().Adapter == a }
 
 // adapterCandidates adds to cands, the base model's replicas, the adapter's own (which the
 // control plane publishes under its name); buf is reused for the union.

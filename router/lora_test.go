@@ -349,3 +349,87 @@ func TestAdapterHeldUntilItsBaseIsKnown(t *testing.T) {
 		t.Fatal("the held adapter request was not answered once its base's replica was published")
 	}
 }
+
+// mergedSim is a replicasim serving a LoRA adapter merged into the base weights, under the
+// adapter's name (vllm serve CHECKPOINT --served-model-name NAME): an adapter's own replica.
+func mergedSim(t *testing.T, name string) *sim {
+	t.Helper()
+	p, err := engine.LoadProfile("h100-llama-3.1-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := replicasim.New(replicasim.Config{Model: name, Profile: p, Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go srv.Run(ctx)
+	go func() { _ = srv.Serve(ctx, ln) }()
+	t.Cleanup(cancel)
+	return &sim{srv: srv, addr: ln.Addr().String(), cancel: cancel}
+}
+
+// An adapter's own replica (the control plane publishes it under the adapter's name, issue
+// 51) takes the adapter's requests first, with no load on the shared replicas; the base
+// model's requests never go there; without it the adapter is loaded on a shared replica.
+func TestAdaptersOwnReplicaTakesItsRequests(t *testing.T) {
+	t.Parallel()
+	s1, s2, own := loraSim(t, 1), loraSim(t, 1), mergedSim(t, "fin")
+	fin := peftFolder(t)
+	svc := []fleet.Service{{Name: "svc", Models: []string{testModel, "fin"}, MaxLoRAs: 1,
+		Adapters: []fleet.Adapter{{Name: "fin", Base: testModel, Path: fin}}}}
+	ownRep := replica("own", own, fleet.OnDemand, 1)
+	ownRep.Model, ownRep.Service, ownRep.Adapter = "fin", "svc", "fin"
+	shared := []fleet.Replica{replica("r1", s1, fleet.OnDemand, 1), replica("r2", s2, fleet.OnDemand, 1)}
+	for i := range shared {
+		shared[i].Service = "svc"
+	}
+	fake := &fakeControlPlane{changed: make(chan struct{})}
+	fake.publish(svc, append(slices.Clone(shared), ownRep))
+	rig, cp := startWithControlPlane(t, fake, func(c *Config) { c.RoutingHeaders = true }, append(slices.Clone(shared), ownRep)...)
+
+	for i := range 6 {
+		resp, body := post(t, rig.url+"/v1/completions", `{"model":"fin","prompt":"hi","max_tokens":2}`)
+		if resp.StatusCode != 200 || !strings.Contains(body, `"model":"fin"`) {
+			t.Fatalf("fin %d: %d %s", i, resp.StatusCode, body)
+		}
+		if on := resp.Header.Get("X-Arbiter-Replica"); on != "own" {
+			t.Errorf("fin's request %d went to %s, with fin's own replica idle", i, on)
+		}
+		resp, body = post(t, rig.url+"/v1/completions", `{"model":"`+testModel+`","prompt":"hi","max_tokens":2}`)
+		if on := resp.Header.Get("X-Arbiter-Replica"); resp.StatusCode != 200 || on == "own" {
+			t.Errorf("the base model's request: %d on %s %s", resp.StatusCode, on, body)
+		}
+	}
+	if got := rig.counter(t, "arbiter_router_adapter_loads_total", "result", "loaded"); got != 0 {
+		t.Errorf("%v adapter loads with fin's own replica serving it", got)
+	}
+	// Counted as the adapter's (chargeback per fine-tune), wherever served.
+	if got := rig.counter(t, "arbiter_router_adapter_requests_total", "adapter", "fin"); got != 6 {
+		t.Errorf("fin's requests counted: %v; want 6", got)
+	}
+	// Its own replica draining (fin cooling), and its replicas of the base busy or not,
+	// fin's requests go to the shared replicas, which load it.
+	ownRep.Draining = true
+	fake.publish(svc, append(slices.Clone(shared), ownRep))
+	waitFor(t, "fin's own replica draining", func() bool { return len(rig.pool.candidates("fin")) == 0 })
+	resp, body := post(t, rig.url+"/v1/completions", `{"model":"fin","prompt":"hi","max_tokens":2}`)
+	if on := resp.Header.Get("X-Arbiter-Replica"); resp.StatusCode != 200 || on == "own" {
+		t.Errorf("fin with its own replica draining: %d on %s %s", resp.StatusCode, on, body)
+	}
+	// Gone: the same.
+	fake.publish(svc, shared)
+	waitFor(t, "the set without fin's own replica", func() bool { return rig.pool.Get("own") == nil })
+	resp, body = post(t, rig.url+"/v1/completions", `{"model":"fin","prompt":"hi","max_tokens":2}`)
+	if on := resp.Header.Get("X-Arbiter-Replica"); resp.StatusCode != 200 || on == "own" {
+		t.Errorf("fin without its own replica: %d on %s %s", resp.StatusCode, on, body)
+	}
+	if got := rig.counter(t, "arbiter_router_adapter_loads_total", "result", "loaded"); got != 1 {
+		t.Errorf("%v adapter loads; want fin's one on a shared replica", got)
+	}
+	_ = cp
+}

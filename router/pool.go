@@ -140,7 +140,11 @@ func (p *Pool) SetReplicas(set []fleet.Replica) {
 			r.setInfo(info, prof)
 		}
 		next[info.ID] = r
-		models[info.Model] = true
+		if info.Adapter == "" {
+			// An adapter's own replica's name stays an adapter's (HasModel): its requests
+			// may go to the base model's replicas too.
+			models[info.Model] = true
+		}
 	}
 	for id, r := range p.byID {
 		if next[id] == nil {

@@ -580,7 +580,8 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 		}
 		req.Model = models[0]
 	}
-	// A model replicas serve is no adapter: only another name is looked for among them.
+	// A model replicas serve is no adapter: only another name is looked for among them
+	// (an adapter's own replicas do not count: Pool.HasModel).
 	hasModel := px.pool.HasModel(req.Model)
 	var adapter fleet.Adapter
 	var maxLoRAs int
