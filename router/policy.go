@@ -467,6 +467,14 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 		// Spread by load, as least_load does; the fastest prediction breaks ties.
 		return leastLoaded(all), ReasonFastest
 	}
+	if req.Adapter != "" {
+		// An adapter's own replica predicted to meet the SLO takes its request, queued or
+		// not: it exists to take that adapter's load, its steps cost a base model's, and
+		// each request it takes spares the shared replicas' GPU slots for the others.
+		if own := slices.DeleteFunc(slices.Clone(ok), func(s scored) bool { return !s.merged }); len(own) > 0 {
+			return leastLoaded(own), ReasonCheapest
+		}
+	}
 	// Phase 2: of those, the ones that would start the request at once, with no prompt
 	// queued ahead of it. A replica billed by the hour costs the same used or idle, so
 	// queueing a request on a cheap replica while a dearer one could start it saves

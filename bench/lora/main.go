@@ -6,6 +6,9 @@
 // Each policy gets fresh replicas (no adapter loaded) and a fresh router, and the same
 // requests at the same times, from a request trace's arrivals and lengths.
 //
+// With -own, some replicas serve the hottest adapter merged into the base weights, as its
+// own replicas (issue 51), and the rest the base model with adapters.
+//
 // Per policy it prints the share of requests answered, SLO attainment, TTFT p50 / p90, TPOT
 // p90, the adapter loads the router asked for per minute of the run, and each replica's
 // share of the requests.
@@ -46,7 +49,8 @@ type options struct {
 	bin, trace, profile, policies string
 	adapters, replicas, maxLoRAs  int
 	maxCPULoRAs                   int
-	zipf, level                   float64
+	own                           string
+	zipf, level, rate             float64
 	requests                      int
 	maxDuration                   time.Duration
 	sloTTFT, sloTPOT              time.Duration
@@ -64,8 +68,10 @@ func main() {
 	flag.IntVar(&o.replicas, "replicas", 3, "replicas")
 	flag.IntVar(&o.maxLoRAs, "max-loras", 4, "each replica's --max-loras (GPU slots)")
 	flag.IntVar(&o.maxCPULoRAs, "max-cpu-loras", 0, "each replica's --max-cpu-loras (adapters kept in CPU memory; 0: -max-loras, vLLM's default)")
+	flag.StringVar(&o.own, "own", "0", "comma-separated counts of the -replicas that serve the hottest adapter merged into the base weights, as its own replicas (issue 51): each policy runs with each count")
 	flag.Float64Var(&o.zipf, "zipf", 1.1, "Zipf exponent s (> 1) of the adapters' popularity: adapter k is drawn with probability ∝ 1/k^s")
 	flag.Float64Var(&o.level, "level", 0.5, "load as a fraction of the base model's capacity on the replicas, for the trace's shapes")
+	flag.Float64Var(&o.rate, "rate", 0, "arrivals per second, in place of -level's (to compare fleets of several -replicas at one load)")
 	flag.IntVar(&o.requests, "requests", 600, "requests per policy")
 	flag.DurationVar(&o.maxDuration, "max-duration", 3*time.Minute, "bound on each run's arrivals")
 	flag.DurationVar(&o.sloTTFT, "slo-ttft", 2*time.Second, "TTFT SLO")
@@ -101,6 +107,9 @@ func run(o options) error {
 		return err
 	}
 	rate := o.level * capacity * float64(o.replicas)
+	if o.rate > 0 {
+		rate = o.rate
+	}
 	// Adapter k (0-based) with probability ∝ 1/(k+1)^s.
 	z := rand.NewZipf(rand.New(rand.NewPCG(o.seed, 51)), o.zipf, 1, uint64(o.adapters-1))
 	models := make([]string, len(reqs))
@@ -128,11 +137,17 @@ func run(o options) error {
 	fmt.Println("| policy | answered | SLO attainment | TTFT p50 / p90 | TPOT p90 | adapter loads (per minute) | requests per replica |")
 	fmt.Println("|---|---:|---:|---|---:|---:|---|")
 	for _, pol := range strings.Split(o.policies, ",") {
-		line, err := runPolicy(o, pol, reqs, models, adapters, rate, dir)
-		if err != nil {
-			return fmt.Errorf("%s: %w", pol, err)
+		for _, n := range strings.Split(o.own, ",") {
+			own, err := strconv.Atoi(strings.TrimSpace(n))
+			if err != nil || own < 0 || own >= o.replicas {
+				return fmt.Errorf("-own %q: want counts from 0 to -replicas − 1", n)
+			}
+			line, err := runPolicy(o, pol, own, reqs, models, adapters, rate, dir)
+			if err != nil {
+				return fmt.Errorf("%s: %w", pol, err)
+			}
+			fmt.Println(line)
 		}
-		fmt.Println(line)
 	}
 	return nil
 }
@@ -180,7 +195,10 @@ func peftFolder(path string, size int64) error {
 	return f.Close()
 }
 
-func runPolicy(o options, pol string, reqs []traces.Request, models []string, adapters []fleet.Adapter, rate float64, dir string) (string, error) {
+// runPolicy runs the requests through a router of policy pol in front of fresh replicas, own
+// of which serve the hottest adapter merged (replicasim serving the base model under the
+// adapter's name, without LoRA: vllm serve CHECKPOINT --served-model-name NAME).
+func runPolicy(o options, pol string, own int, reqs []traces.Request, models []string, adapters []fleet.Adapter, rate float64, dir string) (string, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	g := procs.NewGroup(ctx, o.bin)
@@ -191,6 +209,14 @@ func runPolicy(o options, pol string, reqs []traces.Request, models []string, ad
 		addr, err := procs.FreeAddr()
 		if err != nil {
 			return "", err
+		}
+		if i < own {
+			hot := adapterName(0)
+			if err := start(nil, "replicasim", "-listen", addr, "-model", hot, "-profile", o.profile, "-log-level", "warn"); err != nil {
+				return "", err
+			}
+			set = append(set, fleet.Replica{ID: fmt.Sprintf("own%d", i), Address: addr, Model: hot, Adapter: hot, Capacity: fleet.OnDemand, PricePerHour: 1, Profile: o.profile})
+			continue
 		}
 		if err := start([]string{"VLLM_ALLOW_RUNTIME_LORA_UPDATING=true"}, "replicasim", "-listen", addr, "-model", model, "-profile", o.profile,
 			"-log-level", "warn", "--enable-lora", "--max-loras", strconv.Itoa(o.maxLoRAs), "--max-cpu-loras", strconv.Itoa(max(o.maxCPULoRAs, o.maxLoRAs))); err != nil {
@@ -237,7 +263,11 @@ func runPolicy(o options, pol string, reqs []traces.Request, models []string, ad
 	if errs, err := samples(admin, "arbiter_router_errors_total"); err == nil && errs != "" {
 		fmt.Fprintf(os.Stderr, "%s: the router's errors:\n%s", pol, errs)
 	}
-	return row(o, pol, res, set, loads), nil
+	label := pol
+	if own > 0 {
+		label += fmt.Sprintf(", %d of %s's own", own, adapterName(0))
+	}
+	return row(o, label, res, set, loads), nil
 }
 
 // counter sums a counter's series on the router's admin /metrics.
