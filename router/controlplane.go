@@ -89,11 +89,21 @@ func (t *LoadTracker) get(model string) *modelLoad {
 }
 
 // report returns every model's load; the counts restart from zero. In-flight requests are
-// the replicas' own counters (they follow streams to their end, past the handler).
+// the replicas' own counters (they follow streams to their end, past the handler), each
+// request under the model it asked for: a LoRA adapter's under the adapter's name, not its
+// base model's, whose replicas serve it.
 func (t *LoadTracker) report(replicas []*Replica) []fleet.ModelLoad {
 	inflight := map[string]int64{}
 	for _, r := range replicas {
-		inflight[r.Info().Model] += r.InFlight()
+		m := r.Info().Model
+		base := r.InFlight()
+		r.adapterInflight(func(a string, n int) {
+			if a != m { // an adapter's own replica serves it under its name
+				inflight[a] += int64(n)
+				base -= int64(n)
+			}
+		})
+		inflight[m] += max(base, 0)
 	}
 	var out []fleet.ModelLoad
 	t.m.Range(func(k, v any) bool {

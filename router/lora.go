@@ -180,6 +180,16 @@ func (r *Replica) adapterBegan(name string) {
 	l.mu.Unlock()
 }
 
+// adapterInflight calls f with each adapter this router has requests in flight for on r.
+func (r *Replica) adapterInflight(f func(a string, n int)) {
+	l := r.loraState()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for a, n := range l.inflight {
+		f(a, n)
+	}
+}
+
 func (r *Replica) adapterEnded(name string) {
 	l := r.loraState()
 	l.mu.Lock()

@@ -433,3 +433,42 @@ func TestAdaptersOwnReplicaTakesItsRequests(t *testing.T) {
 	}
 	_ = cp
 }
+
+// The control plane is told each model's requests in flight under the name they asked for:
+// an adapter's under the adapter's, though its base model's replica serves it. Before, they
+// counted under the base model, which an adapter-only load never reports, so the service
+// did not scale on them.
+func TestAdapterInFlightReportedUnderItsName(t *testing.T) {
+	t.Parallel()
+	s1 := loraSim(t, 2)
+	fin := peftFolder(t)
+	svc := []fleet.Service{{Name: "svc", Models: []string{testModel, "fin"}, MaxLoRAs: 2,
+		Adapters: []fleet.Adapter{{Name: "fin", Base: testModel, Path: fin}}}}
+	reps := []fleet.Replica{replica("r1", s1, fleet.OnDemand, 1)}
+	fake := &fakeControlPlane{changed: make(chan struct{})}
+	fake.publish(svc, reps)
+	rig, _ := startWithControlPlane(t, fake, nil, reps...)
+	var open []io.ReadCloser
+	defer func() {
+		for _, b := range open {
+			b.Close()
+		}
+	}()
+	for _, m := range []string{"fin", "fin", testModel} {
+		req, _ := http.NewRequest(http.MethodPost, rig.url+"/v1/completions",
+			strings.NewReader(`{"model":"`+m+`","prompt":"hi","max_tokens":2000,"stream":true}`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %v %v", m, resp, err)
+		}
+		open = append(open, resp.Body)
+	}
+	got := map[string]float64{}
+	for _, m := range rig.px.Load.report(rig.pool.Snapshot()) {
+		got[m.Model] = m.InFlight
+	}
+	if got["fin"] != 2 || got[testModel] != 1 {
+		t.Errorf("in flight reported %v; want fin 2 and %s 1", got, testModel)
+	}
+}

@@ -92,7 +92,7 @@ func (o *Own) Wish(b, t float64) int {
 func (o *Own) Decide(now time.Time, t float64, current, most int) (int, string) {
 	b := o.load()
 	wish := min(o.Wish(b, t), max(most, 0))
-	why := fmt.Sprintf("mean load %s over %s at %s per replica: %d of its own (a shared replica costs %.2f× per step)", num(b), secs(o.Window), num(t), wish, 1+o.StepCost)
+	why := fmt.Sprintf("mean load %s over %s at %s per replica: %d of its own wanted (a shared replica costs %.2f× per step)", num(b), secs(o.Window), num(t), wish, 1+o.StepCost)
 	switch {
 	case wish > current:
 		o.down = false

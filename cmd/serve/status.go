@@ -221,7 +221,11 @@ func printReplicas(out io.Writer, svcs []control.ServiceStatus) {
 	for _, s := range svcs {
 		for _, r := range s.Replicas {
 			gpu := dash(r.Accelerator)
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s/%s\t%s\t%s\t%.2f\t%s\t%s\t%s ago\t%s\t%s\n", s.Name, r.ID, r.Version, r.Provider, dash(r.Region), dash(r.Zone),
+			id := r.ID
+			if r.Adapter != "" {
+				id += " (" + r.Adapter + "'s own)" // serves the adapter merged (issue 51)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s/%s\t%s\t%s\t%.2f\t%s\t%s\t%s ago\t%s\t%s\n", s.Name, id, r.Version, r.Provider, dash(r.Region), dash(r.Zone),
 				dash(r.Capacity), gpu, r.PricePerHour, predictedPerM(s, r.ID), r.State, since(r.LaunchedAt), dash(r.Address), priceSource(r.PriceSource))
 		}
 	}
