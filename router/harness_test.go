@@ -2,6 +2,7 @@ package router
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"io"
 	"log/slog"
@@ -36,11 +37,13 @@ type simOpts struct {
 	store    bool   // keep Responses API answers (VLLM_ENABLE_RESPONSES_API_STORE)
 	task     string // what the model serves (replicasim.TaskNames; default generate)
 	priority bool   // --scheduling-policy priority
+	model    string // the served model name (default testModel)
+	lora     *replicasim.LoRAConfig
 }
 
 func startSim(t *testing.T, o simOpts) *sim {
 	t.Helper()
-	cfg := replicasim.Config{Model: testModel, Echo: o.echo, EchoTokenInterval: o.interval, StopAfter: 8,
+	cfg := replicasim.Config{Model: cmp.Or(o.model, testModel), LoRA: o.lora, Echo: o.echo, EchoTokenInterval: o.interval, StopAfter: 8,
 		Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}, StoreResponses: o.store, Task: o.task, PriorityScheduling: o.priority}
 	if !o.echo {
 		name := o.profile

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/arbiter-serve/arbiter/engine"
 	"github.com/arbiter-serve/arbiter/fleet"
 	"github.com/arbiter-serve/arbiter/replicasim"
 )
@@ -30,24 +27,7 @@ func loraSim(t *testing.T, maxLoRAs int, profile ...string) *sim {
 	if len(profile) > 0 {
 		name = profile[0]
 	}
-	p, err := engine.LoadProfile(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := replicasim.New(replicasim.Config{Model: testModel, Profile: p, Logger: slog.New(slog.DiscardHandler), Exit: func(int) {},
-		LoRA: &replicasim.LoRAConfig{MaxLoRAs: maxLoRAs, RuntimeUpdates: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	go srv.Run(ctx)
-	go func() { _ = srv.Serve(ctx, ln) }()
-	t.Cleanup(cancel)
-	return &sim{srv: srv, addr: ln.Addr().String(), cancel: cancel}
+	return startSim(t, simOpts{profile: name, lora: &replicasim.LoRAConfig{MaxLoRAs: maxLoRAs, RuntimeUpdates: true}})
 }
 
 // peftFolder is a LoRA adapter as PEFT saves one (adapter_config.json with its rank r, and
@@ -354,23 +334,7 @@ func TestAdapterHeldUntilItsBaseIsKnown(t *testing.T) {
 // adapter's name (vllm serve CHECKPOINT --served-model-name NAME): an adapter's own replica.
 func mergedSim(t *testing.T, name string) *sim {
 	t.Helper()
-	p, err := engine.LoadProfile("h100-llama-3.1-8b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := replicasim.New(replicasim.Config{Model: name, Profile: p, Logger: slog.New(slog.DiscardHandler), Exit: func(int) {}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	go srv.Run(ctx)
-	go func() { _ = srv.Serve(ctx, ln) }()
-	t.Cleanup(cancel)
-	return &sim{srv: srv, addr: ln.Addr().String(), cancel: cancel}
+	return startSim(t, simOpts{model: name})
 }
 
 // An adapter's own replica (the control plane publishes it under the adapter's name, issue

@@ -66,24 +66,29 @@ func MergedRun(run, path, name string) (string, error) {
 // mergedArgs is a call's words with vLLM pointed at path and serving name; ok is false for
 // a call that starts no vLLM server.
 func mergedArgs(args []*syntax.Word, path, name string) (out []*syntax.Word, ok bool, err error) {
+	// s is where the command starts: after an exec (the shell gives the server its pid).
+	s := 0
 	lit := func(i int) string {
-		if i >= len(args) {
+		if s+i >= len(args) {
 			return ""
 		}
-		return args[i].Lit() // "" for a word with quotes or expansions
+		return args[s+i].Lit() // "" for a word with quotes or expansions
 	}
-	first := 0 // the first flag's index
+	if lit(0) == "exec" {
+		s = 1
+	}
+	first := 0 // the first flag's index, from s
 	modelAt := -1
 	switch {
 	case lit(0) == "vllm" && lit(1) == "serve":
 		first = 2
-		if len(args) > 2 && !strings.HasPrefix(lit(2), "-") {
-			modelAt, first = 2, 3
+		if s+2 < len(args) && !strings.HasPrefix(printWord(args[s+2]), "-") {
+			modelAt, first = s+2, 3
 		}
 	case strings.HasPrefix(lit(0), "python"):
 		// python [its own flags, -u] -m vllm.entrypoints.openai.api_server
 		j := 1
-		for j < len(args) && lit(j) != "-m" && strings.HasPrefix(lit(j), "-") {
+		for s+j < len(args) && lit(j) != "-m" && strings.HasPrefix(lit(j), "-") {
 			j++
 		}
 		if lit(j) != "-m" || lit(j+1) != "vllm.entrypoints.openai.api_server" {
@@ -93,6 +98,7 @@ func mergedArgs(args []*syntax.Word, path, name string) (out []*syntax.Word, ok 
 	default:
 		return nil, false, nil
 	}
+	first += s
 	pathWord, err := litWord(path)
 	if err != nil {
 		return nil, false, err
