@@ -175,6 +175,9 @@ type service struct {
 	// is when the service was last decided.
 	pools    map[string]*ownPool
 	lastTick time.Time
+	// mixOffSaid: the event saying the GPU mix is off for its adapters' own replicas is
+	// written.
+	mixOffSaid bool
 	// lastRequest is when a router last reported a request; held the requests the
 	// routers hold for it now (set each tick).
 	lastRequest time.Time
@@ -405,6 +408,13 @@ func (c *Controller) ReadySet() (fleet.ReadySet, <-chan struct{}) {
 				rep.Profile = replicaProfile(sp.Arbiter.Profile, r.row.Accelerator)
 				rep.Tasks = sp.Arbiter.Tasks
 			}
+			if rep.Profile == "" && rep.Adapter != "" && rep.Accelerator != "" {
+				// An adapter's own replica serves the base model's shape under the
+				// adapter's name, which routers cannot make a profile of.
+				if base := s.baseModel(); base != "" {
+					rep.Profile, _ = engine.ProfileOn(rep.Accelerator, base)
+				}
+			}
 			set.Replicas = append(set.Replicas, rep)
 		}
 	}
@@ -464,21 +474,29 @@ func (s *service) models() []string {
 	return out
 }
 
+// baseModel is the model the service's adapters run on: the spec's first, else the first a
+// replica listed that is no adapter's name; "" before either is known.
+func (s *service) baseModel() string {
+	sp := s.spec()
+	if sp == nil {
+		return ""
+	}
+	for _, m := range append(slices.Clone(sp.Arbiter.Models), s.learned...) {
+		if !sp.Arbiter.HasAdapter(m) {
+			return m
+		}
+	}
+	return ""
+}
+
 // adapters is what routers need of the service's LoRA adapters: each with the model its
-// replicas are routed for (the spec's first, else the first a replica listed that is no
-// adapter's name).
+// replicas are routed for (baseModel).
 func (s *service) adapters() ([]fleet.Adapter, int) {
 	sp := s.spec()
 	if sp == nil || len(sp.Arbiter.Adapters) == 0 {
 		return nil, 0
 	}
-	base := ""
-	for _, m := range append(slices.Clone(sp.Arbiter.Models), s.learned...) {
-		if !sp.Arbiter.HasAdapter(m) {
-			base = m
-			break
-		}
-	}
+	base := s.baseModel()
 	out := make([]fleet.Adapter, len(sp.Arbiter.Adapters))
 	for i, a := range sp.Arbiter.Adapters {
 		out[i] = fleet.Adapter{Name: a.Name, Base: base, Path: a.Path, Parent: cmp.Or(a.Parent, base), Static: a.Static}

@@ -105,7 +105,7 @@ func (c *Controller) relearnModels() {
 	for _, s := range sortedServices(c.services) {
 		for _, r := range sortedReplicas(s.replicas) {
 			m := r.row.Model
-			if m == "" || !live(replicas.State(r.row.State)) || slices.Contains(s.learned, m) || c.modelOwner(s, m) != nil {
+			if m == "" || r.own() != "" || !live(replicas.State(r.row.State)) || slices.Contains(s.learned, m) || c.modelOwner(s, m) != nil {
 				continue
 			}
 			if sp := s.spec(); sp != nil && slices.Contains(sp.Arbiter.Models, m) {

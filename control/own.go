@@ -132,6 +132,44 @@ func (s *service) ownTargets() int {
 	return n
 }
 
+// ownReady is how many of the adapters' own replicas of the current version are ready:
+// what the shared replicas make room for in max_replicas. One still starting does not
+// count yet, so that a shared replica serving now is not drained for one that may take
+// minutes to start, or never does (a market refusing it): as in a rolling update, the
+// fleet passes the bound by the replicas starting.
+func (s *service) ownReady() int {
+	n := 0
+	for _, r := range s.replicas {
+		if r.own() != "" && s.pools[r.own()] != nil && r.row.Version == s.version && replicas.State(r.row.State) == replicas.Ready {
+			n++
+		}
+	}
+	return min(n, s.ownTargets())
+}
+
+// placerOf is the placer that places r: its adapter's pool's for one of an adapter's own.
+func (s *service) placerOf(r *replica) *scaling.Placer {
+	if a := r.own(); a != "" {
+		if p := s.pools[a]; p != nil {
+			return p.placer
+		}
+		return nil
+	}
+	return s.placerFor(r.row.Accelerator)
+}
+
+// poolTarget is the target of r's pool: the service's for a shared replica, its adapter's
+// for one of an adapter's own.
+func (s *service) poolTarget(r *replica) int {
+	if a := r.own(); a != "" {
+		if p := s.pools[a]; p != nil {
+			return p.target
+		}
+		return 0
+	}
+	return s.target
+}
+
 // reconcileOwn moves each adapter's replicas of its own toward its target, through the
 // placer where the providers quote offers, and drains those no adapter wants any more (one
 // taken out of the spec, a merged checkpoint replaced, a version rolled out). Caller holds
@@ -141,15 +179,18 @@ func (c *Controller) reconcileOwn(ctx context.Context, s *service, offers []scal
 	cur := map[string][]*replica{}
 	for _, r := range sortedReplicas(s.replicas) {
 		name := r.own()
-		if name == "" || r.busy || !live(replicas.State(r.row.State)) {
+		if name == "" || !live(replicas.State(r.row.State)) {
 			continue
 		}
 		p := s.pools[name]
 		if p == nil || r.row.Version != s.version {
 			// No longer wanted: the shared replicas serve the adapter (and load it).
-			c.drainOne(ctx, s, r, fmt.Sprintf("adapter %s has no replicas of its own in version %d", name, s.version))
+			if !r.busy { // one launching is drained on a later tick
+				c.drainOne(ctx, s, r, fmt.Sprintf("adapter %s has no replicas of its own in version %d", name, s.version))
+			}
 			continue
 		}
+		// A replica launching or being probed (busy) counts: it is on its way.
 		if !r.noticed() {
 			cur[name] = append(cur[name], r)
 		}

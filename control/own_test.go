@@ -122,19 +122,81 @@ func TestHotAdapterGetsAReplicaOfItsOwn(t *testing.T) {
 	if ownID() != id {
 		t.Errorf("fin's own replica changed from %s to %s at a steady load", id, ownID())
 	}
-	// fin cools: its own replica goes after the window and the downscale delay.
+	// fin cools: its own replica goes after the window and the downscale delay, not before.
 	for i := 0; ownID() != ""; i++ {
 		if i > 200 {
 			t.Fatal("fin's own replica still runs 200 s after fin went cold")
 		}
+		step(0, 0, 16)
 		if i < 60 && ownID() == "" {
 			t.Fatalf("drained after %d s, within the downscale delay", i)
 		}
-		step(0, 0, 16)
 	}
 }
 
 func ownReady(c *Controller, id string) bool {
 	r := c.services["svc"].replicas[id]
 	return r != nil && replicas.State(r.row.State) == replicas.Ready
+}
+
+// gatedLaunch holds the launches of adapters' own replicas until gate is closed.
+type gatedLaunch struct {
+	*launchLog
+	gate chan struct{}
+}
+
+func (p *gatedLaunch) Launch(ctx context.Context, ls replicas.LaunchSpec) (replicas.Instance, error) {
+	if !strings.Contains(ls.Run, "--served-model-name") {
+		return p.launchLog.Launch(ctx, ls)
+	}
+	p.lmu.Lock()
+	p.launched = append(p.launched, ls)
+	p.lmu.Unlock()
+	<-p.gate
+	return p.coldProvider.Launch(ctx, ls)
+}
+
+// A replica of an adapter's own still launching counts as on its way: ticks meanwhile
+// launch no more (the review found one launched a tick while the first launch ran).
+func TestOwnReplicaLaunchingCounts(t *testing.T) {
+	ctx := context.Background()
+	clock := &testClock{t: time.UnixMilli(1_800_000_000_000)}
+	p := &gatedLaunch{launchLog: &launchLog{coldProvider: newColdProvider(t, clock)}, gate: make(chan struct{})}
+	c, _ := coldController(t, clock, p, nil)
+	if _, _, err := c.Create(ctx, "svc", mergedSpec, nil); err != nil {
+		t.Fatal(err)
+	}
+	own := func() int {
+		p.lmu.Lock()
+		defer p.lmu.Unlock()
+		n := 0
+		for _, ls := range p.launched {
+			if strings.Contains(ls.Run, "--served-model-name fin") {
+				n++
+			}
+		}
+		return n
+	}
+	defer func() { close(p.gate); c.wg.Wait() }()
+	hot := fleet.LoadReport{Router: "r1", Models: []fleet.ModelLoad{{Model: "fin", InFlight: 12, Requests: 3}}}
+	for i := 0; c.services["svc"].pools["fin"] == nil || c.services["svc"].pools["fin"].target == 0; i++ {
+		if i > 120 {
+			t.Fatal("fin hot for 120 s: no replica of its own wanted")
+		}
+		c.Report(hot)
+		c.tick(ctx)
+		clock.Add(time.Second)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for own() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // the launch goroutine records it, then waits at the gate
+	}
+	for range 10 {
+		c.Report(hot)
+		c.tick(ctx)
+		clock.Add(time.Second)
+	}
+	if n := own(); n != 1 {
+		t.Errorf("%d launches of fin's own replica while the first one launched; want 1", n)
+	}
 }

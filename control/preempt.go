@@ -60,7 +60,7 @@ func (c *Controller) preemptionNotice(ctx context.Context, provider string, n re
 			msg += ": " + n.Reason
 		}
 		st := replicas.State(r.row.State)
-		if pl := s.placerFor(r.row.Accelerator); pl != nil {
+		if pl := s.placerOf(r); pl != nil {
 			pl.Preempted(r.row.Provider, r.row.Region, r.row.Zone, now)
 		}
 		if st != replicas.Ready {
@@ -122,24 +122,28 @@ func (c *Controller) followNotice(ctx context.Context, s *service, r *replica, n
 		}
 	}
 	var why string
+	target := s.poolTarget(r)
 	switch {
-	case s.target == 0:
+	case target == 0:
 		r.noticeEnded = true // not wanted anyway: nothing to count
 		why = "the service's target is 0"
-	case others >= s.target:
+		if r.own() != "" {
+			why = fmt.Sprintf("adapter %s's own replicas' target is 0", r.own())
+		}
+	case others >= target:
 		c.noticeOutcome(s, r, noticeReplaced)
 		switch {
 		case replacement != "":
 			why = fmt.Sprintf("replacement %s ready", replacement)
 		default:
-			why = fmt.Sprintf("%d other replicas ready cover the target of %d", others, s.target)
+			why = fmt.Sprintf("%d other replicas ready cover the target of %d", others, target)
 		}
 	case left <= c.cfg.NoticeMargin:
 		c.noticeOutcome(s, r, noticeDeadline)
 		if now.Equal(r.noticeAt) {
-			why = fmt.Sprintf("a notice shorter than the %s margin for requests in flight: drained at once, %d of %d replicas ready besides it", c.cfg.NoticeMargin, others, s.target)
+			why = fmt.Sprintf("a notice shorter than the %s margin for requests in flight: drained at once, %d of %d replicas ready besides it", c.cfg.NoticeMargin, others, target)
 		} else {
-			why = fmt.Sprintf("drained at the deadline, %d of %d replicas ready besides it", others, s.target)
+			why = fmt.Sprintf("drained at the deadline, %d of %d replicas ready besides it", others, target)
 		}
 		if r.replacement != "" {
 			why += fmt.Sprintf(" (replacement %s not ready yet)", r.replacement)
@@ -217,7 +221,7 @@ func (s *service) countReady() int {
 // and says so in that replica's events; launching says where. Caller holds c.mu.
 func (c *Controller) replacing(ctx context.Context, s *service, launched *replica, launching string) {
 	for _, r := range sortedReplicas(s.replicas) {
-		if r.noticed() && !r.noticeEnded && r.replacement == "" {
+		if r.noticed() && !r.noticeEnded && r.replacement == "" && r.own() == launched.own() {
 			r.replacement = launched.row.ID
 			if !r.noCapacity { // after a refusal, retries are said only once one launches (replacementLaunched)
 				c.event(ctx, s.name, r.row.ID, "preemption", fmt.Sprintf("replacement %s %s", launched.row.ID, launching))

@@ -64,8 +64,8 @@ func (c *Controller) tick(ctx context.Context) {
 		c.flushAdapterUse(ctx, s, now)
 		s.decider.Record(smp)
 		d := s.decider.Decide(now, s.count(s.version, replicas.Ready), s.target)
-		if own := s.ownTargets(); own > 0 && d.Target > 0 {
-			// Replicas of the adapters' own count toward max_replicas.
+		if own := s.ownReady(); own > 0 && d.Target > 0 {
+			// Replicas of the adapters' own count toward max_replicas once ready.
 			most := scaling.ConfigFromSpec(s.spec()).MaxReplicas
 			if room := max(1, most-own); d.Target > room {
 				d.Target, d.Reason = room, d.Reason+fmt.Sprintf("; %d of max_replicas are adapters' own → %d", own, room)
@@ -442,8 +442,16 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 		return // the provider could not quote: better to wait than to guess
 	}
 	if gpus := mixGPUs(s.spec(), offers); gpus != nil {
-		c.placeMix(ctx, s, cur, offers, gpus, now)
-		return
+		if len(mergedAdapters(s.spec())) == 0 {
+			c.placeMix(ctx, s, cur, offers, gpus, now)
+			return
+		}
+		// The mix planner sizes every GPU type on the service's whole request mix, which
+		// its adapters' own replicas would take a share of: not both at once.
+		if !s.mixOffSaid {
+			s.mixOffSaid = true
+			c.event(ctx, s.name, "", "placement", "the GPU mix is off for this service: adapters with a merged checkpoint get replicas of their own, sized apart; one GPU type is placed by price")
+		}
 	}
 	s.gmix = nil
 	if s.placer == nil {
@@ -591,7 +599,7 @@ func (c *Controller) launch(ctx context.Context, s *service, at *scaling.Launch,
 		if err != nil {
 			if errors.Is(err, replicas.ErrNoCapacity) {
 				r.refused = true
-				if pl := s.placerFor(row.Accelerator); pl != nil {
+				if pl := s.placerOf(r); pl != nil {
 					pl.Refused(scaling.Offer{Provider: row.Provider, Region: row.Region, Zone: row.Zone, Capacity: fleet.Capacity(row.Capacity), Accelerator: row.Accelerator}, c.cfg.Now())
 				}
 			}

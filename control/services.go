@@ -351,6 +351,11 @@ func (c *Controller) UpdateWith(ctx context.Context, key, name, text string, var
 	if s.placer != nil && s.placer.Reconfigure(scaling.PlacementFromSpec(sp, c.cfg.ZoneCooldown)) != nil {
 		s.placer = nil
 	}
+	for _, p := range s.pools {
+		if p.placer != nil && p.placer.Reconfigure(scaling.PlacementFromSpec(sp, c.cfg.ZoneCooldown)) != nil {
+			p.placer = nil
+		}
+	}
 	s.placement = ""
 	s.gmix = nil // rebuilt from the new spec (and what runs) at the next placement
 	if inPlace {

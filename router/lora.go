@@ -538,8 +538,8 @@ func (l *loadTimes) expect() float64 {
 func (px *Proxy) unloadAdapters(removed []fleet.Adapter) {
 	for _, r := range px.pool.Snapshot() {
 		for _, a := range removed {
-			if !r.adapterLoaded(a.Name) {
-				continue
+			if r.servesMerged(a.Name) || !r.adapterLoaded(a.Name) {
+				continue // an adapter's own replica has it merged, not loaded
 			}
 			go px.unloadAdapter(r, a.Name)
 		}

@@ -90,8 +90,14 @@ func (o *Own) Wish(b, t float64) int {
 // service's max_replicas leaves), given the current count and the service's target per
 // replica t; with why, for the service's events.
 func (o *Own) Decide(now time.Time, t float64, current, most int) (int, string) {
+	most = max(most, 0)
+	if current > most {
+		// The room shrank (max_replicas lowered, another adapter took it): a bound, not a
+		// move, so it holds at once.
+		current = most
+	}
 	b := o.load()
-	wish := min(o.Wish(b, t), max(most, 0))
+	wish := min(o.Wish(b, t), most)
 	why := fmt.Sprintf("mean load %s over %s at %s per replica: %d of its own wanted (a shared replica costs %.2f× per step)", num(b), secs(o.Window), num(t), wish, 1+o.StepCost)
 	switch {
 	case wish > current:

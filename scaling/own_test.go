@@ -78,6 +78,10 @@ func TestOwnMovesOnlyOnceWantedForTheDelay(t *testing.T) {
 	if n, _ := o2.Decide(t0, 10, 0, 2); n != 2 {
 		t.Errorf("five replicas' worth with room for 2: %d", n)
 	}
+	// The room shrinks below what runs: held at once, as a bound.
+	if n, _ := o2.Decide(t0.Add(time.Second), 10, 4, 1); n != 1 {
+		t.Errorf("4 running, room for 1: %d", n)
+	}
 	o2.Record(OwnSample{At: t0, Load: math.Inf(1)})
 	if got := o2.load(); got != 25 {
 		t.Errorf("an infinite load counted: mean %v", got)

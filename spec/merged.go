@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"mvdan.cc/sh/v3/expand"
 	"mvdan.cc/sh/v3/syntax"
 )
 
@@ -15,6 +16,7 @@ var loraFlags = map[string]int{
 	"enable-lora": 0, "fully-sharded-loras": 0,
 	"lora-modules": -1, "max-loras": 1, "max-lora-rank": 1, "max-cpu-loras": 1,
 	"lora-extra-vocab-size": 1, "lora-dtype": 1, "long-lora-scaling-factors": 1,
+	"enable-lora-bias": 0, "default-mm-loras": 1,
 	"served-model-name": -1,
 }
 
@@ -82,7 +84,10 @@ func mergedArgs(args []*syntax.Word, path, name string) (out []*syntax.Word, ok 
 	switch {
 	case lit(0) == "vllm" && lit(1) == "serve":
 		first = 2
-		if s+2 < len(args) && !strings.HasPrefix(printWord(args[s+2]), "-") {
+		if s+2 < len(args) && !strings.HasPrefix(wordText(args[s+2]), "-") {
+			if strings.Contains(printWord(args[s+2]), "[@]") || strings.Contains(printWord(args[s+2]), "[*]") {
+				return nil, false, fmt.Errorf("run: vllm serve %s: the model and flags come from an array, which Arbiter cannot point at the merged checkpoint; name the model in the command", printWord(args[s+2]))
+			}
 			modelAt, first = s+2, 3
 		}
 	case strings.HasPrefix(lit(0), "python"):
@@ -112,7 +117,7 @@ func mergedArgs(args []*syntax.Word, path, name string) (out []*syntax.Word, ok 
 		out[modelAt] = pathWord
 	}
 	flagName := func(w *syntax.Word) (string, bool) {
-		s := printWord(w)
+		s := wordText(w)
 		if !strings.HasPrefix(s, "--") {
 			return "", false
 		}
@@ -147,7 +152,7 @@ func mergedArgs(args []*syntax.Word, path, name string) (out []*syntax.Word, ok 
 		case 1:
 			i++
 		case -1:
-			for i+1 < len(args) && !strings.HasPrefix(printWord(args[i+1]), "-") {
+			for i+1 < len(args) && !strings.HasPrefix(wordText(args[i+1]), "-") {
 				i++
 			}
 		}
@@ -157,6 +162,16 @@ func mergedArgs(args []*syntax.Word, path, name string) (out []*syntax.Word, ok 
 	}
 	out = append(out, mustWord("--served-model-name"), nameWord)
 	return out, true, nil
+}
+
+// wordText is a word as the shell would read it, its quotes removed and its variables
+// empty (enough to tell a flag's name); as written where it cannot be read so.
+func wordText(w *syntax.Word) string {
+	s, err := expand.Literal(&expand.Config{Env: expand.ListEnviron()}, w)
+	if err != nil {
+		return printWord(w)
+	}
+	return s
 }
 
 // litWord is s as one shell word, quoted where the shell would read it otherwise.

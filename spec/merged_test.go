@@ -21,6 +21,9 @@ func TestMergedRunStartsTheMergedCheckpoint(t *testing.T) {
 		{"exec, and a quoted model",
 			"exec vllm serve \"$MODEL\" --enable-lora --port 8000\n",
 			"exec vllm serve /merged/fin --port 8000 --served-model-name fin\n"},
+		{"quoted flags",
+			"vllm serve m '--enable-lora' \"--lora-modules\" a=/x --enable-lora-bias --port 8000\n",
+			"vllm serve /merged/fin --port 8000 --served-model-name fin\n"},
 		{"--model= and a path with a space",
 			"vllm serve --model=m --enable_lora --port 8000\n",
 			"vllm serve --model='/merged/a b' --port 8000 --served-model-name fin\n"},
@@ -51,6 +54,9 @@ func TestMergedRunStartsTheMergedCheckpoint(t *testing.T) {
 	}
 	if _, err := MergedRun("vllm serve --port 8000\n", "/m", "fin"); err == nil || !strings.Contains(err.Error(), "without a model") {
 		t.Errorf("no model: %v", err)
+	}
+	if _, err := MergedRun("vllm serve \"${ARGS[@]}\"\n", "/m", "fin"); err == nil || !strings.Contains(err.Error(), "from an array") {
+		t.Errorf("model and flags from an array: %v", err)
 	}
 }
 
