@@ -108,19 +108,10 @@ func (c *Controller) decideOwn(ctx context.Context, s *service, smp *scaling.Sam
 		p.why = why
 	}
 	for name := range s.pools {
-		if !sp.Arbiter.HasAdapter(name) || !hasMerged(merged, name) {
+		if sp.Arbiter.MergedPath(name) == "" {
 			delete(s.pools, name)
 		}
 	}
-}
-
-func hasMerged(merged []spec.Adapter, name string) bool {
-	for _, a := range merged {
-		if a.Name == name {
-			return true
-		}
-	}
-	return false
 }
 
 // ownTargets is how many replicas of their own the adapters want in all.
@@ -202,28 +193,8 @@ func (c *Controller) reconcileOwn(ctx context.Context, s *service, offers []scal
 		}
 		rs := cur[a.Name]
 		if market && len(offers) > 0 {
-			if p.placer == nil {
-				pl, err := scaling.NewPlacer(scaling.PlacementFromSpec(sp, c.cfg.ZoneCooldown))
-				if err != nil {
-					c.event(ctx, s.name, "", "error", "placement: "+err.Error())
-					continue
-				}
-				p.placer = pl
-			}
-			existing := make([]scaling.Placed, 0, len(rs))
-			for _, r := range rs {
-				existing = append(existing, r.placed())
-			}
-			plan := p.placer.Plan(now, p.target, existing, offers)
-			if !now.Before(s.nextLaunch) {
-				for _, l := range plan.Launch {
-					c.launch(ctx, s, &l, a.Name)
-				}
-			}
-			for _, d := range plan.Drain {
-				if r := s.replicas[d.ID]; r != nil && !r.busy {
-					c.drainOne(ctx, s, r, "placement: "+d.Reason)
-				}
+			if c.havePlacer(ctx, s, &p.placer) {
+				c.runPlan(ctx, s, p.placer.Plan(now, p.target, placedAll(rs), offers), now, a.Name)
 			}
 			continue
 		}
@@ -241,23 +212,23 @@ func (c *Controller) reconcileOwn(ctx context.Context, s *service, offers []scal
 // ownRun is the run: command of adapter's own replicas: the service's, with vLLM started on
 // its merged checkpoint (spec.MergedRun; validated with the spec).
 func ownRun(sp *spec.Service, adapter string) (string, error) {
-	for _, a := range sp.Arbiter.Adapters {
-		if a.Name == adapter && a.MergedPath != "" {
-			return spec.MergedRun(sp.Run, a.MergedPath, a.Name)
-		}
+	path := sp.Arbiter.MergedPath(adapter)
+	if path == "" {
+		return "", fmt.Errorf("version's spec has no merged checkpoint for it")
 	}
-	return "", fmt.Errorf("version's spec has no merged checkpoint for it")
+	return spec.MergedRun(sp.Run, path, adapter)
 }
 
 // ownLoads is each merged adapter's load this tick: its requests in flight (byModel, the
 // routers' reports by model name), those on its own replicas (view), and its requests and
 // tokens since the last tick. Caller holds c.mu.
 func (s *service) ownLoads(byModel map[string]float64, view routerView) map[string]ownLoad {
-	if len(s.pools) == 0 && len(mergedAdapters(s.spec())) == 0 {
+	merged := mergedAdapters(s.spec())
+	if len(merged) == 0 {
 		return nil
 	}
 	out := map[string]ownLoad{}
-	for _, a := range mergedAdapters(s.spec()) {
+	for _, a := range merged {
 		l := ownLoad{inflight: byModel[a.Name]}
 		if n := s.adapterCounts[a.Name]; n != nil {
 			l.requests, l.tokens = n.tickRequests, n.tickTokens

@@ -454,18 +454,10 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 		}
 	}
 	s.gmix = nil
-	if s.placer == nil {
-		pl, err := scaling.NewPlacer(scaling.PlacementFromSpec(s.spec(), c.cfg.ZoneCooldown))
-		if err != nil {
-			c.event(ctx, s.name, "", "error", "placement: "+err.Error())
-			return
-		}
-		s.placer = pl
+	if !c.havePlacer(ctx, s, &s.placer) {
+		return
 	}
-	existing := make([]scaling.Placed, 0, len(cur))
-	for _, r := range cur {
-		existing = append(existing, r.placed())
-	}
+	existing := placedAll(cur)
 	// Draining replicas of this version still run: they count against max_replicas.
 	// (An update's old version does not: a rolling or blue-green update needs room beside it.)
 	for _, r := range sortedReplicas(s.replicas) {
@@ -476,6 +468,30 @@ func (c *Controller) place(ctx context.Context, s *service, cur []*replica, offe
 	c.applyPlan(ctx, s, s.placer.Plan(now, s.target, existing, offers), now)
 }
 
+// havePlacer makes *pl from the service's placement policy where it has none yet; false,
+// with an error event, where the policy is invalid. Caller holds c.mu.
+func (c *Controller) havePlacer(ctx context.Context, s *service, pl **scaling.Placer) bool {
+	if *pl != nil {
+		return true
+	}
+	p, err := scaling.NewPlacer(scaling.PlacementFromSpec(s.spec(), c.cfg.ZoneCooldown))
+	if err != nil {
+		c.event(ctx, s.name, "", "error", "placement: "+err.Error())
+		return false
+	}
+	*pl = p
+	return true
+}
+
+// placedAll is rs as placement sees them.
+func placedAll(rs []*replica) []scaling.Placed {
+	out := make([]scaling.Placed, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, r.placed())
+	}
+	return out
+}
+
 // applyPlan launches and drains what a placement plan says. Caller holds c.mu.
 func (c *Controller) applyPlan(ctx context.Context, s *service, plan scaling.Plan, now time.Time) {
 	s.unplaced = len(plan.Launch) == 0 && s.liveOf(s.version) < s.target
@@ -483,9 +499,15 @@ func (c *Controller) applyPlan(ctx context.Context, s *service, plan scaling.Pla
 		s.placement = plan.Reason
 		c.event(ctx, s.name, "", "placement", plan.Reason)
 	}
+	c.runPlan(ctx, s, plan, now, "")
+}
+
+// runPlan launches and drains what a plan says, for the shared replicas or (adapter) an
+// adapter's own. Caller holds c.mu.
+func (c *Controller) runPlan(ctx context.Context, s *service, plan scaling.Plan, now time.Time, adapter string) {
 	if !now.Before(s.nextLaunch) {
 		for _, l := range plan.Launch {
-			c.launch(ctx, s, &l, "")
+			c.launch(ctx, s, &l, adapter)
 		}
 	}
 	for _, d := range plan.Drain {

@@ -399,15 +399,8 @@ func sameMerged(old, sp *spec.Service, adapter string) bool {
 	if adapter == "" {
 		return true
 	}
-	path := func(s *spec.Service) string {
-		for _, a := range s.Arbiter.Adapters {
-			if a.Name == adapter {
-				return a.MergedPath
-			}
-		}
-		return ""
-	}
-	return path(sp) != "" && path(sp) == path(old)
+	path := sp.Arbiter.MergedPath(adapter)
+	return path != "" && path == old.Arbiter.MergedPath(adapter)
 }
 
 // adoptReplicas makes version v's own the live replicas whose version's spec differs from

@@ -40,14 +40,7 @@ type Decider struct {
 	lastActive time.Time // At of the latest sample showing any traffic
 	everActive bool
 
-	// Hysteresis: a pending move and the most conservative wish seen while
-	// it has been pending.
-	holdingUp   bool
-	upSince     time.Time
-	upMin       int
-	holdingDown bool
-	downSince   time.Time
-	downMax     int
+	holds
 
 	// heldFrom–heldAt is the latest hold (samples with requests held) and drainedAt when
 	// the backlog it left had drained (zero: not yet); see followBacklog. Kept past the
@@ -95,8 +88,21 @@ func (d *Decider) SetConfig(cfg Config) error {
 	return nil
 }
 
-func (d *Decider) resetHolds() {
-	d.holdingUp, d.holdingDown = false, false
+func (d *Decider) resetHolds() { d.holds.reset() }
+
+// holds is a replica target's hysteresis: a pending move and the most conservative wish
+// seen while it has been pending. The service's Decider and an adapter's Own move by it.
+type holds struct {
+	holdingUp   bool
+	upSince     time.Time
+	upMin       int
+	holdingDown bool
+	downSince   time.Time
+	downMax     int
+}
+
+func (h *holds) reset() {
+	h.holdingUp, h.holdingDown = false, false
 }
 
 // base is the load-derived part of current. current is the target in force,
@@ -244,58 +250,63 @@ func (d *Decider) Decide(now time.Time, ready, current int) Decision {
 // before the deadline is a spike, and the overshoot then takes a full
 // downscale delay to undo.
 func (d *Decider) hysteresis(now time.Time, base, clipped int, b *strings.Builder) int {
-	c := d.cfg
+	return d.holds.step(now, base, clipped, d.cfg.UpscaleDelay, d.cfg.DownscaleDelay, d.cfg.AdoptLatest, b)
+}
+
+// step is hysteresis with the delays up and down; adoptLatest ends a hold on the latest
+// wish (Config.AdoptLatest).
+func (h *holds) step(now time.Time, base, clipped int, up, down time.Duration, adoptLatest bool, b *strings.Builder) int {
 	switch {
 	case clipped > base:
-		d.holdingDown = false
-		if !d.holdingUp {
-			d.holdingUp, d.upSince, d.upMin = true, now, clipped
+		h.holdingDown = false
+		if !h.holdingUp {
+			h.holdingUp, h.upSince, h.upMin = true, now, clipped
 		} else {
-			d.upMin = min(d.upMin, clipped)
+			h.upMin = min(h.upMin, clipped)
 		}
-		held := now.Sub(d.upSince)
-		if held < c.UpscaleDelay {
-			fmt.Fprintf(b, "; upscale held %s of %s", secs(held), secs(c.UpscaleDelay))
+		held := now.Sub(h.upSince)
+		if held < up {
+			fmt.Fprintf(b, "; upscale held %s of %s", secs(held), secs(up))
 			return base
 		}
-		t := max(d.upMin, base+1)
-		if c.AdoptLatest {
+		t := max(h.upMin, base+1)
+		if adoptLatest {
 			t = clipped
 		}
-		d.holdingUp = false
+		h.holdingUp = false
 		if clipped > t {
 			// Still wanting more: the next step's hold starts now, not at
 			// the next call, so a ramp is not slowed by the decision interval.
-			d.holdingUp, d.upSince, d.upMin = true, now, clipped
+			h.holdingUp, h.upSince, h.upMin = true, now, clipped
 		}
 		fmt.Fprintf(b, "; upscale after %s", secs(held))
 		return t
 	case clipped < base:
-		d.holdingUp = false
-		if !d.holdingDown {
-			d.holdingDown, d.downSince, d.downMax = true, now, clipped
+		h.holdingUp = false
+		if !h.holdingDown {
+			h.holdingDown, h.downSince, h.downMax = true, now, clipped
 		} else {
-			d.downMax = max(d.downMax, clipped)
+			h.downMax = max(h.downMax, clipped)
 		}
-		held := now.Sub(d.downSince)
-		if held < c.DownscaleDelay {
-			fmt.Fprintf(b, "; downscale held %s of %s", secs(held), secs(c.DownscaleDelay))
+		held := now.Sub(h.downSince)
+		if held < down {
+			fmt.Fprintf(b, "; downscale held %s of %s", secs(held), secs(down))
 			return base
 		}
-		t := min(d.downMax, base-1)
-		if c.AdoptLatest {
+		t := min(h.downMax, base-1)
+		if adoptLatest {
 			t = clipped
 		}
-		d.holdingDown = false
+		h.holdingDown = false
 		if clipped < t {
-			d.holdingDown, d.downSince, d.downMax = true, now, clipped
+			h.holdingDown, h.downSince, h.downMax = true, now, clipped
 		}
 		fmt.Fprintf(b, "; downscale after %s", secs(held))
 		return t
 	}
 	// Any decision that agrees with the current target breaks both holds
 	// (as SkyServe): a move must be wanted without interruption.
-	d.resetHolds()
+	h.reset()
 	b.WriteString("; at target")
 	return base
 }

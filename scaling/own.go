@@ -3,6 +3,7 @@ package scaling
 import (
 	"fmt"
 	"math"
+	"strings"
 	"time"
 )
 
@@ -16,9 +17,9 @@ import (
 // target per replica; k replicas of its own take up to k × T of it at cost k. A whole
 // replica's worth is always cheaper on its own; the remainder r is, once r ÷ T ≥
 // 1 ÷ (1 + StepCost) (two thirds of a replica at vLLM's 1.51×). So the wish is
-// floor(B ÷ T), plus one where the remainder passes that. It moves, as the service's own
-// target does, only once wanted for the whole upscale or downscale delay (the most
-// conservative wish seen in the hold): a replica of its own costs a cold start, and a
+// floor(B ÷ T), plus one where the remainder passes that. It moves by the service's own
+// hysteresis (holds): only once wanted for the whole upscale or downscale delay, to the
+// most conservative wish seen in the hold. A replica of its own costs a cold start, and a
 // dip shorter than the downscale delay does not pay for one.
 //
 // Own is pure: the caller gives it the time. Not safe for concurrent use.
@@ -32,10 +33,7 @@ type Own struct {
 	UpscaleDelay, DownscaleDelay time.Duration
 
 	samples []OwnSample
-	// A pending move and the most conservative wish seen while it has been pending.
-	up, down     bool
-	since        time.Time
-	conservative int
+	holds
 }
 
 // OwnSample is the adapter's load at a time: in base-model work, in the service's signal
@@ -98,31 +96,8 @@ func (o *Own) Decide(now time.Time, t float64, current, most int) (int, string) 
 	}
 	b := o.load()
 	wish := min(o.Wish(b, t), most)
-	why := fmt.Sprintf("mean load %s over %s at %s per replica: %d of its own wanted (a shared replica costs %.2f× per step)", num(b), secs(o.Window), num(t), wish, 1+o.StepCost)
-	switch {
-	case wish > current:
-		o.down = false
-		if !o.up {
-			o.up, o.since, o.conservative = true, now, wish
-		}
-		o.conservative = min(o.conservative, wish)
-		if held := now.Sub(o.since); held < o.UpscaleDelay {
-			return current, why + fmt.Sprintf("; up held %s of %s", secs(held), secs(o.UpscaleDelay))
-		}
-		o.up = false
-		return o.conservative, why
-	case wish < current:
-		o.up = false
-		if !o.down {
-			o.down, o.since, o.conservative = true, now, wish
-		}
-		o.conservative = max(o.conservative, wish)
-		if held := now.Sub(o.since); held < o.DownscaleDelay {
-			return current, why + fmt.Sprintf("; down held %s of %s", secs(held), secs(o.DownscaleDelay))
-		}
-		o.down = false
-		return o.conservative, why
-	}
-	o.up, o.down = false, false
-	return current, why
+	var why strings.Builder
+	fmt.Fprintf(&why, "mean load %s over %s at %s per replica: %d of its own wanted (a shared replica costs %.2f× per step)", num(b), secs(o.Window), num(t), wish, 1+o.StepCost)
+	n := o.holds.step(now, current, wish, o.UpscaleDelay, o.DownscaleDelay, false, &why)
+	return n, why.String()
 }

@@ -44,6 +44,17 @@ func (a *Arbiter) HasAdapter(name string) bool {
 	return slices.ContainsFunc(a.Adapters, func(ad Adapter) bool { return ad.Name == name })
 }
 
+// MergedPath is where the replicas read adapter name's merged checkpoint: "" for an adapter
+// without one, or no adapter of that name.
+func (a *Arbiter) MergedPath(name string) string {
+	for _, ad := range a.Adapters {
+		if ad.Name == name {
+			return ad.MergedPath
+		}
+	}
+	return ""
+}
+
 // LoRA is what the run: command tells of the engine's adapters.
 type LoRA struct {
 	// Enabled: the command starts vLLM (or replicasim) with --enable-lora.
