@@ -151,7 +151,7 @@ func (px *Proxy) handoff(in HandoffRequest, kind oai.Kind, header func(string) [
 	c.load = px.Load.get(c.model)
 	c.load.requests.Add(1)
 	c.route.Now = px.Now()
-	all := px.adapterCandidates(c, px.pool.candidates(c.pickModel()), &c.ownBuf)
+	all := px.callCandidates(c)
 	cands := servingCandidates(all, c.api, &c.servingBuf)
 	if len(cands) == 0 && len(all) > 0 {
 		return nil, notServedRefusal(c, len(all))

@@ -302,9 +302,11 @@ func (r *Replica) adapterLoaded(a string) bool {
 // and its steps run at the base model's cost.
 func (r *Replica) servesMerged(a string) bool { return r.Info().Adapter == a }
 
-// adapterCandidates adds to cands, the base model's replicas, the adapter's own (which the
-// control plane publishes under its name); buf is reused for the union.
-func (px *Proxy) adapterCandidates(c *call, cands []*Replica, buf *[]*Replica) []*Replica {
+// callCandidates are the replicas that may take c: its model's, and for an adapter its
+// base model's with the adapter's own (which the control plane publishes under its name),
+// merged into c.ownBuf.
+func (px *Proxy) callCandidates(c *call) []*Replica {
+	cands := px.pool.candidates(c.pickModel())
 	if c.adapter == nil || c.adapter.Base == "" {
 		return cands
 	}
@@ -313,7 +315,7 @@ func (px *Proxy) adapterCandidates(c *call, cands []*Replica, buf *[]*Replica) [
 		return cands
 	}
 	// Both are sorted by cost, as a sampling pick needs the union to be.
-	out := (*buf)[:0]
+	out := c.ownBuf[:0]
 	i, j := 0, 0
 	for i < len(own) || j < len(cands) {
 		if j == len(cands) || (i < len(own) && own[i].MarginalCost() <= cands[j].MarginalCost()) {
@@ -324,7 +326,7 @@ func (px *Proxy) adapterCandidates(c *call, cands []*Replica, buf *[]*Replica) [
 			j++
 		}
 	}
-	*buf = out
+	c.ownBuf = out
 	return out
 }
 

@@ -281,7 +281,7 @@ type call struct {
 	// notServed: replicas of the model are ready, but none serves the API.
 	notServed  bool
 	servingBuf []*Replica
-	// ownBuf holds an adapter's own replicas and its base model's (adapterCandidates).
+	// ownBuf holds an adapter's own replicas and its base model's (callCandidates).
 	ownBuf []*Replica
 	// band is the request's priority band (capped: lower than its headers asked for),
 	// tenant and weight its key's (queue.go).
@@ -374,13 +374,13 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 		}
 		c.route.Now, c.route.Tried = now, c.tried
 		px.resolveAdapter(c)
-		cands := px.adapterCandidates(c, px.pool.candidates(c.pickModel()), &c.ownBuf)
+		cands := px.callCandidates(c)
 		if len(c.tried) == 0 && !anyUsable(&c.route, cands) && px.ControlPlane != nil && px.ControlPlane.Knows(c.model) {
 			if !px.hold(ctx, c, load) {
 				return
 			}
 			c.route.Now = px.Now()
-			cands = px.adapterCandidates(c, px.pool.candidates(c.pickModel()), &c.ownBuf)
+			cands = px.callCandidates(c)
 		}
 		if c.adapter != nil {
 			c.route.AdapterLoad = px.adapterLoads.expect()
@@ -492,7 +492,7 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 		changed := px.pool.Changed()
 		now := px.Now()
 		px.resolveAdapter(c)
-		if anyUsable(&Request{Now: now}, px.adapterCandidates(c, px.pool.candidates(c.pickModel()), &c.ownBuf)) {
+		if anyUsable(&Request{Now: now}, px.callCandidates(c)) {
 			return true
 		}
 		if !px.ControlPlane.Knows(c.model) {

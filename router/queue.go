@@ -220,7 +220,7 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 	}
 	candidates := func() []*Replica {
 		c.route.Now = px.Now()
-		return servingCandidates(px.adapterCandidates(c, px.pool.candidates(c.pickModel()), &c.ownBuf), c.api, &c.servingBuf)
+		return servingCandidates(px.callCandidates(c), c.api, &c.servingBuf)
 	}
 	// pick finds a replica with room for c, which has waited waited; else overPick's.
 	pick := func(waited time.Duration) *Replica {
