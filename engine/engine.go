@@ -248,6 +248,7 @@ func (e *Engine) Step() StepResult {
 	// sequence needs a slot for its next token, and preempts a running one (victim: the
 	// newest, or the least urgent under priority scheduling) if memory is short.
 	var decodeB, decodeCtx, decodeAdapters int
+	preempted := false
 	e.steps++
 	for i := 0; i < len(e.running); i++ {
 		s := e.running[i]
@@ -274,6 +275,7 @@ func (e *Engine) Step() StepResult {
 			}
 			e.preemptAt(v)
 			res.Preempted++
+			preempted = true
 			if v <= i {
 				i-- // the loop's place moves with the sequences after the victim
 			}
@@ -295,7 +297,11 @@ func (e *Engine) Step() StepResult {
 		s.decodedIn = e.steps
 	}
 
-	// Admit from the queue in FIFO order while the batch, KV cache and token budget allow.
+	// Admit from the queue in FIFO order while the batch, KV cache and token budget allow,
+	// and only in a step that preempted nothing, as vLLM's scheduler does ("if not
+	// preempted_reqs", vllm/v1/core/sched/scheduler.py): the cache is oversubscribed, and
+	// a preempted sequence taken back at once would be preempted again, recomputing its
+	// prompt at every step.
 	pending := 0
 	for _, s := range e.running {
 		pending += s.total() - s.computed
@@ -304,7 +310,7 @@ func (e *Engine) Step() StepResult {
 	if e.lora != nil {
 		e.lora.batchAdapters(e.running)
 	}
-	for i := 0; i < len(e.waiting) && len(e.running) < e.p.MaxBatch && admit > 0; {
+	for i := 0; !preempted && i < len(e.waiting) && len(e.running) < e.p.MaxBatch && admit > 0; {
 		s := e.waiting[i]
 		if e.lora != nil && e.lora.skip(s) {
 			i++ // no GPU slot for its adapter: later requests may go past it, as in vLLM
