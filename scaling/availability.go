@@ -1,0 +1,143 @@
+package scaling
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Availability as a target (issue 49; the spec's arbiter.availability).
+//
+// What is predicted: the share of time the service has no ready replica. A spot replica in
+// a zone is preempted at a rate λ (preemptions per replica-hour, as this service has seen
+// the zone: zoneRecord, with a market prior) and each preemption leaves it down for the
+// time its replacement takes to be ready, R (the learned cold start less the provider's
+// notice, at which the replacement launches). Alone it is down a share λR ÷ (1 + λR) of the
+// time (an alternating renewal process); spot replicas spread over k zones, preempted
+// independently, are all down the product of their zones' shares. Zones are not
+// independent: the market loses spot everywhere at once at a rate μ (outages: moments when
+// no zone offers spot, as the placer sees them), each taking every spot replica for R, a
+// share μR ÷ (1 + μR) more. An on-demand replica is not preempted.
+//
+// Its error, each day of the spot traces predicted from the days before it against a
+// replay of that day (TestAvailabilityModelHeldOut in market/), is in
+// bench/docs/simulator.md.
+//
+// What is decided, for the spot part of a target: the cheapest of (a) spot as planned,
+// (b) for a lone replica, a second spot replica in another zone, (c) one replica on-demand
+// instead of spot, whose predicted availability meets the target; where none does, the
+// most available. The plan's reasons say what each option predicts and costs.
+
+// DefaultSpotPreemptionRate is the prior of a place's preemption rate before the service has
+// seen any: one per 2.66 hours, the median over the zones of SkyPilot's GPU preemption traces
+// (p3.2xlarge, 2023; shared/data/spot_traces_skypilot/summary.csv, mean_gt0_run_hours:
+// 1.36, 1.75, 2.24, 2.66, 3.13, 4.60 and 21.36 hours).
+const DefaultSpotPreemptionRate = 1 / 2.655
+
+// marketPriorHours weighs DefaultSpotPreemptionRate into the rate pooled over the zones the
+// service has seen: after a day of spot replica-hours, what the market did dominates.
+const marketPriorHours = 8.0
+
+// PooledPreemptionRate is the preemptions per replica-hour over every zone the service has
+// seen (n preemptions in h replica-hours), DefaultSpotPreemptionRate weighed in for
+// marketPriorHours.
+func PooledPreemptionRate(n, h float64) float64 {
+	return (n + marketPriorHours*DefaultSpotPreemptionRate) / (h + marketPriorHours)
+}
+
+// ZonePreemptionRate is one zone's preemptions per replica-hour (n in h), the pooled rate
+// weighed in for priorHours, as the placer's zone records are read.
+func ZonePreemptionRate(n, h, pooled float64) float64 {
+	return (n + priorHours*pooled) / (h + priorHours)
+}
+
+// downShare is the share of time a lone spot replica is down: preempted at rate per hour,
+// each time down for restore.
+func downShare(rate float64, restore time.Duration) float64 {
+	x := rate * restore.Hours()
+	if x <= 0 {
+		return 0
+	}
+	return x / (1 + x)
+}
+
+// PredictUnavailable is the model's share of time with none of a set of spot replicas
+// ready: one replica (or one zone's worth) in each of len(rates) zones, preempted at rates
+// (per replica-hour), each down for restore after each preemption, independently; and
+// outages, market-wide losses of spot (no zone with capacity) at outageRate an hour, each
+// taking every spot replica for restore (the on-demand stand-in launched at the notice, or
+// spot elsewhere, is ready a cold start later).
+func PredictUnavailable(rates []float64, outageRate float64, restore time.Duration) float64 {
+	if len(rates) == 0 {
+		return 1
+	}
+	all := 1.0
+	for _, r := range rates {
+		all *= downShare(r, restore)
+	}
+	return math.Min(1, all+downShare(outageRate, restore))
+}
+
+// hedgeKind is how an availability target is met.
+type hedgeKind int
+
+const (
+	hedgeNone     hedgeKind = iota // spot as planned meets it
+	hedgeSpot                      // one more spot replica, in another zone
+	hedgeOnDemand                  // one replica on-demand instead of spot
+)
+
+// hedgeOption is one way to serve the spot part of a target: its predicted share of time
+// with no replica ready, and what it costs an hour beyond spot as planned.
+type hedgeOption struct {
+	kind hedgeKind
+	down float64
+	usd  float64
+}
+
+// hedgeChoice is an availability decision: the hedge, the availability it predicts, and
+// why.
+type hedgeChoice struct {
+	kind      hedgeKind
+	predicted float64
+	reason    string
+}
+
+// chooseHedge picks, for a target availability (a fraction: 0.999), the cheapest option
+// predicted to meet it (down ≤ 1 − target); where none does, the most available. The
+// first option is spot as planned (kind hedgeNone, usd 0).
+func chooseHedge(target float64, opts []hedgeOption) hedgeChoice {
+	allowed := 1 - target + 1e-12
+	best, found := opts[0], opts[0].down <= allowed
+	for _, o := range opts[1:] {
+		meets := o.down <= allowed
+		switch {
+		case meets && (!found || o.usd < best.usd):
+			best, found = o, true
+		case !found && o.down < best.down:
+			best = o
+		}
+	}
+	pct := func(down float64) string { return fmt.Sprintf("%.2f %%", 100*(1-down)) }
+	why := fmt.Sprintf("availability target %s: spot as planned predicted at %s", pct(1-target), pct(opts[0].down))
+	for _, o := range opts[1:] {
+		switch o.kind {
+		case hedgeSpot:
+			why += fmt.Sprintf(", with a spot replica in one more zone %s ($%.2f/h more)", pct(o.down), o.usd)
+		case hedgeOnDemand:
+			why += fmt.Sprintf(", with one replica on-demand %s ($%.2f/h more)", pct(o.down), o.usd)
+		}
+	}
+	switch best.kind {
+	case hedgeNone:
+		why += ": no hedge"
+	case hedgeSpot:
+		why += ": a spot replica in one more zone"
+	case hedgeOnDemand:
+		why += ": one replica on-demand"
+	}
+	if !found {
+		why += " (nothing offered meets the target: the most available)"
+	}
+	return hedgeChoice{kind: best.kind, predicted: 1 - best.down, reason: why}
+}

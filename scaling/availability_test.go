@@ -1,0 +1,55 @@
+package scaling
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPredictUnavailable(t *testing.T) {
+	R := 264 * time.Second // a 294 s cold start less GCP's 30 s notice
+	lone := PredictUnavailable([]float64{0.5}, 0, R)
+	x := 0.5 * R.Hours()
+	if math.Abs(lone-x/(1+x)) > 1e-12 {
+		t.Errorf("a lone replica preempted every 2 h: %g, want λR/(1+λR) = %g", lone, x/(1+x))
+	}
+	pair := PredictUnavailable([]float64{0.5, 0.5}, 0, R)
+	if math.Abs(pair-lone*lone) > 1e-12 {
+		t.Errorf("two independent zones: %g, want %g", pair, lone*lone)
+	}
+	if withOutages := PredictUnavailable([]float64{0.5, 0.5}, 0.5, R); math.Abs(withOutages-(pair+lone)) > 1e-12 {
+		t.Errorf("outages at the zones' rate add a lone replica's share: %g, want %g", withOutages, pair+lone)
+	}
+	if PredictUnavailable(nil, 0, R) != 1 {
+		t.Error("no spot replica: always down")
+	}
+	if PredictUnavailable([]float64{0}, 0, R) != 0 {
+		t.Error("never preempted: never down")
+	}
+}
+
+func TestChooseHedge(t *testing.T) {
+	lone := hedgeOption{hedgeNone, 0.02, 0}
+	pair := hedgeOption{hedgeSpot, 0.0004, 4.54}
+	od := hedgeOption{hedgeOnDemand, 0, 6.52}
+	for _, c := range []struct {
+		name   string
+		target float64
+		opts   []hedgeOption
+		want   hedgeKind
+		says   string
+	}{
+		{"the lone replica meets a loose target", 0.95, []hedgeOption{lone, pair, od}, hedgeNone, "no hedge"},
+		{"the cheaper hedge that meets it", 0.999, []hedgeOption{lone, pair, od}, hedgeSpot, "one more zone"},
+		{"only on-demand meets a tight one", 0.9999, []hedgeOption{lone, pair, od}, hedgeOnDemand, "one replica on-demand"},
+		{"on-demand cheaper than a second spot", 0.999, []hedgeOption{lone, {hedgeSpot, 0.0004, 9}, od}, hedgeOnDemand, "one replica on-demand"},
+		{"nothing meets it: the most available", 0.9999, []hedgeOption{lone, pair}, hedgeSpot, "nothing offered meets the target"},
+		{"exactly the target meets it", 0.98, []hedgeOption{lone, pair, od}, hedgeNone, "98.00 %"},
+	} {
+		got := chooseHedge(c.target, c.opts)
+		if got.kind != c.want || !strings.Contains(got.reason, c.says) {
+			t.Errorf("%s: %v (%s), want %v saying %q", c.name, got.kind, got.reason, c.want, c.says)
+		}
+	}
+}
