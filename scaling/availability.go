@@ -3,7 +3,10 @@ package scaling
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
 )
 
 // Availability as a target (issue 49; the spec's arbiter.availability).
@@ -140,4 +143,63 @@ func chooseHedge(target float64, opts []hedgeOption) hedgeChoice {
 		why += " (nothing offered meets the target: the most available)"
 	}
 	return hedgeChoice{kind: best.kind, predicted: 1 - best.down, reason: why}
+}
+
+// noteSpotOffered records whether a plan that wanted spot found a zone offering it: the
+// first plan to find none starts a market outage (outageRate).
+func (pl *Placer) noteSpotOffered(offered bool) {
+	if !offered && !pl.noSpot {
+		pl.outages.preemptions++
+	}
+	pl.noSpot = !offered
+}
+
+// outageRate is the market's outages an hour, as the placer has watched it.
+func (pl *Placer) outageRate() float64 {
+	if pl.outages.hours <= 0 {
+		return 0
+	}
+	return pl.outages.preemptions / pl.outages.hours
+}
+
+// availabilityHedge decides how the policy's availability target is met by n spot replicas
+// (n ≥ 1) over the active zones: each zone's preemption rate from the service's record with
+// the market prior, the restore time the learned cold start of spotOffer's place (the
+// provider's notice is not known here, so none is taken off: the prediction errs long),
+// the spot fleet spread over min_zones zones (a lone replica: one), and the options priced
+// at spotOffer and odOffer (haveOD false: no on-demand option).
+func (pl *Placer) availabilityHedge(n int, offers []Offer, active map[string]bool, spotOffer, odOffer Offer, haveOD bool) hedgeChoice {
+	var pooledN, pooledH float64
+	for _, r := range pl.zones {
+		pooledN, pooledH = pooledN+r.preemptions, pooledH+r.hours
+	}
+	pooled := PooledPreemptionRate(pooledN, pooledH)
+	seen := map[string]bool{}
+	var rates []float64
+	for _, o := range offers {
+		if o.Capacity != fleet.Spot || !active[o.place()] || seen[o.place()] {
+			continue
+		}
+		seen[o.place()] = true
+		var rec zoneRecord
+		if r := pl.zones[o.place()]; r != nil {
+			rec = *r
+		}
+		rates = append(rates, ZonePreemptionRate(rec.preemptions, rec.hours, pooled))
+	}
+	slices.Sort(rates)
+	restore := pl.coldStartAt(spotOffer)
+	mu := pl.outageRate()
+	spread := 1
+	if n > 1 {
+		spread = min(max(pl.policy.SpotMinZones, 1), len(rates))
+	}
+	opts := []hedgeOption{{hedgeNone, PredictUnavailable(rates[:min(spread, len(rates))], mu, restore), 0}}
+	if n == 1 && len(rates) > 1 {
+		opts = append(opts, hedgeOption{hedgeSpot, PredictUnavailable(rates[:2], mu, restore), spotOffer.PricePerHour})
+	}
+	if haveOD {
+		opts = append(opts, hedgeOption{hedgeOnDemand, 0, math.Max(odOffer.PricePerHour-spotOffer.PricePerHour, 0)})
+	}
+	return chooseHedge(pl.policy.Availability, opts)
 }

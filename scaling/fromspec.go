@@ -54,6 +54,7 @@ func PlacementFromSpec(sp *spec.Service, cooldown time.Duration) PlacementPolicy
 		RefusalBackoff:     DefaultRefusalBackoff,
 		MaxReplicas:        rp.MaxReplicas,
 		SpotMinZones:       sp.Arbiter.SpotPolicy.MinZones,
+		Availability:       sp.Arbiter.Availability,
 		RelaunchCosts:      true,
 	}
 	for _, r := range sp.Arbiter.Reserved {

@@ -185,6 +185,12 @@ type PlacementPolicy struct {
 	// for a failed swap (swapWait), not only after ZoneCooldown. Off (SkyServe's
 	// baselines): a dip drains at once and a swap waits for the cooldown.
 	RelaunchCosts bool
+	// Availability is the share of time a replica is ready that spot purchasing must keep
+	// (arbiter.availability; 0: none): for the spot part of a target, the cheapest of spot as
+	// planned, a second spot zone for a lone replica, or one replica on-demand that the
+	// availability model predicts meets it (availability.go); the spot_policy.min_zones
+	// hedge and its price bound give way to it.
+	Availability float64
 	// MaxReplicas bounds the replicas alive at once (max_replicas): those leaving, the
 	// on-demand stand-ins and a rebalance's replacement included. A plan that would pass it
 	// launches what fits, the wanted kinds first (reserved, spot, then on-demand), and says
@@ -231,6 +237,9 @@ func (p PlacementPolicy) Validate() error {
 	if !(p.RebalanceMinSaving >= 0 && p.RebalanceMinSaving < 1) {
 		errs = append(errs, fmt.Errorf("rebalance minimum saving %v: want a fraction in [0, 1), e.g. 0.2 (0: never move)", p.RebalanceMinSaving))
 	}
+	if !(p.Availability >= 0 && p.Availability < 1) {
+		errs = append(errs, fmt.Errorf("availability %v: want a fraction in [0, 1), e.g. 0.999 (0: no target)", p.Availability))
+	}
 	if p.BaseOnDemand < 0 || p.Overprovision < 0 || p.ZoneCooldown < 0 || p.RefusalBackoff < 0 || p.MaxReplicas < 0 {
 		errs = append(errs, errors.New("base on-demand replicas, overprovision, zone cooldown, refusal backoff and max replicas must be ≥ 0"))
 	}
@@ -276,6 +285,11 @@ type Placer struct {
 	// zones is each zone's preemption record; observed is when it last counted hours.
 	zones    map[string]*zoneRecord
 	observed time.Time
+	// outages is the market's record: onsets of plans that wanted spot and found no zone
+	// offering it, and the hours watched, decayed as zones' records are; noSpot says the
+	// last plan found none.
+	outages zoneRecord
+	noSpot  bool
 }
 
 // zoneRecord is what the placer has seen of one zone: the service's spot replicas it took
@@ -377,6 +391,8 @@ func (pl *Placer) observe(now time.Time, spot []Placed) {
 		r.preemptions *= decay
 		r.hours *= decay
 	}
+	pl.outages.preemptions *= decay
+	pl.outages.hours = pl.outages.hours*decay + dt.Hours()
 	for _, r := range spot {
 		pl.record(r.place()).hours += dt.Hours()
 	}
@@ -538,10 +554,27 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	for _, r := range have[fleet.Spot] {
 		spotIn[r.place()]++
 	}
-	hedge := 0
-	if useSpot && p.SpotMinZones >= 2 && rest-base == 1 && base == 0 && want[fleet.Reserved] == 0 && p.Overprovision == 0 &&
+	if p.UseSpot && rest > 0 {
+		pl.noteSpotOffered(haveSpot)
+	}
+	hedge, availOD := 0, 0
+	switch {
+	case useSpot && p.Availability > 0 && rest-base >= 1 && want[fleet.Reserved] == 0:
+		// The availability target decides the hedge, in place of min_zones' price-bounded one.
+		c := pl.availabilityHedge(rest-base, offers, active, spotOffer, odOffer, haveOD)
+		why += "; " + c.reason
+		switch c.kind {
+		case hedgeSpot:
+			if rest-base == 1 && base == 0 && p.Overprovision == 0 && (p.MaxReplicas == 0 || p.MaxReplicas >= 2) {
+				hedge = 1
+			}
+		case hedgeOnDemand:
+			base, availOD = base+1, 1
+			odCap = max(odCap, base)
+		}
+	case useSpot && p.SpotMinZones >= 2 && rest-base == 1 && base == 0 && want[fleet.Reserved] == 0 && p.Overprovision == 0 &&
 		(p.MaxReplicas == 0 || p.MaxReplicas >= 2) &&
-		(!haveOD || 2*spotUnit <= p.MaxSpotPriceRatio*odUnit) {
+		(!haveOD || 2*spotUnit <= p.MaxSpotPriceRatio*odUnit):
 		hedge = 1
 	}
 	if useSpot || holdSpot {
@@ -572,7 +605,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		}
 		// The reasons are written once the plan is known: a hedge is claimed only where one
 		// runs or launches, and compared with on-demand only where an on-demand price is.
-		if hedge == 1 {
+		if hedge == 1 && p.Availability == 0 {
 			why += "; a second spot replica in another zone hedges the lone one (spot_policy.min_zones 2"
 			if haveOD {
 				why += fmt.Sprintf("; two at the cheapest spot price, $%.2f/h, ≤ %.2f × on-demand $%.2f/h)",
@@ -624,7 +657,10 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	for n := want[fleet.OnDemand] - len(have[fleet.OnDemand]); n > 0 && haveOD; n-- {
 		reason := fmt.Sprintf("on-demand in %s, %s%s: ", odOffer.place(), odOffer.priced(), pl.passedOver(now, all, odOffer))
 		if useSpot {
-			reason += fmt.Sprintf("base %d + stand-ins for %d spot replicas not ready", base, want[fleet.OnDemand]-base)
+			reason += fmt.Sprintf("base %d + stand-ins for %d spot replicas not ready", base-availOD, want[fleet.OnDemand]-base)
+			if availOD > 0 {
+				reason += fmt.Sprintf(" + %d for the availability target", availOD)
+			}
 		} else {
 			reason += why
 		}

@@ -651,3 +651,50 @@ func TestStandInsMakeRoomAsARollingUpdate(t *testing.T) {
 		t.Fatalf("one spot replacement ready: drains %+v, want the next swap", plan.Drain)
 	}
 }
+
+// The availability target (arbiter.availability) buys the cheapest hedge its model
+// predicts meets it: a second spot zone while the market seen is calm enough, the replica
+// on-demand once the market's outages make any spot fleet miss it, nothing for a loose one.
+func TestAvailabilityTargetBuysTheCheapestHedge(t *testing.T) {
+	avail := func(target float64) *Placer {
+		return policy(func(p *PlacementPolicy) { p.SpotMinZones = 2; p.DynamicFallback = true; p.Availability = target })
+	}
+	// A pair at $3 and $3.50 costs more than 0.6 × on-demand: min_zones alone would not
+	// hedge, but 99.9 % needs it (one replica: 97.0 % at the prior's one preemption per
+	// 2.66 h and a 294 s cold start; two zones 99.91 %), and it is cheaper than on-demand.
+	dear := offers()
+	dear[2].PricePerHour = 3.5
+	plan := avail(0.999).Plan(p0, 1, nil, dear)
+	eq(t, "99.9 %, a calm market", zones(plan.Launch), "spot@us-east-1b", "spot@us-east-1a")
+	if !strings.Contains(plan.Reason, "availability target 99.90 %: spot as planned predicted at 97.0") || !strings.Contains(plan.Reason, ": a spot replica in one more zone") {
+		t.Fatalf("reason %q", plan.Reason)
+	}
+	eq(t, "95 %", zones(avail(0.95).Plan(p0, 1, nil, dear).Launch), "spot@us-east-1b")
+
+	// A market that lost spot everywhere four times in eight hours: 99.9 % takes on-demand.
+	pl := avail(0.999)
+	odOnly := []Offer{offers()[0]}
+	at := p0
+	for i := range 8 {
+		o := offers()
+		if i%2 == 1 {
+			o = odOnly
+		}
+		pl.Plan(at, 1, nil, o)
+		at = at.Add(time.Hour)
+	}
+	plan = pl.Plan(at, 1, nil, offers())
+	eq(t, "99.9 %, outages seen", zones(plan.Launch), "on_demand@us-east-1a")
+	if plan.Want[fleet.Spot] != 0 || plan.Want[fleet.OnDemand] != 1 || !strings.Contains(plan.Reason, ": one replica on-demand") ||
+		!strings.Contains(plan.Launch[0].Reason, "1 for the availability target") {
+		t.Fatalf("plan %+v", plan)
+	}
+	// Three replicas: one of them on-demand, the others spot over two zones.
+	plan = pl.Plan(at, 3, nil, offers())
+	if plan.Want[fleet.Spot] != 2 || plan.Want[fleet.OnDemand] != 1 {
+		t.Fatalf("target 3 after outages: want %v, 2 spot and 1 on-demand", plan.Want)
+	}
+	if _, err := NewPlacer(PlacementPolicy{MaxSpotPriceRatio: 0.6, Availability: 1}); err == nil || !strings.Contains(err.Error(), "availability 1") {
+		t.Fatalf("availability 1 accepted: %v", err)
+	}
+}

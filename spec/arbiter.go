@@ -17,7 +17,7 @@ var (
 	arbiterKeys = []string{
 		"model", "models", "routing_policy", "slo", "spot_policy", "reserved", "providers",
 		"scale_to_zero_after_seconds", "autoscaling", "readiness", "local", "sim", "profile", "tasks",
-		"workload", "adapters", "queue", "tenants",
+		"workload", "adapters", "queue", "tenants", "availability",
 	}
 	tenantKeys      = []string{"name", "priority", "weight"}
 	queueKeys       = []string{"enabled", "max_wait_seconds", "sheddable_fill", "engine_priority"}
@@ -129,6 +129,12 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 		s.number("max_price_ratio", "a ratio greater than 0 and at most 1, such as 0.6", between(0, 1), &a.SpotPolicy.MaxPriceRatio)
 		s.number("rebalance_min_saving", "a fraction from 0 (never move) to below 1, such as 0.2", func(v float64) bool { return v >= 0 && v < 1 }, &a.SpotPolicy.RebalanceMinSaving)
 		s.integer("min_zones", "a number of zones from 1 (no hedge, no spread) to 16", func(v int) bool { return v >= 1 && v <= 16 }, &a.SpotPolicy.MinZones)
+	}
+	// Written as 99.9 (percent) or 0.999; 1 and 100 are refused: no spot fleet promises
+	// every second.
+	b.number("availability", "a target below 100 %, such as 99.9 (percent) or 0.999", func(v float64) bool { return v > 0 && v < 100 && v != 1 }, &a.Availability)
+	if a.Availability > 1 {
+		a.Availability = math.Round(a.Availability*1e10) / 1e12
 	}
 	if v := b.get("providers"); v != nil {
 		a.Providers = d.providers("arbiter.providers", v)

@@ -42,6 +42,9 @@ func (d *decoder) crossCheck(s *Service) {
 				d.errorAt(policy+k.key, "%s%s: needs resources.use_spot: true (in resources, or in every any_of/ordered entry)", policy, k.key)
 			}
 		}
+		if a.Availability > 0 {
+			d.errorAt("arbiter.availability", "arbiter.availability: a target for spot purchasing; it needs resources.use_spot: true (on-demand replicas are not preempted)")
+		}
 	}
 
 	hasQPSTarget := rp.TargetQPSPerReplica > 0 || rp.TargetQPSByAccelerator != nil

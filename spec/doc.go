@@ -26,8 +26,9 @@
 //     whatever happens, and its replacement must not wait for it).
 //   - target_qps_per_replica as a map (per accelerator) requires load_balancing_policy
 //     instance_aware_least_load, and that policy requires the map.
-//   - base_ondemand_fallback_replicas, dynamic_ondemand_fallback and spot_placer require
-//     resources.use_spot: true (in resources, or in every any_of/ordered entry).
+//   - base_ondemand_fallback_replicas, dynamic_ondemand_fallback, spot_placer and
+//     arbiter.availability require resources.use_spot: true (in resources, or in every
+//     any_of/ordered entry).
 //   - readiness_probe paths start with /; $VARS from envs and secrets are substituted into
 //     the probe's path, header values and post_data string values.
 //   - resources: infra or cloud/region/zone, not both; any_of or ordered, not both; several
@@ -80,6 +81,7 @@
 //	| arbiter.spot_policy.min_zones                     | 2                                  | no zone holds more than ⌈spot replicas ÷ min_zones⌉ of the spot fleet; with ≥ 2, a target of 1 on spot alone runs a second spot replica in another zone while the pair costs ≤ max_price_ratio × on-demand (1: neither) |
 //	| arbiter.reserved[]                                | none                               | capacity already paid for: provider, region, zone, accelerator ("H100:8"), count, price_per_hour |
 //	| arbiter.providers                                 | [local]                            | where replicas may run: local, sim, kubernetes, aws, runpod; local beside another only through arbiter.reserved slots |
+//	| arbiter.availability                              | none                               | share of time a replica is ready that spot purchasing must keep, e.g. 99.9 or 0.999: the cheapest hedge predicted to meet it (a second spot zone, one replica on-demand); needs use_spot |
 //	| arbiter.scale_to_zero_after_seconds               | 300                                | idle time before the last replica goes, when min_replicas is 0 |
 //	| arbiter.autoscaling.signal                        | concurrency (qps if target_qps_per_replica is set) | qps, concurrency or tokens_per_second |
 //	| arbiter.autoscaling.target_concurrency_per_replica| 8                                  | in-flight requests one replica should carry |

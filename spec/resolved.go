@@ -376,6 +376,9 @@ func arbiterNode(a *Arbiter) *yaml.Node {
 	put(sp, "rebalance_min_saving", num(a.SpotPolicy.RebalanceMinSaving))
 	put(sp, "min_zones", num(float64(a.SpotPolicy.MinZones)))
 	put(m, "spot_policy", sp)
+	if a.Availability > 0 {
+		put(m, "availability", num(a.Availability))
+	}
 
 	if len(a.Reserved) > 0 {
 		seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}

@@ -164,6 +164,11 @@ type Arbiter struct {
 	// enough requests. Zero: the default, 1,024 prompt and 256 output tokens.
 	Workload   Workload
 	SpotPolicy SpotPolicy
+	// Availability is the share of time the service keeps a replica ready that spot
+	// purchasing must meet (arbiter.availability; a fraction: 0.999 for 99.9 %): the
+	// placement buys the cheapest hedge its model predicts meets it (scaling/availability.go).
+	// 0: no target.
+	Availability float64
 	// Queue is how routers queue the service's requests while no replica has room for
 	// them (arbiter.queue).
 	Queue                   Queue

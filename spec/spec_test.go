@@ -156,6 +156,9 @@ func TestErrors(t *testing.T) {
 		{"profile file", minimal + "arbiter: {profile: p.json}\n", 4, 20, "a file is for replicasim only"},
 		{"percentile zero", minimal + "arbiter: {slo: {percentile: 0}}\n", 4, 29, "arbiter.slo.percentile: want a percentile such as 90, 99.9 or 0.9, got 0"},
 		{"percentile above 100", minimal + "arbiter: {slo: {percentile: 150}}\n", 4, 29, "got 150"},
+		{"availability 100", minimal + "resources: {use_spot: true}\narbiter: {availability: 100}\n", 5, 25, "arbiter.availability: want a target below 100 %, such as 99.9 (percent) or 0.999, got 100"},
+		{"availability 1", minimal + "resources: {use_spot: true}\narbiter: {availability: 1}\n", 5, 25, "got 1"},
+		{"availability without spot", minimal + "arbiter: {availability: 99.9}\n", 4, 25, "arbiter.availability: a target for spot purchasing; it needs resources.use_spot: true"},
 		{"ttft negative", minimal + "arbiter: {slo: {ttft_seconds: -1}}\n", 4, 31, "want a number of seconds ≥ 0 (0: no target), got -1"},
 		{"price ratio", minimal + "arbiter: {spot_policy: {max_price_ratio: 1.5}}\n", 4, 42, "a ratio greater than 0 and at most 1"},
 		{"rebalance saving", minimal + "arbiter: {spot_policy: {rebalance_min_saving: 1}}\n", 4, 47, "rebalance_min_saving: want a fraction from 0 (never move) to below 1"},
@@ -733,5 +736,18 @@ func TestProfileNames(t *testing.T) {
 		if s.Arbiter.Profile != strings.ToLower(name) {
 			t.Errorf("profile %s read as %q", name, s.Arbiter.Profile)
 		}
+	}
+}
+
+func TestAvailabilityTarget(t *testing.T) {
+	for src, want := range map[string]float64{"99.9": 0.999, "0.995": 0.995, "99.99": 0.9999, "95": 0.95} {
+		s := mustParse(t, minimal+"resources: {use_spot: true}\narbiter: {availability: "+src+"}\n")
+		if s.Arbiter.Availability != want {
+			t.Errorf("availability: %s read as %v, want %v", src, s.Arbiter.Availability, want)
+		}
+		checkRoundTrip(t, []byte(minimal+"resources: {use_spot: true}\narbiter: {availability: "+src+"}\n"))
+	}
+	if s := mustParse(t, minimal+"resources: {use_spot: true}\n"); s.Arbiter.Availability != 0 {
+		t.Errorf("no availability given: %v, want 0 (no target)", s.Arbiter.Availability)
 	}
 }
