@@ -124,6 +124,7 @@ func TestAvailabilityModelHeldOut(t *testing.T) {
 		pred, meas   float64
 		days, over2x int
 	}
+	var ratios []float64 // each day's measured ÷ predicted
 	for _, c := range []struct {
 		name string
 		// days measured above twice their prediction, at most, per spot replicas (1, 2), as
@@ -167,6 +168,7 @@ func TestAvailabilityModelHeldOut(t *testing.T) {
 				if meas > 2*pred {
 					s.over2x++
 				}
+				ratios = append(ratios, meas/pred)
 				line += fmt.Sprintf("; %d spot: predicted %.2f %%, measured %.2f %%", k, 100*pred, 100*meas)
 			}
 			t.Log(line)
@@ -180,5 +182,12 @@ func TestAvailabilityModelHeldOut(t *testing.T) {
 					c.name, k+1, ratio, s.over2x, c.maxOver[k])
 			}
 		}
+	}
+	slices.Sort(ratios)
+	p90 := ratios[int(math.Ceil(0.9*float64(len(ratios))))-1]
+	t.Logf("a day's measured ÷ predicted, over %d held-out days and fleets: median %.2f, 90th percentile %.2f (scaling's dayMargin: %g)",
+		len(ratios), ratios[len(ratios)/2], p90, scaling.DayMargin)
+	if p90 > scaling.DayMargin {
+		t.Errorf("the 90th percentile of a day's measured ÷ predicted is %.2f, above the margin the placer keeps (%g)", p90, scaling.DayMargin)
 	}
 }

@@ -28,8 +28,9 @@ import (
 //
 // What is decided, for the spot part of a target: the cheapest of (a) spot as planned,
 // (b) for a lone replica, a second spot replica in another zone, (c) one replica on-demand
-// instead of spot, whose predicted availability meets the target; where none does, the
-// most available. The plan's reasons say what each option predicts and costs.
+// instead of spot, whose predicted downtime meets the target with DayMargin to spare (the
+// target holds day by day); where none does, the most available. The plan's reasons say
+// what each option predicts and costs.
 
 // DefaultSpotPreemptionRate is the prior of a place's preemption rate before the service has
 // seen any: one per 2.66 hours, the median over the zones of SkyPilot's GPU preemption traces
@@ -81,6 +82,12 @@ func PredictUnavailable(rates []float64, outageRate float64, restore time.Durati
 	return math.Min(1, all+downShare(outageRate, restore))
 }
 
+// DayMargin is what the placer multiplies a predicted downtime by before comparing it with a
+// target's allowance: the target is met day by day, and a day's downtime is that day's luck
+// (one outage is 0.2–0.5 % of a day). On the spot traces, 90 % of days held out came in at
+// most this many times their prediction (TestAvailabilityModelHeldOut, market/).
+const DayMargin = 3.0
+
 // hedgeKind is how an availability target is met.
 type hedgeKind int
 
@@ -107,10 +114,10 @@ type hedgeChoice struct {
 }
 
 // chooseHedge picks, for a target availability (a fraction: 0.999), the cheapest option
-// predicted to meet it (down ≤ 1 − target); where none does, the most available. The
-// first option is spot as planned (kind hedgeNone, usd 0).
+// predicted to meet it on most days (DayMargin × down ≤ 1 − target); where none does, the
+// most available. The first option is spot as planned (kind hedgeNone, usd 0).
 func chooseHedge(target float64, opts []hedgeOption) hedgeChoice {
-	allowed := 1 - target + 1e-12
+	allowed := (1 - target + 1e-12) / DayMargin
 	best, found := opts[0], opts[0].down <= allowed
 	for _, o := range opts[1:] {
 		meets := o.down <= allowed

@@ -30,8 +30,8 @@ func TestPredictUnavailable(t *testing.T) {
 }
 
 func TestChooseHedge(t *testing.T) {
-	lone := hedgeOption{hedgeNone, 0.02, 0}
-	pair := hedgeOption{hedgeSpot, 0.0004, 4.54}
+	lone := hedgeOption{hedgeNone, 0.01, 0}
+	pair := hedgeOption{hedgeSpot, 0.0002, 4.54}
 	od := hedgeOption{hedgeOnDemand, 0, 6.52}
 	for _, c := range []struct {
 		name   string
@@ -43,9 +43,10 @@ func TestChooseHedge(t *testing.T) {
 		{"the lone replica meets a loose target", 0.95, []hedgeOption{lone, pair, od}, hedgeNone, "no hedge"},
 		{"the cheaper hedge that meets it", 0.999, []hedgeOption{lone, pair, od}, hedgeSpot, "one more zone"},
 		{"only on-demand meets a tight one", 0.9999, []hedgeOption{lone, pair, od}, hedgeOnDemand, "one replica on-demand"},
-		{"on-demand cheaper than a second spot", 0.999, []hedgeOption{lone, {hedgeSpot, 0.0004, 9}, od}, hedgeOnDemand, "one replica on-demand"},
+		{"on-demand cheaper than a second spot", 0.999, []hedgeOption{lone, {hedgeSpot, 0.0002, 9}, od}, hedgeOnDemand, "one replica on-demand"},
+		{"a prediction within the target but not DayMargin times within it", 0.9995, []hedgeOption{lone, pair, od}, hedgeOnDemand, "one replica on-demand"},
 		{"nothing meets it: the most available", 0.9999, []hedgeOption{lone, pair}, hedgeSpot, "nothing offered meets the target"},
-		{"exactly the target meets it", 0.98, []hedgeOption{lone, pair, od}, hedgeNone, "98.00 %"},
+		{"exactly DayMargin times within the target meets it", 0.97, []hedgeOption{lone, pair, od}, hedgeNone, "97.00 %"},
 	} {
 		got := chooseHedge(c.target, c.opts)
 		if got.kind != c.want || !strings.Contains(got.reason, c.says) {
