@@ -379,3 +379,61 @@ func TestLaunchNote(t *testing.T) {
 		}
 	}
 }
+
+// arbiter.availability reaches the placement through the control plane: at 99.9 % a lone
+// replica runs on-demand (a spot pair is predicted at 99.91 %, not three times within the
+// target), at 99 % on spot in two zones, or on-demand where max_replicas 1 leaves no room
+// for the pair; the placement event says what each option predicts and costs.
+func TestAvailabilityTargetPlacesAndSaysWhy(t *testing.T) {
+	for _, c := range []struct {
+		target, replicas, want string
+	}{
+		{"99.9", "min_replicas: 1, max_replicas: 3, target_qps_per_replica: 5", "[d]"},
+		{"99", "min_replicas: 1, max_replicas: 3, target_qps_per_replica: 5", "[b c]"},
+		{"99", "replicas: 1", "[d]"},
+	} {
+		t.Run(c.target+" "+c.replicas, func(t *testing.T) {
+			ctx := context.Background()
+			mkt := &marketMem{memProvider: memProvider{running: map[string]replicas.Instance{}},
+				offers: []replicas.Quote{{Provider: "sim", Region: "r", Zone: "b", Capacity: fleet.Spot, PricePerHour: 2},
+					{Provider: "sim", Region: "r", Zone: "c", Capacity: fleet.Spot, PricePerHour: 3},
+					{Provider: "sim", Region: "r", Zone: "d", Capacity: fleet.OnDemand, PricePerHour: 10}}}
+			now := time.UnixMilli(1_800_000_000_000)
+			st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			ctl, err := New(ctx, Config{Store: st, Providers: map[string]replicas.Provider{"sim": mkt}, Now: func() time.Time { return now },
+				Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec := strings.Replace(marketSpec, "  replicas: 2", "  replica_policy: {"+c.replicas+"}", 1)
+			if c.replicas == "replicas: 1" {
+				spec = strings.Replace(marketSpec, "replicas: 2", "replicas: 1", 1)
+			}
+			spec = strings.Replace(spec, "providers: [sim]}", "providers: [sim], availability: "+c.target+"}", 1)
+			if _, _, err := ctl.Create(ctx, "svc", spec, nil); err != nil {
+				t.Fatal(err)
+			}
+			if asked := fmt.Sprint(launchOrder(ctl, &now, mkt, 3)); asked != c.want {
+				t.Errorf("zones asked for: %s; want %s", asked, c.want)
+			}
+			evs, err := st.Events(ctx, "svc", "", 0, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			said := false
+			for _, e := range evs {
+				if e.Kind == "placement" && strings.Contains(e.Message, "availability target "+c.target) && strings.Contains(e.Message, "/h more") {
+					said = true
+					t.Logf("event: %s", e.Message)
+				}
+			}
+			if !said {
+				t.Errorf("no placement event names the availability target and the hedges' costs: %+v", evs)
+			}
+		})
+	}
+}

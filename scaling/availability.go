@@ -174,8 +174,9 @@ func (pl *Placer) outageRate() float64 {
 // the market prior, the restore time the learned cold start of spotOffer's place (the
 // provider's notice is not known here, so none is taken off: the prediction errs long),
 // the spot fleet spread over min_zones zones (a lone replica: one), and the options priced
-// at spotOffer and odOffer (haveOD false: no on-demand option).
-func (pl *Placer) availabilityHedge(n int, offers []Offer, active map[string]bool, spotOffer, odOffer Offer, haveOD bool) hedgeChoice {
+// at spotOffer and odOffer (haveOD false: no on-demand option); a second spot zone only
+// where pairOK (the plan can run a hedge replica: max_replicas leaves room for it).
+func (pl *Placer) availabilityHedge(n int, offers []Offer, active map[string]bool, spotOffer, odOffer Offer, haveOD, pairOK bool) hedgeChoice {
 	var pooledN, pooledH float64
 	for _, r := range pl.zones {
 		pooledN, pooledH = pooledN+r.preemptions, pooledH+r.hours
@@ -202,7 +203,7 @@ func (pl *Placer) availabilityHedge(n int, offers []Offer, active map[string]boo
 		spread = min(max(pl.policy.SpotMinZones, 1), len(rates))
 	}
 	opts := []hedgeOption{{hedgeNone, PredictUnavailable(rates[:min(spread, len(rates))], mu, restore), 0}}
-	if n == 1 && len(rates) > 1 {
+	if n == 1 && pairOK && len(rates) > 1 {
 		opts = append(opts, hedgeOption{hedgeSpot, PredictUnavailable(rates[:2], mu, restore), spotOffer.PricePerHour})
 	}
 	if haveOD {

@@ -561,13 +561,12 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	switch {
 	case useSpot && p.Availability > 0 && rest-base >= 1 && want[fleet.Reserved] == 0:
 		// The availability target decides the hedge, in place of min_zones' price-bounded one.
-		c := pl.availabilityHedge(rest-base, offers, active, spotOffer, odOffer, haveOD)
+		pairOK := rest-base == 1 && base == 0 && p.Overprovision == 0 && (p.MaxReplicas == 0 || p.MaxReplicas >= 2)
+		c := pl.availabilityHedge(rest-base, offers, active, spotOffer, odOffer, haveOD, pairOK)
 		why += "; " + c.reason
 		switch c.kind {
 		case hedgeSpot:
-			if rest-base == 1 && base == 0 && p.Overprovision == 0 && (p.MaxReplicas == 0 || p.MaxReplicas >= 2) {
-				hedge = 1
-			}
+			hedge = 1
 		case hedgeOnDemand:
 			base, availOD = base+1, 1
 			odCap = max(odCap, base)
