@@ -254,8 +254,8 @@ func weightedLeastSquares(x [][]float64, y, k []float64) ([]float64, error) {
 // The max is the Profile's knee: below it a prefill is bound by reading the weights.
 func (c Calibration) profile(g GPUSpec, m ModelShape, tp int) *Profile {
 	T := float64(tp)
-	bw := c.MemEff * g.MemTBs * 1e9              // bytes per ms, per GPU
-	rate := g.BF16TFLOPS * g.matmulShare() * 1e9 // FLOPs per ms, per GPU
+	bw := c.MemEff * g.MemTBs * g.memShare() * 1e9 // bytes per ms, per GPU
+	rate := g.BF16TFLOPS * g.matmulShare() * 1e9   // FLOPs per ms, per GPU
 	// The decoder layers' matrix multiplies: at the FP8 tensor rate for an FP8 checkpoint
 	// on a card that has one (the LM head, attention and the rest stay 16-bit).
 	mm := rate

@@ -27,6 +27,10 @@ type GPUSpec struct {
 	// 0: not measured there, taken to reach the same share of its data sheet's rate as the
 	// H100 SXM does.
 	MAMFTFLOPS float64
+	// MemShare is the share of its data-sheet bandwidth the card reached in one
+	// memory-bound code run on every card (memShareSource); 0: not measured there, taken to
+	// reach the H100 SXM's share.
+	MemShare float64
 	// LinkGBs is the bandwidth between GPUs of one machine as the data sheet states it
 	// (both directions together): NVLink where the card has it, else its PCIe slot.
 	LinkGBs float64
@@ -43,13 +47,13 @@ type GPUSpec struct {
 // calibration carries to the other cards, scaled by each card's measured matmul share
 // where one was measured (MAMFTFLOPS).
 var gpus = []GPUSpec{
-	{Name: "t4", Catalog: "T4", MemGB: 16, MemTBs: 0.320, BF16TFLOPS: 65, LinkGBs: 32, Link: "PCIe Gen3 x16",
+	{Name: "t4", Catalog: "T4", MemGB: 16, MemTBs: 0.320, BF16TFLOPS: 65, MemShare: 0.69, LinkGBs: 32, Link: "PCIe Gen3 x16",
 		Source: "NVIDIA T4 Tensor Core GPU data sheet (https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf): 16 GB GDDR6, 320 GB/s, mixed-precision FP16/FP32 65 TFLOPS (no BF16, no FP8), PCIe Gen3 x16 32 GB/s"},
-	{Name: "a10g", Catalog: "A10G", MemGB: 24, MemTBs: 0.600, BF16TFLOPS: 70, LinkGBs: 64, Link: "PCIe Gen4 x16",
+	{Name: "a10g", Catalog: "A10G", MemGB: 24, MemTBs: 0.600, BF16TFLOPS: 70, MemShare: 0.75, LinkGBs: 64, Link: "PCIe Gen4 x16",
 		Source: "NVIDIA publishes no A10G data sheet (AWS's variant of the A10, g5 instances); memory and bandwidth as the A10's data sheet (https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/a10-datasheet.pdf: 24 GB GDDR6, 600 GB/s, PCIe Gen4 64 GB/s), tensor rate 70 TFLOPS from Baseten's A10 vs A10G comparison (https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/), the A10's own being 125"},
-	{Name: "l4", Catalog: "L4", MemGB: 24, MemTBs: 0.300, BF16TFLOPS: 121, FP8TFLOPS: 242.5, LinkGBs: 64, Link: "PCIe Gen4 x16",
+	{Name: "l4", Catalog: "L4", MemGB: 24, MemTBs: 0.300, BF16TFLOPS: 121, FP8TFLOPS: 242.5, MemShare: 0.76, LinkGBs: 64, Link: "PCIe Gen4 x16",
 		Source: "NVIDIA L4 Tensor Core GPU data sheet (https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet): 24 GB GDDR6, 300 GB/s, BF16 242 and FP8 485 TFLOPS with sparsity, PCIe Gen4 x16 64 GB/s"},
-	{Name: "l40s", Catalog: "L40S", MemGB: 48, MemTBs: 0.864, BF16TFLOPS: 362.05, FP8TFLOPS: 733, LinkGBs: 64, Link: "PCIe Gen4 x16",
+	{Name: "l40s", Catalog: "L40S", MemGB: 48, MemTBs: 0.864, BF16TFLOPS: 362.05, FP8TFLOPS: 733, MemShare: 0.67, LinkGBs: 64, Link: "PCIe Gen4 x16",
 		Source: "NVIDIA L40S data sheet (https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413): 48 GB GDDR6, 864 GB/s, BF16 362.05 (733 sparse), FP8 733 (1,466 sparse) TFLOPS, PCIe Gen4 x16 64 GB/s"},
 	{Name: "v100", Catalog: "V100", MemGB: 16, MemTBs: 0.900, BF16TFLOPS: 125, LinkGBs: 300, Link: "NVLink 2",
 		Source: "NVIDIA Tesla V100 data sheet (https://images.nvidia.com/content/technologies/volta/pdf/tesla-volta-v100-datasheet-letter-fnl-web.pdf), SXM2 16 GB (AWS p3): HBM2 900 GB/s, tensor (FP16) 125 TFLOPS (no BF16, no FP8), NVLink 300 GB/s"},
@@ -57,13 +61,13 @@ var gpus = []GPUSpec{
 		Source: "NVIDIA Tesla V100 data sheet (https://images.nvidia.com/content/technologies/volta/pdf/tesla-volta-v100-datasheet-letter-fnl-web.pdf), SXM2 32 GB: HBM2 900 GB/s, tensor (FP16) 125 TFLOPS, NVLink 300 GB/s"},
 	{Name: "a100", Catalog: "A100", MemGB: 40, MemTBs: 1.555, BF16TFLOPS: 312, MAMFTFLOPS: 271.2, LinkGBs: 600, Link: "NVLink 3",
 		Source: "NVIDIA A100 Tensor Core GPU data sheet (https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), A100 40GB SXM: HBM2 1,555 GB/s, BF16 312 TFLOPS (624 sparse), no FP8, NVLink 600 GB/s"},
-	{Name: "a100-80gb", Catalog: "A100-80GB", MemGB: 80, MemTBs: 2.039, BF16TFLOPS: 312, MAMFTFLOPS: 271.2, LinkGBs: 600, Link: "NVLink 3",
+	{Name: "a100-80gb", Catalog: "A100-80GB", MemGB: 80, MemTBs: 2.039, BF16TFLOPS: 312, MAMFTFLOPS: 271.2, MemShare: 0.77, LinkGBs: 600, Link: "NVLink 3",
 		Source: "NVIDIA A100 Tensor Core GPU data sheet (https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), A100 80GB SXM: HBM2e 2,039 GB/s, BF16 312 TFLOPS (624 sparse), no FP8, NVLink 600 GB/s"},
-	{Name: "a100-80gb-pcie", MemGB: 80, MemTBs: 1.935, BF16TFLOPS: 312, MAMFTFLOPS: 252.9, LinkGBs: 600, Link: "NVLink bridge",
+	{Name: "a100-80gb-pcie", MemGB: 80, MemTBs: 1.935, BF16TFLOPS: 312, MAMFTFLOPS: 252.9, MemShare: 0.76, LinkGBs: 600, Link: "NVLink bridge",
 		Source: "NVIDIA A100 Tensor Core GPU data sheet (https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), A100 80GB PCIe: HBM2e 1,935 GB/s, BF16 312 TFLOPS (624 sparse), no FP8, NVLink bridge for two GPUs 600 GB/s"},
-	{Name: "h100", Catalog: "H100", MemGB: 80, MemTBs: 3.35, BF16TFLOPS: 989.5, FP8TFLOPS: 1979, MAMFTFLOPS: 794.5, LinkGBs: 900, Link: "NVLink 4",
+	{Name: "h100", Catalog: "H100", MemGB: 80, MemTBs: 3.35, BF16TFLOPS: 989.5, FP8TFLOPS: 1979, MAMFTFLOPS: 794.5, MemShare: 0.80, LinkGBs: 900, Link: "NVLink 4",
 		Source: "NVIDIA H100 Tensor Core GPU data sheet (https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet), H100 SXM: 80 GB HBM3, 3.35 TB/s, BF16 1,979 and FP8 3,958 TFLOPS with sparsity, NVLink 900 GB/s"},
-	{Name: "h100-pcie", MemGB: 80, MemTBs: 2.0, BF16TFLOPS: 756, FP8TFLOPS: 1513, LinkGBs: 600, Link: "NVLink bridge",
+	{Name: "h100-pcie", MemGB: 80, MemTBs: 2.0, BF16TFLOPS: 756, FP8TFLOPS: 1513, MemShare: 0.85, LinkGBs: 600, Link: "NVLink bridge",
 		Source: "NVIDIA H100 Tensor Core GPU data sheet, 2022 edition (https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet), H100 PCIe: 80 GB HBM2e, 2 TB/s, BF16 1,513 and FP8 3,026 TFLOPS with sparsity, NVLink bridge 600 GB/s"},
 	{Name: "h100-nvl", MemGB: 94, MemTBs: 3.9, BF16TFLOPS: 835.5, FP8TFLOPS: 1670.5, LinkGBs: 600, Link: "NVLink bridge",
 		Source: "NVIDIA H100 Tensor Core GPU data sheet (https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet), H100 NVL: 94 GB HBM3, 3.9 TB/s, BF16 1,671 and FP8 3,341 TFLOPS with sparsity, NVLink bridge 600 GB/s"},
@@ -104,6 +108,26 @@ const mamfSource = "Stas Bekman, Machine Learning Engineering, \"Maximum Achieva
 // best measured matmul (794.5 of 989 TFLOPS): the share the calibration, fitted on the
 // H100 and H200, carries to other cards.
 const hopperMAMFShare = 794.5 / 989
+
+// memShareSource is where the MemShare figures come from: FluidX3D's single-GPU benchmark
+// table, its D3Q19 lattice Boltzmann kernel in FP32 (153 bytes moved per cell update, memory
+// bound), the bandwidth it reached as a share of the data sheet's. The A10G's is the A10's
+// row (the A10G is AWS's variant of the A10, its 24 GB GDDR6 at 600 GB/s the same).
+const memShareSource = "FluidX3D single-GPU benchmark table, FP32/FP32 column (ProjectPhysX/FluidX3D, README.md at 01d3cddab64185000907a072e4338c5f8232e0b9): H100 SXM5 80%, H100 PCIe 85%, A100 SXM4 80GB 77%, A100 PCIe 80GB 76%, L40S 67%, L4 76%, A10 75%, Tesla T4 69% of the data sheet's bandwidth"
+
+// hopperMemShare is the H100 SXM's FluidX3D share (80 %), the card the calibration's memory
+// efficiency was fitted on.
+const hopperMemShare = 0.80
+
+// memShare scales the card's data-sheet bandwidth by how much more (or less) of it the
+// card reached than the H100 SXM did in the same memory-bound code: 1 for a card not
+// measured.
+func (g GPUSpec) memShare() float64 {
+	if g.MemShare <= 0 {
+		return 1
+	}
+	return g.MemShare / hopperMemShare
+}
 
 // matmulShare scales the card's data-sheet rate by how much more (or less) of it its
 // best measured matmul reaches than the H100's does: 1 for a card not measured.
