@@ -182,20 +182,26 @@ func (pl *Placer) availabilityHedge(n int, offers []Offer, active map[string]boo
 		pooledN, pooledH = pooledN+r.preemptions, pooledH+r.hours
 	}
 	pooled := PooledPreemptionRate(pooledN, pooledH)
-	seen := map[string]bool{}
-	var rates []float64
+	price := map[string]float64{} // each active place's cheapest spot offer
 	for _, o := range offers {
-		if o.Capacity != fleet.Spot || !active[o.place()] || seen[o.place()] {
+		if o.Capacity != fleet.Spot || !active[o.place()] {
 			continue
 		}
-		seen[o.place()] = true
+		if p, ok := price[o.place()]; !ok || o.PricePerHour < p {
+			price[o.place()] = o.PricePerHour
+		}
+	}
+	var rates, prices []float64
+	for place, p := range price {
 		var rec zoneRecord
-		if r := pl.zones[o.place()]; r != nil {
+		if r := pl.zones[place]; r != nil {
 			rec = *r
 		}
 		rates = append(rates, ZonePreemptionRate(rec.preemptions, rec.hours, pooled))
+		prices = append(prices, p)
 	}
 	slices.Sort(rates)
+	slices.Sort(prices)
 	restore := pl.coldStartAt(spotOffer)
 	mu := pl.outageRate()
 	spread := 1
@@ -204,7 +210,8 @@ func (pl *Placer) availabilityHedge(n int, offers []Offer, active map[string]boo
 	}
 	opts := []hedgeOption{{hedgeNone, PredictUnavailable(rates[:min(spread, len(rates))], mu, restore), 0}}
 	if n == 1 && pairOK && len(rates) > 1 {
-		opts = append(opts, hedgeOption{hedgeSpot, PredictUnavailable(rates[:2], mu, restore), spotOffer.PricePerHour})
+		// The hedge goes to another zone than the lone replica's: the second-cheapest.
+		opts = append(opts, hedgeOption{hedgeSpot, PredictUnavailable(rates[:2], mu, restore), prices[1]})
 	}
 	if haveOD {
 		opts = append(opts, hedgeOption{hedgeOnDemand, 0, math.Max(odOffer.PricePerHour-spotOffer.PricePerHour, 0)})

@@ -559,18 +559,23 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	}
 	hedge, availOD := 0, 0
 	switch {
-	case useSpot && p.Availability > 0 && rest-base >= 1 && want[fleet.Reserved] == 0:
-		// The availability target decides the hedge, in place of min_zones' price-bounded one.
-		pairOK := rest-base == 1 && base == 0 && p.Overprovision == 0 && (p.MaxReplicas == 0 || p.MaxReplicas >= 2)
-		c := pl.availabilityHedge(rest-base, offers, active, spotOffer, odOffer, haveOD, pairOK)
-		why += "; " + c.reason
-		switch c.kind {
-		case hedgeSpot:
+	case useSpot && p.Availability > 0 && rest-base >= 1 && base == 0 && want[fleet.Reserved] == 0:
+		// The availability target decides the hedge, in place of min_zones' price-bounded one
+		// (a base on-demand or a reserved replica, never preempted, meets it already).
+		pairOK := rest == 1 && p.Overprovision == 0 && (p.MaxReplicas == 0 || p.MaxReplicas >= 2) && len(active) >= 2
+		c := pl.availabilityHedge(rest, offers, active, spotOffer, odOffer, haveOD, pairOK)
+		switch {
+		case c.kind == hedgeSpot:
 			hedge = 1
-		case hedgeOnDemand:
+		case c.kind == hedgeOnDemand && p.MaxReplicas > 0 && alive >= p.MaxReplicas && len(have[fleet.OnDemand]) == 0 && len(have[fleet.Spot]) > 0:
+			// No room at max_replicas for the on-demand replica beside the spot one it would
+			// replace, and draining that one first is an outage of a cold start: spot stays.
+			c.reason += fmt.Sprintf("; but max_replicas %d leaves no room to bring it up beside the spot replica: spot stays", p.MaxReplicas)
+		case c.kind == hedgeOnDemand:
 			base, availOD = base+1, 1
 			odCap = max(odCap, base)
 		}
+		why += "; " + c.reason
 	case useSpot && p.SpotMinZones >= 2 && rest-base == 1 && base == 0 && want[fleet.Reserved] == 0 && p.Overprovision == 0 &&
 		(p.MaxReplicas == 0 || p.MaxReplicas >= 2) &&
 		(!haveOD || 2*spotUnit <= p.MaxSpotPriceRatio*odUnit):
@@ -584,6 +589,9 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			od = max(base, rest-p.Overprovision-want[fleet.Spot])
 		}
 		share := pl.zoneShare(want[fleet.Spot], len(active))
+		if hedge == 1 {
+			share = 1 // the lone replica and its hedge, each in a zone of its own
+		}
 		var there []int // spot replicas in each launch's place before it
 		for n := want[fleet.Spot] - len(have[fleet.Spot]); n > 0; n-- {
 			o, ok := pl.spotZone(offers, active, spotIn, share, odOffer.PricePerHour)
@@ -601,6 +609,9 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		}
 		if hedge == 1 && len(have[fleet.Spot])+len(spotLaunches) < want[fleet.Spot] {
 			want[fleet.Spot], hedge = want[fleet.Spot]-1, 0 // no zone took it
+			if p.Availability > 0 {
+				why += " (no other zone offers spot now: the hedge waits)"
+			}
 		}
 		// The reasons are written once the plan is known: a hedge is claimed only where one
 		// runs or launches, and compared with on-demand only where an on-demand price is.

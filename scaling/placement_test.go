@@ -700,3 +700,27 @@ func TestAvailabilityTargetBuysTheCheapestHedge(t *testing.T) {
 		t.Fatalf("availability 1 accepted: %v", err)
 	}
 }
+
+// The review's cases (each failed before its fix): a base on-demand replica meets the
+// target already; the pair goes to two zones whatever min_zones says and is priced at the
+// second zone's spot; at max_replicas 1 a ready spot replica is not left for an on-demand
+// one there is no room for.
+func TestAvailabilityTargetEdges(t *testing.T) {
+	pl := policy(func(p *PlacementPolicy) { p.SpotMinZones = 2; p.Availability = 0.999; p.BaseOnDemand = 1 })
+	plan := pl.Plan(p0, 2, nil, offers())
+	if plan.Want[fleet.OnDemand] != 1 || plan.Want[fleet.Spot] != 1 {
+		t.Errorf("base on-demand 1, target 2, 99.9 %%: want %v; want 1 on-demand (the base) and 1 spot", plan.Want)
+	}
+	pl = policy(func(p *PlacementPolicy) { p.SpotMinZones = 1; p.Availability = 0.995 })
+	plan = pl.Plan(p0, 1, nil, offers())
+	eq(t, "min_zones 1, 99.5 %", zones(plan.Launch), "spot@us-east-1b", "spot@us-east-1a")
+	if !strings.Contains(plan.Reason, "one more zone 99.91 % ($4.00/h more)") {
+		t.Errorf("the pair's hedge priced at the second zone's $4: %q", plan.Reason)
+	}
+	pl = policy(func(p *PlacementPolicy) { p.SpotMinZones = 2; p.Availability = 0.999; p.MaxReplicas = 1 })
+	running := []Placed{{ID: "s1", Capacity: fleet.Spot, Provider: "aws", Region: "us-east-1", Zone: "us-east-1b", Ready: true}}
+	plan = pl.Plan(p0, 1, running, offers())
+	if len(plan.Launch) != 0 || len(plan.Drain) != 0 || plan.Want[fleet.Spot] != 1 || !strings.Contains(plan.Reason, "max_replicas 1 leaves no room") {
+		t.Errorf("max_replicas 1, a ready spot replica, 99.9 %%: %+v; want it kept, and why", plan)
+	}
+}

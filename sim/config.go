@@ -206,6 +206,7 @@ func wire(sys System, in *Inputs) (wiring, error) {
 		w.placement.StandInForStarting = true
 		w.placement.ZoneRule = scaling.ZoneUnusedThenCheapest
 		w.placement.SpotMinZones = 0 // no hedge beyond num_overprovision
+		w.placement.Availability = 0 // arbiter.availability is Arbiter's
 		// SkyServe drains on a scale-down and swaps stand-ins by its own rules, not by
 		// what a relaunch would cost.
 		w.placement.RelaunchCosts = false

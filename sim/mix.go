@@ -268,6 +268,7 @@ func (s *simulation) decideMix() {
 		pol := s.w.placement
 		if total > 1 {
 			pol.SpotMinZones = 0 // the other replicas hedge a lone one of a type
+			pol.Availability = 0 // and keep one ready: not judged per type
 		}
 		pl := m.placers[gpu]
 		if err := pl.Reconfigure(pol); err != nil {

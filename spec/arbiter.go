@@ -132,7 +132,7 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 	}
 	// Written as 99.9 (percent) or 0.999; 1 and 100 are refused: no spot fleet promises
 	// every second.
-	b.number("availability", "a target below 100 %, such as 99.9 (percent) or 0.999", func(v float64) bool { return v > 0 && v < 100 && v != 1 }, &a.Availability)
+	b.number("availability", "a target below 100 %, such as 99.9 (percent) or 0.999 (leave it out for none)", func(v float64) bool { return v > 0 && v < 100 && v != 1 }, &a.Availability)
 	if a.Availability > 1 {
 		a.Availability = math.Round(a.Availability*1e10) / 1e12
 	}

@@ -156,7 +156,7 @@ func TestErrors(t *testing.T) {
 		{"profile file", minimal + "arbiter: {profile: p.json}\n", 4, 20, "a file is for replicasim only"},
 		{"percentile zero", minimal + "arbiter: {slo: {percentile: 0}}\n", 4, 29, "arbiter.slo.percentile: want a percentile such as 90, 99.9 or 0.9, got 0"},
 		{"percentile above 100", minimal + "arbiter: {slo: {percentile: 150}}\n", 4, 29, "got 150"},
-		{"availability 100", minimal + "resources: {use_spot: true}\narbiter: {availability: 100}\n", 5, 25, "arbiter.availability: want a target below 100 %, such as 99.9 (percent) or 0.999, got 100"},
+		{"availability 100", minimal + "resources: {use_spot: true}\narbiter: {availability: 100}\n", 5, 25, "arbiter.availability: want a target below 100 %, such as 99.9 (percent) or 0.999 (leave it out for none), got 100"},
 		{"availability 1", minimal + "resources: {use_spot: true}\narbiter: {availability: 1}\n", 5, 25, "got 1"},
 		{"availability without spot", minimal + "arbiter: {availability: 99.9}\n", 4, 25, "arbiter.availability: a target for spot purchasing; it needs resources.use_spot: true"},
 		{"ttft negative", minimal + "arbiter: {slo: {ttft_seconds: -1}}\n", 4, 31, "want a number of seconds ≥ 0 (0: no target), got -1"},
