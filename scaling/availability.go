@@ -115,12 +115,21 @@ type hedgeChoice struct {
 
 // chooseHedge picks, for a target availability (a fraction: 0.999), the cheapest option
 // predicted to meet it on most days (DayMargin × down ≤ 1 − target); where none does, the
-// most available. The first option is spot as planned (kind hedgeNone, usd 0).
-func chooseHedge(target float64, opts []hedgeOption) hedgeChoice {
+// most available. The first option is spot as planned (kind hedgeNone, usd 0). After an
+// on-demand choice (wasOD), a spot option must meet it with twice that margin to replace
+// it: each change of mind is a cold start bought, and the prediction drifts with the
+// market's record, so near the boundary it would flip back and forth.
+func chooseHedge(target float64, opts []hedgeOption, wasOD bool) hedgeChoice {
 	allowed := (1 - target + 1e-12) / DayMargin
-	best, found := opts[0], opts[0].down <= allowed
+	meetsOf := func(o hedgeOption) bool {
+		if wasOD && o.kind != hedgeOnDemand {
+			return o.down <= allowed/2
+		}
+		return o.down <= allowed
+	}
+	best, found := opts[0], meetsOf(opts[0])
 	for _, o := range opts[1:] {
-		meets := o.down <= allowed
+		meets := meetsOf(o)
 		switch {
 		case meets && (!found || o.usd < best.usd):
 			best, found = o, true
@@ -148,6 +157,8 @@ func chooseHedge(target float64, opts []hedgeOption) hedgeChoice {
 	}
 	if !found {
 		why += " (nothing offered meets the target: the most available)"
+	} else if wasOD && best.kind == hedgeOnDemand && slices.ContainsFunc(opts, func(o hedgeOption) bool { return o.kind != hedgeOnDemand && o.down <= allowed }) {
+		why += " (kept: spot must meet the target twice over to replace it)"
 	}
 	return hedgeChoice{kind: best.kind, predicted: 1 - best.down, reason: why}
 }
@@ -216,5 +227,7 @@ func (pl *Placer) availabilityHedge(n int, offers []Offer, active map[string]boo
 	if haveOD {
 		opts = append(opts, hedgeOption{hedgeOnDemand, 0, math.Max(odOffer.PricePerHour-spotOffer.PricePerHour, 0)})
 	}
-	return chooseHedge(pl.policy.Availability, opts)
+	c := chooseHedge(pl.policy.Availability, opts, pl.availOD)
+	pl.availOD = c.kind == hedgeOnDemand
+	return c
 }

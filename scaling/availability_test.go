@@ -48,9 +48,25 @@ func TestChooseHedge(t *testing.T) {
 		{"nothing meets it: the most available", 0.9999, []hedgeOption{lone, pair}, hedgeSpot, "nothing offered meets the target"},
 		{"exactly DayMargin times within the target meets it", 0.97, []hedgeOption{lone, pair, od}, hedgeNone, "97.00 %"},
 	} {
-		got := chooseHedge(c.target, c.opts)
+		got := chooseHedge(c.target, c.opts, false)
 		if got.kind != c.want || !strings.Contains(got.reason, c.says) {
 			t.Errorf("%s: %v (%s), want %v saying %q", c.name, got.kind, got.reason, c.want, c.says)
 		}
+	}
+}
+
+// After an on-demand choice, spot must meet the target twice over to replace it.
+func TestChooseHedgeKeepsOnDemandNearTheBoundary(t *testing.T) {
+	allowed := 0.001 / DayMargin
+	opts := []hedgeOption{{hedgeNone, 0.01, 0}, {hedgeSpot, 0.8 * allowed, 4.54}, {hedgeOnDemand, 0, 6.52}}
+	if c := chooseHedge(0.999, opts, false); c.kind != hedgeSpot {
+		t.Fatalf("from spot: %v (%s), want the pair", c.kind, c.reason)
+	}
+	if c := chooseHedge(0.999, opts, true); c.kind != hedgeOnDemand || !strings.Contains(c.reason, "(kept: spot must meet the target twice over") {
+		t.Fatalf("from on-demand, the pair within the margin but not twice: %v (%s), want on-demand kept, and why", c.kind, c.reason)
+	}
+	opts[1].down = 0.4 * allowed
+	if c := chooseHedge(0.999, opts, true); c.kind != hedgeSpot {
+		t.Fatalf("from on-demand, the pair twice within: %v (%s), want the pair", c.kind, c.reason)
 	}
 }

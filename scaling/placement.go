@@ -290,6 +290,8 @@ type Placer struct {
 	// last plan found none.
 	outages zoneRecord
 	noSpot  bool
+	// availOD is the availability target's last choice: one replica on-demand.
+	availOD bool
 }
 
 // zoneRecord is what the placer has seen of one zone: the service's spot replicas it took
