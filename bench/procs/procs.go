@@ -13,20 +13,38 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"gopkg.in/yaml.v3"
 )
 
-// FreeAddr returns a loopback address no one listens on right now.
+// FreeAddr returns a loopback address no one listens on right now, and never one it has
+// returned before in this process: the kernel may give a port just closed again, and a
+// bench that starts a replica on one address and the router on another found both on one
+// port ("bind: address already in use": CI's abuse run under ulimit, 2026-11-30).
 func FreeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+	handedOut.mu.Lock()
+	defer handedOut.mu.Unlock()
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if !handedOut.addrs[addr] {
+			handedOut.addrs[addr] = true
+			return addr, nil
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
+
+// handedOut are the addresses FreeAddr gave in this process.
+var handedOut = struct {
+	mu    sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
 
 // RSSKiB is a process's resident set in KiB (0 once it is gone).
 func RSSKiB(pid int) int64 {
