@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/arbiter-serve/arbiter/bench/procs"
 	"github.com/arbiter-serve/arbiter/control"
 	"github.com/arbiter-serve/arbiter/replicas"
 )
@@ -68,31 +68,17 @@ type cluster struct {
 	env []string
 }
 
+// freeAddr is procs.FreeAddr, which never hands one address out twice in the process (the
+// kernel may give a port just closed again: TestHAWalkthrough once got one port for a
+// control plane's API and a router), shared with the tests that call procs directly.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	handedOut.mu.Lock()
-	defer handedOut.mu.Unlock()
-	for {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := ln.Addr().String()
-		ln.Close()
-		// The kernel may give a port just closed again: TestHAWalkthrough got one port for
-		// a control plane's API and a router, which then could not bind it.
-		if !handedOut.addrs[addr] {
-			handedOut.addrs[addr] = true
-			return addr
-		}
+	addr, err := procs.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
 	}
+	return addr
 }
-
-// handedOut are the addresses freeAddr gave in this test process, none given twice.
-var handedOut = struct {
-	mu    sync.Mutex
-	addrs map[string]bool
-}{addrs: map[string]bool{}}
 
 func newCluster(t *testing.T) *cluster {
 	c := &cluster{t: t, home: t.TempDir(), api: freeAddr(t), listen: freeAddr(t), admin: freeAddr(t)}
