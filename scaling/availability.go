@@ -188,11 +188,7 @@ func (pl *Placer) outageRate() float64 {
 // at spotOffer and odOffer (haveOD false: no on-demand option); a second spot zone only
 // where pairOK (the plan can run a hedge replica: max_replicas leaves room for it).
 func (pl *Placer) availabilityHedge(n int, offers []Offer, active map[string]bool, spotOffer, odOffer Offer, haveOD, pairOK bool) hedgeChoice {
-	var pooledN, pooledH float64
-	for _, r := range pl.zones {
-		pooledN, pooledH = pooledN+r.preemptions, pooledH+r.hours
-	}
-	pooled := PooledPreemptionRate(pooledN, pooledH)
+	pooled := PooledPreemptionRate(pl.pooledRecord())
 	price := map[string]float64{} // each active place's cheapest spot offer
 	for _, o := range offers {
 		if o.Capacity != fleet.Spot || !active[o.place()] {

@@ -403,10 +403,7 @@ func (pl *Placer) observe(now time.Time, spot []Placed) {
 // preemptionRate is a zone's preemptions per replica-hour: its own record, with priorHours
 // of the rate pooled over every zone.
 func (pl *Placer) preemptionRate(place string) float64 {
-	var n, h float64
-	for _, r := range pl.zones {
-		n, h = n+r.preemptions, h+r.hours
-	}
+	n, h := pl.pooledRecord()
 	pooled := 0.0
 	if h > 0 {
 		pooled = n / h
@@ -416,6 +413,14 @@ func (pl *Placer) preemptionRate(place string) float64 {
 		return pooled
 	}
 	return (own.preemptions + priorHours*pooled) / (own.hours + priorHours)
+}
+
+// pooledRecord is every zone's record summed: preemptions and replica-hours.
+func (pl *Placer) pooledRecord() (preemptions, hours float64) {
+	for _, r := range pl.zones {
+		preemptions, hours = preemptions+r.preemptions, hours+r.hours
+	}
+	return preemptions, hours
 }
 
 // expectedCost is ZoneExpectedCost's price of an hour of spot capacity from offer o, with
