@@ -292,6 +292,8 @@ type Placer struct {
 	noSpot  bool
 	// availOD is the availability target's last choice: one replica on-demand.
 	availOD bool
+	// together is how the zones' preemptions fell on the service (sameZoneHedge).
+	together coPreemptions
 }
 
 // zoneRecord is what the placer has seen of one zone: the service's spot replicas it took
@@ -365,9 +367,10 @@ func (pl *Placer) Reconfigure(p PlacementPolicy) error {
 // Preempted records that a zone took a spot replica back: it cools down, and counts
 // against the zone's expected cost.
 func (pl *Placer) Preempted(provider, region, zone string, at time.Time) {
-	place := provider + "/" + region + "/" + zone
+	place := place(provider, region, zone)
 	pl.preempted[place] = at
 	pl.record(place).preemptions++
+	pl.together.preempted(place, at)
 }
 
 func (pl *Placer) record(place string) *zoneRecord {
@@ -511,6 +514,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	}
 	startingSpot := len(have[fleet.Spot]) - readySpot
 	pl.observe(now, have[fleet.Spot])
+	pl.together.held(have[fleet.Spot])
 	fresh, first := pl.ready.fresh(existing)
 	pl.market.see(fresh, first)
 	pl.starts.learn(fresh)
@@ -600,15 +604,19 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			share = 1 // the lone replica and its hedge, each in a zone of its own
 		}
 		var there []int // spot replicas in each launch's place before it
+		sameZone := false
 		for n := want[fleet.Spot] - len(have[fleet.Spot]); n > 0; n-- {
 			o, ok := pl.spotZone(offers, active, spotIn, share, odOffer.PricePerHour)
 			if !ok {
 				break
 			}
 			if hedge == 1 && len(have[fleet.Spot])+len(spotLaunches) >= want[fleet.Spot]-1 && spotIn[o.place()] > 0 {
-				// A hedge in the lone replica's own zone would go with it: none.
-				want[fleet.Spot], hedge = want[fleet.Spot]-1, 0
-				break
+				if p.Availability > 0 || !pl.together.sameZoneHedge(now, all, o.place()) {
+					// A hedge in the lone replica's own zone would go with it: none.
+					want[fleet.Spot], hedge = want[fleet.Spot]-1, 0
+					break
+				}
+				sameZone = true
 			}
 			there = append(there, spotIn[o.place()])
 			spotIn[o.place()]++
@@ -623,7 +631,11 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		// The reasons are written once the plan is known: a hedge is claimed only where one
 		// runs or launches, and compared with on-demand only where an on-demand price is.
 		if hedge == 1 && p.Availability == 0 {
-			why += "; a second spot replica in another zone hedges the lone one (spot_policy.min_zones 2"
+			if sameZone || len(have[fleet.Spot]) == 2 && have[fleet.Spot][0].place() == have[fleet.Spot][1].place() {
+				why += "; a second spot replica in the same zone hedges the lone one (spot_policy.min_zones 2; no other zone sells spot, and this one's reclaims have not nearly all taken the service's replicas there together"
+			} else {
+				why += "; a second spot replica in another zone hedges the lone one (spot_policy.min_zones 2"
+			}
 			if haveOD {
 				why += fmt.Sprintf("; two at the cheapest spot price, $%.2f/h, ≤ %.2f × on-demand $%.2f/h)",
 					2*spotOffer.PricePerHour, p.MaxSpotPriceRatio, odOffer.PricePerHour)
@@ -660,7 +672,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	}
 	for n := want[fleet.Reserved] - len(have[fleet.Reserved]); n > 0; n-- {
 		for _, s := range p.Reserved {
-			key := s.Provider + "/" + s.Region + "/" + s.Zone
+			key := place(s.Provider, s.Region, s.Zone)
 			if used[key] < s.Count {
 				used[key]++
 				plan.Launch = append(plan.Launch, Launch{Offer: Offer{Provider: s.Provider, Region: s.Region, Zone: s.Zone, Capacity: fleet.Reserved, PricePerHour: s.PricePerHour},

@@ -553,19 +553,28 @@ func TestHedgeReasonIsTrue(t *testing.T) {
 		}
 		return out
 	}
-	// One spot zone, no on-demand price: one replica and no hedge, said as such.
+	// One spot zone, no on-demand price: the hedge goes in that zone, said as such
+	// (TestSameZoneHedgeOnlyWhereNoOtherZoneSellsSpot), with no on-demand comparison.
 	plan := policy(hedged).Plan(p0, 1, nil, spotOnly("z1"))
-	eq(t, "one zone", zones(plan.Launch), "spot@z1")
+	eq(t, "one zone", zones(plan.Launch), "spot@z1", "spot@z1")
 	for _, s := range append([]string{plan.Reason}, plan.Launch[0].Reason) {
-		if strings.Contains(s, "hedge") || strings.Contains(s, "× on-demand") {
-			t.Errorf("one spot zone, no on-demand price: reason %q claims a hedge or an on-demand comparison", s)
+		if !strings.Contains(s, "in the same zone hedges") || strings.Contains(s, "× on-demand") {
+			t.Errorf("one spot zone, no on-demand price: reason %q; want the same-zone hedge and no on-demand comparison", s)
 		}
 	}
-	// The lone replica runs there already: nothing launches, and nothing claims a hedge.
+	// The lone replica runs in a zone that took two at once three times: nothing launches,
+	// and nothing claims a hedge.
 	lone := []Placed{{ID: "r1", Capacity: fleet.Spot, Provider: "kubernetes:c", Region: "r", Zone: "z1", Ready: true}}
-	plan = policy(hedged).Plan(p0, 1, lone, spotOnly("z1"))
+	pl := policy(hedged)
+	for i := range 3 {
+		t0 := p0.Add(time.Duration(i) * time.Hour)
+		pl.Plan(t0, 2, append(slices.Clone(lone), Placed{ID: "r2", Capacity: fleet.Spot, Provider: "kubernetes:c", Region: "r", Zone: "z1", Ready: true}), spotOnly("z1"))
+		pl.Preempted("kubernetes:c", "r", "z1", t0)
+		pl.Preempted("kubernetes:c", "r", "z1", t0.Add(time.Second))
+	}
+	plan = pl.Plan(p0.Add(3*time.Hour), 1, lone, spotOnly("z1"))
 	if len(plan.Launch) != 0 || strings.Contains(plan.Reason, "hedge") || plan.Want[fleet.Spot] != 1 {
-		t.Errorf("lone replica, one zone: plan %+v; want nothing launched and no hedge claimed", plan)
+		t.Errorf("lone replica, one zone that took two at once: plan %+v; want nothing launched and no hedge claimed", plan)
 	}
 	// Two zones, no on-demand price: a hedge, without an on-demand comparison.
 	plan = policy(hedged).Plan(p0, 1, nil, spotOnly("z1", "z2"))
@@ -722,5 +731,100 @@ func TestAvailabilityTargetEdges(t *testing.T) {
 	plan = pl.Plan(p0, 1, running, offers())
 	if len(plan.Launch) != 0 || len(plan.Drain) != 0 || plan.Want[fleet.Spot] != 1 || !strings.Contains(plan.Reason, "max_replicas 1 leaves no room") {
 		t.Errorf("max_replicas 1, a ready spot replica, 99.9 %%: %+v; want it kept, and why", plan)
+	}
+}
+
+// Where no other zone sells spot at all, a lone spot replica's hedge runs in its own zone,
+// unless that zone's reclaims have nearly all taken the service's replicas there at once
+// (within a minute), counted with zoneMemory's half life. Zones that exist but are
+// refused or cooling keep the old rule (TestLoneSpotReplicaIsHedged), and so does the
+// availability target, whose model counts zones.
+func TestSameZoneHedgeOnlyWhereNoOtherZoneSellsSpot(t *testing.T) {
+	one := []Offer{
+		{Provider: "gcp", Region: "africa-south1", Zone: "africa-south1-a", Capacity: fleet.OnDemand, PricePerHour: 10},
+		{Provider: "gcp", Region: "africa-south1", Zone: "africa-south1-a", Capacity: fleet.Spot, PricePerHour: 2},
+	}
+	hedged := func(p *PlacementPolicy) { p.SpotMinZones = 2; p.DynamicFallback = true }
+	at := func(id string, ready bool) Placed {
+		return Placed{ID: id, Capacity: fleet.Spot, Provider: "gcp", Region: "africa-south1", Zone: "africa-south1-a", Ready: ready, PricePerHour: 2}
+	}
+	pl := policy(hedged)
+	plan := pl.Plan(p0, 1, nil, one)
+	eq(t, "one zone", zones(plan.Launch), "spot@africa-south1-a", "spot@africa-south1-a")
+	if plan.Want[fleet.OnDemand] != 0 || !strings.Contains(plan.Reason, "in the same zone hedges the lone one") {
+		t.Fatalf("plan %+v: want two spot replicas, no stand-in, and the reason", plan)
+	}
+	// The pair runs: nothing launches or drains.
+	pair := []Placed{at("r1", true), at("r2", true)}
+	if plan = pl.Plan(p0.Add(time.Minute), 1, pair, one); len(plan.Launch)+len(plan.Drain) != 0 {
+		t.Fatalf("the pair running: plan %+v; want nothing to do", plan)
+	}
+	// One preempted alone: the survivor is hedged again.
+	pl.Preempted("gcp", "africa-south1", "africa-south1-a", p0.Add(2*time.Minute))
+	plan = pl.Plan(p0.Add(3*time.Minute), 1, pair[:1], one)
+	eq(t, "one taken of two", zones(plan.Launch), "spot@africa-south1-a")
+	// Both taken within a minute, once among partial reclaims: the hedge stays.
+	pl.Plan(p0.Add(10*time.Minute), 1, pair, one)
+	pl.Preempted("gcp", "africa-south1", "africa-south1-a", p0.Add(11*time.Minute))
+	pl.Preempted("gcp", "africa-south1", "africa-south1-a", p0.Add(11*time.Minute+20*time.Second))
+	eq(t, "one whole, one partial", zones(pl.Plan(p0.Add(20*time.Minute), 1, nil, one).Launch), "spot@africa-south1-a", "spot@africa-south1-a")
+	// Only whole reclaims, three of them: no hedge, until the record has faded.
+	pl = policy(hedged)
+	for i := range 3 {
+		t0 := p0.Add(time.Duration(i) * time.Hour)
+		pl.Plan(t0, 1, pair, one)
+		pl.Preempted("gcp", "africa-south1", "africa-south1-a", t0.Add(time.Minute))
+		pl.Preempted("gcp", "africa-south1", "africa-south1-a", t0.Add(time.Minute))
+		if l := pl.Plan(t0.Add(30*time.Minute), 1, pair[:1], one).Launch; (len(l) == 0) != (i == 2) {
+			t.Fatalf("after %d whole reclaims: launches %v; want a hedge after one or two, none after three", i+1, zones(l))
+		}
+	}
+	eq(t, "two days later", zones(pl.Plan(p0.Add(2*time.Hour+2*zoneMemory), 1, pair[:1], one).Launch), "spot@africa-south1-a")
+	// Two preempted an hour apart are two partial reclaims, not one whole one.
+	pl = policy(hedged)
+	pl.Plan(p0, 1, pair, one)
+	pl.Preempted("gcp", "africa-south1", "africa-south1-a", p0)
+	pl.Plan(p0.Add(30*time.Minute), 1, pair, one)
+	pl.Preempted("gcp", "africa-south1", "africa-south1-a", p0.Add(time.Hour))
+	eq(t, "apart", zones(pl.Plan(p0.Add(2*time.Hour), 1, pair[:1], one).Launch), "spot@africa-south1-a")
+	// The availability target's model hedges across zones only.
+	pl = policy(func(p *PlacementPolicy) { hedged(p); p.Availability = 0.99 })
+	for _, l := range pl.Plan(p0, 1, nil, one).Launch {
+		if l.Offer.Capacity == fleet.Spot && strings.Contains(l.Reason, "same zone") {
+			t.Fatalf("availability target: %q", l.Reason)
+		}
+	}
+}
+
+// Offers with no zone (a region's price, as a catalog gives for a continent it has no zone
+// of, or a provider without zones) are the same place in every record: a preemption there
+// cools that place (the placer keyed it "gcp/r1/" and the offer "gcp/r1", so it never
+// cooled, nor counted in the place's preemption rate), and a reserved slot with no zone
+// counts the replicas it holds.
+func TestPreemptionCoolsAZonelessPlace(t *testing.T) {
+	regions := []Offer{
+		{Provider: "gcp", Region: "r1", Capacity: fleet.Spot, PricePerHour: 1},
+		{Provider: "gcp", Region: "r2", Capacity: fleet.Spot, PricePerHour: 2},
+		{Provider: "gcp", Region: "r3", Capacity: fleet.Spot, PricePerHour: 2.5},
+		{Provider: "gcp", Region: "r1", Capacity: fleet.OnDemand, PricePerHour: 10},
+	}
+	pl := policy(nil)
+	if l := pl.Plan(p0, 1, nil, regions).Launch[0]; l.Offer.Region != "r1" {
+		t.Fatalf("first launch in %s; want r1, the cheaper", l.Offer.Region)
+	}
+	pl.Preempted("gcp", "r1", "", p0)
+	if l := pl.Plan(p0.Add(time.Minute), 1, nil, regions).Launch; len(l) != 1 || l[0].Offer.Region != "r2" {
+		t.Fatalf("after r1 preempted: %+v; want r2 while r1 cools down", l)
+	}
+}
+
+func TestZonelessReservedSlotsCountTheirReplicas(t *testing.T) {
+	pl := policy(func(p *PlacementPolicy) {
+		p.Reserved = []Slot{{Provider: "lambda", Region: "us-tx", Count: 1, PricePerHour: 2}, {Provider: "lambda", Region: "us-ut", Count: 1, PricePerHour: 2}}
+	})
+	held := []Placed{{ID: "r1", Capacity: fleet.Reserved, Provider: "lambda", Region: "us-tx", Ready: true}}
+	l := pl.Plan(p0, 2, held, offers()).Launch
+	if len(l) != 1 || l[0].Offer.Region != "us-ut" {
+		t.Fatalf("one of two zone-less slots held: launches %+v; want the other slot (us-ut)", l)
 	}
 }

@@ -140,9 +140,15 @@ func run(args []string, out io.Writer) error {
 				return err
 			}
 			n := *days
-			if covered := int(st.End() / (24 * time.Hour)); *startDay+n > covered && covered > *startDay {
+			switch covered := int(st.End() / (24 * time.Hour)); {
+			case *startDay+n > covered && covered > *startDay:
 				n = covered - *startDay
 				fmt.Fprintf(out, "<!-- %s covers %d whole days: %d day runs from day %d -->\n", sn, covered, n, *startDay)
+			case covered == 0 && *startDay == 0 && n > 1:
+				// A trace shorter than a day (SpotServe's g4dn: 10.8 h) has one day run; the
+				// days after it would have no spot trace at all.
+				n = 1
+				fmt.Fprintf(out, "<!-- %s covers %s, less than a day: one day run -->\n", sn, st.End())
 			}
 			for _, rd := range reads {
 				in := base

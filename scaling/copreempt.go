@@ -1,0 +1,120 @@
+package scaling
+
+import (
+	"math"
+	"time"
+
+	"github.com/arbiter-serve/arbiter/fleet"
+)
+
+// coPreemptions is how a zone's preemptions have fallen on the service: whether one took
+// every spot replica the service had there at once (two or more), or some of them. Spot
+// markets take capacity back in parts: SpotServe's g4dn trace removes one node of up to 24
+// at a time in 31 of its 48 removal instants, and a SkyPilot trace's drop from 16 to 6 leaves
+// 6. A second spot replica in the lone one's zone then hedges it, unless the zone's reclaims
+// have nearly all taken the service's replicas there together (sameZoneHedge).
+type coPreemptions struct {
+	// holding is the service's spot replicas per place at the last plan.
+	holding map[string]int
+	// burst is the preemptions of one place that came together (within coPreemptWindow of
+	// the first), the one under way per place.
+	burst map[string]preemptBurst
+	// seen counts each place's preemptions that found two or more of the service's spot
+	// replicas there: those that took them all and those that left some, decayed with
+	// zoneMemory's half life as the zones' records are.
+	seen map[string]*jointRecord
+}
+
+type preemptBurst struct {
+	at         time.Time
+	n, holding int
+}
+
+type jointRecord struct {
+	whole, partial float64
+	at             time.Time // when the counts were last decayed
+}
+
+func (r *jointRecord) decay(now time.Time) {
+	if !r.at.IsZero() && now.After(r.at) {
+		f := math.Exp2(-now.Sub(r.at).Hours() / zoneMemory.Hours())
+		r.whole *= f
+		r.partial *= f
+	}
+	if now.After(r.at) {
+		r.at = now
+	}
+}
+
+// coPreemptWindow: notices of one reclaim reach a provider's VMs within seconds of each
+// other, not at one instant.
+const coPreemptWindow = time.Minute
+
+// held records the spot replicas the service has in each place now (those leaving not
+// counted: they are going anyway).
+func (c *coPreemptions) held(spot []Placed) {
+	if c.holding == nil {
+		c.holding = map[string]int{}
+	}
+	clear(c.holding)
+	for _, r := range spot {
+		if r.Capacity == fleet.Spot {
+			c.holding[r.place()]++
+		}
+	}
+}
+
+// preempted counts one preemption in place at at. The first of a burst that finds two or
+// more replicas there counts as partial until the burst has taken them all.
+func (c *coPreemptions) preempted(place string, at time.Time) {
+	if c.burst == nil {
+		c.burst, c.seen = map[string]preemptBurst{}, map[string]*jointRecord{}
+	}
+	b := c.burst[place]
+	if b.n == 0 || at.Sub(b.at) > coPreemptWindow || at.Before(b.at) {
+		b = preemptBurst{at: at, holding: c.holding[place]}
+	}
+	b.n++
+	c.burst[place] = b
+	if b.holding < 2 {
+		return // one replica there: says nothing of how the zone takes several
+	}
+	r := c.seen[place]
+	if r == nil {
+		r = &jointRecord{}
+		c.seen[place] = r
+	}
+	r.decay(at)
+	switch {
+	case b.n == 1:
+		r.partial++
+	case b.n == b.holding:
+		r.partial, r.whole = max(r.partial-1, 0), r.whole+1
+	}
+}
+
+// sameZoneHedge says whether a lone spot replica in place may be hedged by a second one in
+// the same place: only where no other place sells spot at all (all: every offer, refused
+// or cooling ones too, since those are other zones the hedge waits for), and unless the
+// place's reclaims have been whole ones: a pair in one zone loses both only in a whole
+// reclaim, where the lone replica is lost in every reclaim that reaches it, so the pair
+// is worth its second replica until nearly every reclaim takes all. It is refused once
+// the chance that a reclaim takes all, estimated from the record with a uniform prior
+// ((whole+1) ÷ (whole+partial+2)), reaches wholeReclaimBar: three whole reclaims and no
+// partial one do it; one whole among partial ones does not.
+func (c *coPreemptions) sameZoneHedge(now time.Time, all []Offer, place string) bool {
+	for _, o := range all {
+		if o.Capacity == fleet.Spot && o.place() != place {
+			return false
+		}
+	}
+	r := c.seen[place]
+	if r == nil {
+		return true
+	}
+	r.decay(now)
+	return (r.whole+1)/(r.whole+r.partial+2) < wholeReclaimBar
+}
+
+// wholeReclaimBar is the chance of a whole reclaim at which a same-zone hedge stops paying.
+const wholeReclaimBar = 0.75
