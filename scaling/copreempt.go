@@ -116,5 +116,15 @@ func (c *coPreemptions) sameZoneHedge(now time.Time, all []Offer, place string) 
 	return (r.whole+1)/(r.whole+r.partial+2) < wholeReclaimBar
 }
 
+// sameZoneHedge: a same-zone hedge runs only in a zone that has taken one of the service's
+// replicas back lately (its record holds at least half a preemption, decayed with
+// zoneMemory's half life: one within the last day), and where coPreemptions allows it. A
+// zone that takes nothing back needs no insurance: under the count reading of SpotServe's
+// trace, which never reaches the service, a pair cost 1.9× SkyServe's lone replica.
+func (pl *Placer) sameZoneHedge(now time.Time, all []Offer, place string) bool {
+	r := pl.zones[place]
+	return r != nil && r.preemptions >= 0.5 && pl.together.sameZoneHedge(now, all, place)
+}
+
 // wholeReclaimBar is the chance of a whole reclaim at which a same-zone hedge stops paying.
 const wholeReclaimBar = 0.75

@@ -611,7 +611,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 				break
 			}
 			if hedge == 1 && len(have[fleet.Spot])+len(spotLaunches) >= want[fleet.Spot]-1 && spotIn[o.place()] > 0 {
-				if p.Availability > 0 || !pl.together.sameZoneHedge(now, all, o.place()) {
+				if p.Availability > 0 || !pl.sameZoneHedge(now, all, o.place()) {
 					// A hedge in the lone replica's own zone would go with it: none.
 					want[fleet.Spot], hedge = want[fleet.Spot]-1, 0
 					break
@@ -632,7 +632,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		// runs or launches, and compared with on-demand only where an on-demand price is.
 		if hedge == 1 && p.Availability == 0 {
 			if sameZone || len(have[fleet.Spot]) == 2 && have[fleet.Spot][0].place() == have[fleet.Spot][1].place() {
-				why += "; a second spot replica in the same zone hedges the lone one (spot_policy.min_zones 2; no other zone sells spot, and this one's reclaims have not nearly all taken the service's replicas there together"
+				why += "; a second spot replica in the same zone hedges the lone one (spot_policy.min_zones 2; no other zone sells spot; this one has taken a replica back lately, and its reclaims have not nearly all taken the service's replicas there together"
 			} else {
 				why += "; a second spot replica in another zone hedges the lone one (spot_policy.min_zones 2"
 			}

@@ -553,10 +553,22 @@ func TestHedgeReasonIsTrue(t *testing.T) {
 		}
 		return out
 	}
-	// One spot zone, no on-demand price: the hedge goes in that zone, said as such
-	// (TestSameZoneHedgeOnlyWhereNoOtherZoneSellsSpot), with no on-demand comparison.
+	// One spot zone, no on-demand price, nothing taken back yet: one replica and no hedge,
+	// said as such.
 	plan := policy(hedged).Plan(p0, 1, nil, spotOnly("z1"))
-	eq(t, "one zone", zones(plan.Launch), "spot@z1", "spot@z1")
+	eq(t, "one zone", zones(plan.Launch), "spot@z1")
+	for _, s := range append([]string{plan.Reason}, plan.Launch[0].Reason) {
+		if strings.Contains(s, "hedge") || strings.Contains(s, "× on-demand") {
+			t.Errorf("one spot zone, no on-demand price: reason %q claims a hedge or an on-demand comparison", s)
+		}
+	}
+	// Once the zone has taken a replica back, the hedge goes in that zone, said as such
+	// (TestSameZoneHedgeOnlyWhereNoOtherZoneSellsSpot), with no on-demand comparison.
+	reclaimed := policy(hedged)
+	reclaimed.Plan(p0, 1, []Placed{{ID: "r0", Capacity: fleet.Spot, Provider: "kubernetes:c", Region: "r", Zone: "z1", Ready: true}}, spotOnly("z1"))
+	reclaimed.Preempted("kubernetes:c", "r", "z1", p0)
+	plan = reclaimed.Plan(p0.Add(time.Minute), 1, nil, spotOnly("z1"))
+	eq(t, "one zone that took a replica back", zones(plan.Launch), "spot@z1", "spot@z1")
 	for _, s := range append([]string{plan.Reason}, plan.Launch[0].Reason) {
 		if !strings.Contains(s, "in the same zone hedges") || strings.Contains(s, "× on-demand") {
 			t.Errorf("one spot zone, no on-demand price: reason %q; want the same-zone hedge and no on-demand comparison", s)
@@ -734,8 +746,8 @@ func TestAvailabilityTargetEdges(t *testing.T) {
 	}
 }
 
-// Where no other zone sells spot at all, a lone spot replica's hedge runs in its own zone,
-// unless that zone's reclaims have nearly all taken the service's replicas there at once
+// Where no other zone sells spot at all, a lone spot replica's hedge runs in its own zone
+// once that zone has taken a replica back (within about a day), unless that zone's reclaims have nearly all taken the service's replicas there at once
 // (within a minute), counted with zoneMemory's half life. Zones that exist but are
 // refused or cooling keep the old rule (TestLoneSpotReplicaIsHedged), and so does the
 // availability target, whose model counts zones.
@@ -750,6 +762,10 @@ func TestSameZoneHedgeOnlyWhereNoOtherZoneSellsSpot(t *testing.T) {
 	}
 	pl := policy(hedged)
 	plan := pl.Plan(p0, 1, nil, one)
+	eq(t, "one zone, nothing taken back yet", zones(plan.Launch), "spot@africa-south1-a")
+	pl.Plan(p0, 1, []Placed{at("r0", true)}, one)
+	pl.Preempted("gcp", "africa-south1", "africa-south1-a", p0)
+	plan = pl.Plan(p0.Add(time.Second), 1, nil, one)
 	eq(t, "one zone", zones(plan.Launch), "spot@africa-south1-a", "spot@africa-south1-a")
 	if plan.Want[fleet.OnDemand] != 0 || !strings.Contains(plan.Reason, "in the same zone hedges the lone one") {
 		t.Fatalf("plan %+v: want two spot replicas, no stand-in, and the reason", plan)

@@ -144,14 +144,20 @@ func run(args []string, out io.Writer) error {
 			case *startDay+n > covered && covered > *startDay:
 				n = covered - *startDay
 				fmt.Fprintf(out, "<!-- %s covers %d whole days: %d day runs from day %d -->\n", sn, covered, n, *startDay)
-			case covered == 0 && *startDay == 0 && n > 1:
-				// A trace shorter than a day (SpotServe's g4dn: 10.8 h) has one day run; the
-				// days after it would have no spot trace at all.
+			}
+			short := st.End() < base.Duration && *startDay == 0
+			if short {
+				// A trace shorter than the run (SpotServe's g4dn: 10.8 h) has one run as long
+				// as it: past its end no spot capacity is known, and every system would buy
+				// on-demand for the rest of the day.
 				n = 1
-				fmt.Fprintf(out, "<!-- %s covers %s, less than a day: one day run -->\n", sn, st.End())
+				fmt.Fprintf(out, "<!-- %s covers %s, less than -hours: one run of that length -->\n", sn, st.End())
 			}
 			for _, rd := range reads {
 				in := base
+				if short {
+					in.Duration = st.End()
+				}
 				in.Spot, in.Reading = st, rd
 				if err := printMapping(out, in, sn); err != nil {
 					return err
