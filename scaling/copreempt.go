@@ -51,7 +51,9 @@ func (r *jointRecord) decay(now time.Time) {
 const coPreemptWindow = time.Minute
 
 // held records the spot replicas the service has in each place now (those leaving not
-// counted: they are going anyway).
+// counted: they are going anyway). It is as of the last plan: a replica that plan drained, or
+// one launched since, is counted until the next, so a burst between two plans may be judged
+// against a count one off; the next plan's record corrects the count, not the verdict.
 func (c *coPreemptions) held(spot []Placed) {
 	if c.holding == nil {
 		c.holding = map[string]int{}
@@ -71,8 +73,10 @@ func (c *coPreemptions) preempted(place string, at time.Time) {
 		c.burst, c.seen = map[string]preemptBurst{}, map[string]*jointRecord{}
 	}
 	b := c.burst[place]
-	if b.n == 0 || at.Sub(b.at) > coPreemptWindow || at.Before(b.at) {
+	if d := at.Sub(b.at); b.n == 0 || d > coPreemptWindow || d < -coPreemptWindow {
 		b = preemptBurst{at: at, holding: c.holding[place]}
+	} else if at.Before(b.at) {
+		b.at = at // reported out of order: the burst starts at its earliest notice
 	}
 	b.n++
 	c.burst[place] = b
@@ -100,20 +104,47 @@ func (c *coPreemptions) preempted(place string, at time.Time) {
 // reclaim, where the lone replica is lost in every reclaim that reaches it, so the pair
 // is worth its second replica until nearly every reclaim takes all. It is refused once
 // the chance that a reclaim takes all, estimated from the record with a uniform prior
-// ((whole+1) ÷ (whole+partial+2)), reaches wholeReclaimBar: three whole reclaims and no
-// partial one do it; one whole among partial ones does not.
+// ((whole+1) ÷ (whole+partial+2)), passes wholeReclaimBar: three whole reclaims and no
+// partial one do it (4/5), two do not (3/4); one whole among partial ones does not.
 func (c *coPreemptions) sameZoneHedge(now time.Time, all []Offer, place string) bool {
-	for _, o := range all {
-		if o.Capacity == fleet.Spot && o.place() != place {
-			return false
-		}
+	if !c.onlyZone(all, place) {
+		return false
 	}
 	r := c.seen[place]
 	if r == nil {
 		return true
 	}
 	r.decay(now)
-	return (r.whole+1)/(r.whole+r.partial+2) < wholeReclaimBar
+	return (r.whole+1)/(r.whole+r.partial+2) <= wholeReclaimBar
+}
+
+// onlyZone says whether place is the only one of all the offers that sells spot.
+func (c *coPreemptions) onlyZone(all []Offer, place string) bool {
+	for _, o := range all {
+		if o.Capacity == fleet.Spot && o.place() != place {
+			return false
+		}
+	}
+	return true
+}
+
+// onePlace says whether every spot replica a plan keeps or launches is in one place, and
+// which (false for none).
+func onePlace(have []Placed, launches []Launch) (string, bool) {
+	at := ""
+	for _, r := range have {
+		if at != "" && r.place() != at {
+			return "", false
+		}
+		at = r.place()
+	}
+	for _, l := range launches {
+		if at != "" && l.Offer.place() != at {
+			return "", false
+		}
+		at = l.Offer.place()
+	}
+	return at, at != ""
 }
 
 // sameZoneHedge: a same-zone hedge runs only in a zone that has taken one of the service's
@@ -126,5 +157,5 @@ func (pl *Placer) sameZoneHedge(now time.Time, all []Offer, place string) bool {
 	return r != nil && r.preemptions >= 0.5 && pl.together.sameZoneHedge(now, all, place)
 }
 
-// wholeReclaimBar is the chance of a whole reclaim at which a same-zone hedge stops paying.
+// wholeReclaimBar is the chance of a whole reclaim past which a same-zone hedge stops paying.
 const wholeReclaimBar = 0.75

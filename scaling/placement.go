@@ -612,11 +612,12 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			}
 			if hedge == 1 && len(have[fleet.Spot])+len(spotLaunches) >= want[fleet.Spot]-1 && spotIn[o.place()] > 0 {
 				if p.Availability > 0 || !pl.sameZoneHedge(now, all, o.place()) {
-					// A hedge in the lone replica's own zone would go with it: none.
+					// A hedge in the lone replica's own zone would go with it: none. (The
+					// availability target's pair needs two active zones, pairOK, so it comes
+					// here only if spotZone put both in one: its model counts zones.)
 					want[fleet.Spot], hedge = want[fleet.Spot]-1, 0
 					break
 				}
-				sameZone = true
 			}
 			there = append(there, spotIn[o.place()])
 			spotIn[o.place()]++
@@ -628,12 +629,29 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 				why += " (no other zone offers spot now: the hedge waits)"
 			}
 		}
+		onlyZone := false
+		if hedge == 1 && p.Availability == 0 {
+			// A pair in one place is held to the same-zone rule at every plan, not only when
+			// its second replica launches: in the only zone that sells spot, once the zone's
+			// record has faded (or its reclaims proved whole), one of the pair drains. Where
+			// other zones sell spot, a pair left in one zone (a target that fell from two)
+			// stays, as it always has: moving one costs a cold start unhedged.
+			if at, one := onePlace(have[fleet.Spot], spotLaunches); one {
+				sameZone, onlyZone = true, pl.together.onlyZone(all, at)
+				if onlyZone && !pl.sameZoneHedge(now, all, at) {
+					want[fleet.Spot], hedge, sameZone = want[fleet.Spot]-1, 0, false
+				}
+			}
+		}
 		// The reasons are written once the plan is known: a hedge is claimed only where one
 		// runs or launches, and compared with on-demand only where an on-demand price is.
 		if hedge == 1 && p.Availability == 0 {
-			if sameZone || len(have[fleet.Spot]) == 2 && have[fleet.Spot][0].place() == have[fleet.Spot][1].place() {
+			switch {
+			case onlyZone:
 				why += "; a second spot replica in the same zone hedges the lone one (spot_policy.min_zones 2; no other zone sells spot; this one has taken a replica back lately, and its reclaims have not nearly all taken the service's replicas there together"
-			} else {
+			case sameZone:
+				why += "; a second spot replica in the same zone hedges the lone one (spot_policy.min_zones 2; left there when the target fell"
+			default:
 				why += "; a second spot replica in another zone hedges the lone one (spot_policy.min_zones 2"
 			}
 			if haveOD {

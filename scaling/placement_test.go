@@ -844,3 +844,86 @@ func TestZonelessReservedSlotsCountTheirReplicas(t *testing.T) {
 		t.Fatalf("one of two zone-less slots held: launches %+v; want the other slot (us-ut)", l)
 	}
 }
+
+// The same-zone rule holds at every plan, not only at the second replica's launch, and each
+// of its conditions is its own: another zone selling spot (even one refused lately), a faded
+// record, the availability target, partial reclaims outweighing whole ones, and notices of
+// one reclaim reported out of order. A pair left in one zone where others sell spot stays,
+// as before the rule.
+func TestSameZoneHedgeIsCheckedEveryPlan(t *testing.T) {
+	one := []Offer{
+		{Provider: "gcp", Region: "r", Zone: "a", Capacity: fleet.OnDemand, PricePerHour: 10},
+		{Provider: "gcp", Region: "r", Zone: "a", Capacity: fleet.Spot, PricePerHour: 2},
+	}
+	two := append(slices.Clone(one), Offer{Provider: "gcp", Region: "r", Zone: "b", Capacity: fleet.Spot, PricePerHour: 2.5})
+	hedged := func(p *PlacementPolicy) { p.SpotMinZones = 2; p.RefusalBackoff = time.Hour }
+	at := func(id, zone string) Placed {
+		return Placed{ID: id, Capacity: fleet.Spot, Provider: "gcp", Region: "r", Zone: zone, Ready: true, PricePerHour: 2}
+	}
+	pair := []Placed{at("r1", "a"), at("r2", "a")}
+	reclaimed := func(mod func(*PlacementPolicy)) *Placer {
+		pl := policy(mod)
+		pl.Plan(p0, 1, pair[:1], one)
+		pl.Preempted("gcp", "r", "a", p0)
+		return pl
+	}
+	wantSpot := func(what string, plan Plan, n int, claim bool) {
+		t.Helper()
+		if plan.Want[fleet.Spot] != n || strings.Contains(plan.Reason, "same zone") != claim {
+			t.Fatalf("%s: want spot %d, reason %q; want spot %d, same-zone claim %v", what, plan.Want[fleet.Spot], plan.Reason, n, claim)
+		}
+	}
+	pl := reclaimed(hedged)
+	wantSpot("the pair runs", pl.Plan(p0.Add(time.Minute), 1, pair, one), 2, true)
+	// Another zone sells spot now: the pair stays (moving one costs a cold start unhedged),
+	// said as a pair in one zone, not as the only zone's hedge.
+	plan := pl.Plan(p0.Add(2*time.Minute), 1, pair, two)
+	wantSpot("another zone appears", plan, 2, true)
+	if len(plan.Drain)+len(plan.Launch) != 0 || strings.Contains(plan.Reason, "no other zone sells spot") {
+		t.Fatalf("another zone appears: plan %+v; want the pair kept, its reason true", plan)
+	}
+	// The record fades (no reclaim for days): one of the pair drains.
+	wantSpot("ten quiet days", pl.Plan(p0.Add(10*zoneMemory), 1, pair, one), 1, false)
+	// Three in the only zone, never reclaimed: no pair is kept as a hedge, and no reason
+	// claims one in another zone.
+	plan = policy(hedged).Plan(p0, 1, []Placed{at("r1", "a"), at("r2", "a"), at("r3", "a")}, one)
+	wantSpot("three, never reclaimed", plan, 1, false)
+	if strings.Contains(plan.Reason, "hedge") {
+		t.Fatalf("three in one zone, never reclaimed: reason %q claims a hedge", plan.Reason)
+	}
+	// Another zone exists but refused lately: the old rule (no hedge in the same zone).
+	pl = reclaimed(hedged)
+	pl.Refused(two[2], p0)
+	wantSpot("the other zone refused", pl.Plan(p0.Add(time.Minute), 1, pair[:1], two), 1, false)
+	// The availability target: no same-zone hedge, reclaimed or not.
+	pl = reclaimed(func(p *PlacementPolicy) { hedged(p); p.Availability = 0.99 })
+	for _, l := range pl.Plan(p0.Add(time.Minute), 1, pair[:1], one).Launch {
+		if l.Offer.Capacity == fleet.Spot {
+			t.Fatalf("availability target: a same-zone spot launch %q", l.Reason)
+		}
+	}
+	// Three whole reclaims stop the hedge; two partial ones after them bring it back.
+	pl = reclaimed(hedged)
+	for i := range 3 {
+		t0 := p0.Add(time.Duration(i+1) * time.Minute * 10)
+		pl.Plan(t0, 1, pair, one)
+		pl.Preempted("gcp", "r", "a", t0)
+		pl.Preempted("gcp", "r", "a", t0)
+	}
+	wantSpot("three whole", pl.Plan(p0.Add(time.Hour), 1, pair[:1], one), 1, false)
+	for i := range 2 {
+		t0 := p0.Add(time.Hour + time.Duration(i+1)*time.Minute*10)
+		pl.Plan(t0, 1, pair, one)
+		pl.Preempted("gcp", "r", "a", t0)
+	}
+	wantSpot("then two partial", pl.Plan(p0.Add(2*time.Hour), 1, pair[:1], one), 2, true)
+	// One reclaim's notices out of order are one whole reclaim: three of them stop the hedge.
+	pl = reclaimed(hedged)
+	for i := range 3 {
+		t0 := p0.Add(time.Duration(i+1) * time.Hour)
+		pl.Plan(t0, 1, pair, one)
+		pl.Preempted("gcp", "r", "a", t0.Add(10*time.Second))
+		pl.Preempted("gcp", "r", "a", t0)
+	}
+	wantSpot("out of order", pl.Plan(p0.Add(5*time.Hour), 1, pair[:1], one), 1, false)
+}
