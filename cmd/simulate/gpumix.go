@@ -286,7 +286,7 @@ func offeredGPUs(offers []scaling.Offer, out io.Writer, spotName string) []strin
 		}
 		if o.Capacity == fleet.Spot {
 			s.spot = min(s.spot, o.PricePerHour)
-			s.spotZones[o.Provider+"/"+o.Zone] = true
+			s.spotZones[market.Place(o.Provider, o.Region, o.Zone)] = true
 		} else if o.PricePerHour < s.od {
 			s.od, s.where = o.PricePerHour, o.Provider+" "+o.InstanceType
 		}
