@@ -1,7 +1,6 @@
 package scaling
 
 import (
-	"math"
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
@@ -12,7 +11,7 @@ import (
 // markets take capacity back in parts: SpotServe's g4dn trace removes one node of up to 24
 // at a time in 31 of its 48 removal instants, and a SkyPilot trace's drop from 16 to 6 leaves
 // 6. A second spot replica in the lone one's zone then hedges it, unless the zone's reclaims
-// have nearly all taken the service's replicas there together (sameZoneHedge).
+// have nearly all taken the service's replicas there together (allowsPair).
 type coPreemptions struct {
 	// holding is the service's spot replicas per place at the last plan.
 	holding map[string]int
@@ -20,8 +19,8 @@ type coPreemptions struct {
 	// the first), the one under way per place.
 	burst map[string]preemptBurst
 	// seen counts each place's preemptions that found two or more of the service's spot
-	// replicas there: those that took them all and those that left some, decayed with
-	// zoneMemory's half life as the zones' records are.
+	// replicas there: those that took them all and those that left some, decayed with the
+	// zones' records at every plan (decay).
 	seen map[string]*jointRecord
 }
 
@@ -30,19 +29,13 @@ type preemptBurst struct {
 	n, holding int
 }
 
-type jointRecord struct {
-	whole, partial float64
-	at             time.Time // when the counts were last decayed
-}
+type jointRecord struct{ whole, partial float64 }
 
-func (r *jointRecord) decay(now time.Time) {
-	if !r.at.IsZero() && now.After(r.at) {
-		f := math.Exp2(-now.Sub(r.at).Hours() / zoneMemory.Hours())
-		r.whole *= f
-		r.partial *= f
-	}
-	if now.After(r.at) {
-		r.at = now
+// decay fades every place's record by factor, as Placer.observe fades the zones' records.
+func (c *coPreemptions) decay(factor float64) {
+	for _, r := range c.seen {
+		r.whole *= factor
+		r.partial *= factor
 	}
 }
 
@@ -88,7 +81,6 @@ func (c *coPreemptions) preempted(place string, at time.Time) {
 		r = &jointRecord{}
 		c.seen[place] = r
 	}
-	r.decay(at)
 	switch {
 	case b.n == 1:
 		r.partial++
@@ -97,29 +89,24 @@ func (c *coPreemptions) preempted(place string, at time.Time) {
 	}
 }
 
-// sameZoneHedge says whether a lone spot replica in place may be hedged by a second one in
-// the same place: only where no other place sells spot at all (all: every offer, refused
-// or cooling ones too, since those are other zones the hedge waits for), and unless the
-// place's reclaims have been whole ones: a pair in one zone loses both only in a whole
-// reclaim, where the lone replica is lost in every reclaim that reaches it, so the pair
-// is worth its second replica until nearly every reclaim takes all. It is refused once
-// the chance that a reclaim takes all, estimated from the record with a uniform prior
-// ((whole+1) ÷ (whole+partial+2)), passes wholeReclaimBar: three whole reclaims and no
-// partial one do it (4/5), two do not (3/4); one whole among partial ones does not.
-func (c *coPreemptions) sameZoneHedge(now time.Time, all []Offer, place string) bool {
-	if !c.onlyZone(all, place) {
-		return false
-	}
+// allowsPair says whether place's reclaims leave a pair of spot replicas there worth its
+// second one: a pair in one zone loses both only in a whole reclaim, where the lone replica
+// is lost in every reclaim that reaches it, so the pair is worth its second replica until
+// nearly every reclaim takes all. It is refused once the chance that a reclaim takes all,
+// estimated from the record with a uniform prior ((whole+1) ÷ (whole+partial+2)), passes
+// wholeReclaimBar: three whole reclaims and no partial one do it (4/5), two do not (3/4);
+// one whole among partial ones does not.
+func (c *coPreemptions) allowsPair(place string) bool {
 	r := c.seen[place]
 	if r == nil {
 		return true
 	}
-	r.decay(now)
 	return (r.whole+1)/(r.whole+r.partial+2) <= wholeReclaimBar
 }
 
-// onlyZone says whether place is the only one of all the offers that sells spot.
-func (c *coPreemptions) onlyZone(all []Offer, place string) bool {
+// onlyZone says whether place is the only one of all the offers (every offer, refused or
+// cooling ones too, since those are other zones a hedge may wait for) that sells spot.
+func onlyZone(all []Offer, place string) bool {
 	for _, o := range all {
 		if o.Capacity == fleet.Spot && o.place() != place {
 			return false
@@ -147,14 +134,16 @@ func onePlace(have []Placed, launches []Launch) (string, bool) {
 	return at, at != ""
 }
 
-// sameZoneHedge: a same-zone hedge runs only in a zone that has taken one of the service's
-// replicas back lately (its record holds at least half a preemption, decayed with
-// zoneMemory's half life: one within the last day), and where coPreemptions allows it. A
-// zone that takes nothing back needs no insurance: under the count reading of SpotServe's
-// trace, which never reaches the service, a pair cost 1.9× SkyServe's lone replica.
-func (pl *Placer) sameZoneHedge(now time.Time, all []Offer, place string) bool {
+// sameZoneHedge says whether a lone spot replica in place, the only zone that sells spot
+// (onlyZone, the caller's to check), may be hedged by a second one there: only once the zone
+// has taken one of the service's replicas back lately (its record holds at least half a
+// preemption, decayed with zoneMemory's half life: one within the last day), and where its
+// reclaims allow a pair (allowsPair). A zone that takes nothing back needs no insurance:
+// under the count reading of SpotServe's trace, which never reaches the service, a pair cost
+// 1.9× SkyServe's lone replica.
+func (pl *Placer) sameZoneHedge(place string) bool {
 	r := pl.zones[place]
-	return r != nil && r.preemptions >= 0.5 && pl.together.sameZoneHedge(now, all, place)
+	return r != nil && r.preemptions >= 0.5 && pl.together.allowsPair(place)
 }
 
 // wholeReclaimBar is the chance of a whole reclaim past which a same-zone hedge stops paying.

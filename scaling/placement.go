@@ -398,6 +398,7 @@ func (pl *Placer) observe(now time.Time, spot []Placed) {
 	}
 	pl.outages.preemptions *= decay
 	pl.outages.hours = pl.outages.hours*decay + dt.Hours()
+	pl.together.decay(decay)
 	for _, r := range spot {
 		pl.record(r.place()).hours += dt.Hours()
 	}
@@ -604,14 +605,13 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			share = 1 // the lone replica and its hedge, each in a zone of its own
 		}
 		var there []int // spot replicas in each launch's place before it
-		sameZone := false
 		for n := want[fleet.Spot] - len(have[fleet.Spot]); n > 0; n-- {
 			o, ok := pl.spotZone(offers, active, spotIn, share, odOffer.PricePerHour)
 			if !ok {
 				break
 			}
 			if hedge == 1 && len(have[fleet.Spot])+len(spotLaunches) >= want[fleet.Spot]-1 && spotIn[o.place()] > 0 {
-				if p.Availability > 0 || !pl.sameZoneHedge(now, all, o.place()) {
+				if p.Availability > 0 || !onlyZone(all, o.place()) || !pl.sameZoneHedge(o.place()) {
 					// A hedge in the lone replica's own zone would go with it: none. (The
 					// availability target's pair needs two active zones, pairOK, so it comes
 					// here only if spotZone put both in one: its model counts zones.)
@@ -629,7 +629,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 				why += " (no other zone offers spot now: the hedge waits)"
 			}
 		}
-		onlyZone := false
+		sameZone, only := false, false
 		if hedge == 1 && p.Availability == 0 {
 			// A pair in one place is held to the same-zone rule at every plan, not only when
 			// its second replica launches: in the only zone that sells spot, once the zone's
@@ -637,8 +637,8 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 			// other zones sell spot, a pair left in one zone (a target that fell from two)
 			// stays, as it always has: moving one costs a cold start unhedged.
 			if at, one := onePlace(have[fleet.Spot], spotLaunches); one {
-				sameZone, onlyZone = true, pl.together.onlyZone(all, at)
-				if onlyZone && !pl.sameZoneHedge(now, all, at) {
+				sameZone, only = true, onlyZone(all, at)
+				if only && !pl.sameZoneHedge(at) {
 					want[fleet.Spot], hedge, sameZone = want[fleet.Spot]-1, 0, false
 				}
 			}
@@ -647,7 +647,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 		// runs or launches, and compared with on-demand only where an on-demand price is.
 		if hedge == 1 && p.Availability == 0 {
 			switch {
-			case onlyZone:
+			case only:
 				why += "; a second spot replica in the same zone hedges the lone one (spot_policy.min_zones 2; no other zone sells spot; this one has taken a replica back lately, and its reclaims have not nearly all taken the service's replicas there together"
 			case sameZone:
 				why += "; a second spot replica in the same zone hedges the lone one (spot_policy.min_zones 2; left there when the target fell"

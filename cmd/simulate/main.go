@@ -140,8 +140,7 @@ func run(args []string, out io.Writer) error {
 				return err
 			}
 			n := *days
-			switch covered := int(st.End() / (24 * time.Hour)); {
-			case *startDay+n > covered && covered > *startDay:
+			if covered := int(st.End() / (24 * time.Hour)); *startDay+n > covered && covered > *startDay {
 				n = covered - *startDay
 				fmt.Fprintf(out, "<!-- %s covers %d whole days: %d day runs from day %d -->\n", sn, covered, n, *startDay)
 			}
