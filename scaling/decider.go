@@ -134,11 +134,15 @@ func (d *Decider) Decide(now time.Time, ready, current int) Decision {
 	if c.Signal == SignalConcurrency {
 		d.learnServiceTime(now, ready)
 	}
-	stableLoad := d.load(now, c.StableWindow)
+	stableLoad, queued := d.demand(now, c.StableWindow, ready)
 	want := replicasFor(stableLoad, c.TargetPerReplica)
 	var b strings.Builder
 	fmt.Fprintf(&b, "stable %s %s %s / %s per replica → %d",
 		secs(c.StableWindow), c.Signal.unit(), num(stableLoad), num(c.TargetPerReplica), want)
+	if queued > 0 {
+		fmt.Fprintf(&b, " (%s more in flight, queued in %d ready replicas short of the arrivals × %s: not counted)",
+			num(queued), ready, secs(time.Duration(d.serviceTime*float64(time.Second))))
+	}
 	if n := len(d.samples); c.Signal == SignalConcurrency && d.serviceTime > 0 && n > 0 && d.samples[n-1].Waiting > 0 {
 		fmt.Fprintf(&b, " (%s held: counted as arrivals × %s in flight each)", num(d.samples[n-1].Waiting), secs(time.Duration(d.serviceTime*float64(time.Second))))
 	}
@@ -148,7 +152,7 @@ func (d *Decider) Decide(now time.Time, ready, current int) Decision {
 	// followed at once, and nothing shrinks until the burst has been over
 	// for a whole stable window.
 	if c.PanicWindow > 0 {
-		panicLoad := d.load(now, c.PanicWindow)
+		panicLoad, _ := d.demand(now, c.PanicWindow, ready)
 		panicWant := replicasFor(panicLoad, c.TargetPerReplica)
 		if panicWant > 0 && float64(panicWant) >= c.PanicThreshold*float64(max(ready, 1)) {
 			if !d.panicking {
@@ -237,6 +241,28 @@ func (d *Decider) Decide(now time.Time, ready, current int) Decision {
 	}
 	dec.Reason = b.String()
 	return dec
+}
+
+// demand is the load over the window w ending at now, and what of it was left out (0 but
+// for the concurrency signal). A fleet short of replicas queues requests inside them
+// (vLLM's waiting queue), and the in-flight count holds that queue: read as demand, a
+// burst's queue asks for the replicas it would need if it lasted, each bought with a cold
+// start and ready minutes after the queue has drained (on azure-code, 11 replicas ordered
+// for a burst that 6 served). So while fewer replicas are ready than the arrivals need at
+// W, the time a request spends in flight in normal service, the reading counts no more
+// than arrivals × W. Once that many are ready, all of it counts again: requests that have
+// come to take longer than W (a new mix) show there, the fleet grows for them, and W is
+// learned anew once it serves them normally.
+func (d *Decider) demand(now time.Time, w time.Duration, ready int) (load, queued float64) {
+	load = d.load(now, w)
+	if d.cfg.Signal != SignalConcurrency || d.serviceTime <= 0 {
+		return load, 0
+	}
+	carried := d.signal(now, w, SignalQPS) * d.serviceTime
+	if load > carried && ready < replicasFor(carried, d.cfg.TargetPerReplica) {
+		return carried, load - carried
+	}
+	return load, 0
 }
 
 // hysteresis moves from base toward clipped only once the move has been

@@ -828,7 +828,9 @@ func TestReleasedBacklogIsNotDemand(t *testing.T) {
 		r.step(s, Sample{Requests: 3, InFlight: max(2.7, 900-4*float64(s-421))})
 		r.expect(s, 1)
 	}
-	// Once drained, a reading that high is demand again.
+	// Once drained, a reading that high is demand again, once the fleet has the replicas
+	// the arrivals need at W (TestQueueInAShortFleetIsNotDemand).
+	r.ready = -1
 	for s := 701; s <= 800; s++ {
 		r.step(s, Sample{Requests: 3, InFlight: 40})
 	}
@@ -867,4 +869,49 @@ func TestShedRequestsCountAsDemand(t *testing.T) {
 		r.step(s, Sample{Tokens: 2000, Requests: 9, Shed: 5, ShedTokens: 2500})
 	}
 	r.expect(300, 5)
+}
+
+// A burst queues requests inside a fleet short of replicas, and the in-flight count holds
+// that queue. It is not demand: while fewer replicas are ready than the arrivals need at
+// W, the reading counts arrivals × W (on azure-code the queue of an hourly burst had asked
+// for 11 replicas where 6 served it, each bought with a cold start). Once the fleet has
+// the replicas the arrivals need, a reading still above arrivals × W is demand again:
+// requests that now take longer than W.
+func TestQueueInAShortFleetIsNotDemand(t *testing.T) {
+	cfg := concCfg()
+	cfg.PanicWindow = 0
+	r := newRun(t, cfg, 2)
+	for s := 1; s <= 120; s++ { // 3 requests/s, 6 in flight: W = 2 s
+		r.step(s, Sample{InFlight: 6, Requests: 3})
+	}
+	r.expect(120, 2)
+	// A burst: 6 requests/s need 6/s × 2 s = 12 in flight, 3 replicas at 4 each. The two
+	// ready replicas queue what they cannot run: 40 in flight (10 replicas' worth).
+	r.ready = 2
+	for s := 121; s <= 300; s++ {
+		r.step(s, Sample{InFlight: min(40, 6+float64(s-120)), Requests: 6})
+	}
+	// W is learned while the queue is still within twice the ready replicas' room, so it
+	// grows a little during the burst's first seconds; the target is what the arrivals
+	// need at that W, short of the queue's 10.
+	w := r.d.serviceTime
+	if want := replicasFor(6*w, cfg.TargetPerReplica); r.cur != want || want >= 10 {
+		t.Fatalf("t=300s: target %d, want the arrivals' 6/s × W %.2fs at 4 each: %d (%s)", r.cur, w, want, r.last.Reason)
+	}
+	if !strings.Contains(r.last.Reason, "queued in 2 ready replicas short of the arrivals × ") {
+		t.Fatalf("reason %q does not say the queue was left out", r.last.Reason)
+	}
+	// The new replicas are ready and the queue drains: W is learned again (2 s), and the
+	// fleet settles at the 3 replicas the arrivals need.
+	r.ready = -1
+	for s := 301; s <= 540; s++ {
+		r.step(s, Sample{InFlight: max(12, 40-float64(s-300)), Requests: 6})
+	}
+	r.expect(540, 3)
+	// The requests now take longer (W is 20/3 s, not 2): with the replicas the arrivals
+	// need at the old W ready, the whole reading is demand and the fleet grows for it.
+	for s := 541; s <= 700; s++ {
+		r.step(s, Sample{InFlight: 40, Requests: 6})
+	}
+	r.expect(700, 10)
 }
