@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -314,4 +315,100 @@ func TestLoadReportsFollowTheLeader(t *testing.T) {
 	sb.Close()
 	n := reports(a)
 	waitFor(t, "reports at a with b gone", func() bool { return reports(a) >= n+3 })
+}
+
+// latePolicy has room for a late request (Request.Late) only while it holds tokens; any
+// other request goes to the first candidate.
+type latePolicy struct {
+	mu   sync.Mutex
+	room int
+	late int // late requests answered no room
+}
+
+func (p *latePolicy) Pick(req *Request, cands []*Replica, _ *rand.Rand) *Replica {
+	if len(cands) == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if req.Late {
+		if p.room == 0 {
+			p.late++
+			return nil
+		}
+		p.room--
+	}
+	return cands[0]
+}
+
+// Requests held past their TTFT target are late: when a replica comes up they wait in the
+// router for room (the policy's), counted as held, and a fresh request goes first; they are
+// answered as room comes. Released at once, the backlog would queue every fresh request
+// behind it in the engine. (A 1 ms TTFT target: any hold passes it.)
+func TestLateHeldRequestsWaitForRoom(t *testing.T) {
+	fake := &fakeControlPlane{changed: make(chan struct{})}
+	fake.publish([]fleet.Service{{Name: "svc", Models: []string{testModel}, SLO: &fleet.SLO{TTFTSeconds: 0.001, Percentile: 0.9}}}, nil)
+	cps := httptest.NewServer(fake)
+	defer cps.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var cp *ControlPlane
+	room := &latePolicy{}
+	rig := startRouterWith(t, nil, func(px *Proxy, pool *Pool) {
+		cp = NewControlPlane(cps.URL, "tok", "r1", pool, px.Load, slog.New(slog.DiscardHandler))
+		cp.ReportEvery = 100 * time.Millisecond
+		px.ControlPlane = cp
+		px.policies["late"] = room
+	})
+	go cp.Run(ctx)
+	waitFor(t, "the first ready set", func() bool { return cp.Revision() == 1 })
+	held := func() float64 {
+		for _, m := range rig.px.Load.report(nil) {
+			if m.Model == testModel {
+				return m.Held
+			}
+		}
+		return 0
+	}
+	codes := make(chan int, 3)
+	for range 3 {
+		go func() {
+			resp, _ := post(t, rig.url+"/v1/chat/completions", chatBody(false, ""), "X-Arbiter-Policy", "late")
+			codes <- resp.StatusCode
+		}()
+	}
+	waitFor(t, "three requests held", func() bool { return held() == 3 })
+	s := startSim(t, simOpts{echo: true})
+	fake.publish(fake.set.Services, []fleet.Replica{replica("a", s, fleet.Reserved, 0)})
+	waitFor(t, "the late requests asking for room", func() bool {
+		room.mu.Lock()
+		defer room.mu.Unlock()
+		return room.late >= 3
+	})
+	if h := held(); h != 3 {
+		t.Fatalf("%v requests held once a replica was ready; want the 3 late ones, waiting for room", h)
+	}
+	resp, body := post(t, rig.url+"/v1/chat/completions", chatBody(false, ""), "X-Arbiter-Policy", "late")
+	if resp.StatusCode != 200 {
+		t.Fatalf("a fresh request while the late ones wait: %d %s", resp.StatusCode, body)
+	}
+	select {
+	case code := <-codes:
+		t.Fatalf("a late request was answered (%d) before it had room", code)
+	default:
+	}
+	room.mu.Lock()
+	room.room = 3
+	room.mu.Unlock()
+	for range 3 {
+		select {
+		case code := <-codes:
+			if code != 200 {
+				t.Fatalf("a late request, given room: %d", code)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a late request not answered once it had room")
+		}
+	}
+	waitFor(t, "no request held", func() bool { return held() == 0 })
 }

@@ -79,11 +79,28 @@ type Request struct {
 	// (a sheddable one, which waits up to queue.max_wait): only an idle replica has room
 	// for it without meeting the scaled SLO.
 	patient bool
+	// Late marks a request held (no replica ready) past its TTFT target: its SLO is lost
+	// whatever happens, and the held backlog, sent at once onto the replica that came up,
+	// would queue every fresh request behind it in the engine (on azure-conversation a
+	// preemption's 1,650 requests held through a cold start made the next minutes' fresh
+	// requests miss too). A predicting policy gives it a replica only where it has room, as
+	// a patient request at its SLO (gate 1), and nil when none has: it waits on in the
+	// router, and fresh requests go first.
+	Late bool
 	// fallback marks a pick made for the retries of a gateway (the endpoint picker's
 	// ordered list, after its first entry): it is not where the request goes unless the
 	// first fails, so it neither teaches prefix affinity, nor claims a re-sample, nor
 	// counts as a pick.
 	fallback bool
+}
+
+// gating is the gate and patience req is picked with: the queue's, else a late request's
+// (gate 1, patient).
+func (req *Request) gating() (float64, bool) {
+	if req.gate == 0 && req.Late {
+		return 1, true
+	}
+	return req.gate, req.patient
 }
 
 // anyUsable reports whether req may use one of cands.
@@ -439,18 +456,19 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 	var buf [maxExamined + 1]scored
 	ok := buf[:0]
 	slo := req.SLO
-	if req.gate > 0 {
-		slo = slo.scaled(req.gate)
+	gate, patient := req.gating()
+	if gate > 0 {
+		slo = slo.scaled(gate)
 	}
 	for _, s := range all {
 		if slo.Meets(s.p) {
 			ok = append(ok, s)
 		}
 	}
-	if len(ok) == 0 && req.gate > 0 {
+	if len(ok) == 0 && gate > 0 {
 		// Saturated for this request, unless a replica has room all the same.
 		for _, s := range all {
-			if hasRoom(req.SLO, s.p, req.patient) {
+			if hasRoom(req.SLO, s.p, patient) {
 				ok = append(ok, s)
 			}
 		}

@@ -664,3 +664,32 @@ func TestTPOTVerdictUsesItsSpread(t *testing.T) {
 		t.Fatalf("verdict %v for TPOT %.3f × spread %.2f against 0.1", slo.Meets(p), p.TPOT, p.TPOTSpread)
 	}
 }
+
+// A late request (held past its TTFT target, Request.Late) goes only where a replica has
+// room for it at its SLO, and nowhere (nil: it waits in the router) while none has; a fresh
+// request goes to the least loaded all the same.
+func TestLateRequestTakesOnlyRoom(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r := testReplica("a", fleet.Spot, 1)
+	setLoad(r, now, 256, 512) // the backlog a hold released
+	p := &SLOCheapest{StaleAfter: time.Second}
+	slo := SLO{TTFT: 1, TPOT: 0.1}
+	if slo.Meets(r.Predict(now, 500, 500, 100, time.Second)) {
+		t.Fatal("test setup: the loaded replica is predicted to meet the SLO")
+	}
+	rng := rand.New(rand.NewPCG(1, 1))
+	fresh := &Request{Model: "m", PromptTokens: 500, OutTokens: 100, SLO: slo, Now: now}
+	if got := p.Pick(fresh, []*Replica{r}, rng); got != r {
+		t.Fatalf("a fresh request picked %v; want the only replica", got)
+	}
+	late := &Request{Model: "m", PromptTokens: 500, OutTokens: 100, SLO: slo, Now: now, Late: true}
+	if got := p.Pick(late, []*Replica{r}, rng); got != nil {
+		t.Fatalf("a late request picked %s with no room; want none (it waits)", got.Info().ID)
+	}
+	later := now.Add(time.Second)
+	setLoad(r, later, 4, 0) // drained
+	late.Now = later
+	if got := p.Pick(late, []*Replica{r}, rng); got != r {
+		t.Fatalf("a late request picked %v with room; want the replica", got)
+	}
+}

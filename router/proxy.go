@@ -376,10 +376,12 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 		px.resolveAdapter(c)
 		cands := px.callCandidates(c)
 		if len(c.tried) == 0 && !anyUsable(&c.route, cands) && px.ControlPlane != nil && px.ControlPlane.Knows(c.model) {
+			heldFrom := px.Now()
 			if !px.hold(ctx, c, load) {
 				return
 			}
 			c.route.Now = px.Now()
+			c.route.Late = late(c.route.SLO, c.route.Now.Sub(heldFrom)) && !px.queueing(c, policy)
 			cands = px.callCandidates(c)
 		}
 		if c.adapter != nil {
@@ -395,9 +397,14 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 			if r = px.admitQueued(ctx, c, policy, rng); r == nil {
 				return // answered: 429, or the client left
 			}
+		} else if c.route.Late {
+			if r = px.awaitRoom(ctx, c, policy, rng, load); r == nil {
+				return // answered: its deadline, or the client left
+			}
 		} else {
 			r = policy.Pick(&c.route, cands, rng)
 		}
+		c.route.Late = false // a retry goes wherever it can
 		if c.pinned != nil {
 			// Only the replica that stored the response can continue it.
 			r = nil
@@ -515,6 +522,60 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 			ctx.SetConnectionClose()
 			return false
 		}
+		t := time.NewTimer(min(holdPoll, c.deadline.Sub(now)))
+		select {
+		case <-changed:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// late reports whether a request held for heldFor has passed its SLO's TTFT target
+// (Request.Late).
+func late(slo SLO, heldFor time.Duration) bool {
+	return slo.TTFT > 0 && heldFor.Seconds() >= slo.TTFT
+}
+
+// awaitRoom picks a replica with room for a late request (Request.Late), waiting in the
+// router while none has, counted as held: fresh requests go first, and the backlog a hold
+// leaves follows as room comes. It returns nil when it has answered the client (its
+// deadline passed, or the client left).
+func (px *Proxy) awaitRoom(ctx *fasthttp.RequestCtx, c *call, policy Policy, rng *rand.Rand, load *modelLoad) *Replica {
+	var start time.Time
+	for {
+		changed := px.pool.Changed()
+		now := px.Now()
+		c.route.Now = now
+		if cands := servingCandidates(px.callCandidates(c), c.api, &c.servingBuf); len(cands) > 0 {
+			if r := policy.Pick(&c.route, cands, rng); r != nil {
+				return r
+			}
+		}
+		if start.IsZero() {
+			start = now
+			px.held.Add(1)
+			load.held.Add(1)
+			px.met.held.WithLabelValues(c.service).Inc()
+			defer func() {
+				px.held.Add(-1)
+				load.held.Add(-1)
+				px.met.held.WithLabelValues(c.service).Dec()
+			}()
+		}
+		if !now.Before(c.deadline) {
+			px.met.fail("hold_deadline", c.service)
+			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable,
+				fmt.Sprintf("model %q was starting: this request, held past its TTFT target, waited %s more for a replica with room; retry shortly", c.model, now.Sub(start).Round(time.Second)))
+			ctx.Response.Header.Set("Retry-After", strconv.Itoa(holdRetryAfter))
+			return nil
+		}
+		if connwatch.PeerClosed(ctx.Conn()) {
+			px.met.fail("client_gone", c.service)
+			ctx.SetConnectionClose()
+			return nil
+		}
+		px.ControlPlane.Wake(c.model)
 		t := time.NewTimer(min(holdPoll, c.deadline.Sub(now)))
 		select {
 		case <-changed:

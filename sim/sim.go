@@ -101,6 +101,9 @@ type simulation struct {
 	byView map[*router.Replica]*replica
 	lbList []*replica // a polling balancer's ready list
 	held   []*request
+	// late are requests held past their TTFT target and released since: they wait in the
+	// router for a replica with room (router.Request.Late), in arrival order.
+	late   []*request
 	target int
 	nextID int
 
@@ -313,6 +316,10 @@ func (s *simulation) arrive(tr *traces.Request) {
 
 func (s *simulation) dispatch(req *request) {
 	cands := s.candidates(req.router)
+	if len(cands) == 0 && req.route.Late {
+		s.late = append(s.late, req) // it waits for room, and for a replica first
+		return
+	}
 	if len(cands) == 0 {
 		if s.w.holdAtZero {
 			s.hold(req)
@@ -322,7 +329,12 @@ func (s *simulation) dispatch(req *request) {
 		return
 	}
 	req.route.Now = s.clock()
-	rep := s.byView[s.routers[req.router].policy.Pick(&req.route, cands, s.rng)]
+	picked := s.routers[req.router].policy.Pick(&req.route, cands, s.rng)
+	if picked == nil { // a late request (router.Request.Late) with no room: it waits on
+		s.late = append(s.late, req)
+		return
+	}
+	rep := s.byView[picked]
 	req.attempts++
 	if rep.dead {
 		// A stale balancer list: the connection is refused, which may be retried.
@@ -448,6 +460,9 @@ func (s *simulation) stepped(r *replica) {
 			s.complete(r, req)
 		}
 	}
+	if len(s.late) > 0 {
+		s.releaseLate()
+	}
 	s.kick(r)
 }
 
@@ -554,8 +569,20 @@ func (s *simulation) sample() {
 		}
 		clear(s.held[len(kept):])
 		s.held = kept
+		kept = s.late[:0]
+		for _, req := range s.late {
+			if s.now-req.heldAt >= s.w.holdTimeout {
+				req.held = false
+				s.fail("timeout")
+				continue
+			}
+			kept = append(kept, req)
+		}
+		clear(s.late[len(kept):])
+		s.late = kept
 	}
-	s.dec.Record(scaling.Sample{At: s.clock(), Requests: s.arrivals, InFlight: float64(inflight), Waiting: float64(len(s.held)), Tokens: s.tokens})
+	s.releaseLate()
+	s.dec.Record(scaling.Sample{At: s.clock(), Requests: s.arrivals, InFlight: float64(inflight), Waiting: float64(len(s.held) + len(s.late)), Tokens: s.tokens})
 	s.arrivals, s.tokens = 0, 0
 }
 
@@ -665,7 +692,28 @@ func (s *simulation) becameReady(r *replica) {
 	held := s.held
 	s.held = nil
 	for _, req := range held {
+		// Held past its TTFT target, it waits for room as the router has it wait
+		// (router.Request.Late): released at once, the backlog would queue every fresh
+		// request behind it in the engine.
+		req.route.Late = s.w.slo.TTFT > 0 && s.now-req.heldAt >= time.Duration(s.w.slo.TTFT*float64(time.Second))
 		s.dispatch(req)
+	}
+	s.releaseLate()
+}
+
+// releaseLate sends the late requests, in arrival order, while a replica has room for the
+// first (router.Request.Late).
+func (s *simulation) releaseLate() {
+	for len(s.late) > 0 {
+		req := s.late[0]
+		s.late = s.late[1:]
+		n := len(s.late)
+		s.dispatch(req)
+		if len(s.late) > n { // no room: back at the head
+			copy(s.late[1:], s.late[:n])
+			s.late[0] = req
+			return
+		}
 	}
 }
 
