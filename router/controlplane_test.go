@@ -343,11 +343,12 @@ func (p *latePolicy) Pick(req *Request, cands []*Replica, _ *rand.Rand) *Replica
 
 // Requests held past their TTFT target are late: when a replica comes up they wait in the
 // router for room (the policy's), counted as held, and a fresh request goes first; they are
-// answered as room comes. Released at once, the backlog would queue every fresh request
-// behind it in the engine. (A 1 ms TTFT target: any hold passes it.)
+// answered as room comes, and once they have waited as long again as they were held, they
+// go as any request does. Released at once, the backlog would queue every fresh request
+// behind it in the engine.
 func TestLateHeldRequestsWaitForRoom(t *testing.T) {
 	fake := &fakeControlPlane{changed: make(chan struct{})}
-	fake.publish([]fleet.Service{{Name: "svc", Models: []string{testModel}, SLO: &fleet.SLO{TTFTSeconds: 0.001, Percentile: 0.9}}}, nil)
+	fake.publish([]fleet.Service{{Name: "svc", Models: []string{testModel}, SLO: &fleet.SLO{TTFTSeconds: 0.5, Percentile: 0.9}}}, nil)
 	cps := httptest.NewServer(fake)
 	defer cps.Close()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -378,8 +379,13 @@ func TestLateHeldRequestsWaitForRoom(t *testing.T) {
 		}()
 	}
 	waitFor(t, "three requests held", func() bool { return held() == 3 })
+	// A cold start, short: the hold's length is what the test is about (past the 0.5 s
+	// TTFT target, and how long the late requests then wait for room).
+	const hold = 3 * time.Second
+	time.Sleep(hold)
 	s := startSim(t, simOpts{echo: true})
 	fake.publish(fake.set.Services, []fleet.Replica{replica("a", s, fleet.Reserved, 0)})
+	released := time.Now()
 	waitFor(t, "the late requests asking for room", func() bool {
 		room.mu.Lock()
 		defer room.mu.Unlock()
@@ -397,17 +403,31 @@ func TestLateHeldRequestsWaitForRoom(t *testing.T) {
 		t.Fatalf("a late request was answered (%d) before it had room", code)
 	default:
 	}
+	// Room for one: one goes.
 	room.mu.Lock()
-	room.room = 3
+	room.room = 1
 	room.mu.Unlock()
-	for range 3 {
+	select {
+	case code := <-codes:
+		if code != 200 {
+			t.Fatalf("a late request, given room: %d", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a late request not answered once it had room")
+	}
+	waitFor(t, "two requests held", func() bool { return held() == 2 })
+	// No more room: the other two go once they have waited as long as they were held.
+	for range 2 {
 		select {
 		case code := <-codes:
 			if code != 200 {
-				t.Fatalf("a late request, given room: %d", code)
+				t.Fatalf("a late request past its wait for room: %d", code)
 			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("a late request not answered once it had room")
+			if waited := time.Since(released); waited < hold*9/10 {
+				t.Fatalf("a late request with no room went %v after the replica came up; want it to wait about %v", waited, hold)
+			}
+		case <-time.After(hold + 10*time.Second):
+			t.Fatal("a late request still waiting for room long after it was held as long again")
 		}
 	}
 	waitFor(t, "no request held", func() bool { return held() == 0 })

@@ -83,9 +83,10 @@ type Request struct {
 	// whatever happens, and the held backlog, sent at once onto the replica that came up,
 	// would queue every fresh request behind it in the engine (on azure-conversation a
 	// preemption's 1,650 requests held through a cold start made the next minutes' fresh
-	// requests miss too). A predicting policy gives it a replica only where it has room, as
-	// a patient request at its SLO (gate 1), and nil when none has: it waits on in the
-	// router, and fresh requests go first.
+	// requests miss too). A predicting policy gives it a replica only where it has room at
+	// its SLO (gate 1; hasRoom, not patient: one whose own prefill misses the target goes
+	// as it would), and nil when none has: it waits on in the router, fresh requests first,
+	// for no longer than it was held (then it goes as any request does).
 	Late bool
 	// fallback marks a pick made for the retries of a gateway (the endpoint picker's
 	// ordered list, after its first entry): it is not where the request goes unless the
@@ -95,10 +96,10 @@ type Request struct {
 }
 
 // gating is the gate and patience req is picked with: the queue's, else a late request's
-// (gate 1, patient).
+// (gate 1, not patient).
 func (req *Request) gating() (float64, bool) {
 	if req.gate == 0 && req.Late {
-		return 1, true
+		return 1, false
 	}
 	return req.gate, req.patient
 }

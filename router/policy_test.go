@@ -666,8 +666,8 @@ func TestTPOTVerdictUsesItsSpread(t *testing.T) {
 }
 
 // A late request (held past its TTFT target, Request.Late) goes only where a replica has
-// room for it at its SLO, and nowhere (nil: it waits in the router) while none has; a fresh
-// request goes to the least loaded all the same.
+// room for it at its SLO, and nowhere (nil: it waits in the router) while none has, unless
+// its own prefill misses the target; a fresh request goes to the least loaded all the same.
 func TestLateRequestTakesOnlyRoom(t *testing.T) {
 	now := time.Unix(1000, 0)
 	r := testReplica("a", fleet.Spot, 1)
@@ -685,6 +685,12 @@ func TestLateRequestTakesOnlyRoom(t *testing.T) {
 	late := &Request{Model: "m", PromptTokens: 500, OutTokens: 100, SLO: slo, Now: now, Late: true}
 	if got := p.Pick(late, []*Replica{r}, rng); got != nil {
 		t.Fatalf("a late request picked %s with no room; want none (it waits)", got.Info().ID)
+	}
+	// A prompt whose own prefill misses the TTFT target would miss it anywhere: waiting for
+	// room would only add to the miss.
+	long := &Request{Model: "m", PromptTokens: 100_000, OutTokens: 100, SLO: slo, Now: now, Late: true}
+	if got := p.Pick(long, []*Replica{r}, rng); got != r {
+		t.Fatalf("a late request that misses its TTFT target on its own prefill picked %v; want the replica", got)
 	}
 	later := now.Add(time.Second)
 	setLoad(r, later, 4, 0) // drained

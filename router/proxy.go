@@ -367,6 +367,7 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 	load := px.Load.get(c.model)
 	c.load = load
 	load.requests.Add(1)
+	var heldFor time.Duration // how long it waited for a replica to be ready
 	for attempt := 0; attempt < px.cfg.MaxAttempts; attempt++ {
 		now := px.Now()
 		if !now.Before(c.deadline) {
@@ -381,7 +382,8 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 				return
 			}
 			c.route.Now = px.Now()
-			c.route.Late = late(c.route.SLO, c.route.Now.Sub(heldFrom)) && !px.queueing(c, policy)
+			heldFor = c.route.Now.Sub(heldFrom)
+			c.route.Late = late(c.route.SLO, heldFor) && !px.queueing(c, policy)
 			cands = px.callCandidates(c)
 		}
 		if c.adapter != nil {
@@ -398,7 +400,7 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 				return // answered: 429, or the client left
 			}
 		} else if c.route.Late {
-			if r = px.awaitRoom(ctx, c, policy, rng, load); r == nil {
+			if r = px.awaitRoom(ctx, c, policy, rng, load, heldFor); r == nil {
 				return // answered: its deadline, or the client left
 			}
 		} else {
@@ -537,16 +539,20 @@ func late(slo SLO, heldFor time.Duration) bool {
 	return slo.TTFT > 0 && heldFor.Seconds() >= slo.TTFT
 }
 
-// awaitRoom picks a replica with room for a late request (Request.Late), waiting in the
-// router while none has, counted as held: fresh requests go first, and the backlog a hold
-// leaves follows as room comes. It returns nil when it has answered the client (its
-// deadline passed, or the client left).
-func (px *Proxy) awaitRoom(ctx *fasthttp.RequestCtx, c *call, policy Policy, rng *rand.Rand, load *modelLoad) *Replica {
+// awaitRoom picks a replica with room for a late request (Request.Late), held for heldFor,
+// waiting in the router while none has, counted as held: fresh requests go first, and the
+// backlog a hold leaves follows as room comes. After heldFor more it goes as any request
+// does. It returns nil when it has answered the client (its deadline passed, or the client
+// left).
+func (px *Proxy) awaitRoom(ctx *fasthttp.RequestCtx, c *call, policy Policy, rng *rand.Rand, load *modelLoad, heldFor time.Duration) *Replica {
 	var start time.Time
 	for {
 		changed := px.pool.Changed()
 		now := px.Now()
 		c.route.Now = now
+		if !start.IsZero() && now.Sub(start) >= heldFor {
+			c.route.Late = false
+		}
 		if cands := servingCandidates(px.callCandidates(c), c.api, &c.servingBuf); len(cands) > 0 {
 			if r := policy.Pick(&c.route, cands, rng); r != nil {
 				return r

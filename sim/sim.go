@@ -74,6 +74,9 @@ type request struct {
 	attempts int
 	heldAt   time.Duration
 	held     bool
+	// lateUntil is when a late request (router.Request.Late) stops waiting for room: as
+	// long again as it was held.
+	lateUntil time.Duration
 	// heldFor is how long it waited for a replica because none was ready.
 	heldFor time.Duration
 }
@@ -329,11 +332,15 @@ func (s *simulation) dispatch(req *request) {
 		return
 	}
 	req.route.Now = s.clock()
+	if req.route.Late && s.now >= req.lateUntil {
+		req.route.Late = false
+	}
 	picked := s.routers[req.router].policy.Pick(&req.route, cands, s.rng)
 	if picked == nil { // a late request (router.Request.Late) with no room: it waits on
 		s.late = append(s.late, req)
 		return
 	}
+	req.route.Late = false // a retry goes wherever it can
 	rep := s.byView[picked]
 	req.attempts++
 	if rep.dead {
@@ -696,6 +703,7 @@ func (s *simulation) becameReady(r *replica) {
 		// (router.Request.Late): released at once, the backlog would queue every fresh
 		// request behind it in the engine.
 		req.route.Late = s.w.slo.TTFT > 0 && s.now-req.heldAt >= time.Duration(s.w.slo.TTFT*float64(time.Second))
+		req.lateUntil = s.now + (s.now - req.heldAt)
 		s.dispatch(req)
 	}
 	s.releaseLate()
