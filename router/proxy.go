@@ -400,7 +400,8 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 				return // answered: 429, or the client left
 			}
 		} else if c.route.Late {
-			if r = px.awaitRoom(ctx, c, policy, rng, load, heldFor); r == nil {
+			var ok bool
+			if r, ok = px.awaitRoom(ctx, c, policy, rng, load, heldFor); !ok {
 				return // answered: its deadline, or the client left
 			}
 		} else {
@@ -541,48 +542,52 @@ func late(slo SLO, heldFor time.Duration) bool {
 
 // awaitRoom picks a replica with room for a late request (Request.Late), held for heldFor,
 // waiting in the router while none has, counted as held: fresh requests go first, and the
-// backlog a hold leaves follows as room comes. After heldFor more it goes as any request
-// does. It returns nil when it has answered the client (its deadline passed, or the client
-// left).
-func (px *Proxy) awaitRoom(ctx *fasthttp.RequestCtx, c *call, policy Policy, rng *rand.Rand, load *modelLoad, heldFor time.Duration) *Replica {
-	var start time.Time
+// backlog a hold leaves follows as room comes. After heldFor more (or half the time to its
+// deadline, if less) it is picked as any request is (nil when no replica is usable: the
+// caller answers as it would have). ok is false when it has answered the client (its
+// deadline passed, or the client left).
+func (px *Proxy) awaitRoom(ctx *fasthttp.RequestCtx, c *call, policy Policy, rng *rand.Rand, load *modelLoad, heldFor time.Duration) (r *Replica, ok bool) {
+	start := px.Now()
+	// It waits for room no longer than it was held, nor than half the time its deadline
+	// leaves: sent then, it is served late, not refused at its deadline for want of room.
+	limit := min(heldFor, c.deadline.Sub(start)/2)
+	px.held.Add(1)
+	load.held.Add(1)
+	px.met.held.WithLabelValues(c.service).Inc()
+	defer func() {
+		px.held.Add(-1)
+		load.held.Add(-1)
+		px.met.held.WithLabelValues(c.service).Dec()
+	}()
 	for {
 		changed := px.pool.Changed()
 		now := px.Now()
 		c.route.Now = now
-		if !start.IsZero() && now.Sub(start) >= heldFor {
+		px.resolveAdapter(c)
+		cands := servingCandidates(px.callCandidates(c), c.api, &c.servingBuf)
+		if now.Sub(start) >= limit {
 			c.route.Late = false
+			return policy.Pick(&c.route, cands, rng), true
 		}
-		if cands := servingCandidates(px.callCandidates(c), c.api, &c.servingBuf); len(cands) > 0 {
+		if len(cands) > 0 {
 			if r := policy.Pick(&c.route, cands, rng); r != nil {
-				return r
+				return r, true
 			}
-		}
-		if start.IsZero() {
-			start = now
-			px.held.Add(1)
-			load.held.Add(1)
-			px.met.held.WithLabelValues(c.service).Inc()
-			defer func() {
-				px.held.Add(-1)
-				load.held.Add(-1)
-				px.met.held.WithLabelValues(c.service).Dec()
-			}()
 		}
 		if !now.Before(c.deadline) {
 			px.met.fail("hold_deadline", c.service)
 			oai.WriteError(ctx, fasthttp.StatusServiceUnavailable, oai.Unavailable,
 				fmt.Sprintf("model %q was starting: this request, held past its TTFT target, waited %s more for a replica with room; retry shortly", c.model, now.Sub(start).Round(time.Second)))
 			ctx.Response.Header.Set("Retry-After", strconv.Itoa(holdRetryAfter))
-			return nil
+			return nil, false
 		}
 		if connwatch.PeerClosed(ctx.Conn()) {
 			px.met.fail("client_gone", c.service)
 			ctx.SetConnectionClose()
-			return nil
+			return nil, false
 		}
 		px.ControlPlane.Wake(c.model)
-		t := time.NewTimer(min(holdPoll, c.deadline.Sub(now)))
+		t := time.NewTimer(min(holdPoll, max(limit-now.Sub(start), time.Millisecond)))
 		select {
 		case <-changed:
 		case <-t.C:

@@ -75,7 +75,7 @@ type request struct {
 	heldAt   time.Duration
 	held     bool
 	// lateUntil is when a late request (router.Request.Late) stops waiting for room: as
-	// long again as it was held.
+	// long again as it was held, or half the time its deadline leaves if less.
 	lateUntil time.Duration
 	// heldFor is how long it waited for a replica because none was ready.
 	heldFor time.Duration
@@ -243,7 +243,7 @@ func (s *simulation) run() {
 }
 
 func (s *simulation) open() int {
-	n := len(s.held)
+	n := len(s.held) + len(s.late)
 	for _, r := range s.live {
 		n += len(r.reqs)
 	}
@@ -321,6 +321,9 @@ func (s *simulation) dispatch(req *request) {
 	cands := s.candidates(req.router)
 	if len(cands) == 0 && req.route.Late {
 		s.late = append(s.late, req) // it waits for room, and for a replica first
+		if s.target == 0 {
+			s.at(0, event{kind: evWake}) // the router's wake call, as hold's
+		}
 		return
 	}
 	if len(cands) == 0 {
@@ -428,14 +431,17 @@ func (s *simulation) fleetLine() string {
 	return b.String()
 }
 
+// hold keeps req until a replica is ready. A request is never on s.held when it is
+// dispatched (becameReady empties the list first), so it goes on it here even when it was
+// held before (a held request sent to a replica that had died, whose retry finds none).
 func (s *simulation) hold(req *request) {
 	if !req.held {
 		req.held, req.heldAt = true, s.now
-		if len(s.held) == 0 && s.in.Trace != nil {
-			fmt.Fprintf(s.in.Trace, "%8.0fs held: no ready replica; %s\n", s.now.Seconds(), s.fleetLine())
-		}
-		s.held = append(s.held, req)
 	}
+	if len(s.held) == 0 && s.in.Trace != nil {
+		fmt.Fprintf(s.in.Trace, "%8.0fs held: no ready replica; %s\n", s.now.Seconds(), s.fleetLine())
+	}
+	s.held = append(s.held, req)
 	if s.target == 0 {
 		// The router's wake call: the control plane decides at once.
 		s.at(0, event{kind: evWake})
@@ -576,7 +582,9 @@ func (s *simulation) sample() {
 		}
 		clear(s.held[len(kept):])
 		s.held = kept
-		kept = s.late[:0]
+	}
+	if len(s.late) > 0 {
+		kept := s.late[:0]
 		for _, req := range s.late {
 			if s.now-req.heldAt >= s.w.holdTimeout {
 				req.held = false
@@ -587,8 +595,8 @@ func (s *simulation) sample() {
 		}
 		clear(s.late[len(kept):])
 		s.late = kept
+		s.releaseLate()
 	}
-	s.releaseLate()
 	s.dec.Record(scaling.Sample{At: s.clock(), Requests: s.arrivals, InFlight: float64(inflight), Waiting: float64(len(s.held) + len(s.late)), Tokens: s.tokens})
 	s.arrivals, s.tokens = 0, 0
 }
@@ -703,15 +711,32 @@ func (s *simulation) becameReady(r *replica) {
 		// (router.Request.Late): released at once, the backlog would queue every fresh
 		// request behind it in the engine.
 		req.route.Late = s.w.slo.TTFT > 0 && s.now-req.heldAt >= time.Duration(s.w.slo.TTFT*float64(time.Second))
-		req.lateUntil = s.now + (s.now - req.heldAt)
+		req.lateUntil = s.now + min(s.now-req.heldAt, (req.heldAt+s.w.holdTimeout-s.now)/2)
 		s.dispatch(req)
 	}
 	s.releaseLate()
 }
 
-// releaseLate sends the late requests, in arrival order, while a replica has room for the
-// first (router.Request.Late).
+// releaseLate sends the late requests (router.Request.Late) whose wait for room is over,
+// then the others, oldest first, while a replica has room for the next. (The router's
+// late requests each wait on their own, so one with a smaller prompt may pass a larger one
+// that has none; here they go in order, which costs one prediction a step instead of one
+// for each of the thousand-odd a preemption leaves.)
 func (s *simulation) releaseLate() {
+	kept := s.late[:0]
+	var over []*request
+	for _, req := range s.late {
+		if s.now >= req.lateUntil {
+			over = append(over, req)
+		} else {
+			kept = append(kept, req)
+		}
+	}
+	clear(s.late[len(kept):])
+	s.late = kept
+	for _, req := range over {
+		s.dispatch(req) // its wait for room is over: it goes as any request does
+	}
 	for len(s.late) > 0 {
 		req := s.late[0]
 		s.late = s.late[1:]

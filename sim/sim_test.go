@@ -292,3 +292,24 @@ func TestCountReadingCapsSpotPerZone(t *testing.T) {
 		t.Errorf("availability reading: at most %d spot VM in a zone; the test's demand does not tell the readings apart", a.PeakSpotInZone)
 	}
 }
+
+// A lone spot replica's preemptions hold minutes of arrivals; released, those past their
+// TTFT target wait in the router for room (router.Request.Late) behind fresh requests. None
+// is lost or counted twice: every request is a success or a failure, none a timeout.
+func TestLateHeldRequestsAreAllAccounted(t *testing.T) {
+	in := inputs(t, "azure-conversation", volatile, 6*time.Hour)
+	in.SpotOffset = 48 * time.Hour // day 2: 12 preemptions in the 7-day tables
+	sp := *in.Spec
+	sp.Service.ReplicaPolicy.MinReplicas, sp.Service.ReplicaPolicy.MaxReplicas = 1, 1
+	in.Spec = &sp
+	r := run(t, Arbiter, in)
+	if r.Preemptions == 0 || r.ZeroWaits == 0 || r.MaxZeroWait < in.ColdStart {
+		t.Fatalf("no hold through a replacement's cold start in 6 h of %s: %d preemptions, %d waits, max %v", volatile, r.Preemptions, r.ZeroWaits, r.MaxZeroWait)
+	}
+	if r.Succeeded+r.FailedTotal() != r.Requests {
+		t.Fatalf("succeeded %d + failed %d != requests %d", r.Succeeded, r.FailedTotal(), r.Requests)
+	}
+	if r.Failed["timeout"] != 0 {
+		t.Fatalf("%d requests timed out waiting: %v", r.Failed["timeout"], r.Failed)
+	}
+}
