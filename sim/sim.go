@@ -563,6 +563,22 @@ func (s *simulation) scrape() {
 	}
 }
 
+// timeOut fails the requests of waiting (held, or late) that have waited holdTimeout, and
+// returns the others.
+func (s *simulation) timeOut(waiting []*request) []*request {
+	kept := waiting[:0]
+	for _, req := range waiting {
+		if s.now-req.heldAt >= s.w.holdTimeout {
+			req.held = false
+			s.fail("timeout")
+			continue
+		}
+		kept = append(kept, req)
+	}
+	clear(waiting[len(kept):])
+	return kept
+}
+
 func (s *simulation) sample() {
 	inflight := 0
 	for _, r := range s.live {
@@ -571,30 +587,10 @@ func (s *simulation) sample() {
 		}
 	}
 	if s.w.holdAtZero && len(s.held) > 0 {
-		kept := s.held[:0]
-		for _, req := range s.held {
-			if s.now-req.heldAt >= s.w.holdTimeout {
-				req.held = false
-				s.fail("timeout")
-				continue
-			}
-			kept = append(kept, req)
-		}
-		clear(s.held[len(kept):])
-		s.held = kept
+		s.held = s.timeOut(s.held)
 	}
 	if len(s.late) > 0 {
-		kept := s.late[:0]
-		for _, req := range s.late {
-			if s.now-req.heldAt >= s.w.holdTimeout {
-				req.held = false
-				s.fail("timeout")
-				continue
-			}
-			kept = append(kept, req)
-		}
-		clear(s.late[len(kept):])
-		s.late = kept
+		s.late = s.timeOut(s.late)
 		s.releaseLate()
 	}
 	s.dec.Record(scaling.Sample{At: s.clock(), Requests: s.arrivals, InFlight: float64(inflight), Waiting: float64(len(s.held) + len(s.late)), Tokens: s.tokens})
