@@ -383,7 +383,7 @@ func (px *Proxy) forward(ctx *fasthttp.RequestCtx, kind oai.Kind, key *Key) {
 			}
 			c.route.Now = px.Now()
 			heldFor = c.route.Now.Sub(heldFrom)
-			c.route.Late = late(c.route.SLO, heldFor) && !px.queueing(c, policy)
+			c.route.Late = HeldLate(c.route.SLO, heldFor) && !px.queueing(c, policy)
 			cands = px.callCandidates(c)
 		}
 		if c.adapter != nil {
@@ -534,10 +534,17 @@ func (px *Proxy) hold(ctx *fasthttp.RequestCtx, c *call, load *modelLoad) bool {
 	}
 }
 
-// late reports whether a request held for heldFor has passed its SLO's TTFT target
-// (Request.Late).
-func late(slo SLO, heldFor time.Duration) bool {
+// HeldLate reports whether a request held for heldFor has passed its SLO's TTFT target
+// (Request.Late). The simulator models the router's holds by it.
+func HeldLate(slo SLO, heldFor time.Duration) bool {
 	return slo.TTFT > 0 && heldFor.Seconds() >= slo.TTFT
+}
+
+// LateWait is how long a late request held for heldFor waits for room, with toDeadline
+// left before its deadline: no longer than it was held, nor than half that time, so that
+// sent then it is served late, not refused at its deadline for want of room.
+func LateWait(heldFor, toDeadline time.Duration) time.Duration {
+	return min(heldFor, toDeadline/2)
 }
 
 // awaitRoom picks a replica with room for a late request (Request.Late), held for heldFor,
@@ -548,9 +555,7 @@ func late(slo SLO, heldFor time.Duration) bool {
 // deadline passed, or the client left).
 func (px *Proxy) awaitRoom(ctx *fasthttp.RequestCtx, c *call, policy Policy, rng *rand.Rand, load *modelLoad, heldFor time.Duration) (r *Replica, ok bool) {
 	start := px.Now()
-	// It waits for room no longer than it was held, nor than half the time its deadline
-	// leaves: sent then, it is served late, not refused at its deadline for want of room.
-	limit := min(heldFor, c.deadline.Sub(start)/2)
+	limit := LateWait(heldFor, c.deadline.Sub(start))
 	px.held.Add(1)
 	load.held.Add(1)
 	px.met.held.WithLabelValues(c.service).Inc()

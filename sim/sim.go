@@ -706,8 +706,8 @@ func (s *simulation) becameReady(r *replica) {
 		// Held past its TTFT target, it waits for room as the router has it wait
 		// (router.Request.Late): released at once, the backlog would queue every fresh
 		// request behind it in the engine.
-		req.route.Late = s.w.slo.TTFT > 0 && s.now-req.heldAt >= time.Duration(s.w.slo.TTFT*float64(time.Second))
-		req.lateUntil = s.now + min(s.now-req.heldAt, (req.heldAt+s.w.holdTimeout-s.now)/2)
+		req.route.Late = router.HeldLate(s.w.slo, s.now-req.heldAt)
+		req.lateUntil = s.now + router.LateWait(s.now-req.heldAt, req.heldAt+s.w.holdTimeout-s.now)
 		s.dispatch(req)
 	}
 	s.releaseLate()
