@@ -28,7 +28,7 @@ func (r *Replica) SetInfo(info fleet.Replica) { r.info.Store(&info) }
 func (r *Replica) Begin(req *Request, staleAfter time.Duration) Prediction {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	p := r.withKnownPrefix(req.shapeOn(r))
+	p := r.withKnownPrefix(req.shape())
 	var pred Prediction
 	if req.picked == r {
 		pred = req.pickedPred

@@ -32,7 +32,7 @@ func TestEachReplicaRemembersWhatItWasSent(t *testing.T) {
 	}
 	uncached := func(r *Replica, prefix []uint64, tokens int) int {
 		req := &Request{Model: "m", PromptTokens: tokens, OutTokens: 8, Prefix: prefix, BlockTokens: 64, Now: now}
-		return r.predict(now, req.shapeOn(r), 8, time.Second).Uncached
+		return r.predict(now, req.shape(), 8, time.Second).Uncached
 	}
 	if u := uncached(a, conv, 4096); u != 4096 {
 		t.Fatalf("before anything was sent: %d uncached, want all 4096", u)
