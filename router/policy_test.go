@@ -514,6 +514,32 @@ func TestCachedPrefixCountsInThePredictionNotTheRanking(t *testing.T) {
 	}
 }
 
+// Within the cheapest tier the replica whose cache holds the prompt takes it, though the
+// rendezvous hash that places new prefixes names another; a prompt no replica holds goes
+// where the hash says.
+func TestCheapestTierPrefersTheReplicaHoldingThePrompt(t *testing.T) {
+	now := time.Unix(1000, 0)
+	a, b := testReplica("a", fleet.OnDemand, 1), testReplica("b", fleet.OnDemand, 1.2) // one tier
+	p := &SLOCheapest{StaleAfter: time.Second, ResampleEvery: -1}
+	for i := range 64 {
+		prompt := fmt.Sprintf("conversation %d ", i) + string(make([]byte, 16*prefixBlockBytes))
+		req := &Request{Model: "m", PromptTokens: 4000, OutTokens: 20, Prefix: prefixBlocks(prompt), SLO: SLO{TTFT: 5}, Now: now}
+		hashed := rendezvous(req.Prefix[0], []scored{{r: a}, {r: b}}).r
+		other := a
+		if hashed == a {
+			other = b
+		}
+		if got := p.Pick(req, []*Replica{a, b}, nil); got != hashed {
+			t.Fatalf("prompt %d, held nowhere, went to %s; want %s, the rendezvous choice", i, got.Info().ID, hashed.Info().ID)
+		}
+		other.End(other.Begin(req, time.Second), now) // its earlier turn went to the other
+		if got := p.Pick(req, []*Replica{a, b}, nil); got != other {
+			t.Fatalf("prompt %d went to %s; want %s, whose cache holds its 4,000 tokens", i, got.Info().ID, other.Info().ID)
+		}
+		now = now.Add(time.Minute)
+	}
+}
+
 // A conversation's next turn extends the last prompt: the holder is found with nearly all
 // of the shared prefix, at any length up to maxPrefixBlocks, while a long prompt costs the
 // table a bounded number of entries and a new prompt a handful of lookups.
