@@ -300,7 +300,8 @@ func TestSampledPickSpillsAHotPrefixOverTheTier(t *testing.T) {
 	}
 }
 
-// A prompt's holder is found and followed in a fleet too large to scan, whatever its tier.
+// In a fleet too large to scan, the replica a prompt went to is examined and keeps it: it is
+// in the cheapest tier, and its cache holds the prompt.
 func TestSampledPickFollowsTheHolder(t *testing.T) {
 	now := time.Unix(1000, 0)
 	rs := tiered(4096)
@@ -313,7 +314,9 @@ func TestSampledPickFollowsTheHolder(t *testing.T) {
 	req := func() *Request {
 		return &Request{Model: "m", PromptTokens: 8000, OutTokens: 20, Prefix: prefixBlocks(long), SLO: SLO{TTFT: 5}, Now: now}
 	}
-	first := p.Pick(req(), rs, nil)
+	r0 := req()
+	first := p.Pick(r0, rs, nil)
+	first.End(first.Begin(r0, time.Second), now)
 	for range 20 {
 		if got := p.Pick(req(), rs, rand.New(rand.NewPCG(3, 4))); got != first {
 			t.Fatalf("the holder %s lost its prompt to %s", first.Info().ID, got.Info().ID)
@@ -495,7 +498,7 @@ func TestCachedPrefixCountsInThePredictionNotTheRanking(t *testing.T) {
 		t.Fatalf("setup: the cheap replica's twin computes 8,000 tokens in %.2fs, want within the 5 s SLO", u.TTFT)
 	}
 	if got, why := pick(long, 8000, 20, 5, cheap, dear); got != cheap || why != ReasonCheapest {
-		t.Fatalf("the dearer holder of 8,000 cached tokens took a prompt the cheap replica starts at once within the SLO: %s (%s)", got.Info().ID, why)
+		t.Fatalf("the dearer holder of the prompt's prefix took a prompt the cheap replica starts at once within the SLO: %s (%s)", got.Info().ID, why)
 	}
 	if got, why := pick(long, 8000, 20, 5, cheap, dear); got != cheap || why != ReasonCheapest {
 		t.Fatalf("the repeat: %s (%s), want cheap", got.Info().ID, why)
@@ -534,7 +537,7 @@ func TestCheapestTierPrefersTheReplicaHoldingThePrompt(t *testing.T) {
 		}
 		other.End(other.Begin(req, time.Second), now) // its earlier turn went to the other
 		if got := p.Pick(req, []*Replica{a, b}, nil); got != other {
-			t.Fatalf("prompt %d went to %s; want %s, whose cache holds its 4,000 tokens", i, got.Info().ID, other.Info().ID)
+			t.Fatalf("prompt %d went to %s; want %s, whose cache holds its prefix", i, got.Info().ID, other.Info().ID)
 		}
 		now = now.Add(time.Minute)
 	}

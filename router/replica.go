@@ -313,7 +313,8 @@ func (r *Replica) predictLocked(now time.Time, p shape, outTokens int, staleAfte
 }
 
 // withKnownPrefix counts as cached what the replica's prefix cache likely holds of the
-// prompt, beyond what the caller knew (the affinity table's last holder). Caller holds r.mu.
+// prompt (its prefix memory), beyond what the caller knew (a peer's word, or Predict's
+// argument). Caller holds r.mu.
 func (r *Replica) withKnownPrefix(p shape) shape {
 	if c := r.prefixes.match(p.prefix, p.blockTokens); c > p.cached {
 		p.cached = min(c, p.prompt-1)

@@ -588,16 +588,18 @@ func (w *twin) prefilled(s *twinSeq, now time.Time, calibrate bool) {
 		}
 		// What the prefill part took, once the decode part (at its own scale) is set aside.
 		real := float64(now.Sub(w.syncAt)) / float64(time.Millisecond)
-		// Only where the prefill part is most of what ran: the decode part set aside is the
-		// model's, and where it is as large as the prefill part a small error in it is a
-		// large one in the ratio. A client that sends its next prompt the moment the last
-		// answer ends reaches the router before that answer's end does; the model then has
-		// its decode still running beside the new prefill (68 ms modelled of each, 68 ms
-		// seen), and an L4 calibrated from such answers to 0.05 of its profile took a
-		// 40k-token prompt it prefills in 14 s (TestEachReplicaIsPredictedOnItsOwnGPU; at
-		// a third, as before, it did; in the simulator neither share moves a figure).
-		if ran.prefill > 2*(ran.prefill+ran.decode)/3 {
-			w.prefill.observe(now, deadband((real-ran.decode*w.decop.factor(now))/ran.prefill))
+		// Only where the prefill is a fair part of what ran (a third), and the decode part set
+		// aside, which is the model's, is less than half of what was seen: where it explains
+		// nearly all of it, a small error in it is a large one in the ratio. A client that
+		// sends its next prompt the moment the last answer ends reaches the router before
+		// that answer's end does; the model then has its decode still running beside the
+		// new prefill (68 ms modelled of each, 68 ms seen), and an L4 calibrated from such
+		// answers to 0.05 of its profile took a 40k-token prompt it prefills in 14 s
+		// (TestEachReplicaIsPredictedOnItsOwnGPU). A replica decoding steadily still
+		// calibrates: its prefill is then most of the time its decodes do not explain.
+		decodeSeen := ran.decode * w.decop.factor(now)
+		if ran.prefill > 0.3*(ran.prefill+ran.decode) && decodeSeen < real/2 {
+			w.prefill.observe(now, deadband((real-decodeSeen)/ran.prefill))
 		}
 	}
 	for _, q := range w.queue[:i+1] {
