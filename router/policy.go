@@ -598,9 +598,10 @@ func adapterReady(tier []scored) []scored {
 // queued ahead of it (it may join a step already running).
 func startsNow(p Prediction) bool { return p.Ahead == 0 }
 
-// mostCached is the replica of tier whose cache holds the most of the prompt, by more than a
-// block (defaultBlockTokens) over choice, else choice: the rendezvous pick, which sends a
-// new prefix to the same replica from every router. Within a tier the prices are equal
+// mostCached is a replica of tier whose cache holds more of the prompt than choice by more
+// than a block (defaultBlockTokens), each replica compared in tier's order with the last one
+// taken (so within a block of the one holding the most, ties kept by the earlier), else
+// choice: the rendezvous pick, which sends a new prefix to the same replica from every router. Within a tier the prices are equal
 // for the pick's purpose, so the replica that computes least of the prompt takes it;
 // outside it, a holder's cache does not buy a dearer replica (see choose). On Mooncake's
 // conversations in virtual time (2026-11-30): one router 90.28 % SLO attainment against
