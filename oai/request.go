@@ -55,6 +55,10 @@ type Request struct {
 	// (a rerank's query, a score's one text_1), which Prompt holds once.
 	Pairs      int
 	SharedText string
+	// CacheSalt is vLLM's cache_salt: a non-empty string that enters the hash of the
+	// prompt's first KV block (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys),
+	// so requests share cached prefixes only with requests of the same salt.
+	CacheSalt string
 }
 
 // ErrBadRequest wraps every parse failure; its message names the field.
@@ -118,6 +122,13 @@ func FromValue(v *fastjson.Value, kind Kind) (Request, error) {
 			}
 			r.IncludeUsage = b
 		}
+	}
+	if cs := v.Get("cache_salt"); cs != nil && cs.Type() != fastjson.TypeNull {
+		// vLLM's own check (protocol.py check_cache_salt_support).
+		if cs.Type() != fastjson.TypeString || len(cs.GetStringBytes()) == 0 {
+			return r, bad("Parameter 'cache_salt' must be a non-empty string if provided.")
+		}
+		r.CacheSalt = string(cs.GetStringBytes())
 	}
 	maxKeys := []string{"max_completion_tokens", "max_tokens"}
 	if kind == Responses {

@@ -34,6 +34,10 @@ func TestParse(t *testing.T) {
 	if err != nil || r.Model != "" {
 		t.Fatalf("a missing model must parse as empty (vLLM serves its default): %+v %v", r, err)
 	}
+	r, err = Parse(&p, []byte(`{"model":"m","prompt":"x","cache_salt":"c2FsdC1h"}`), Completion)
+	if err != nil || r.CacheSalt != "c2FsdC1h" {
+		t.Fatalf("cache_salt: %+v %v", r, err)
+	}
 }
 
 func TestParseRejects(t *testing.T) {
@@ -56,9 +60,11 @@ func TestParseRejects(t *testing.T) {
 		`{"model":"m","messages":[{"content":"x"}]}`: Chat,
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":-1}`:    Chat,
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"stream_options":1}`: Chat,
-		`{"model":"m","n":1}`:       Completion,
-		`{"model":"m","prompt":[]}`: Completion,
-		`{"model":"m","input":{}}`:  Embedding,
+		`{"model":"m","n":1}`:                        Completion,
+		`{"model":"m","prompt":[]}`:                  Completion,
+		`{"model":"m","input":{}}`:                   Embedding,
+		`{"model":"m","prompt":"x","cache_salt":""}`: Completion,
+		`{"model":"m","prompt":"x","cache_salt":7}`:  Completion,
 	} {
 		if _, err := Parse(&p, []byte(body), kind); !errors.Is(err, ErrBadRequest) {
 			t.Errorf("Parse(%s) = %v, want ErrBadRequest", body, err)

@@ -384,8 +384,9 @@ func (s *Server) promptIDs(r *oai.Request, v *fastjson.Value) []int {
 // the first gen-1 tokens of its answer (the last token's KV is never computed), by which the
 // engine finds cached prefixes: vLLM hashes each full block with its parent's hash
 // (vllm/v1/core/kv_cache_utils.py hash_block_tokens) and caches an answer's blocks as they
-// fill. nil without an engine.
-func (s *Server) blockHashes(ids []int, gen int) []uint64 {
+// fill. A cache_salt enters the first block's hash, so the whole chain
+// (generate_block_hash_extra_keys). nil without an engine.
+func (s *Server) blockHashes(ids []int, gen int, salt string) []uint64 {
 	if s.drv == nil {
 		return nil
 	}
@@ -396,6 +397,9 @@ func (s *Server) blockHashes(ids []int, gen int) []uint64 {
 	hashes := make([]uint64, 0, len(ids)/bs)
 	var buf [8]byte
 	var prev uint64
+	if salt != "" {
+		prev = xxhash.Sum64String(salt)
+	}
 	for i := 0; i+bs <= len(ids); i += bs {
 		d := xxhash.New()
 		binary.LittleEndian.PutUint64(buf[:], prev)
@@ -650,7 +654,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, kind oai.Kind) {
 	}
 	s.met.paramsN.Observe(float64(sp.n))
 	if s.drv != nil {
-		hashes := s.blockHashes(ids, maxTokens)
+		hashes := s.blockHashes(ids, maxTokens, req.CacheSalt)
 		er := engine.Request{PromptTokens: promptN, MaxTokens: maxTokens, BlockHashes: hashes, Priority: priority}
 		if req.Model != s.cfg.Model {
 			a := s.lora.get(req.Model)

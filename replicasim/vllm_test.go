@@ -495,3 +495,51 @@ func TestNextTurnFindsTheLastAnswerCached(t *testing.T) {
 		t.Fatalf("turn 2 (%d prompt tokens) found %d cached; want turn 1's %d prompt tokens and its answer's, %d", t2.Usage.Prompt, t2.Usage.Details.Cached, t1.Usage.Prompt, want)
 	}
 }
+
+// As vLLM, a request's cache_salt keys its prompt's blocks: the same prompt under another
+// salt (or none) finds nothing cached, under its own salt all of it; an empty salt is
+// refused with vLLM's message.
+func TestCacheSaltKeepsPromptsApart(t *testing.T) {
+	s, ln := newServer(t, false)
+	s.cfg.PromptTokensDetails = true
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go s.Run(ctx)
+	go func() { _ = s.Serve(ctx, ln) }()
+	url := "http://" + ln.Addr().String()
+	msgs := `"messages":[{"role":"user","content":"` + strings.Repeat("Summarise the tenancy agreement. ", 40) + `"}]`
+	cached := func(salt string) int {
+		t.Helper()
+		body := `{"model":"m","max_tokens":1,` + msgs
+		if salt != "" {
+			body += `,"cache_salt":"` + salt + `"`
+		}
+		code, out := post(t, url+"/v1/chat/completions", body+"}")
+		var u struct {
+			Usage struct {
+				Details struct {
+					Cached int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(out), &u); err != nil || code != 200 {
+			t.Fatalf("%d %s", code, out)
+		}
+		return u.Usage.Details.Cached
+	}
+	if got := cached(""); got != 0 {
+		t.Fatalf("first request found %d cached", got)
+	}
+	if got := cached("dGVuYW50LWE="); got != 0 {
+		t.Errorf("a salted request found %d tokens of the unsalted prompt cached; vLLM finds none", got)
+	}
+	if got := cached("dGVuYW50LWE="); got == 0 {
+		t.Error("the same salt found nothing cached")
+	}
+	if got := cached("dGVuYW50LWI="); got != 0 {
+		t.Errorf("another salt found %d cached", got)
+	}
+	if code, out := post(t, url+"/v1/chat/completions", `{"model":"m","max_tokens":1,`+msgs+`,"cache_salt":""}`); code != 400 || !strings.Contains(out, "cache_salt") {
+		t.Errorf("an empty cache_salt: %d %s; want 400 naming it", code, out)
+	}
+}

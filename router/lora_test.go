@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/arbiter-serve/arbiter/fleet"
+	"github.com/arbiter-serve/arbiter/oai"
 	"github.com/arbiter-serve/arbiter/replicasim"
 )
 
@@ -434,5 +435,55 @@ func TestAdapterInFlightReportedUnderItsName(t *testing.T) {
 	}
 	if got["fin"] != 2 || got[testModel] != 1 {
 		t.Errorf("in flight reported %v; want fin 2 and %s 1", got, testModel)
+	}
+}
+
+// vLLM caches an adapter's KV apart from its base model's, and a request's cache_salt
+// apart from every other salt's: the router's memory of what a replica holds keys prompts
+// the same way, so the same text under another adapter or salt counts as not cached.
+func TestAdapterAndSaltedPromptsAreCachedApart(t *testing.T) {
+	s := loraSim(t, 2)
+	rig := startRouter(t, func(c *Config) {
+		c.Adapters, c.MaxLoRAs = []fleet.Adapter{{Name: "fin", Base: testModel, Path: peftFolder(t)}}, 2
+	}, replica("r1", s, fleet.OnDemand, 1))
+	prompt := strings.Repeat("the contract's terms, clause after clause. ", 200) // 8.6 KB: 33 blocks
+	body := func(model, salt string) string {
+		b := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":1`, model, prompt)
+		if salt != "" {
+			b += fmt.Sprintf(`,"cache_salt":%q`, salt)
+		}
+		return b + "}"
+	}
+	prefix := func(b string) []uint64 {
+		c, ref := rig.px.parseCall(oai.Chat, "/v1/chat/completions", "application/json", []byte(b), func(string) []byte { return nil })
+		if ref != nil {
+			t.Fatalf("parse %s: %s", b, ref.msg)
+		}
+		return c.route.Prefix
+	}
+	held := func(b string) int {
+		r := rig.pool.Get("r1")
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.prefixes.match(prefix(b), 1)
+	}
+	base := body(testModel, "")
+	if resp, out := post(t, rig.url+"/v1/chat/completions", base); resp.StatusCode != 200 {
+		t.Fatalf("base request: %d %s", resp.StatusCode, out)
+	}
+	if held(base) < 30 {
+		t.Fatalf("the base prompt's %d blocks are not remembered on r1 (%d)", len(prefix(base)), held(base))
+	}
+	for _, other := range []string{body("fin", ""), body(testModel, "tenant-b"), body("fin", "tenant-b")} {
+		if got := held(other); got > 0 {
+			t.Errorf("%s…: %d blocks counted as cached on r1, where vLLM holds none of its KV", other[:40], got)
+		}
+	}
+	salted := body(testModel, "tenant-b")
+	if resp, out := post(t, rig.url+"/v1/chat/completions", salted); resp.StatusCode != 200 {
+		t.Fatalf("salted request: %d %s", resp.StatusCode, out)
+	}
+	if held(salted) < 30 || held(body(testModel, "tenant-c")) > 0 {
+		t.Errorf("a salted prompt is remembered under its own salt only: %d blocks, %d under another salt", held(salted), held(body(testModel, "tenant-c")))
 	}
 }

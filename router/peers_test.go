@@ -108,7 +108,7 @@ func TestPeersSeeWhatEachOtherSent(t *testing.T) {
 	waitFor(t, "both routers see one peer", func() bool { return a.view.alive() == 1 && b.view.alive() == 1 })
 
 	prompt := strings.Repeat("the conversation so far, turn after turn. ", 400) // 16.8 KB: 65 blocks
-	req := &Request{Model: testModel, PromptTokens: 4000, OutTokens: 200, Prefix: prefixBlocks(prompt), Now: time.Now(), Streamed: true}
+	req := &Request{Model: testModel, PromptTokens: 4000, OutTokens: 200, Prefix: prefixBlocks(prompt, 0), Now: time.Now(), Streamed: true}
 	ax, bx := a.pool.Get("x"), b.pool.Get("x")
 	pred := ax.Begin(req, time.Second)
 	waitFor(t, "b sees a's request in flight on x", func() bool { return bx.inflightSeen() == 1 })

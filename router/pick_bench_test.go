@@ -35,7 +35,7 @@ func benchPick(b *testing.B, models, perModel int, scanAll int) {
 		b.Fatal(err)
 	}
 	p := &SLOCheapest{Affinity: aff, StaleAfter: time.Second, ResampleEvery: -1, ScanAll: scanAll}
-	prefix := prefixBlocks(string(make([]byte, 8*prefixBlockBytes)))
+	prefix := prefixBlocks(string(make([]byte, 8*prefixBlockBytes)), 0)
 	req := &Request{Model: "m000", PromptTokens: 2000, OutTokens: 200, Prefix: prefix, SLO: SLO{TTFT: 1, TPOT: 0.1}}
 	rng := rand.New(rand.NewPCG(1, 1))
 	b.ReportAllocs()

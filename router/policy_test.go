@@ -100,7 +100,7 @@ func TestPrefixAffinityHoldsUntilTheReplicaIsOverloaded(t *testing.T) {
 	}
 	p := &SLOCheapest{Affinity: aff, StaleAfter: time.Second}
 	prompt := string(make([]byte, 4*prefixBlockBytes))
-	req := &Request{Model: "m", PromptTokens: 1000, OutTokens: 50, Prefix: prefixBlocks(prompt), SLO: SLO{TTFT: 1, TPOT: 0.1}, Now: now}
+	req := &Request{Model: "m", PromptTokens: 1000, OutTokens: 50, Prefix: prefixBlocks(prompt, 0), SLO: SLO{TTFT: 1, TPOT: 0.1}, Now: now}
 	rng := rand.New(rand.NewPCG(1, 1))
 	first := p.Pick(req, []*Replica{a, b}, rng)
 	other := a
@@ -135,7 +135,7 @@ func TestRendezvousIsStableAcrossRouters(t *testing.T) {
 	p1, p2 := &SLOCheapest{StaleAfter: time.Second}, &SLOCheapest{StaleAfter: time.Second}
 	for i := range 50 {
 		prompt := string(rune('a'+i%26)) + string(make([]byte, prefixBlockBytes))
-		req := &Request{Model: "m", PromptTokens: 100, OutTokens: 10, Prefix: prefixBlocks(prompt), SLO: SLO{TTFT: 5}, Now: now}
+		req := &Request{Model: "m", PromptTokens: 100, OutTokens: 10, Prefix: prefixBlocks(prompt, 0), SLO: SLO{TTFT: 5}, Now: now}
 		x, y := p1.Pick(req, r1, nil), p2.Pick(req, r2, nil)
 		if x.Info().ID != y.Info().ID {
 			t.Fatalf("prefix %d: router 1 chose %s, router 2 chose %s", i, x.Info().ID, y.Info().ID)
@@ -312,7 +312,7 @@ func TestSampledPickFollowsTheHolder(t *testing.T) {
 	p := &SLOCheapest{Affinity: aff, StaleAfter: time.Second, ResampleEvery: -1}
 	long := "z" + string(make([]byte, 32*prefixBlockBytes))
 	req := func() *Request {
-		return &Request{Model: "m", PromptTokens: 8000, OutTokens: 20, Prefix: prefixBlocks(long), SLO: SLO{TTFT: 5}, Now: now}
+		return &Request{Model: "m", PromptTokens: 8000, OutTokens: 20, Prefix: prefixBlocks(long, 0), SLO: SLO{TTFT: 5}, Now: now}
 	}
 	r0 := req()
 	first := p.Pick(r0, rs, nil)
@@ -481,7 +481,7 @@ func TestCachedPrefixCountsInThePredictionNotTheRanking(t *testing.T) {
 		OnPick: func(_ *Replica, reason string) { reasons = append(reasons, reason) }}
 	pick := func(prompt string, tokens, out int, ttft float64, rs ...*Replica) (*Replica, string) {
 		t.Helper()
-		req := &Request{Model: "m", PromptTokens: tokens, OutTokens: out, Prefix: prefixBlocks(prompt), SLO: SLO{TTFT: ttft}, Now: now}
+		req := &Request{Model: "m", PromptTokens: tokens, OutTokens: out, Prefix: prefixBlocks(prompt, 0), SLO: SLO{TTFT: ttft}, Now: now}
 		got := p.Pick(req, rs, rand.New(rand.NewPCG(1, 1)))
 		if got != nil {
 			got.End(got.Begin(req, time.Second), now) // sent and answered: its prefix memory has it
@@ -526,7 +526,7 @@ func TestCheapestTierPrefersTheReplicaHoldingThePrompt(t *testing.T) {
 	p := &SLOCheapest{StaleAfter: time.Second, ResampleEvery: -1}
 	for i := range 64 {
 		prompt := fmt.Sprintf("conversation %d ", i) + string(make([]byte, 16*prefixBlockBytes))
-		req := &Request{Model: "m", PromptTokens: 4000, OutTokens: 20, Prefix: prefixBlocks(prompt), SLO: SLO{TTFT: 5}, Now: now}
+		req := &Request{Model: "m", PromptTokens: 4000, OutTokens: 20, Prefix: prefixBlocks(prompt, 0), SLO: SLO{TTFT: 5}, Now: now}
 		hashed := rendezvous(req.Prefix[0], []scored{{r: a}, {r: b}}).r
 		other := a
 		if hashed == a {
@@ -562,9 +562,9 @@ func TestAffinityMatchesLongSharedPrefixes(t *testing.T) {
 	r := testReplica("holder", fleet.OnDemand, 1)
 	for _, shared := range []int{3, 31, 40, 100, 257, 500} {
 		conv := words(512*prefixBlockBytes, uint64(shared))
-		turn1 := prefixBlocks(conv[:shared*prefixBlockBytes+100])
+		turn1 := prefixBlocks(conv[:shared*prefixBlockBytes+100], 0)
 		aff.record(turn1, r)
-		turn2 := prefixBlocks(conv)
+		turn2 := prefixBlocks(conv, 0)
 		got, tokens := aff.lookup(turn2, 10)
 		if got != r {
 			t.Fatalf("shared %d blocks: holder not found", shared)
@@ -573,7 +573,7 @@ func TestAffinityMatchesLongSharedPrefixes(t *testing.T) {
 			t.Fatalf("shared %d blocks: found %d held; want within 1/%d below", shared, held, checkpointsPerDoubling)
 		}
 	}
-	if got, _ := aff.lookup(prefixBlocks(words(300*prefixBlockBytes, 999)), 10); got != nil {
+	if got, _ := aff.lookup(prefixBlocks(words(300*prefixBlockBytes, 999), 0), 10); got != nil {
 		t.Fatal("a new prompt found a holder")
 	}
 	n := 0

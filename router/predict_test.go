@@ -151,7 +151,7 @@ func TestSharedPrefixIsCachedOnlyOnceComputed(t *testing.T) {
 		return string(b)
 	}
 	send := func(tail byte, at time.Time) (*Request, Prediction) {
-		req := &Request{Model: "m", PromptTokens: 4000, OutTokens: 10, Prefix: prefixBlocks(text(tail)), BlockTokens: 62.5, Now: at, Streamed: true}
+		req := &Request{Model: "m", PromptTokens: 4000, OutTokens: 10, Prefix: prefixBlocks(text(tail), 0), BlockTokens: 62.5, Now: at, Streamed: true}
 		if got := p.Pick(req, []*Replica{r}, rand.New(rand.NewPCG(1, 1))); got != r {
 			t.Fatal("no pick")
 		}

@@ -739,8 +739,12 @@ func (px *Proxy) parseCall(kind oai.Kind, path, contentType string, body []byte,
 		prompt += int(math.Ceil(audio.Seconds * 50))
 		out = int(math.Ceil(audio.Seconds * 3))
 	}
+	seedName := ""
+	if isAdapter {
+		seedName = adapter.Name
+	}
 	c.route = Request{Model: req.Model, PromptTokens: prompt,
-		OutTokens: out, Prefix: prefixBlocks(key), SLO: c.slo, Streamed: req.Stream}
+		OutTokens: out, Prefix: prefixBlocks(key, prefixSeed(seedName, req.CacheSalt)), SLO: c.slo, Streamed: req.Stream}
 	if isAdapter {
 		c.adapter = &adapter
 		c.route.Adapter, c.route.AdapterStatic, c.route.MaxLoRAs = adapter.Name, adapter.Static, maxLoRAs
@@ -807,14 +811,31 @@ func promptKey(req oai.Request) string {
 	return string(b)
 }
 
-// prefixBlocks returns chained hashes of the prompt's full leading blocks.
-func prefixBlocks(prompt string) []uint64 {
+// prefixSeed keys a prompt's prefix hashes as vLLM keys its KV blocks: a LoRA adapter's
+// KV is its own (the adapter's id is in every block's hash: vllm/v1/core/kv_cache_utils.py
+// _gen_lora_extra_hash_keys) and a request's cache_salt is in its first block's, so the
+// chain (generate_block_hash_extra_keys). 0, the base model's unsalted prompts, keeps their
+// hashes as they were.
+func prefixSeed(adapter, salt string) uint64 {
+	if adapter == "" && salt == "" {
+		return 0
+	}
+	d := xxhash.New()
+	_, _ = d.WriteString(adapter)
+	_, _ = d.Write([]byte{0})
+	_, _ = d.WriteString(salt)
+	return d.Sum64() | 1
+}
+
+// prefixBlocks returns chained hashes of the prompt's full leading blocks, the chain
+// started from seed (prefixSeed).
+func prefixBlocks(prompt string, seed uint64) []uint64 {
 	n := min(len(prompt)/prefixBlockBytes, maxPrefixBlocks)
 	if n == 0 {
 		return nil
 	}
 	out := make([]uint64, n)
-	var prev uint64
+	prev := seed
 	for i := range n {
 		blk := prompt[i*prefixBlockBytes : (i+1)*prefixBlockBytes]
 		prev = xxhash.Sum64String(blk) ^ mix(prev+uint64(i))

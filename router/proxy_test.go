@@ -257,7 +257,7 @@ func TestTokenIDPromptsGetTheirOwnPrefixes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return prefixBlocks(promptKey(req))
+		return prefixBlocks(promptKey(req), 0)
 	}
 	ids := func(first int) string {
 		var b strings.Builder
