@@ -89,7 +89,7 @@ func routersCmd(args []string, out io.Writer) error {
 	var cells []*cell
 	base := map[string]sim.Inputs{}
 	for _, name := range strings.Split(*reqNames, ",") {
-		rt, err := traces.NamedRequests(name)
+		rt, err := loadRequests(name)
 		if err != nil {
 			return err
 		}
