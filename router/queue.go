@@ -113,9 +113,12 @@ func (sq *serviceQueue) kick() {
 }
 
 func (sq *serviceQueue) kickLocked() {
-	if sq.trying != nil {
+	if sq.trying != nil && sq.trying.queued {
 		return
 	}
+	// A turn held by a waiter no longer queued is no one's: whatever path took it out
+	// without passing the turn on, the queue does not stall on it.
+	sq.trying = nil
 	if h := sq.q.head(); h != nil {
 		sq.trying = h
 		select {
@@ -317,6 +320,11 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 				sq.mu.Unlock()
 				continue // no room yet: the next request to end or start streaming kicks the head
 			}
+		}
+		if sq.trying == w {
+			// The turn passed to it while it was picking its way over the gate (the head
+			// left meanwhile): it goes, so the turn goes on (else no later waiter gets one).
+			sq.trying = nil
 		}
 		sq.q.remove(w)
 		px.releaseSlot()

@@ -354,3 +354,154 @@ func TestPickerGivesTheBandAsVLLMsPriority(t *testing.T) {
 		t.Errorf("body sent on %s; want the sheddable band's priority 2 last", h.Body())
 	}
 }
+
+// racePolicy has room for a gated request only while open > 0. An ungated pick (a
+// request going over the gate) of the request whose max_tokens is noOver finds nothing;
+// of the one whose max_tokens is blockOut, once armAt has passed, it waits, the first
+// time, until release is closed, having said so on entered.
+type racePolicy struct {
+	mu       sync.Mutex
+	open     int
+	noOver   int
+	blockOut int
+	armAt    time.Time
+	blocked  bool
+	entered  chan struct{}
+	release  chan struct{}
+}
+
+func (p *racePolicy) gates() {}
+
+func (p *racePolicy) Pick(req *Request, cands []*Replica, _ *rand.Rand) *Replica {
+	if len(cands) == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	if req.gate > 0 {
+		defer p.mu.Unlock()
+		if p.open == 0 {
+			return nil
+		}
+		p.open--
+		return cands[0]
+	}
+	if req.OutTokens == p.noOver {
+		p.mu.Unlock()
+		return nil
+	}
+	block := req.OutTokens == p.blockOut && !p.blocked && !p.armAt.IsZero() && !time.Now().Before(p.armAt)
+	p.blocked = p.blocked || block
+	p.mu.Unlock()
+	if block {
+		close(p.entered)
+		<-p.release
+	}
+	return cands[0]
+}
+
+func (p *racePolicy) set(f func(*racePolicy)) {
+	p.mu.Lock()
+	f(p)
+	p.mu.Unlock()
+}
+
+// A waiter that is not the head may go over the gate (a critical request near its
+// target while sheddable work holds the room); if the head's turn passed to it while it
+// was picking (the head left at its target), its leaving must pass the turn on. It did
+// not: the queue's turn stayed with a request no longer in it, and every later waiter
+// waited for a turn that never came (the bench's stalled queue+prio run of 2026-11-30:
+// the batch tenant refused at max_wait for the whole run, the fleet nearly idle).
+func TestQueueTurnPassesOnWhenAWaiterGoesOverTheGate(t *testing.T) {
+	s := startSim(t, simOpts{echo: true, interval: 50 * time.Millisecond})
+	const keys = `keys:
+  - {name: crit, key: sk-crit-0123456789abcdef, priority: critical}
+  - {name: shed, key: sk-shed-0123456789abcdef, priority: sheddable}
+`
+	pol := &racePolicy{noOver: 1, blockOut: 2, entered: make(chan struct{}), release: make(chan struct{})}
+	r := keyedRouter(t, s, keys, func(c *Config) {
+		c.Queue.Enabled = true
+		c.Queue.MaxWait = 15 * time.Second
+		c.SLOs = map[string]SLO{"*": {TTFT: 1, TPOT: 1}}
+	})
+	r.px.policies["race"] = pol
+	waiting := func() float64 { return r.counter(t, "arbiter_router_queue_waiting_requests") }
+	send := func(key string, out int, stream bool) chan int {
+		code := make(chan int, 1)
+		go func() {
+			body := fmt.Sprintf(`{"model":"%s","messages":[{"role":"user","content":"hi"}],"max_tokens":%d,"stream":%v}`, testModel, out, stream)
+			resp, _ := post(t, r.url+"/v1/chat/completions", body, "Authorization", "Bearer "+key, "X-Arbiter-Policy", "race")
+			code <- resp.StatusCode
+		}()
+		return code
+	}
+	// Batch work holds the room (through its gate), streaming for 10 s.
+	pol.set(func(p *racePolicy) { p.open = 1 })
+	send("sk-shed-0123456789abcdef", 200, true)
+	waitFor(t, "the batch request sent", func() bool { pol.mu.Lock(); defer pol.mu.Unlock(); return pol.open == 0 })
+	// Two critical requests wait for room. The first, the head, never goes over the gate
+	// and leaves at its 1 s target; the second, near its own, is inside its pick over the
+	// gate then, and the turn passes to it.
+	first := send("sk-crit-0123456789abcdef", 1, false)
+	waitFor(t, "the first critical request waiting", func() bool { return waiting() == 1 })
+	pol.set(func(p *racePolicy) { p.armAt = time.Now().Add(700 * time.Millisecond) })
+	second := send("sk-crit-0123456789abcdef", 2, false)
+	select {
+	case <-pol.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second critical request never tried to go over the gate")
+	}
+	if got := <-first; got != 429 {
+		t.Fatalf("the first critical request answered %d; want 429 at its target", got)
+	}
+	waitFor(t, "the turn passed to the second", func() bool {
+		for _, sq := range r.px.queues.byName {
+			sq.mu.Lock()
+			passed := sq.trying != nil && sq.q.n == 1
+			sq.mu.Unlock()
+			if passed {
+				return true
+			}
+		}
+		return false
+	})
+	close(pol.release)
+	if got := <-second; got != 200 {
+		t.Fatalf("the second critical request answered %d; want 200 (over the gate)", got)
+	}
+	// Batch work arrives with no room, then room opens: it must get its turn.
+	later := send("sk-shed-0123456789abcdef", 1, false)
+	waitFor(t, "a batch request waiting", func() bool { return waiting() == 1 })
+	pol.set(func(p *racePolicy) { p.open = 1 })
+	select {
+	case got := <-later:
+		if got != 200 {
+			t.Fatalf("the waiting batch request answered %d", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("room opened 5 s ago and the waiting batch request was not sent: the queue's turn was lost")
+	}
+}
+
+// Whatever path takes the waiter whose turn it is out of the queue, the next kick gives
+// the turn to the head.
+func TestQueueTurnOfAWaiterGoneIsNoOnes(t *testing.T) {
+	var sq serviceQueue
+	a := &waiter{tenant: "t", band: Critical, weight: 1, turn: make(chan struct{}, 1)}
+	b := &waiter{tenant: "t", band: Critical, weight: 1, turn: make(chan struct{}, 1)}
+	for _, w := range []*waiter{a, b} {
+		if _, ok := sq.q.push(w, false); !ok {
+			t.Fatal("push refused")
+		}
+	}
+	sq.kick()
+	if sq.trying != a {
+		t.Fatalf("the turn went to %p; want the head %p", sq.trying, a)
+	}
+	sq.q.remove(a) // gone without passing the turn on
+	sq.kick()
+	select {
+	case <-b.turn:
+	default:
+		t.Fatal("the head was not given the turn a waiter no longer queued held")
+	}
+}

@@ -639,7 +639,7 @@ func (s *simulation) decide() {
 		for _, r := range s.live {
 			if r.id == dr.ID {
 				if s.in.Trace != nil {
-					fmt.Fprintf(s.in.Trace, "%8.0fs drain %s %s (ready %v): %s\n", s.now.Seconds(), r.offer.Capacity, r.id, r.ready, dr.Reason)
+					fmt.Fprintf(s.in.Trace, "%8.0fs drain %s %s in %s at $%.2f/h (ready %v): %s\n", s.now.Seconds(), r.offer.Capacity, r.id, r.offer.Zone, r.offer.PricePerHour, r.ready, dr.Reason)
 				}
 				s.drain(r)
 				break
