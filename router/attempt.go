@@ -35,6 +35,7 @@ func (px *Proxy) attempt(ctx *fasthttp.RequestCtx, c *call, r *Replica, mayRetry
 	defer func() {
 		if !handedOff {
 			r.End(pred, px.Now())
+			c.kickAfterEnd()
 		}
 	}()
 

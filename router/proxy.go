@@ -56,6 +56,9 @@ type Proxy struct {
 	// keys, when set, are required of every /v1 request (Authorization: Bearer KEY).
 	keys atomic.Pointer[Keys]
 	held atomic.Int64
+	// queuePoll is how long a queued request goes without looking for room unless told
+	// (0: holdPoll); a test lengthens it to show that room is told, not polled for.
+	queuePoll time.Duration
 	// responses remembers which replica produced each Responses API answer (responses.go).
 	responses responseOwners
 	watcher   clientWatcher
@@ -295,6 +298,8 @@ type call struct {
 	queue   *serviceQueue
 	charge  float64
 	onBegin func()
+	// endKick is the queue settle kicked, to kick again once the replica's End has run.
+	endKick *serviceQueue
 	// overGate: the queue sent c past the gate, for room lower bands held (overLower).
 	overGate bool
 	// svcTenants are the service's own bands and weights per tenant (arbiter.tenants).

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -41,6 +42,9 @@ type serviceQueue struct {
 	// trying is the head that was told to try a replica and has not said how it went:
 	// one at a time, so that each dispatch is judged after the one before has begun.
 	trying *waiter
+	// kickPending: a kick came while trying picked (room may have opened after its pick
+	// looked), so if it finds none it looks again rather than wait for the next event.
+	kickPending bool
 	// ratePerSec is the pace of the queue's dispatches over its last window (for
 	// Retry-After); windowCount counts those since rateSince, the window's start.
 	rateSince   time.Time
@@ -114,11 +118,12 @@ func (sq *serviceQueue) kick() {
 
 func (sq *serviceQueue) kickLocked() {
 	if sq.trying != nil && sq.trying.queued {
+		sq.kickPending = true
 		return
 	}
 	// A turn held by a waiter no longer queued is no one's: whatever path took it out
 	// without passing the turn on, the queue does not stall on it.
-	sq.trying = nil
+	sq.trying, sq.kickPending = nil, false
 	if h := sq.q.head(); h != nil {
 		sq.trying = h
 		select {
@@ -263,9 +268,16 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 	defer func() {
 		c.load.held.Add(-1)
 		px.met.queueWaiting.WithLabelValues(c.service, c.band.String()).Dec()
+		// Every return has taken w out; a panic (in a policy's pick, say) must too, or its
+		// slot and, were it the head, the queue's turn would be held for ever.
+		sq.mu.Lock()
+		if w.queued {
+			px.leave(sq, w)
+		}
+		sq.mu.Unlock()
 	}()
 	for {
-		t := time.NewTimer(max(0, min(holdPoll, w.deadline.Sub(px.Now()))))
+		t := time.NewTimer(max(0, min(cmp.Or(px.queuePoll, holdPoll), w.deadline.Sub(px.Now()))))
 		select {
 		case <-w.turn:
 		case <-t.C:
@@ -315,19 +327,22 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 		} else {
 			r = pick(now.Sub(w.arrived))
 			sq.mu.Lock()
-			sq.trying = nil
 			if r == nil {
+				sq.endTurnLocked(w)
 				sq.mu.Unlock()
 				continue // no room yet: the next request to end or start streaming kicks the head
 			}
 		}
 		if sq.trying == w {
-			// The turn passed to it while it was picking its way over the gate (the head
-			// left meanwhile): it goes, so the turn goes on (else no later waiter gets one).
+			// Its turn ends as it goes. (On the way over the gate the turn may have passed
+			// to it while it picked, the head having left: it goes on, else no later
+			// waiter gets one.)
 			sq.trying = nil
 		}
-		sq.q.remove(w)
-		px.releaseSlot()
+		if w.queued {
+			sq.q.remove(w)
+			px.releaseSlot()
+		} // else it was shed while it picked, its slot taken by the request that shed it; it found room: it goes
 		sq.countDispatch(now)
 		sq.mu.Unlock()
 		px.charged(sq, c)
@@ -337,6 +352,20 @@ func (px *Proxy) admitQueued(ctx *fasthttp.RequestCtx, c *call, policy Policy, r
 		// Begin), so that its prediction counts this one.
 		c.onBegin = sq.kick
 		return r
+	}
+}
+
+// endTurnLocked ends w's turn after its pick found no room: if a kick came meanwhile
+// (a request ended or began streaming after the pick looked), the head looks again at
+// once. The turn may already be another's (w was shed while it picked, and the turn went
+// on): that one is left alone. Caller holds sq.mu.
+func (sq *serviceQueue) endTurnLocked(w *waiter) {
+	if sq.trying != w {
+		return
+	}
+	sq.trying = nil
+	if sq.kickPending {
+		sq.kickLocked()
 	}
 }
 
@@ -449,6 +478,18 @@ func (c *call) settle(prompt, completion int) {
 	sq.giveBackOver(c)
 	sq.kickLocked()
 	sq.mu.Unlock()
+	// The replica's model still counts c until its End, which comes after: the head then
+	// looks again (endKick), else it would wait for the next event or poll to see the room.
+	c.endKick = sq
+}
+
+// kickAfterEnd tells c's queue, once c has left its replica's model (Replica.End), that
+// its room is free: settle's kick came before.
+func (c *call) kickAfterEnd() {
+	if sq := c.endKick; sq != nil {
+		c.endKick = nil
+		sq.kick()
+	}
 }
 
 // giveBackOver gives back c's place over the gate, if it holds one. Caller holds sq.mu.

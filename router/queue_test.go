@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -364,10 +365,13 @@ type racePolicy struct {
 	open     int
 	noOver   int
 	blockOut int
-	armAt    time.Time
-	blocked  bool
-	entered  chan struct{}
-	release  chan struct{}
+	// gateBlockOut: the gated pick of the request whose max_tokens it is waits the same
+	// way (once, on entered and release).
+	gateBlockOut int
+	armAt        time.Time
+	blocked      bool
+	entered      chan struct{}
+	release      chan struct{}
 }
 
 func (p *racePolicy) gates() {}
@@ -378,6 +382,13 @@ func (p *racePolicy) Pick(req *Request, cands []*Replica, _ *rand.Rand) *Replica
 	}
 	p.mu.Lock()
 	if req.gate > 0 {
+		if req.OutTokens == p.gateBlockOut && !p.blocked {
+			p.blocked = true
+			p.mu.Unlock()
+			close(p.entered)
+			<-p.release
+			p.mu.Lock()
+		}
 		defer p.mu.Unlock()
 		if p.open == 0 {
 			return nil
@@ -503,5 +514,241 @@ func TestQueueTurnOfAWaiterGoneIsNoOnes(t *testing.T) {
 	case <-b.turn:
 	default:
 		t.Fatal("the head was not given the turn a waiter no longer queued held")
+	}
+}
+
+// idlePolicy has room for a gated request only on a replica with nothing in flight; a
+// request that is not gated goes to the first candidate. Its lateLook-th gated pick of
+// the request whose max_tokens is lateOut looks before the replica's request has left it
+// (as a pick racing the end of a request can): it sees the replica busy, and returns
+// only once the replica is idle, with nothing.
+type idlePolicy struct {
+	mu       sync.Mutex
+	lateOut  int
+	lateLook int
+	looks    int
+}
+
+func (p *idlePolicy) gates() {}
+
+func (p *idlePolicy) Pick(req *Request, cands []*Replica, _ *rand.Rand) *Replica {
+	if req.gate > 0 && req.OutTokens == p.lateOut {
+		p.mu.Lock()
+		p.looks++
+		late := p.looks == p.lateLook
+		p.mu.Unlock()
+		if late {
+			for _, r := range cands {
+				for r.InFlight() > 0 {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			return nil
+		}
+	}
+	for _, r := range cands {
+		if req.gate == 0 || r.InFlight() == 0 {
+			return r
+		}
+	}
+	return nil
+}
+
+// The room a request frees is taken as soon as its replica's model lets it go, not at the
+// next poll. The queue's kick at the answer's settling comes before the replica's End (the
+// replica's model learns from the answer first): a head that looked in between saw the
+// replica busy and waited for an event that never came (here the poll is an hour, so
+// only a kick can send it).
+func TestQueueRoomFreedAtTheEndIsTakenAtOnce(t *testing.T) {
+	s := startSim(t, simOpts{})
+	ks, err := ParseKeys([]byte("keys:\n  - {name: shed, key: sk-shed-0123456789abcdef, priority: sheddable}\n"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The waiting request looks at its arrival, again at its turn on joining the queue,
+	// then at the first request's settling: that one looks late.
+	pol := &idlePolicy{lateOut: 1, lateLook: 3}
+	r := startRouterWith(t, func(c *Config) {
+		c.Queue.Enabled = true
+		c.Queue.MaxWait = 20 * time.Second
+	}, func(px *Proxy, _ *Pool) {
+		px.SetKeys(ks)
+		px.queuePoll = time.Hour
+		px.policies["idle"] = pol
+	}, replica("a", s, fleet.Reserved, 0))
+	send := func(out int) chan int {
+		code := make(chan int, 1)
+		go func() {
+			body := fmt.Sprintf(`{"model":"%s","messages":[{"role":"user","content":"hi"}],"max_tokens":%d}`, testModel, out)
+			resp, _ := post(t, r.url+"/v1/chat/completions", body, "Authorization", "Bearer sk-shed-0123456789abcdef", "X-Arbiter-Policy", "idle")
+			code <- resp.StatusCode
+		}()
+		return code
+	}
+	first := send(300) // about two seconds of decoding
+	waitFor(t, "the first request on the replica", func() bool { return r.pool.Get("a").InFlight() == 1 })
+	second := send(1)
+	waitFor(t, "the second request waiting", func() bool { return r.counter(t, "arbiter_router_queue_waiting_requests") == 1 })
+	if got := <-first; got != 200 {
+		t.Fatalf("first request %d", got)
+	}
+	select {
+	case got := <-second:
+		if got != 200 {
+			t.Fatalf("the waiting request answered %d", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the replica has been free for 10 s and the waiting request was not sent")
+	}
+}
+
+// A waiter shed from a full queue while it picked, that found room, goes; the slot it
+// held went to the request that shed it, so it does not give it back a second time (the
+// count of waiting requests went one below the truth each time, loosening max_waiting).
+func TestQueueShedWhilePickingKeepsTheCount(t *testing.T) {
+	s := startSim(t, simOpts{echo: true})
+	const keys = `keys:
+  - {name: crit, key: sk-crit-0123456789abcdef, priority: critical}
+  - {name: shed, key: sk-shed-0123456789abcdef, priority: sheddable}
+`
+	pol := &racePolicy{noOver: 4, entered: make(chan struct{}), release: make(chan struct{})}
+	r := keyedRouter(t, s, keys, func(c *Config) {
+		c.Queue.Enabled = true
+		c.Queue.MaxWaiting = 1
+		c.Queue.MaxWait = 20 * time.Second
+		c.SLOs = map[string]SLO{"*": {TTFT: 20, TPOT: 1}}
+	})
+	r.px.policies["race"] = pol
+	waiting := func() float64 { return r.counter(t, "arbiter_router_queue_waiting_requests") }
+	send := func(key string, out int) chan int {
+		code := make(chan int, 1)
+		go func() {
+			body := fmt.Sprintf(`{"model":"%s","messages":[{"role":"user","content":"hi"}],"max_tokens":%d}`, testModel, out)
+			resp, _ := post(t, r.url+"/v1/chat/completions", body, "Authorization", "Bearer "+key, "X-Arbiter-Policy", "race")
+			code <- resp.StatusCode
+		}()
+		return code
+	}
+	shed := send("sk-shed-0123456789abcdef", 3)
+	waitFor(t, "the sheddable request waiting", func() bool { return waiting() == 1 })
+	pol.set(func(p *racePolicy) { p.gateBlockOut = 3 })
+	select {
+	case <-pol.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sheddable request never looked for room again")
+	}
+	crit := send("sk-crit-0123456789abcdef", 4) // the queue is full: it sheds the sheddable one
+	waitFor(t, "the critical request waiting in the sheddable one's place", func() bool {
+		r.px.queues.mu.Lock()
+		defer r.px.queues.mu.Unlock()
+		return r.px.queues.waiting == 1 && len(r.px.queues.byName) == 1 && func() bool {
+			for _, sq := range r.px.queues.byName {
+				sq.mu.Lock()
+				defer sq.mu.Unlock()
+				return sq.q.n == 1 && sq.q.bands[Critical].flows != nil
+			}
+			return false
+		}()
+	})
+	pol.set(func(p *racePolicy) { p.open = 1 })
+	close(pol.release) // the shed request's pick finds the room
+	if got := <-shed; got != 200 {
+		t.Fatalf("the request shed while it found room answered %d; want it sent", got)
+	}
+	r.px.queues.mu.Lock()
+	n := r.px.queues.waiting
+	r.px.queues.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d requests counted waiting while the critical one waits; want 1", n)
+	}
+	pol.set(func(p *racePolicy) { p.open = 1 })
+	if got := <-crit; got != 200 {
+		t.Fatalf("the critical request answered %d", got)
+	}
+	r.px.queues.mu.Lock()
+	n = r.px.queues.waiting
+	r.px.queues.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d requests counted waiting with none waiting; want 0", n)
+	}
+}
+
+// A kick that comes while the head picks (room may have opened after its pick looked)
+// is not lost: if the pick finds no room, the head looks again.
+func TestQueueKickDuringAPickIsNotLost(t *testing.T) {
+	var sq serviceQueue
+	a := &waiter{tenant: "t", band: Standard, weight: 1, turn: make(chan struct{}, 1)}
+	if _, ok := sq.q.push(a, false); !ok {
+		t.Fatal("push refused")
+	}
+	sq.kick()
+	<-a.turn  // a picks, the lock released
+	sq.kick() // a request ends meanwhile
+	sq.mu.Lock()
+	sq.endTurnLocked(a) // a's pick found no room
+	sq.mu.Unlock()
+	select {
+	case <-a.turn:
+	default:
+		t.Fatal("the kick that came during the pick was lost: the head waits for the next event")
+	}
+	if sq.trying != a {
+		t.Fatalf("the turn is with %p; want the head %p", sq.trying, a)
+	}
+}
+
+// panicPolicy finds no room on its first gated pick (the request queues) and panics on
+// its second (the request's turn in the queue).
+type panicPolicy struct{ looks atomic.Int32 }
+
+func (p *panicPolicy) gates() {}
+
+func (p *panicPolicy) Pick(req *Request, cands []*Replica, _ *rand.Rand) *Replica {
+	if req.gate > 0 {
+		if p.looks.Add(1) == 2 {
+			panic("a policy's bug")
+		}
+		return nil
+	}
+	return nil
+}
+
+// A request whose pick panics while it waits (the router answers it 500 and lives on)
+// leaves the queue: its slot and its turn go on to the next.
+func TestQueuePanicInAPickLeavesTheQueue(t *testing.T) {
+	s := startSim(t, simOpts{echo: true})
+	const keys = `keys:
+  - {name: shed, key: sk-shed-0123456789abcdef, priority: sheddable}
+`
+	room := &racePolicy{entered: make(chan struct{}), release: make(chan struct{})}
+	pan := &panicPolicy{}
+	r := keyedRouter(t, s, keys, func(c *Config) {
+		c.Queue.Enabled = true
+		c.Queue.MaxWaiting = 1
+		c.Queue.MaxWait = 20 * time.Second
+	})
+	r.px.policies["room"], r.px.policies["panic"] = room, pan
+	send := func(policy string) chan int {
+		code := make(chan int, 1)
+		go func() {
+			body := fmt.Sprintf(`{"model":"%s","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`, testModel)
+			resp, _ := post(t, r.url+"/v1/chat/completions", body, "Authorization", "Bearer sk-shed-0123456789abcdef", "X-Arbiter-Policy", policy)
+			code <- resp.StatusCode
+		}()
+		return code
+	}
+	if got := <-send("panic"); got != 500 {
+		t.Fatalf("the request whose pick panicked answered %d; want 500", got)
+	}
+	next := send("room") // no room: it must find the one slot free and the turn its own
+	waitFor(t, "the next request waiting", func() bool { return r.counter(t, "arbiter_router_queue_waiting_requests") == 1 })
+	room.set(func(p *racePolicy) { p.open = 1 })
+	select {
+	case got := <-next:
+		if got != 200 {
+			t.Fatalf("the next request answered %d", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("room opened 10 s ago and the next request was not sent")
 	}
 }

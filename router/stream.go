@@ -253,7 +253,10 @@ func (s *streamer) CloseWithError(wErr error) error {
 	}
 	s.closed = true
 	px, r := s.px, s.r
-	defer r.End(s.res.pred, px.Now())
+	defer func() {
+		r.End(s.res.pred, px.Now())
+		s.c.kickAfterEnd()
+	}()
 	switch {
 	case !s.finished || s.res.clientGone:
 		// The client hung up (or fasthttp gave up on it): closing the replica socket
