@@ -455,16 +455,23 @@ func TestStreamedTextOffsetsMatchTheWholeResponse(t *testing.T) {
 	}
 }
 
-// A conversation's next turn repeats the last turn's prompt and answer: on a real Llama 3
-// server vLLM finds both in its prefix cache (the answer's blocks are cached as they fill).
-func TestNextTurnFindsTheLastAnswerCached(t *testing.T) {
+// startWithCachedTokens starts a server whose usage reports prompt_tokens_details
+// (cached_tokens) and returns its URL.
+func startWithCachedTokens(t *testing.T) string {
+	t.Helper()
 	s, ln := newServer(t, false)
 	s.cfg.PromptTokensDetails = true
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go s.Run(ctx)
 	go func() { _ = s.Serve(ctx, ln) }()
-	url := "http://" + ln.Addr().String()
+	return "http://" + ln.Addr().String()
+}
+
+// A conversation's next turn repeats the last turn's prompt and answer: on a real Llama 3
+// server vLLM finds both in its prefix cache (the answer's blocks are cached as they fill).
+func TestNextTurnFindsTheLastAnswerCached(t *testing.T) {
+	url := startWithCachedTokens(t)
 	type usage struct {
 		Choices []struct {
 			Message struct{ Content string } `json:"message"`
@@ -500,13 +507,7 @@ func TestNextTurnFindsTheLastAnswerCached(t *testing.T) {
 // salt (or none) finds nothing cached, under its own salt all of it; an empty salt is
 // refused with vLLM's message.
 func TestCacheSaltKeepsPromptsApart(t *testing.T) {
-	s, ln := newServer(t, false)
-	s.cfg.PromptTokensDetails = true
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go s.Run(ctx)
-	go func() { _ = s.Serve(ctx, ln) }()
-	url := "http://" + ln.Addr().String()
+	url := startWithCachedTokens(t)
 	msgs := `"messages":[{"role":"user","content":"` + strings.Repeat("Summarise the tenancy agreement. ", 40) + `"}]`
 	cached := func(salt string) int {
 		t.Helper()

@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -356,6 +357,32 @@ func TestPickerGivesTheBandAsVLLMsPriority(t *testing.T) {
 	}
 }
 
+// sendAsync posts a one-message chat request of max_tokens out as the key, through the
+// named policy, and returns a channel that receives its status code (0: no answer).
+func sendAsync(url, key, policy string, out int, stream bool) chan int {
+	code := make(chan int, 1)
+	go func() {
+		body := fmt.Sprintf(`{"model":"%s","messages":[{"role":"user","content":"hi"}],"max_tokens":%d,"stream":%v}`, testModel, out, stream)
+		req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+		if err != nil {
+			code <- 0
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("X-Arbiter-Policy", policy)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			code <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		code <- resp.StatusCode
+	}()
+	return code
+}
+
 // racePolicy has room for a gated request only while open > 0. An ungated pick (a
 // request going over the gate) of the request whose max_tokens is noOver finds nothing;
 // of the one whose max_tokens is blockOut, once armAt has passed, it waits, the first
@@ -436,15 +463,7 @@ func TestQueueTurnPassesOnWhenAWaiterGoesOverTheGate(t *testing.T) {
 	})
 	r.px.policies["race"] = pol
 	waiting := func() float64 { return r.counter(t, "arbiter_router_queue_waiting_requests") }
-	send := func(key string, out int, stream bool) chan int {
-		code := make(chan int, 1)
-		go func() {
-			body := fmt.Sprintf(`{"model":"%s","messages":[{"role":"user","content":"hi"}],"max_tokens":%d,"stream":%v}`, testModel, out, stream)
-			resp, _ := post(t, r.url+"/v1/chat/completions", body, "Authorization", "Bearer "+key, "X-Arbiter-Policy", "race")
-			code <- resp.StatusCode
-		}()
-		return code
-	}
+	send := func(key string, out int, stream bool) chan int { return sendAsync(r.url, key, "race", out, stream) }
 	// Batch work holds the room (through its gate), streaming for 10 s.
 	pol.set(func(p *racePolicy) { p.open = 1 })
 	send("sk-shed-0123456789abcdef", 200, true)
@@ -576,15 +595,7 @@ func TestQueueRoomFreedAtTheEndIsTakenAtOnce(t *testing.T) {
 		px.queuePoll = time.Hour
 		px.policies["idle"] = pol
 	}, replica("a", s, fleet.Reserved, 0))
-	send := func(out int) chan int {
-		code := make(chan int, 1)
-		go func() {
-			body := fmt.Sprintf(`{"model":"%s","messages":[{"role":"user","content":"hi"}],"max_tokens":%d}`, testModel, out)
-			resp, _ := post(t, r.url+"/v1/chat/completions", body, "Authorization", "Bearer sk-shed-0123456789abcdef", "X-Arbiter-Policy", "idle")
-			code <- resp.StatusCode
-		}()
-		return code
-	}
+	send := func(out int) chan int { return sendAsync(r.url, "sk-shed-0123456789abcdef", "idle", out, false) }
 	first := send(300) // about two seconds of decoding
 	waitFor(t, "the first request on the replica", func() bool { return r.pool.Get("a").InFlight() == 1 })
 	second := send(1)
@@ -620,15 +631,7 @@ func TestQueueShedWhilePickingKeepsTheCount(t *testing.T) {
 	})
 	r.px.policies["race"] = pol
 	waiting := func() float64 { return r.counter(t, "arbiter_router_queue_waiting_requests") }
-	send := func(key string, out int) chan int {
-		code := make(chan int, 1)
-		go func() {
-			body := fmt.Sprintf(`{"model":"%s","messages":[{"role":"user","content":"hi"}],"max_tokens":%d}`, testModel, out)
-			resp, _ := post(t, r.url+"/v1/chat/completions", body, "Authorization", "Bearer "+key, "X-Arbiter-Policy", "race")
-			code <- resp.StatusCode
-		}()
-		return code
-	}
+	send := func(key string, out int) chan int { return sendAsync(r.url, key, "race", out, false) }
 	shed := send("sk-shed-0123456789abcdef", 3)
 	waitFor(t, "the sheddable request waiting", func() bool { return waiting() == 1 })
 	pol.set(func(p *racePolicy) { p.gateBlockOut = 3 })
@@ -728,15 +731,7 @@ func TestQueuePanicInAPickLeavesTheQueue(t *testing.T) {
 		c.Queue.MaxWait = 20 * time.Second
 	})
 	r.px.policies["room"], r.px.policies["panic"] = room, pan
-	send := func(policy string) chan int {
-		code := make(chan int, 1)
-		go func() {
-			body := fmt.Sprintf(`{"model":"%s","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`, testModel)
-			resp, _ := post(t, r.url+"/v1/chat/completions", body, "Authorization", "Bearer sk-shed-0123456789abcdef", "X-Arbiter-Policy", policy)
-			code <- resp.StatusCode
-		}()
-		return code
-	}
+	send := func(policy string) chan int { return sendAsync(r.url, "sk-shed-0123456789abcdef", policy, 1, false) }
 	if got := <-send("panic"); got != 500 {
 		t.Fatalf("the request whose pick panicked answered %d; want 500", got)
 	}
