@@ -383,6 +383,20 @@ func sendAsync(url, key, policy string, out int, stream bool) chan int {
 	return code
 }
 
+// wantOKWithin fails the test unless the request whose status code comes on code (what)
+// is answered 200 within the time given (else late says what did not happen).
+func wantOKWithin(t *testing.T, code chan int, within time.Duration, what, late string) {
+	t.Helper()
+	select {
+	case got := <-code:
+		if got != 200 {
+			t.Fatalf("%s answered %d", what, got)
+		}
+	case <-time.After(within):
+		t.Fatal(late)
+	}
+}
+
 // racePolicy has room for a gated request only while open > 0. An ungated pick (a
 // request going over the gate) of the request whose max_tokens is noOver finds nothing;
 // of the one whose max_tokens is blockOut, once armAt has passed, it waits, the first
@@ -502,14 +516,7 @@ func TestQueueTurnPassesOnWhenAWaiterGoesOverTheGate(t *testing.T) {
 	later := send("sk-shed-0123456789abcdef", 1, false)
 	waitFor(t, "a batch request waiting", func() bool { return waiting() == 1 })
 	pol.set(func(p *racePolicy) { p.open = 1 })
-	select {
-	case got := <-later:
-		if got != 200 {
-			t.Fatalf("the waiting batch request answered %d", got)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("room opened 5 s ago and the waiting batch request was not sent: the queue's turn was lost")
-	}
+	wantOKWithin(t, later, 5*time.Second, "the waiting batch request", "room opened 5 s ago and the waiting batch request was not sent: the queue's turn was lost")
 }
 
 // Whatever path takes the waiter whose turn it is out of the queue, the next kick gives
@@ -603,14 +610,7 @@ func TestQueueRoomFreedAtTheEndIsTakenAtOnce(t *testing.T) {
 	if got := <-first; got != 200 {
 		t.Fatalf("first request %d", got)
 	}
-	select {
-	case got := <-second:
-		if got != 200 {
-			t.Fatalf("the waiting request answered %d", got)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the replica has been free for 10 s and the waiting request was not sent")
-	}
+	wantOKWithin(t, second, 10*time.Second, "the waiting request", "the replica has been free for 10 s and the waiting request was not sent")
 }
 
 // A waiter shed from a full queue while it picked, that found room, goes; the slot it
@@ -738,12 +738,5 @@ func TestQueuePanicInAPickLeavesTheQueue(t *testing.T) {
 	next := send("room") // no room: it must find the one slot free and the turn its own
 	waitFor(t, "the next request waiting", func() bool { return r.counter(t, "arbiter_router_queue_waiting_requests") == 1 })
 	room.set(func(p *racePolicy) { p.open = 1 })
-	select {
-	case got := <-next:
-		if got != 200 {
-			t.Fatalf("the next request answered %d", got)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("room opened 10 s ago and the next request was not sent")
-	}
+	wantOKWithin(t, next, 10*time.Second, "the next request", "room opened 10 s ago and the next request was not sent")
 }
