@@ -44,18 +44,19 @@ func ConfigFromSpec(sp *spec.Service) Config {
 func PlacementFromSpec(sp *spec.Service, cooldown time.Duration) PlacementPolicy {
 	rp := sp.Service.ReplicaPolicy
 	p := PlacementPolicy{
-		UseSpot:            sp.Resources.UseSpot,
-		MaxSpotPriceRatio:  sp.Arbiter.SpotPolicy.MaxPriceRatio,
-		RebalanceMinSaving: sp.Arbiter.SpotPolicy.RebalanceMinSaving,
-		BaseOnDemand:       rp.BaseOndemandFallbackReplicas,
-		DynamicFallback:    rp.DynamicOndemandFallback,
-		Overprovision:      rp.NumOverprovision,
-		ZoneCooldown:       cooldown,
-		RefusalBackoff:     DefaultRefusalBackoff,
-		MaxReplicas:        rp.MaxReplicas,
-		SpotMinZones:       sp.Arbiter.SpotPolicy.MinZones,
-		Availability:       sp.Arbiter.Availability,
-		RelaunchCosts:      true,
+		UseSpot:             sp.Resources.UseSpot,
+		MaxSpotPriceRatio:   sp.Arbiter.SpotPolicy.MaxPriceRatio,
+		RebalanceMinSaving:  sp.Arbiter.SpotPolicy.RebalanceMinSaving,
+		RebalanceWhenItPays: sp.Arbiter.SpotPolicy.RebalanceWhenItPays,
+		BaseOnDemand:        rp.BaseOndemandFallbackReplicas,
+		DynamicFallback:     rp.DynamicOndemandFallback,
+		Overprovision:       rp.NumOverprovision,
+		ZoneCooldown:        cooldown,
+		RefusalBackoff:      DefaultRefusalBackoff,
+		MaxReplicas:         rp.MaxReplicas,
+		SpotMinZones:        sp.Arbiter.SpotPolicy.MinZones,
+		Availability:        sp.Arbiter.Availability,
+		RelaunchCosts:       true,
 	}
 	for _, r := range sp.Arbiter.Reserved {
 		p.Reserved = append(p.Reserved, Slot{Provider: r.Provider, Region: r.Region, Zone: r.Zone, Count: r.Count, PricePerHour: r.PricePerHour})

@@ -168,6 +168,14 @@ type PlacementPolicy struct {
 	// old replica drained once it is ready, never to a zone that would then hold more of
 	// the service's spot replicas than the one it leaves. 0: never.
 	RebalanceMinSaving float64
+	// RebalanceWhenItPays moves a ready spot replica, in the same way and under the same
+	// bounds, where the move pays for its cold start: the expected saving an hour (price,
+	// and each zone's preemptions priced in), over the replacement's expected life in its
+	// zone (one over the zone's preemption rate, at most a day), is more than the
+	// replacement's bill while it starts; to the zone where that gain is largest
+	// (movePaying; Arbiter's default, spot_policy.rebalance_min_saving: auto). It needs no
+	// RebalanceMinSaving; with one set, both must hold.
+	RebalanceWhenItPays bool
 	// RefusalBackoff keeps a place's offer of one capacity kind out of the plan this long
 	// after the place refused a launch for want of capacity, even when the cooldown has
 	// run out of zones: an empty market is not asked again at every decision. 0: a refusal
@@ -417,6 +425,17 @@ func (pl *Placer) preemptionRate(place string) float64 {
 		return pooled
 	}
 	return (own.preemptions + priorHours*pooled) / (own.hours + priorHours)
+}
+
+// marketRate is a zone's preemptions per replica-hour as the availability model reads it:
+// its own record, the pooled one weighed in, and DefaultSpotPreemptionRate under both
+// until the service has seen about a day of spot replica-hours.
+func (pl *Placer) marketRate(place string) float64 {
+	var rec zoneRecord
+	if r := pl.zones[place]; r != nil {
+		rec = *r
+	}
+	return ZonePreemptionRate(rec.preemptions, rec.hours, PooledPreemptionRate(pl.pooledRecord()))
 }
 
 // pooledRecord is every zone's record summed: preemptions and replica-hours.
@@ -806,7 +825,7 @@ func (pl *Placer) Plan(now time.Time, target int, existing []Placed, offers []Of
 	}
 	if useSpot && len(plan.Launch) == 0 && len(plan.Drain) == 0 && readySpot == want[fleet.Spot] && len(have[fleet.Spot]) == want[fleet.Spot] &&
 		(p.MaxReplicas == 0 || alive < p.MaxReplicas) {
-		pl.startMove(now, &plan, have[fleet.Spot], offers, active, spotIn)
+		pl.startMove(now, &plan, have[fleet.Spot], offers, active, spotIn, odOffer.PricePerHour)
 	}
 	return plan
 }
@@ -934,10 +953,11 @@ func (pl *Placer) followMove(now time.Time, plan *Plan, spot []Placed) {
 // startMove starts a move, the caller having found the spot fleet as wanted, all of it
 // ready, and nothing else to do: the dearest ready spot replica (at its zone's price now,
 // else the price it was launched at) goes to the cheapest active zone at least
-// RebalanceMinSaving cheaper, quiet for moveQuiet, where the service would then have no
-// more spot replicas than in the zone it leaves.
-func (pl *Placer) startMove(now time.Time, plan *Plan, spot []Placed, offers []Offer, active map[string]bool, spotIn map[string]int) {
-	if pl.policy.RebalanceMinSaving <= 0 || pl.moving != nil {
+// RebalanceMinSaving cheaper (under RebalanceWhenItPays, the one movePaying finds the move
+// pays most for), quiet for moveQuiet, where the service would then have no more spot
+// replicas than in the zone it leaves. odPrice is the on-demand price (0: none offered).
+func (pl *Placer) startMove(now time.Time, plan *Plan, spot []Placed, offers []Offer, active map[string]bool, spotIn map[string]int, odPrice float64) {
+	if pl.policy.RebalanceMinSaving <= 0 && !pl.policy.RebalanceWhenItPays || pl.moving != nil {
 		return
 	}
 	priceNow := func(r Placed) float64 {
@@ -951,21 +971,68 @@ func (pl *Placer) startMove(now time.Time, plan *Plan, spot []Placed, offers []O
 		if !r.Ready || price <= 0 {
 			continue
 		}
-		o, ok := cheapest(offers, fleet.Spot, func(o Offer) bool {
+		from := Offer{Provider: r.Provider, Region: r.Region, Zone: r.Zone, Capacity: fleet.Spot, PricePerHour: price}
+		eligible := func(o Offer) bool {
 			at, took := pl.preempted[o.place()]
 			return active[o.place()] && (!took || now.Sub(at) >= moveQuiet) && o.place() != r.place() &&
 				spotIn[o.place()]+1 <= spotIn[r.place()] && o.PricePerHour <= (1-pl.policy.RebalanceMinSaving)*price
-		})
+		}
+		var o Offer
+		var ok bool
+		why := fmt.Sprintf("≥ %.0f %% cheaper", 100*pl.policy.RebalanceMinSaving)
+		if pl.policy.RebalanceWhenItPays {
+			o, why, ok = pl.movePaying(from, offers, eligible, odPrice)
+		} else {
+			o, ok = cheapest(offers, fleet.Spot, eligible)
+		}
 		if !ok {
 			continue
 		}
 		r.PricePerHour = price
 		pl.moving = &move{from: r, to: o, since: now}
-		plan.Launch = append(plan.Launch, Launch{Offer: o, Reason: fmt.Sprintf("rebalance: spot in %s at $%.2f/h replaces %s in %s at $%.2f/h (≥ %.0f %% cheaper); %s drains once it is ready",
-			o.place(), o.PricePerHour, r.ID, r.place(), price, 100*pl.policy.RebalanceMinSaving, r.ID)})
+		plan.Launch = append(plan.Launch, Launch{Offer: o, Reason: fmt.Sprintf("rebalance: spot in %s at $%.2f/h replaces %s in %s at $%.2f/h (%s); %s drains once it is ready",
+			o.place(), o.PricePerHour, r.ID, r.place(), price, why, r.ID)})
 		plan.Reason += pl.moving.describe()
 		return
 	}
+}
+
+// movePaying is the eligible spot offer a replica running as from would most gain by moving
+// to, if the move pays for its cold start (PlacementPolicy.RebalanceWhenItPays), and why
+// it pays. The saving is the fall in the expected cost of an hour of spot capacity, the
+// preemptions each zone is expected to deal priced in at marketRate, so a cheap zone that
+// preempts often, or one not yet seen against a zone the replica has run in for hours
+// without a preemption, saves less than its price says. It is earned for the replacement's
+// expected life in its zone, one over marketRate (a zone not yet seen lives 2.66 h, the
+// median of SkyPilot's GPU traces; at most maxDipKeep, a day), and the move costs the
+// replacement's bill while it starts (the old replica serves meanwhile, as it would have).
+func (pl *Placer) movePaying(from Offer, offers []Offer, eligible func(Offer) bool, odPrice float64) (Offer, string, bool) {
+	if odPrice <= 0 {
+		odPrice = from.PricePerHour
+	}
+	// An hour of spot capacity in o's zone: its price, and each preemption the zone is
+	// expected to deal costing a cold start twice over (as expectedCost), at marketRate, so
+	// that the hours the replica has run in its zone without a preemption count for it.
+	hour := func(o Offer) float64 {
+		return o.PricePerHour + pl.marketRate(o.place())*pl.coldStartAt(o).Hours()*(o.PricePerHour+odPrice)
+	}
+	stay := hour(from)
+	var best Offer
+	var bestGain float64
+	var why string
+	for _, o := range offers {
+		if o.Capacity != fleet.Spot || !eligible(o) {
+			continue
+		}
+		saving := stay - hour(o)
+		life := min(maxDipKeep.Hours(), 1/pl.marketRate(o.place()))
+		start := o.PricePerHour * pl.coldStartAt(o).Hours()
+		if gain := saving*life - start; gain > bestGain {
+			best, bestGain = o, gain
+			why = fmt.Sprintf("expected $%.2f/h less over its expected %.1f h there, against $%.2f for its cold start", saving, life, start)
+		}
+	}
+	return best, why, bestGain > 0
 }
 
 // activeZones is every offered place not cooling down after a preemption; when fewer than

@@ -346,6 +346,48 @@ func TestSpotRebalancesToACheaperZone(t *testing.T) {
 	}
 }
 
+// RebalanceWhenItPays (Arbiter's default): a ready spot replica moves when the expected
+// saving over the replacement's expected life pays for the replacement's cold start, the
+// zones' preemptions priced in; no fixed fraction is needed.
+func TestSpotMovesWhenItPaysForItsColdStart(t *testing.T) {
+	paying := func() *Placer {
+		return policy(func(p *PlacementPolicy) { p.RebalanceWhenItPays = true; p.ColdStart = 294 * time.Second })
+	}
+	at := func(zone string, price float64) []Offer {
+		o := offers()
+		for i := range o {
+			if o[i].Zone == zone && o[i].Capacity == fleet.Spot {
+				o[i].PricePerHour = price
+			}
+		}
+		return o
+	}
+	// $5 against $3: $2.06 an hour (the preemptions priced in) over a zone's prior life of
+	// 2.66 h, against $0.24 of cold start at $3.
+	plan := paying().Plan(p0, 1, []Placed{spotPriced("x", "us-east-1c", 5, true)}, offers())
+	eq(t, "$5 → $3", zones(plan.Launch), "spot@us-east-1b")
+	if !strings.Contains(plan.Launch[0].Reason, "expected $2.06/h less over its expected 2.7 h there, against $0.24 for its cold start") {
+		t.Fatalf("reason %q", plan.Launch[0].Reason)
+	}
+	// $3.05 against $3: about $0.14 over 2.66 h does not pay for $0.24 of cold start.
+	if plan := paying().Plan(p0, 1, []Placed{spotPriced("x", "us-east-1c", 3.05, true)}, at("us-east-1c", 3.05)); len(plan.Launch) != 0 {
+		t.Fatalf("a move saving about $0.14 for a $0.24 cold start: %+v", plan.Launch)
+	}
+	// $3.60 against $3 pays where the cheaper zone is not known to preempt; two hours after it
+	// took a replica back (past moveQuiet), its preemptions eat the saving and its expected
+	// life is an hour: no move. A fixed 10 % bar moves regardless.
+	x := spotPriced("x", "us-east-1c", 3.6, true)
+	eq(t, "$3.60 → $3, nothing known", zones(paying().Plan(p0, 1, []Placed{x}, at("us-east-1c", 3.6)).Launch), "spot@us-east-1b")
+	pl := paying()
+	pl.Preempted("aws", "us-east-1", "us-east-1b", p0.Add(-2*time.Hour))
+	if plan := pl.Plan(p0, 1, []Placed{x}, at("us-east-1c", 3.6)); len(plan.Launch) != 0 {
+		t.Fatalf("moved into a zone whose preemptions eat the saving: %+v", plan.Launch)
+	}
+	fixed := policy(func(p *PlacementPolicy) { p.RebalanceMinSaving = 0.1; p.ColdStart = 294 * time.Second })
+	fixed.Preempted("aws", "us-east-1", "us-east-1b", p0.Add(-2*time.Hour))
+	eq(t, "a fixed 10 % bar", zones(fixed.Plan(p0, 1, []Placed{x}, at("us-east-1c", 3.6)).Launch), "spot@us-east-1b")
+}
+
 // A move whose replacement is refused, or not ready within moveTimeout, is given up: the
 // old replica stays, and a replacement still starting is drained as an extra.
 func TestSpotMoveGivenUp(t *testing.T) {

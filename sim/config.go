@@ -210,6 +210,8 @@ func wire(sys System, in *Inputs) (wiring, error) {
 		// SkyServe drains on a scale-down and swaps stand-ins by its own rules, not by
 		// what a relaunch would cost.
 		w.placement.RelaunchCosts = false
+		// Nor does it move a running spot replica to a cheaper zone.
+		w.placement.RebalanceMinSaving, w.placement.RebalanceWhenItPays = 0, false
 		w.placement.Reserved = nil
 		// A refused launch only cools its zone: SkyServe has no refusal backoff (sky launch
 		// fails over across zones within one launch).

@@ -639,7 +639,11 @@ func (s *simulation) decide() {
 		for _, r := range s.live {
 			if r.id == dr.ID {
 				if s.in.Trace != nil {
-					fmt.Fprintf(s.in.Trace, "%8.0fs drain %s %s in %s at $%.2f/h (ready %v): %s\n", s.now.Seconds(), r.offer.Capacity, r.id, r.offer.Zone, r.offer.PricePerHour, r.ready, dr.Reason)
+					served := "not ready"
+					if r.ready {
+						served = fmt.Sprintf("ready %.0fs", (s.now - r.readyAt).Seconds())
+					}
+					fmt.Fprintf(s.in.Trace, "%8.0fs drain %s %s in %s at $%.2f/h (launched %.0fs ago, %s): %s\n", s.now.Seconds(), r.offer.Capacity, r.id, r.offer.Zone, r.offer.PricePerHour, (s.now - r.launched).Seconds(), served, dr.Reason)
 				}
 				s.drain(r)
 				break

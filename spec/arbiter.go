@@ -48,7 +48,7 @@ func defaultArbiter() Arbiter {
 	return Arbiter{
 		RoutingPolicy:           "slo_cheapest",
 		SLO:                     SLO{TTFTSeconds: 2, TPOTSeconds: 0.1, Percentile: 0.9},
-		SpotPolicy:              SpotPolicy{MaxPriceRatio: 0.6, MinZones: 2},
+		SpotPolicy:              SpotPolicy{MaxPriceRatio: 0.6, MinZones: 2, RebalanceWhenItPays: true},
 		Queue:                   Queue{MaxWaitSeconds: 30, SheddableFill: 1},
 		Providers:               []string{"local"},
 		ScaleToZeroAfterSeconds: 300,
@@ -127,7 +127,12 @@ func (d *decoder) arbiter(n, at *yaml.Node, a *Arbiter) {
 	if v := b.get("spot_policy"); v != nil {
 		s := d.block("arbiter.spot_policy", b.key("spot_policy"), v, spotPolicyKeys)
 		s.number("max_price_ratio", "a ratio greater than 0 and at most 1, such as 0.6", between(0, 1), &a.SpotPolicy.MaxPriceRatio)
-		s.number("rebalance_min_saving", "a fraction from 0 (never move) to below 1, such as 0.2", func(v float64) bool { return v >= 0 && v < 1 }, &a.SpotPolicy.RebalanceMinSaving)
+		if n := s.get("rebalance_min_saving"); n != nil && n.Kind == yaml.ScalarNode && n.Value == "auto" {
+			a.SpotPolicy.RebalanceMinSaving, a.SpotPolicy.RebalanceWhenItPays = 0, true
+		} else if n != nil {
+			a.SpotPolicy.RebalanceWhenItPays = false
+			s.number("rebalance_min_saving", "auto (move when it pays for its cold start), or a fraction from 0 (never move) to below 1, such as 0.2", func(v float64) bool { return v >= 0 && v < 1 }, &a.SpotPolicy.RebalanceMinSaving)
+		}
 		s.integer("min_zones", "a number of zones from 1 (no hedge, no spread) to 16", func(v int) bool { return v >= 1 && v <= 16 }, &a.SpotPolicy.MinZones)
 	}
 	// Written as 99.9 (percent) or 0.999; 1 and 100 are refused: no spot fleet promises

@@ -77,7 +77,7 @@
 //	| arbiter.slo.e2e_seconds                           | 0 (none)                           | end-to-end latency target |
 //	| arbiter.slo.percentile                            | 90                                 | percentile the targets hold at; 90 or 0.9 |
 //	| arbiter.spot_policy.max_price_ratio               | 0.6                                | use spot only while spot price < ratio × on-demand/reserved; in (0, 1] |
-//	| arbiter.spot_policy.rebalance_min_saving          | 0 (never)                          | move a ready spot replica to a zone at least this fraction cheaper and quiet for an hour (replacement first); in [0, 1) |
+//	| arbiter.spot_policy.rebalance_min_saving          | auto                               | auto: move a ready spot replica (replacement first) to a zone quiet for an hour when the move pays for its cold start, the zones' preemptions priced in; a fraction in (0, 1): to a zone at least that much cheaper; 0: never |
 //	| arbiter.spot_policy.min_zones                     | 2                                  | no zone holds more than ⌈spot replicas ÷ min_zones⌉ of the spot fleet; with ≥ 2, a target of 1 on spot alone runs a second spot replica in another zone while the pair costs ≤ max_price_ratio × on-demand (1: neither) |
 //	| arbiter.reserved[]                                | none                               | capacity already paid for: provider, region, zone, accelerator ("H100:8"), count, price_per_hour |
 //	| arbiter.providers                                 | [local]                            | where replicas may run: local, sim, kubernetes, aws, runpod; local beside another only through arbiter.reserved slots |

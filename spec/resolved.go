@@ -373,7 +373,11 @@ func arbiterNode(a *Arbiter) *yaml.Node {
 
 	sp := mapping()
 	put(sp, "max_price_ratio", num(a.SpotPolicy.MaxPriceRatio))
-	put(sp, "rebalance_min_saving", num(a.SpotPolicy.RebalanceMinSaving))
+	if a.SpotPolicy.RebalanceWhenItPays {
+		put(sp, "rebalance_min_saving", str("auto"))
+	} else {
+		put(sp, "rebalance_min_saving", num(a.SpotPolicy.RebalanceMinSaving))
+	}
 	put(sp, "min_zones", num(float64(a.SpotPolicy.MinZones)))
 	put(m, "spot_policy", sp)
 	if a.Availability > 0 {

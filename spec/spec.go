@@ -215,8 +215,12 @@ type SpotPolicy struct {
 	MaxPriceRatio float64
 	// RebalanceMinSaving: a ready spot replica moves to another zone (its replacement
 	// first, then it drains) when that zone's spot price is at least this fraction below
-	// its own; 0 never moves one.
+	// its own; 0 never moves one (unless RebalanceWhenItPays).
 	RebalanceMinSaving float64
+	// RebalanceWhenItPays (rebalance_min_saving: auto, the default): a ready spot replica
+	// moves to another zone whenever the move pays for its cold start, its preemptions
+	// priced in (scaling.PlacementPolicy.RebalanceWhenItPays).
+	RebalanceWhenItPays bool
 	// MinZones spreads the spot fleet: no zone holds more than ⌈spot replicas ÷ MinZones⌉
 	// of them, so one zone's preemption never takes more than that share; and with 2 or
 	// more, a target of one replica served by spot alone runs a second spot replica in

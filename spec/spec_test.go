@@ -161,7 +161,8 @@ func TestErrors(t *testing.T) {
 		{"availability without spot", minimal + "arbiter: {availability: 99.9}\n", 4, 25, "arbiter.availability: a target for spot purchasing; it needs resources.use_spot: true"},
 		{"ttft negative", minimal + "arbiter: {slo: {ttft_seconds: -1}}\n", 4, 31, "want a number of seconds ≥ 0 (0: no target), got -1"},
 		{"price ratio", minimal + "arbiter: {spot_policy: {max_price_ratio: 1.5}}\n", 4, 42, "a ratio greater than 0 and at most 1"},
-		{"rebalance saving", minimal + "arbiter: {spot_policy: {rebalance_min_saving: 1}}\n", 4, 47, "rebalance_min_saving: want a fraction from 0 (never move) to below 1"},
+		{"rebalance saving", minimal + "arbiter: {spot_policy: {rebalance_min_saving: 1}}\n", 4, 47, "rebalance_min_saving: want auto (move when it pays for its cold start), or a fraction from 0 (never move) to below 1"},
+		{"rebalance word", minimal + "arbiter: {spot_policy: {rebalance_min_saving: always}}\n", 4, 47, "rebalance_min_saving: want auto (move when it pays for its cold start), or a fraction"},
 		{"spot zones", minimal + "arbiter: {spot_policy: {min_zones: 0}}\n", 4, 36, "min_zones: want a number of zones from 1 (no hedge, no spread) to 16"},
 		{"signal typo", minimal + "arbiter: {autoscaling: {signal: qsp}}\n", 4, 33, `did you mean "qps"?`},
 		{"signal qps without target", minimal + "arbiter: {autoscaling: {signal: qps}}\n", 4, 33, "qps needs service.replica_policy.target_qps_per_replica"},
@@ -273,7 +274,7 @@ func TestDefaults(t *testing.T) {
 		Arbiter: Arbiter{
 			RoutingPolicy:           "slo_cheapest",
 			SLO:                     SLO{TTFTSeconds: 2, TPOTSeconds: 0.1, Percentile: 0.9},
-			SpotPolicy:              SpotPolicy{MaxPriceRatio: 0.6, MinZones: 2},
+			SpotPolicy:              SpotPolicy{MaxPriceRatio: 0.6, MinZones: 2, RebalanceWhenItPays: true},
 			Queue:                   Queue{MaxWaitSeconds: 30, SheddableFill: 1},
 			Providers:               []string{"local"},
 			ScaleToZeroAfterSeconds: 300,
@@ -549,6 +550,19 @@ func TestArbiter(t *testing.T) {
 	}
 	if a.Readiness.ReadyBudgetSeconds != 100 || a.SpotPolicy.MaxPriceRatio != 1 {
 		t.Errorf("got %+v %+v", a.Readiness, a.SpotPolicy)
+	}
+	// rebalance_min_saving: auto (the default) moves when a move pays for its cold start; a
+	// fraction is a fixed bar instead, and 0 never moves.
+	for yaml, want := range map[string]SpotPolicy{
+		"":                           {MaxPriceRatio: 0.6, MinZones: 2, RebalanceWhenItPays: true},
+		"rebalance_min_saving: auto": {MaxPriceRatio: 0.6, MinZones: 2, RebalanceWhenItPays: true},
+		"rebalance_min_saving: 0.2":  {MaxPriceRatio: 0.6, MinZones: 2, RebalanceMinSaving: 0.2},
+		"rebalance_min_saving: 0":    {MaxPriceRatio: 0.6, MinZones: 2},
+		"min_zones: 3":               {MaxPriceRatio: 0.6, MinZones: 3, RebalanceWhenItPays: true},
+	} {
+		if got := mustParse(t, minimal+"arbiter: {spot_policy: {"+yaml+"}}\n").Arbiter.SpotPolicy; got != want {
+			t.Errorf("spot_policy {%s}: got %+v, want %+v", yaml, got, want)
+		}
 	}
 	sim := mustParse(t, minimal+"arbiter:\n  providers: [sim]\n  sim: {cloud: aws, spot_trace: t, speedup: 600, start_hours: 2.5, prices_at: 2026-05-01, notice_seconds: 5}\n").Arbiter.Sim
 	if sim != (Sim{Cloud: "aws", SpotTrace: "t", Speedup: 600, StartHours: 2.5, PricesAt: "2026-05-01", NoticeSeconds: 5}) {
