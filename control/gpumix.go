@@ -249,11 +249,7 @@ func (c *Controller) placeMix(ctx context.Context, s *service, cur []*replica, o
 				mine = append(mine, o)
 			}
 		}
-		pol := scaling.PlacementFromSpec(sp, c.cfg.ZoneCooldown)
-		if total > 1 {
-			pol.SpotMinZones = 0 // the other replicas hedge a lone one of a type
-			pol.Availability = 0 // and keep one ready: not judged per type
-		}
+		pol := scaling.MixTypePolicy(scaling.PlacementFromSpec(sp, c.cfg.ZoneCooldown), total)
 		pol.MaxReplicas = 0 // bounded by the mix over every type
 		if err := m.placers[gpu].Reconfigure(pol); err != nil {
 			c.event(ctx, s.name, "", "error", "placement: "+err.Error())

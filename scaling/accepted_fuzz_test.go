@@ -57,6 +57,10 @@ func FuzzAcceptedSpecsRun(f *testing.F) {
 		if spot {
 			y += fmt.Sprintf("    base_ondemand_fallback_replicas: %d\n", base)
 		}
+		savingText := fmt.Sprintf("%g", saving)
+		if saving < 0 && saving > -1 {
+			savingText = "auto" // the default, written out (other negatives stay refused)
+		}
 		y += fmt.Sprintf(`resources:
   accelerators: %s
   use_spot: %t
@@ -65,14 +69,14 @@ arbiter:
   providers: [%s]
   model: m
   scale_to_zero_after_seconds: %g
-  spot_policy: {max_price_ratio: %g, rebalance_min_saving: %g}
+  spot_policy: {max_price_ratio: %g, rebalance_min_saving: %s}
   autoscaling:
     stable_window_seconds: %g
     panic_window_seconds: %g
     panic_threshold: %g
     max_scale_up_rate: %g
     target_tokens_per_second_per_replica: 1000
-`, accelerators[int(acc/2)%len(accelerators)], spot, providers, zero, ratio, saving, stable, panicW, panicT, rate)
+`, accelerators[int(acc/2)%len(accelerators)], spot, providers, zero, ratio, savingText, stable, panicW, panicT, rate)
 		if s := signals[int(signal)%len(signals)]; s != "" {
 			y += "    signal: " + s + "\n"
 		}

@@ -745,6 +745,21 @@ func cmpFloat(a, b float64) int {
 	return 0
 }
 
+// MixTypePolicy is the placement policy of one GPU type's placer within a mix of total
+// replicas, from the service's: with more than one replica in the mix, the other replicas
+// hedge a lone one of a type (no min_zones pair) and keep one ready (no availability target
+// judged per type); and no type moves a replica to a cheaper zone, since a move runs its
+// replacement beside the replica it replaces, one beyond the mix's count, which no per-type
+// placer can bound. The control plane and the simulator both place a mix with it.
+func MixTypePolicy(p PlacementPolicy, total int) PlacementPolicy {
+	if total > 1 {
+		p.SpotMinZones = 0
+		p.Availability = 0
+	}
+	p.RebalanceMinSaving, p.RebalanceWhenItPays = 0, false
+	return p
+}
+
 // PlacementTargets is what each type's placement is asked for while the fleet moves to
 // want: a type being cut keeps its replicas until every type has its wanted replicas
 // ready (make before break), so that a change of type never leaves the service short

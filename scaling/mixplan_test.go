@@ -231,3 +231,22 @@ func TestMixPlannerLearnsHeadroomPerType(t *testing.T) {
 		t.Fatalf("without Attainment: L4 headroom %v, mix %v; want 0.5 and 2 L4s (3/s ÷ (4/s × 0.5))", h, fixed)
 	}
 }
+
+// A mix's per-type placers hedge and target availability over the mix, not per type, and
+// never move a replica: its replacement would run beyond the mix's count.
+func TestMixTypePolicy(t *testing.T) {
+	svc := PlacementPolicy{UseSpot: true, SpotMinZones: 2, Availability: 0.999, RebalanceMinSaving: 0.2, RebalanceWhenItPays: true, MaxReplicas: 8}
+	one := MixTypePolicy(svc, 1)
+	if one.SpotMinZones != 2 || one.Availability != 0.999 || one.MaxReplicas != 8 {
+		t.Errorf("a mix of one replica keeps the service's hedge and target: %+v", one)
+	}
+	many := MixTypePolicy(svc, 3)
+	if many.SpotMinZones != 0 || many.Availability != 0 {
+		t.Errorf("a mix of three: want no per-type hedge or target, got %+v", many)
+	}
+	for _, p := range []PlacementPolicy{one, many} {
+		if p.RebalanceMinSaving != 0 || p.RebalanceWhenItPays {
+			t.Errorf("a mix's placer moves replicas: %+v", p)
+		}
+	}
+}

@@ -265,11 +265,7 @@ func (s *simulation) decideMix() {
 	s.target = total
 	offers := s.offers()
 	for g, gpu := range m.gpus {
-		pol := s.w.placement
-		if total > 1 {
-			pol.SpotMinZones = 0 // the other replicas hedge a lone one of a type
-			pol.Availability = 0 // and keep one ready: not judged per type
-		}
+		pol := scaling.MixTypePolicy(s.w.placement, total)
 		pl := m.placers[gpu]
 		if err := pl.Reconfigure(pol); err != nil {
 			panic(err) // validated in wire
