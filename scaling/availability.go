@@ -200,11 +200,7 @@ func (pl *Placer) availabilityHedge(n int, offers []Offer, active map[string]boo
 	}
 	var rates, prices []float64
 	for place, p := range price {
-		var rec zoneRecord
-		if r := pl.zones[place]; r != nil {
-			rec = *r
-		}
-		rates = append(rates, ZonePreemptionRate(rec.preemptions, rec.hours, pooled))
+		rates = append(rates, pl.marketRate(place, pooled))
 		prices = append(prices, p)
 	}
 	slices.Sort(rates)

@@ -428,14 +428,14 @@ func (pl *Placer) preemptionRate(place string) float64 {
 }
 
 // marketRate is a zone's preemptions per replica-hour as the availability model reads it:
-// its own record, the pooled one weighed in, and DefaultSpotPreemptionRate under both
-// until the service has seen about a day of spot replica-hours.
-func (pl *Placer) marketRate(place string) float64 {
+// its own record with pooled, the rate over every zone with DefaultSpotPreemptionRate
+// under it (PooledPreemptionRate of pooledRecord), weighed in.
+func (pl *Placer) marketRate(place string, pooled float64) float64 {
 	var rec zoneRecord
 	if r := pl.zones[place]; r != nil {
 		rec = *r
 	}
-	return ZonePreemptionRate(rec.preemptions, rec.hours, PooledPreemptionRate(pl.pooledRecord()))
+	return ZonePreemptionRate(rec.preemptions, rec.hours, pooled)
 }
 
 // pooledRecord is every zone's record summed: preemptions and replica-hours.
@@ -449,11 +449,19 @@ func (pl *Placer) pooledRecord() (preemptions, hours float64) {
 // expectedCost is ZoneExpectedCost's price of an hour of spot capacity from offer o, with
 // odPrice the on-demand price (0: none offered, the spot price stands in).
 func (pl *Placer) expectedCost(o Offer, odPrice float64) float64 {
+	return pl.spotHour(o, pl.preemptionRate(o.place()), odPrice)
+}
+
+// spotHour is the expected cost of an hour of spot capacity from offer o in a zone that
+// preempts at rate: its price, plus each preemption costing a cold start twice over (the
+// replacement billed while it starts, and the capacity missing meanwhile at odPrice, the
+// on-demand price; 0: none offered, the spot price stands in).
+func (pl *Placer) spotHour(o Offer, rate, odPrice float64) float64 {
 	cold := pl.coldStartAt(Offer{Provider: o.Provider, Region: o.Region, Zone: o.Zone, Capacity: fleet.Spot})
 	if odPrice <= 0 {
 		odPrice = o.PricePerHour
 	}
-	return o.PricePerHour + pl.preemptionRate(o.place())*cold.Hours()*(o.PricePerHour+odPrice)
+	return o.PricePerHour + rate*cold.Hours()*(o.PricePerHour+odPrice)
 }
 
 // zoneShare is the most spot replicas one zone may hold under ZoneExpectedCost when n are
@@ -1010,13 +1018,8 @@ func (pl *Placer) movePaying(from Offer, offers []Offer, eligible func(Offer) bo
 	if odPrice <= 0 {
 		odPrice = from.PricePerHour
 	}
-	// An hour of spot capacity in o's zone: its price, and each preemption the zone is
-	// expected to deal costing a cold start twice over (as expectedCost), at marketRate, so
-	// that the hours the replica has run in its zone without a preemption count for it.
-	hour := func(o Offer) float64 {
-		return o.PricePerHour + pl.marketRate(o.place())*pl.coldStartAt(o).Hours()*(o.PricePerHour+odPrice)
-	}
-	stay := hour(from)
+	pooled := PooledPreemptionRate(pl.pooledRecord())
+	stay := pl.spotHour(from, pl.marketRate(from.place(), pooled), odPrice)
 	var best Offer
 	var bestGain float64
 	var why string
@@ -1024,8 +1027,9 @@ func (pl *Placer) movePaying(from Offer, offers []Offer, eligible func(Offer) bo
 		if o.Capacity != fleet.Spot || !eligible(o) {
 			continue
 		}
-		saving := stay - hour(o)
-		life := min(maxDipKeep.Hours(), 1/pl.marketRate(o.place()))
+		rate := pl.marketRate(o.place(), pooled)
+		saving := stay - pl.spotHour(o, rate, odPrice)
+		life := min(maxDipKeep.Hours(), 1/rate)
 		start := o.PricePerHour * pl.coldStartAt(o).Hours()
 		if gain := saving*life - start; gain > bestGain {
 			best, bestGain = o, gain
