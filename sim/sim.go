@@ -864,6 +864,14 @@ func (s *simulation) announceDrop(i int) {
 	for _, r := range in[len(in)-n:] {
 		r.noticed = true
 		s.res.Preemptions++
+		if s.in.Trace != nil {
+			age := "not ready"
+			if r.ready {
+				age = fmt.Sprintf("ready %.0fs", (s.now - r.readyAt).Seconds())
+			}
+			fmt.Fprintf(s.in.Trace, "%8.0fs preempted: spot %s in %s at $%.2f/h (launched %.0fs ago, %s); takes it at %.0fs\n",
+				s.now.Seconds(), r.id, r.offer.Zone, r.offer.PricePerHour, (s.now - r.launched).Seconds(), age, max(d.At, s.now).Seconds())
+		}
 		if s.w.useNotices {
 			s.placerFor(r.offer).Preempted(r.offer.Provider, r.offer.Region, r.offer.Zone, s.clock())
 			s.drainForPreemption(r)
