@@ -490,7 +490,8 @@ func errorsByGPU(checks []pubCheck) map[string][2]float64 {
 // worst 42 %).
 var heldOut = []string{"a100", "a100-80gb", "a100-80gb-pcie", "h200", "l4", "l40s"}
 
-// heldAt is each GPU type's held-out median and worst error as they stand (2026-11-30),
+// heldAt is each GPU type's held-out median and worst error as they stand (2026-11-30; the
+// A100-80GB's worst 25 → 20 % on 2026-12-01, when INFBENCH's A100 rows moved to the 40 GB card),
 // with some room: a change that loses ground on any type fails, goal met or not.
 var heldAt = map[string][2]float64{
 	"l4": {0.15, 0.30}, "a100": {0.10, 0.20}, "a100-80gb": {0.10, 0.20}, "a100-80gb-pcie": {0.15, 0.25}, "h200": {0.05, 0.20},

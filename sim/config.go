@@ -68,7 +68,8 @@ type Inputs struct {
 	// Warm starts the simulation with min_replicas already ready, as a service that was up
 	// before the simulated day began; otherwise it starts at zero.
 	Warm bool
-	// Trace, if set, receives a line per target change.
+	// Trace, if set, receives a line per target change, launch, drain, preemption and wait
+	// with no ready replica.
 	Trace io.Writer
 	// Seed makes tie-breaking random choices repeatable.
 	Seed uint64

@@ -59,7 +59,7 @@ func run(args []string, out io.Writer) error {
 	cold := fs.Duration("cold-start", sim.DefaultColdStart, "replica launch to ready")
 	cooldown := fs.Duration("zone-cooldown", 10*time.Minute, "how long a zone that preempted is avoided")
 	seed := fs.Uint64("seed", 1, "random seed")
-	verbose := fs.Bool("v", false, "print every target change to stderr")
+	verbose := fs.Bool("v", false, "print every target change, launch, drain, preemption and wait with no ready replica to stderr")
 	calibrate := fs.Bool("calibrate", true, "set target_qps_per_replica and target_concurrency_per_replica per request trace from a fixed-fleet calibration run (see sim.Calibrate)")
 	calMax := fs.Int("calibrate-max", 32, "largest fixed fleet the calibration tries")
 	isoSLO := fs.Bool("iso-slo", true, "when SkyServe's (or skyserve-spothedge's) SLO attainment is more than -iso-slo-within from Arbiter's, also show it with target_qps_per_replica moved (by bisection: lowered when below, raised when above) to the cheapest setting that meets Arbiter's")
