@@ -54,6 +54,16 @@ type replica struct {
 	lastSentAt time.Duration
 }
 
+// age is the replica's age for the trace at now: "launched Ns ago, ready Ms" (or "not
+// ready").
+func (r *replica) age(now time.Duration) string {
+	ready := "not ready"
+	if r.ready {
+		ready = fmt.Sprintf("ready %.0fs", (now - r.readyAt).Seconds())
+	}
+	return fmt.Sprintf("launched %.0fs ago, %s", (now - r.launched).Seconds(), ready)
+}
+
 // request is one trace request on its way through the system.
 type request struct {
 	// burst: another request reached the same replica in the same instant (the trace's
@@ -639,11 +649,7 @@ func (s *simulation) decide() {
 		for _, r := range s.live {
 			if r.id == dr.ID {
 				if s.in.Trace != nil {
-					served := "not ready"
-					if r.ready {
-						served = fmt.Sprintf("ready %.0fs", (s.now - r.readyAt).Seconds())
-					}
-					fmt.Fprintf(s.in.Trace, "%8.0fs drain %s %s in %s at $%.2f/h (launched %.0fs ago, %s): %s\n", s.now.Seconds(), r.offer.Capacity, r.id, r.offer.Zone, r.offer.PricePerHour, (s.now - r.launched).Seconds(), served, dr.Reason)
+					fmt.Fprintf(s.in.Trace, "%8.0fs drain %s %s in %s at $%.2f/h (%s): %s\n", s.now.Seconds(), r.offer.Capacity, r.id, r.offer.Zone, r.offer.PricePerHour, r.age(s.now), dr.Reason)
 				}
 				s.drain(r)
 				break
@@ -861,22 +867,19 @@ func (s *simulation) announceDrop(i int) {
 	} else {
 		n = int(math.Ceil(d.Share * float64(len(in))))
 	}
+	gone := max(d.At, s.now)
 	for _, r := range in[len(in)-n:] {
 		r.noticed = true
 		s.res.Preemptions++
 		if s.in.Trace != nil {
-			age := "not ready"
-			if r.ready {
-				age = fmt.Sprintf("ready %.0fs", (s.now - r.readyAt).Seconds())
-			}
-			fmt.Fprintf(s.in.Trace, "%8.0fs preempted: spot %s in %s at $%.2f/h (launched %.0fs ago, %s); takes it at %.0fs\n",
-				s.now.Seconds(), r.id, r.offer.Zone, r.offer.PricePerHour, (s.now - r.launched).Seconds(), age, max(d.At, s.now).Seconds())
+			fmt.Fprintf(s.in.Trace, "%8.0fs preempted: spot %s in %s at $%.2f/h (%s); takes it at %.0fs\n",
+				s.now.Seconds(), r.id, r.offer.Zone, r.offer.PricePerHour, r.age(s.now), gone.Seconds())
 		}
 		if s.w.useNotices {
 			s.placerFor(r.offer).Preempted(r.offer.Provider, r.offer.Region, r.offer.Zone, s.clock())
 			s.drainForPreemption(r)
 		}
-		s.q.push(event{at: max(d.At, s.now), kind: evKill, rep: r})
+		s.q.push(event{at: gone, kind: evKill, rep: r})
 	}
 }
 
