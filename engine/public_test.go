@@ -373,13 +373,14 @@ func publicChecks(t testing.TB, cal Calibration, only map[string]bool) ([]pubChe
 	trtSources := []struct {
 		id, name string
 		cards    []trtCard
-		// ref is the H100's precision the cards are compared with; "": each card's own.
-		ref string
+		// ref is the H100 the cards are compared with (its precision and model suffix);
+		// nil: each card against the H100 in the card's own precision, a set per precision.
+		ref *trtCard
 	}{
 		{"TRTLLM_V014", "TRT-LLM", []trtCard{{"FP16", "A100-SXM4-80GB", "a100-80gb", ""}, {"FP16", "A100-PCIE-80GB", "a100-80gb-pcie", ""},
-			{"FP8", "L40S", "l40s", fp8Suffix}, {"FP8", "H200 141GB HBM3", "h200", fp8Suffix}}, ""},
+			{"FP8", "L40S", "l40s", fp8Suffix}, {"FP8", "H200 141GB HBM3", "h200", fp8Suffix}}, nil},
 		{"TRTLLM_V017", "TRT-LLM 0.17", []trtCard{{"FP16", "A100-SXM4-80GB", "a100-80gb", ""},
-			{"FP8", "L40S", "l40s", fp8Suffix}, {"FP8", "H200 141GB HBM3", "h200", fp8Suffix}}, "FP8"},
+			{"FP8", "L40S", "l40s", fp8Suffix}, {"FP8", "H200 141GB HBM3", "h200", fp8Suffix}}, &trtCard{"FP8", "H100 80GB HBM3", "h100", fp8Suffix}},
 	}
 	byKey := map[string]float64{}
 	for _, r := range rows {
@@ -404,8 +405,8 @@ func publicChecks(t testing.TB, cal Calibration, only map[string]bool) ([]pubChe
 				continue
 			}
 			ref, refSuffix := set.precision, set.suffix
-			if src.ref != "" {
-				ref, refSuffix = src.ref, fp8Suffix
+			if src.ref != nil {
+				ref, refSuffix = src.ref.precision, src.ref.suffix
 			}
 			for _, model := range []struct{ label, name string }{{"LLaMA v3.1 8B", "llama-3.1-8b"}, {"Mistral 7B", "mistral-7b"}} {
 				for _, sh := range trtShapes {
@@ -420,13 +421,10 @@ func publicChecks(t testing.TB, cal Calibration, only map[string]bool) ([]pubChe
 					if !ok {
 						mh, _ = h100Offline.LoadOrStore(hk, offlineOn("h100", model.name+refSuffix, sh))
 					}
-					label := set.precision
-					if src.ref != "" {
-						label = fmt.Sprintf("0.17 %s", set.precision)
-					}
-					out = append(out, pubCheck{set.gpu, fmt.Sprintf("TRT-LLM %s %s %d:%d %s/H100 %s", label, model.name, sh[0], sh[1], set.gpu, ref), (mg / mh.(float64)) / (g / h)})
+					out = append(out, pubCheck{set.gpu, fmt.Sprintf("%s %s %s %d:%d %s/H100 %s", src.name, set.precision, model.name, sh[0], sh[1], set.gpu, ref), (mg / mh.(float64)) / (g / h)})
+					// A set is the GPUs compared with one H100: per precision, or all at once.
 					name := fmt.Sprintf("%s %s %d:%d", src.name, model.name, sh[0], sh[1])
-					if src.ref == "" {
+					if src.ref == nil {
 						name = fmt.Sprintf("%s %s %s %d:%d", src.name, set.precision, model.name, sh[0], sh[1])
 					}
 					if !slices.ContainsFunc(tputs, func(p pubTput) bool { return p.set == name && p.gpu == "h100" }) {
