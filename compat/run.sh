@@ -30,13 +30,14 @@ bin/router -listen "127.0.0.1:$lp" -admin "127.0.0.1:$ap" -replicas "$tmp/replic
 # Ready means ready to the router: every replica available in its admin view (its probe has
 # seen the replica answer), not only each process's /health, which answers before the router's
 # first probe (a 2-core CI run once sent the first chat 40 ms before it, and got 503s).
+nrep=$(grep -c '{id:' "$tmp/replicas.yaml")
 all_ready() {
   curl -sf "http://127.0.0.1:$ap/replicas" | python3 -c 'import json, sys
 r = json.load(sys.stdin) or []
-sys.exit(0 if len(r) == 3 and all(x["available"] for x in r) else 1)'
+sys.exit(0 if len(r) == int(sys.argv[1]) and all(x["available"] for x in r) else 1)' "$nrep"
 }
 for _ in $(seq 600); do all_ready && break; sleep 0.1; done
-all_ready || { echo "compat/run.sh: the router did not see its 3 replicas ready within 60 s: $(curl -s "http://127.0.0.1:$ap/replicas")" >&2; exit 1; }
+all_ready || { echo "compat/run.sh: the router did not see its $nrep replicas ready within 60 s: $(curl -s "http://127.0.0.1:$ap/replicas")" >&2; exit 1; }
 cd compat
 export ARBITER_URL="http://127.0.0.1:$lp/v1" ARBITER_MODEL="$model"
 REPLICA_URL="http://127.0.0.1:$rp" node --test openai.test.mjs

@@ -373,8 +373,8 @@ func publicChecks(t testing.TB, cal Calibration, only map[string]bool) ([]pubChe
 	trtSources := []struct {
 		id, name string
 		cards    []trtCard
-		// ref is the H100 the cards are compared with (its precision and model suffix);
-		// nil: each card against the H100 in the card's own precision, a set per precision.
+		// ref is the H100 the cards are compared with; nil: each card against the H100 in
+		// the card's own precision, a set per precision.
 		ref *trtCard
 	}{
 		{"TRTLLM_V014", "TRT-LLM", []trtCard{{"FP16", "A100-SXM4-80GB", "a100-80gb", ""}, {"FP16", "A100-PCIE-80GB", "a100-80gb-pcie", ""},
@@ -404,31 +404,31 @@ func publicChecks(t testing.TB, cal Calibration, only map[string]bool) ([]pubChe
 			if !want(set.gpu) {
 				continue
 			}
-			ref, refSuffix := set.precision, set.suffix
+			ref := trtCard{set.precision, "H100 80GB HBM3", "h100", set.suffix}
 			if src.ref != nil {
-				ref, refSuffix = src.ref.precision, src.ref.suffix
+				ref = *src.ref
 			}
 			for _, model := range []struct{ label, name string }{{"LLaMA v3.1 8B", "llama-3.1-8b"}, {"Mistral 7B", "mistral-7b"}} {
 				for _, sh := range trtShapes {
 					k := "|" + model.label + "|" + strconv.Itoa(sh[0]) + "|" + strconv.Itoa(sh[1])
-					g, h := byKey[src.id+"|"+set.precision+"|"+set.label+k], byKey[src.id+"|"+ref+"|H100 80GB HBM3"+k]
+					g, h := byKey[src.id+"|"+set.precision+"|"+set.label+k], byKey[src.id+"|"+ref.precision+"|"+ref.label+k]
 					if g == 0 || h == 0 {
-						t.Fatalf("%s: no %s %s figure for %s at %d:%d, or no %s one for the H100", src.id, set.precision, model.label, set.label, sh[0], sh[1], ref)
+						t.Fatalf("%s: no %s %s figure for %s at %d:%d, or no %s one for the H100", src.id, set.precision, model.label, set.label, sh[0], sh[1], ref.precision)
 					}
 					mg := offlineOn(set.gpu, model.name+set.suffix, sh)
-					hk := fmt.Sprintf("%s|%s|%v", cal.From, model.name+refSuffix, sh)
+					hk := fmt.Sprintf("%s|%s|%s|%v", cal.From, ref.gpu, model.name+ref.suffix, sh)
 					mh, ok := h100Offline.Load(hk)
 					if !ok {
-						mh, _ = h100Offline.LoadOrStore(hk, offlineOn("h100", model.name+refSuffix, sh))
+						mh, _ = h100Offline.LoadOrStore(hk, offlineOn(ref.gpu, model.name+ref.suffix, sh))
 					}
-					out = append(out, pubCheck{set.gpu, fmt.Sprintf("%s %s %s %d:%d %s/H100 %s", src.name, set.precision, model.name, sh[0], sh[1], set.gpu, ref), (mg / mh.(float64)) / (g / h)})
+					out = append(out, pubCheck{set.gpu, fmt.Sprintf("%s %s %s %d:%d %s/H100 %s", src.name, set.precision, model.name, sh[0], sh[1], set.gpu, ref.precision), (mg / mh.(float64)) / (g / h)})
 					// A set is the GPUs compared with one H100: per precision, or all at once.
 					name := fmt.Sprintf("%s %s %d:%d", src.name, model.name, sh[0], sh[1])
 					if src.ref == nil {
 						name = fmt.Sprintf("%s %s %s %d:%d", src.name, set.precision, model.name, sh[0], sh[1])
 					}
-					if !slices.ContainsFunc(tputs, func(p pubTput) bool { return p.set == name && p.gpu == "h100" }) {
-						tputs = append(tputs, pubTput{name, "h100", mh.(float64), h})
+					if !slices.ContainsFunc(tputs, func(p pubTput) bool { return p.set == name && p.gpu == ref.gpu }) {
+						tputs = append(tputs, pubTput{name, ref.gpu, mh.(float64), h})
 					}
 					tputs = append(tputs, pubTput{name, set.gpu, mg, g})
 				}
